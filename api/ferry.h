@@ -1,0 +1,498 @@
+/*
+ * ferry.h - the public interface of ferry, an asynchronous transfer engine
+ * with a completion-queue API for multi-stage inference pipelines.
+ *
+ * This is the only header a user includes. Everything else is private.
+ *
+ * Conventions (borrowed on purpose from liburing, libuv and UCX):
+ *  - Every function that returns int returns 0 (or a count) on success and a
+ *    negative errno on failure; errno itself is never the channel.
+ *    ferry_strerror() turns a code into text.
+ *  - Long-lived objects are opaque handles: struct ferry_engine, ferry_sq,
+ *    ferry_cq, ferry_peer, ferry_buf.
+ *  - Work is submitted as SQEs (struct ferry_sqe) into a per-thread
+ *    submission queue and completes as CQEs (struct ferry_cqe) in a
+ *    completion queue. An op's result is cqe->res: >= 0 on success, a
+ *    negative errno on failure.
+ *  - If submitting fails, the op's callback never runs and no CQE is posted.
+ *  - Parameter structs start with their own size (set by the *_INIT
+ *    macros), so they can grow without breaking binaries built against an
+ *    older header.
+ *
+ * A walk-through for a new user is in docs/api.md.
+ */
+#ifndef FERRY_H
+#define FERRY_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define FERRY_API __attribute__((visibility("default")))
+#else
+#define FERRY_API
+#endif
+
+#define FERRY_VERSION_MAJOR 0
+#define FERRY_VERSION_MINOR 1
+#define FERRY_VERSION_PATCH 0
+
+/* Limits of names carried in SQEs. Longer names are refused (-ENAMETOOLONG). */
+#define FERRY_NAME_MAX 64 /* engine and peer names, namespaces, incl. NUL */
+#define FERRY_KEY_MAX 128 /* keys, incl. NUL */
+
+struct ferry_engine;
+struct ferry_sq;
+struct ferry_cq;
+struct ferry_peer;
+struct ferry_buf;
+struct ferry_cqe;
+
+/* ------------------------------------------------------------------ */
+/* Errors and logging                                                  */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Text for a result code: accepts a negative errno (or its positive value)
+ * and returns a static string, never NULL. Codes ferry gives a specific
+ * meaning (e.g. -EEXIST: key already live) are described in those terms.
+ */
+FERRY_API const char *ferry_strerror(int err);
+
+/* The symbolic name of a result code ("EAGAIN", "ETIMEDOUT", ...). */
+FERRY_API const char *ferry_err_name(int err);
+
+enum ferry_log_level {
+	FERRY_LOG_ERROR = 0,
+	FERRY_LOG_WARN = 1,
+	FERRY_LOG_INFO = 2,
+	FERRY_LOG_DEBUG = 3,
+};
+
+typedef void ferry_log_cb(int level, const char *line, void *arg);
+
+/*
+ * Route ferry's log lines: lines at or below level go to cb (NULL: stderr).
+ * level < 0 silences logging. The default is stderr at FERRY_LOG_WARN, or
+ * the level named by the environment variable FERRY_LOG
+ * (error|warn|info|debug|none). Process-wide; safe from any thread.
+ */
+FERRY_API void ferry_log_set(int level, ferry_log_cb *cb, void *arg);
+
+/* ------------------------------------------------------------------ */
+/* Engine                                                              */
+/* ------------------------------------------------------------------ */
+
+enum ferry_progress_mode {
+	/*
+	 * A reactor thread drives every transport. It spins for
+	 * spin_ns while work flows, then sleeps in one io_uring wait and is
+	 * woken by doorbells that are rung only once it said it sleeps.
+	 */
+	FERRY_PROGRESS_THREAD = 0,
+	/*
+	 * No thread: progress runs inside ferry_progress(), ferry_cq_poll()
+	 * and ferry_cq_wait() on the caller's thread. Lowest latency; the
+	 * application must call one of them for anything to move.
+	 */
+	FERRY_PROGRESS_MANUAL = 1,
+	FERRY_PROGRESS__MAX
+};
+
+struct ferry_engine_params {
+	size_t size;           /* sizeof(struct ferry_engine_params) */
+	const char *name;      /* this engine's name, e.g. "stage1.rank0" (required) */
+	const char *ns;        /* namespace isolating a pipeline; NULL = "default" */
+	const char *config_path; /* stage YAML (reserved for the stage API; NULL) */
+	size_t pool_size;      /* bytes of the registered pool (0 = 64 MiB) */
+	enum ferry_progress_mode progress;
+	uint64_t spin_ns;      /* THREAD mode: spin this long before sleeping (0 = 50 us) */
+	uint32_t max_ops;      /* ops in flight per engine (0 = 4096) */
+	uint32_t sq_entries;   /* entries of each submission queue (0 = 256, power of 2) */
+	uint32_t cq_entries;   /* entries of the default CQ (0 = 4096) */
+	uint32_t max_keys;     /* arrived-but-unconsumed keys held (0 = 16384) */
+	uint32_t max_bufs;     /* buffer handles in the pool (0 = 65536) */
+	uint32_t flags;        /* FERRY_ENGINE_* */
+};
+
+/* Do not fault the pool in at creation (tests with huge pools only). */
+#define FERRY_ENGINE_NO_PREFAULT (1u << 0)
+
+#define FERRY_ENGINE_PARAMS_INIT { .size = sizeof(struct ferry_engine_params) }
+
+/*
+ * Create an engine. params->size must be set (use FERRY_ENGINE_PARAMS_INIT);
+ * unknown sizes are refused with -EINVAL. The engine registers its name in
+ * its namespace: a second live engine with the same (ns, name) in this
+ * process gets -EADDRINUSE. Returns 0 and *out, or -EINVAL (bad params,
+ * logged), -ENAMETOOLONG, -EADDRINUSE, -ENOMEM, or the -errno of a system
+ * call that failed (memfd, io_uring, thread).
+ */
+FERRY_API int ferry_engine_create(const struct ferry_engine_params *params,
+				  struct ferry_engine **out);
+
+/*
+ * Destroy an engine. Every op still in flight completes with -ECANCELED
+ * (its callback runs, or its CQE is posted and can still be polled until
+ * the CQ is gone: the engine's CQs are destroyed with it, so callbacks are
+ * the way to observe those completions). Keys that arrived and were never
+ * consumed are dropped. Buffers the application still holds stay valid
+ * until released. Must not be called while another thread uses the engine.
+ * Returns 0 or -EINVAL for NULL.
+ */
+FERRY_API int ferry_engine_destroy(struct ferry_engine *e);
+
+/* The engine's name and namespace (valid while the engine lives). */
+FERRY_API const char *ferry_engine_name(const struct ferry_engine *e);
+
+/*
+ * Drive progress (MANUAL mode): drain submission queues, run transports,
+ * fire deadlines, post completions. Never blocks. Returns the number of
+ * events handled (0 if there was nothing to do), or -EINVAL. In THREAD mode
+ * it does nothing and returns 0. Safe from several threads: only one makes
+ * progress at a time, the others return 0 at once.
+ */
+FERRY_API int ferry_progress(struct ferry_engine *e);
+
+/*
+ * Health and metrics as one JSON object (ops submitted/completed/failed,
+ * timeouts, cancels, keys held, pool stats, per-peer puts/gets/bytes and a
+ * latency histogram). Writes at most len bytes including the NUL and
+ * returns the length of the full document (like snprintf), so a return
+ * value >= len means the text was cut. -EINVAL for NULL e or buf with len>0.
+ */
+FERRY_API int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len);
+
+/* ------------------------------------------------------------------ */
+/* Peers                                                               */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The handle of another engine by name in the same namespace (also used
+ * for the "from" side of GETs). Opening the same name twice returns the
+ * same handle. The peer need not exist yet: it is resolved when an op
+ * needs it, and a PUT to a name nobody holds completes with -EHOSTUNREACH.
+ * Handles live as long as the engine. Returns 0 and *out, or -EINVAL,
+ * -ENAMETOOLONG, -ENOMEM.
+ */
+FERRY_API int ferry_peer_open(struct ferry_engine *e, const char *name,
+			      struct ferry_peer **out);
+
+/* The name a peer handle was opened with. */
+FERRY_API const char *ferry_peer_name(const struct ferry_peer *p);
+
+/* ------------------------------------------------------------------ */
+/* Buffers                                                             */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Allocate a buffer of len bytes from the engine's registered pool (64 B
+ * aligned; 4 KiB aligned above 2 KiB). PUTting a pool buffer moves it
+ * without a copy and moves its ownership with it. Returns 0 and *out,
+ * -EINVAL, or -ENOMEM when the pool is exhausted (never an abort).
+ */
+FERRY_API int ferry_buf_alloc(struct ferry_engine *e, size_t len, struct ferry_buf **out);
+
+/* Data and length of a buffer (NULL / 0 for a NULL buffer). */
+FERRY_API void *ferry_buf_data(const struct ferry_buf *b);
+FERRY_API size_t ferry_buf_len(const struct ferry_buf *b);
+
+/*
+ * Set the length that a PUT of this buffer will send (at most its
+ * capacity). Returns 0, -EINVAL, or -EMSGSIZE when len > capacity.
+ */
+FERRY_API int ferry_buf_set_len(struct ferry_buf *b, size_t len);
+
+/*
+ * Give a buffer back to the pool it came from (from any thread, even after
+ * the engine that owns the pool was destroyed). Returns 0, or -EINVAL for
+ * NULL or for a buffer that is not live (a double release: logged and
+ * counted, never a crash).
+ */
+FERRY_API int ferry_buf_release(struct ferry_buf *b);
+
+/* ------------------------------------------------------------------ */
+/* Completion queues                                                   */
+/* ------------------------------------------------------------------ */
+
+/* The CQE flags. */
+#define FERRY_CQE_F_BUF (1u << 0)  /* cqe->buf holds a buffer the caller must release */
+#define FERRY_CQE_F_MORE (1u << 1) /* more CQEs follow for this op (streams) */
+
+struct ferry_cqe {
+	uint64_t user_data; /* copied from the SQE */
+	int32_t res;        /* >= 0 success (op-specific), < 0 negative errno */
+	uint32_t flags;     /* FERRY_CQE_F_* */
+	uint64_t len;       /* bytes moved (PUT: sent; GET: received) */
+	struct ferry_buf *buf; /* GET without destination: the data, zero copy */
+	uint8_t opcode;     /* the op this completes */
+	uint8_t resv[7];
+};
+
+typedef void ferry_complete_cb(const struct ferry_cqe *cqe, void *arg);
+
+struct ferry_cq_params {
+	size_t size;      /* sizeof(struct ferry_cq_params) */
+	uint32_t entries; /* capacity, rounded up to a power of two (0 = 4096) */
+	uint32_t flags;   /* none yet: must be 0 */
+};
+
+#define FERRY_CQ_PARAMS_INIT { .size = sizeof(struct ferry_cq_params) }
+
+/*
+ * Create an extra completion queue (the engine has a default one, see
+ * ferry_cq_default). A full CQ never loses a completion: completions wait
+ * inside the engine until there is room. Returns 0 and *out, -EINVAL,
+ * -ENOMEM or the -errno of eventfd.
+ */
+FERRY_API int ferry_cq_create(struct ferry_engine *e, const struct ferry_cq_params *p,
+			      struct ferry_cq **out);
+
+/*
+ * Destroy a CQ created with ferry_cq_create. Refused with -EBUSY while an op
+ * in flight targets it. The default CQ is destroyed with its engine.
+ */
+FERRY_API int ferry_cq_destroy(struct ferry_cq *cq);
+
+/* The engine's default completion queue. */
+FERRY_API struct ferry_cq *ferry_cq_default(struct ferry_engine *e);
+
+/*
+ * Take up to max completions without blocking. CQEs whose op carried a
+ * callback are not returned: their callback runs here, on this thread.
+ * Returns the number of CQEs written to cqes (0 if none), or -EINVAL.
+ * In MANUAL mode it first drives progress. Safe from several threads.
+ */
+FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max);
+
+/*
+ * Like ferry_cq_poll, but waits up to timeout_ns (< 0: forever) until at
+ * least one completion was handled (returned or given to its callback).
+ * Returns the number of CQEs written (0 when only callbacks ran), or
+ * -ETIMEDOUT, -EINVAL, or -EINTR (woken by ferry_cq_wake).
+ */
+FERRY_API int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
+			    int64_t timeout_ns);
+
+/* Wake every thread sleeping in ferry_cq_wait on cq (they return -EINTR). */
+FERRY_API int ferry_cq_wake(struct ferry_cq *cq);
+
+/*
+ * A file descriptor that becomes readable when the CQ has completions, for
+ * epoll, libuv or asyncio. Protocol (as in UCX): poll the CQ until it is
+ * empty, call ferry_cq_arm(); if it returns 0, sleep on the fd; if it
+ * returns -EBUSY, completions arrived meanwhile: poll again. The fd is
+ * owned by the CQ: do not close it.
+ */
+FERRY_API int ferry_cq_fd(struct ferry_cq *cq);
+FERRY_API int ferry_cq_arm(struct ferry_cq *cq);
+
+/* ------------------------------------------------------------------ */
+/* Submission                                                          */
+/* ------------------------------------------------------------------ */
+
+enum ferry_op {
+	FERRY_OP_NOP = 0,
+	FERRY_OP_PUT = 1,    /* send data under a key to a peer */
+	FERRY_OP_GET = 2,    /* receive the data a peer put under a key */
+	FERRY_OP_CANCEL = 3, /* cancel the op whose user_data is given */
+	FERRY_OP__MAX
+};
+
+/* SQE flags. */
+#define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
+#define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
+#define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
+#define FERRY_SQE__ALL ((1u << 3) - 1)
+
+/*
+ * A submission entry. Fill it with the ferry_prep_* helpers; then set the
+ * optional fields with ferry_sqe_set_*. The entry lives in the submission
+ * ring: it is only valid between ferry_sq_get_sqe and ferry_sq_submit.
+ */
+struct ferry_sqe {
+	uint8_t opcode;   /* enum ferry_op */
+	uint8_t resv0;
+	uint16_t key_len; /* strlen(key) */
+	uint32_t flags;   /* FERRY_SQE_* */
+	uint64_t user_data;
+	uint64_t timeout_ns;      /* relative deadline, 0 = none */
+	struct ferry_peer *peer;  /* PUT: destination; GET: source */
+	struct ferry_cq *cq;      /* target CQ, NULL = the engine's default */
+	ferry_complete_cb *cb;    /* optional callback */
+	void *cb_arg;
+	const struct iovec *iov;  /* PUT: source / GET: destination (optional) */
+	uint32_t iovcnt;
+	uint32_t resv1;
+	struct ferry_buf *buf;    /* PUT of a pool buffer (zero copy) */
+	uint64_t cancel_user_data; /* CANCEL: whose op */
+	uint64_t resv2[2];
+	char key[FERRY_KEY_MAX];
+};
+
+/*
+ * This thread's submission queue for engine e, created on first use (one
+ * SPSC ring per thread per engine; no lock on the submit path). Returns 0
+ * and *out, or -EINVAL, -ENOMEM, -ESHUTDOWN when the engine is being
+ * destroyed. The queue must only be used from the calling thread.
+ */
+FERRY_API int ferry_sq_get(struct ferry_engine *e, struct ferry_sq **out);
+
+/*
+ * Give this thread's queue back (e.g. before the thread exits): pending
+ * entries are still executed, and the queue is reused by the next thread
+ * that asks. Queues not given back are freed with the engine.
+ */
+FERRY_API int ferry_sq_put(struct ferry_sq *sq);
+
+/*
+ * The next free entry of the ring, or NULL when it is full
+ * (backpressure: submit, drive progress / poll completions, then retry).
+ * The entry is zeroed except nothing: always fill it with a ferry_prep_*.
+ */
+FERRY_API struct ferry_sqe *ferry_sq_get_sqe(struct ferry_sq *sq);
+
+/*
+ * Make every entry taken since the last submit visible to the reactor,
+ * ringing its doorbell only if it said it sleeps. Entries are checked when
+ * the reactor takes them: a malformed entry completes with a negative errno
+ * in its CQE (-EINVAL, -ENAMETOOLONG, ...), never silently. Returns the
+ * number of entries submitted, or -EINVAL.
+ */
+FERRY_API int ferry_sq_submit(struct ferry_sq *sq);
+
+/* Entries the ring can still take. */
+FERRY_API unsigned ferry_sq_space(const struct ferry_sq *sq);
+
+static inline void ferry__sqe_init(struct ferry_sqe *sqe, uint8_t op, uint64_t user_data)
+{
+	memset(sqe, 0, offsetof(struct ferry_sqe, key));
+	sqe->key[0] = '\0';
+	sqe->opcode = op;
+	sqe->user_data = user_data;
+}
+
+/* Copy key into the entry; an oversized key is caught at submission. */
+static inline void ferry__sqe_key(struct ferry_sqe *sqe, const char *key)
+{
+	size_t n = key ? strlen(key) : 0;
+
+	if (n >= FERRY_KEY_MAX) {
+		sqe->key_len = (uint16_t)(n > 0xffff ? 0xffff : n);
+		sqe->key[0] = '\0';
+		return;
+	}
+	memcpy(sqe->key, key ? key : "", n + 1);
+	sqe->key_len = (uint16_t)n;
+}
+
+/* A NOP: completes with res 0. */
+static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_NOP, user_data);
+}
+
+/*
+ * PUT of an iovec: the data is copied once into the pool when the op runs;
+ * iov and the memory it points to must stay valid until the CQE.
+ * Completes with res 0 and len = bytes once the destination holds the key;
+ * -EEXIST if the key is live there (unless FERRY_SQE_REPLACE), -ENOMEM if
+ * the pool is exhausted, -EHOSTUNREACH if no engine holds the peer's name.
+ */
+static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+				  const char *key, const struct iovec *iov,
+				  unsigned iovcnt, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_PUT, user_data);
+	sqe->peer = to;
+	sqe->iov = iov;
+	sqe->iovcnt = iovcnt;
+	ferry__sqe_key(sqe, key);
+}
+
+/*
+ * PUT of a pool buffer: zero copy; ownership of buf moves to ferry at
+ * submission (do not touch or release it afterwards, whatever the result).
+ */
+static inline void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+				      const char *key, struct ferry_buf *buf,
+				      uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_PUT, user_data);
+	sqe->peer = to;
+	sqe->buf = buf;
+	ferry__sqe_key(sqe, key);
+}
+
+/*
+ * GET of key from a peer. With iov: the data is copied into it and the CQE
+ * reports len; a payload longer than the iovec completes with -EMSGSIZE
+ * (and the key stays consumed: nothing is half-delivered silently). With
+ * iov NULL: the CQE hands over cqe->buf (zero copy; FERRY_CQE_F_BUF set),
+ * which the caller releases with ferry_buf_release. A GET consumes its key;
+ * before the PUT arrives it waits until its deadline (-ETIMEDOUT), or with
+ * FERRY_SQE_NOWAIT completes at once with -EAGAIN.
+ */
+static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+				  const char *key, const struct iovec *iov,
+				  unsigned iovcnt, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_GET, user_data);
+	sqe->peer = from;
+	sqe->iov = iov;
+	sqe->iovcnt = iovcnt;
+	ferry__sqe_key(sqe, key);
+}
+
+/*
+ * Cancel the op submitted with user_data target (on this engine). The
+ * cancelled op completes with -ECANCELED; the CANCEL itself completes with
+ * 0, or -ENOENT if no such op is pending (already completed, or unknown),
+ * or -EALREADY if it is past the point where it can be stopped.
+ */
+static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
+				     uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_CANCEL, user_data);
+	sqe->cancel_user_data = target;
+}
+
+static inline void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
+{
+	sqe->flags |= flags;
+}
+
+/* Relative deadline: the op completes with -ETIMEDOUT if not done by then. */
+static inline void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_ns)
+{
+	sqe->timeout_ns = timeout_ns;
+}
+
+/*
+ * Run cb(cqe, arg) on completion instead of returning the CQE from
+ * ferry_cq_poll/wait; it runs inside poll/wait of the target CQ, on the
+ * polling thread (or on the reactor with FERRY_SQE_CB_REACTOR).
+ */
+static inline void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_cb *cb,
+					  void *arg)
+{
+	sqe->cb = cb;
+	sqe->cb_arg = arg;
+}
+
+/* Post the completion to cq instead of the engine's default CQ. */
+static inline void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
+{
+	sqe->cq = cq;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#endif

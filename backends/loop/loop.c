@@ -1,0 +1,361 @@
+/*
+ * backends/loop/loop.c - the loopback transport: engines of one process.
+ *
+ * Owns: the process-wide directory of engines by (namespace, name), one
+ * endpoint per engine (an intrusive lock-free MPSC inbox, Vyukov's design),
+ * and the messages that carry a PUT to its destination and its result back.
+ *
+ * A PUT becomes a message taken from the sender's own preallocated set: it
+ * travels to the destination's inbox, the destination's reactor hands it to
+ * its key table (reactor_deliver), writes the result into it and sends it
+ * home, where the sender's reactor completes the op. Data never moves: the
+ * message carries the pool buffer, whose memory both engines can read.
+ *
+ * Lifetimes: an endpoint is reference counted (its engine, every peer
+ * handle resolved to it, every message away from home). Sending into an
+ * endpoint is bracketed by a `senders` count; closing sets `closed` and
+ * waits for senders to leave, so after close nothing enters its inbox and
+ * its engine may go. Messages that come home to a closed endpoint are
+ * dropped, and the last reference frees the endpoint and its messages.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+enum { MSG_PUT = 1, MSG_RESULT = 2 };
+
+struct loop_ep;
+
+struct loop_msg {
+	struct loop_msg *_Atomic next;
+	int kind;
+	int res;
+	struct loop_ep *home;
+	struct op *op;
+	uint32_t gen;
+	uint32_t flags;
+	struct ferry_buf *buf;
+	uint64_t len;
+	uint16_t key_len;
+	char key[FERRY_KEY_MAX];
+	struct loop_msg *free_next;
+};
+
+struct loop_ep {
+	_Atomic int refs;
+	_Atomic int closed;
+	_Atomic int senders;
+	struct ferry_engine *engine; /* valid while !closed, inside a send */
+	char ns[FERRY_NAME_MAX];
+	char name[FERRY_NAME_MAX];
+	/* Inbox: producers swap tail; the owner's reactor pops at head. */
+	struct loop_msg *_Atomic tail cacheline_aligned;
+	struct loop_msg *head cacheline_aligned;
+	struct loop_msg stub;
+	/* Messages of this endpoint; the free list is the owner's alone. */
+	struct loop_msg *msgs;
+	struct loop_msg *free_msgs;
+	struct loop_ep *dir_next;
+};
+
+/* The directory of live endpoints: the one piece of process-wide state. */
+static pthread_mutex_t dir_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct loop_ep *dir_head;
+
+static void ep_ref(struct loop_ep *ep)
+{
+	atomic_fetch_add_explicit(&ep->refs, 1, memory_order_relaxed);
+}
+
+static void ep_unref(struct loop_ep *ep)
+{
+	if (atomic_fetch_sub_explicit(&ep->refs, 1, memory_order_acq_rel) == 1) {
+		free(ep->msgs);
+		free(ep);
+	}
+}
+
+static void inbox_push(struct loop_ep *ep, struct loop_msg *m)
+{
+	struct loop_msg *prev;
+
+	atomic_store_explicit(&m->next, NULL, memory_order_relaxed);
+	prev = atomic_exchange_explicit(&ep->tail, m, memory_order_acq_rel);
+	atomic_store_explicit(&prev->next, m, memory_order_release);
+}
+
+static struct loop_msg *inbox_pop(struct loop_ep *ep)
+{
+	struct loop_msg *head = ep->head;
+	struct loop_msg *next = atomic_load_explicit(&head->next, memory_order_acquire);
+
+	if (head == &ep->stub) {
+		if (!next)
+			return NULL;
+		ep->head = next;
+		head = next;
+		next = atomic_load_explicit(&next->next, memory_order_acquire);
+	}
+	if (next) {
+		ep->head = next;
+		return head;
+	}
+	if (atomic_load_explicit(&ep->tail, memory_order_acquire) != head)
+		return NULL; /* a producer is between its swap and its link */
+	inbox_push(ep, &ep->stub);
+	next = atomic_load_explicit(&head->next, memory_order_acquire);
+	if (next) {
+		ep->head = next;
+		return head;
+	}
+	return NULL;
+}
+
+static bool inbox_nonempty(struct loop_ep *ep)
+{
+	return ep->head != &ep->stub ||
+	       atomic_load_explicit(&ep->stub.next, memory_order_acquire) ||
+	       atomic_load_explicit(&ep->tail, memory_order_acquire) != &ep->stub;
+}
+
+/* Put m into ep's inbox unless ep is closed. Returns 0 or -ECONNRESET. */
+static int ep_send(struct loop_ep *ep, struct loop_msg *m)
+{
+	int rc = 0;
+
+	atomic_fetch_add(&ep->senders, 1); /* seq_cst: pairs with ep_close */
+	if (atomic_load(&ep->closed)) {
+		rc = -ECONNRESET;
+	} else {
+		inbox_push(ep, m);
+		atomic_thread_fence(memory_order_seq_cst);
+		reactor_wake(ep->engine);
+	}
+	atomic_fetch_sub_explicit(&ep->senders, 1, memory_order_release);
+	return rc;
+}
+
+static void ep_close(struct loop_ep *ep)
+{
+	atomic_store(&ep->closed, 1);
+	while (atomic_load(&ep->senders))
+		cpu_relax();
+}
+
+static struct loop_ep *dir_find_locked(const char *ns, const char *name)
+{
+	for (struct loop_ep *ep = dir_head; ep; ep = ep->dir_next)
+		if (!atomic_load(&ep->closed) && strcmp(ep->ns, ns) == 0 &&
+		    strcmp(ep->name, name) == 0)
+			return ep;
+	return NULL;
+}
+
+static int loop_init(struct ferry_engine *e)
+{
+	struct loop_ep *ep = aligned_alloc(CACHELINE, sizeof(*ep));
+
+	if (!ep)
+		return -ENOMEM;
+	memset(ep, 0, sizeof(*ep));
+	ep->msgs = calloc(e->max_ops, sizeof(*ep->msgs));
+	if (!ep->msgs) {
+		free(ep);
+		return -ENOMEM;
+	}
+	for (uint32_t i = e->max_ops; i-- > 0;) {
+		ep->msgs[i].home = ep;
+		ep->msgs[i].free_next = ep->free_msgs;
+		ep->free_msgs = &ep->msgs[i];
+	}
+	atomic_init(&ep->refs, 1);
+	ep->engine = e;
+	snprintf(ep->ns, sizeof(ep->ns), "%s", e->ns);
+	snprintf(ep->name, sizeof(ep->name), "%s", e->name);
+	ep->head = &ep->stub;
+	atomic_init(&ep->tail, &ep->stub);
+
+	pthread_mutex_lock(&dir_lock);
+	if (dir_find_locked(e->ns, e->name)) {
+		pthread_mutex_unlock(&dir_lock);
+		log_error("engine name \"%s\" is already live in namespace \"%s\"", e->name,
+			  e->ns);
+		free(ep->msgs);
+		free(ep);
+		return -EADDRINUSE;
+	}
+	ep->dir_next = dir_head;
+	dir_head = ep;
+	pthread_mutex_unlock(&dir_lock);
+	e->backend_data = ep;
+	return 0;
+}
+
+/* Resolve (or re-resolve after its engine went) a peer's endpoint. */
+static struct loop_ep *resolve(struct ferry_engine *e, struct ferry_peer *peer)
+{
+	struct loop_ep *ep = peer->transport;
+
+	if (ep && !atomic_load_explicit(&ep->closed, memory_order_relaxed))
+		return ep;
+	if (ep) {
+		peer->transport = NULL;
+		ep_unref(ep);
+	}
+	pthread_mutex_lock(&dir_lock);
+	ep = dir_find_locked(e->ns, peer->name);
+	if (ep)
+		ep_ref(ep);
+	pthread_mutex_unlock(&dir_lock);
+	peer->transport = ep;
+	return ep;
+}
+
+static int loop_put(struct ferry_engine *e, struct op *op)
+{
+	struct loop_ep *self = e->backend_data;
+	struct loop_ep *dst = resolve(e, op->peer);
+	struct loop_msg *m;
+	int rc;
+
+	if (!dst) {
+		log_info("PUT %llx: no engine \"%s\" in namespace \"%s\"",
+			 (unsigned long long)op->user_data, op->peer->name, e->ns);
+		return -EHOSTUNREACH;
+	}
+	m = self->free_msgs; /* never empty: one message per op */
+	self->free_msgs = m->free_next;
+	m->kind = MSG_PUT;
+	m->res = 0;
+	m->op = op;
+	m->gen = op->gen;
+	m->flags = op->flags;
+	m->buf = op->buf;
+	m->len = op->len;
+	m->key_len = op->key_len;
+	memcpy(m->key, op->key, op->key_len + 1u);
+	ep_ref(self); /* the message holds its home */
+	rc = ep_send(dst, m);
+	if (rc) {
+		ep_unref(self);
+		m->free_next = self->free_msgs;
+		self->free_msgs = m;
+		return rc;
+	}
+	op->buf = NULL; /* the message owns the data now */
+	return 0;
+}
+
+/* A message of another engine asks us to take a PUT. */
+static void take_put(struct ferry_engine *e, struct loop_msg *m)
+{
+	char fullkey[FULLKEY_MAX];
+	int n = keytable_compose(fullkey, m->key, m->key_len, m->home->name, e->name);
+	int rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, m->buf, m->len, m->flags);
+
+	if (rc)
+		pool_free(m->buf); /* refused: the data dies here */
+	m->buf = NULL;
+	m->res = rc;
+	m->kind = MSG_RESULT;
+	if (m->home == e->backend_data) {
+		/* A PUT to ourselves: the result is already home. */
+		inbox_push(m->home, m);
+		return;
+	}
+	if (ep_send(m->home, m))
+		ep_unref(m->home); /* home is gone: drop the message */
+}
+
+static void take_result(struct ferry_engine *e, struct loop_msg *m)
+{
+	struct loop_ep *self = e->backend_data;
+
+	reactor_put_done(e, m->op, m->gen, m->res);
+	m->free_next = self->free_msgs;
+	self->free_msgs = m;
+	ep_unref(self);
+}
+
+static int loop_progress(struct ferry_engine *e)
+{
+	struct loop_ep *self = e->backend_data;
+	struct loop_msg *m;
+	int n = 0;
+
+	while (n < 1024 && (m = inbox_pop(self))) {
+		if (m->kind == MSG_PUT)
+			take_put(e, m);
+		else
+			take_result(e, m);
+		n++;
+	}
+	return n;
+}
+
+static bool loop_has_work(struct ferry_engine *e)
+{
+	return inbox_nonempty(e->backend_data);
+}
+
+static void loop_forget(struct ferry_engine *e, struct op *op)
+{
+	/* The op's generation moves on; its result, if it comes, is ignored. */
+	(void)e;
+	(void)op;
+}
+
+static void loop_fini(struct ferry_engine *e)
+{
+	struct loop_ep *self = e->backend_data;
+	struct loop_msg *m;
+
+	if (!self)
+		return;
+	pthread_mutex_lock(&dir_lock);
+	for (struct loop_ep **pp = &dir_head; *pp; pp = &(*pp)->dir_next) {
+		if (*pp == self) {
+			*pp = self->dir_next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&dir_lock);
+	ep_close(self);
+	/* Nothing enters the inbox any more: answer what is in it. */
+	while ((m = inbox_pop(self))) {
+		if (m->kind == MSG_PUT && m->home != self) {
+			pool_free(m->buf);
+			m->buf = NULL;
+			m->res = -ECONNRESET;
+			m->kind = MSG_RESULT;
+			if (ep_send(m->home, m))
+				ep_unref(m->home);
+		} else {
+			if (m->kind == MSG_PUT && m->buf)
+				pool_free(m->buf);
+			ep_unref(self);
+		}
+	}
+	for (struct ferry_peer *p = e->peers; p; p = p->next) {
+		if (p->transport) {
+			ep_unref(p->transport);
+			p->transport = NULL;
+		}
+	}
+	e->backend_data = NULL;
+	ep_unref(self);
+}
+
+const struct backend_ops ferry__loop_backend = {
+	.name = "loop",
+	.init = loop_init,
+	.fini = loop_fini,
+	.put = loop_put,
+	.progress = loop_progress,
+	.has_work = loop_has_work,
+	.forget = loop_forget,
+};

@@ -1,0 +1,450 @@
+/*
+ * engine/cq.c - completion queues.
+ *
+ * Owns: the bounded ring every completion goes through (one producer: the
+ * thread holding progress; any number of consumer threads, Vyukov's
+ * sequence-per-slot scheme), its overflow list (a full CQ never loses a
+ * completion: the op holds it until there is room), callback dispatch on
+ * the polling thread, and the three ways to wait: poll, wait (spin, then a
+ * futex), and fd + arm for foreign event loops.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool is_default)
+{
+	uint64_t n = 1;
+
+	while (n < entries)
+		n <<= 1;
+	memset(cq, 0, sizeof(*cq));
+	cq->slots = aligned_alloc(CACHELINE, n * sizeof(*cq->slots));
+	if (!cq->slots)
+		return -ENOMEM;
+	memset(cq->slots, 0, n * sizeof(*cq->slots));
+	for (uint64_t i = 0; i < n; i++)
+		atomic_init(&cq->slots[i].seq, i);
+	cq->mask = n - 1;
+	cq->engine = e;
+	cq->is_default = is_default;
+	cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (cq->efd < 0) {
+		int err = -errno;
+
+		free(cq->slots);
+		cq->slots = NULL;
+		log_error("eventfd for a completion queue: %s", ferry_strerror(err));
+		return err;
+	}
+	return 0;
+}
+
+static bool cq_pop(struct ferry_cq *cq, struct cq_slot *out)
+{
+	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+
+	for (;;) {
+		struct cq_slot *s = &cq->slots[pos & cq->mask];
+		uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
+		int64_t diff = (int64_t)(seq - (pos + 1));
+
+		if (diff == 0) {
+			if (atomic_compare_exchange_weak_explicit(&cq->head, &pos, pos + 1,
+								  memory_order_relaxed,
+								  memory_order_relaxed)) {
+				out->cqe = s->cqe;
+				out->cb = s->cb;
+				out->cb_arg = s->cb_arg;
+				atomic_store_explicit(&s->seq, pos + cq->mask + 1,
+						      memory_order_release);
+				return true;
+			}
+		} else if (diff < 0) {
+			return false;
+		} else {
+			pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+		}
+	}
+}
+
+static void discard_cqe(const struct ferry_cqe *cqe, ferry_complete_cb *cb, void *arg)
+{
+	if (cb)
+		cb(cqe, arg); /* every callback runs exactly once; it owns cqe->buf */
+	else if ((cqe->flags & FERRY_CQE_F_BUF) && cqe->buf)
+		pool_free(cqe->buf);
+}
+
+void cq_fini(struct ferry_cq *cq)
+{
+	struct cq_slot s;
+
+	if (!cq->slots)
+		return;
+	while (cq_pop(cq, &s))
+		discard_cqe(&s.cqe, s.cb, s.cb_arg);
+	for (struct op *op = cq->overflow_head; op; op = op->next)
+		discard_cqe(&op->cqe, op->cb, op->cb_arg);
+	cq->overflow_head = cq->overflow_tail = NULL;
+	if (cq->efd >= 0)
+		close(cq->efd);
+	cq->efd = -1;
+	free(cq->slots);
+	cq->slots = NULL;
+}
+
+bool cq_has_entries(struct ferry_cq *cq)
+{
+	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_acquire);
+	struct cq_slot *s = &cq->slots[pos & cq->mask];
+
+	return atomic_load_explicit(&s->seq, memory_order_acquire) == pos + 1 ||
+	       atomic_load_explicit(&cq->overflowing, memory_order_relaxed);
+}
+
+bool cq_ring_has_room(struct ferry_cq *cq)
+{
+	struct cq_slot *s = &cq->slots[cq->tail & cq->mask];
+
+	return atomic_load_explicit(&s->seq, memory_order_acquire) == cq->tail;
+}
+
+bool cq_has_space(struct ferry_cq *cq)
+{
+	struct cq_slot *s = &cq->slots[cq->tail & cq->mask];
+
+	return !cq->overflow_head &&
+	       atomic_load_explicit(&s->seq, memory_order_acquire) == cq->tail;
+}
+
+static void mark_dirty(struct ferry_cq *cq)
+{
+	if (!cq->dirty) {
+		struct ferry_engine *e = cq->engine;
+
+		cq->dirty = true;
+		cq->next_dirty = e->dirty_cqs;
+		e->dirty_cqs = cq;
+	}
+}
+
+static bool try_push(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb *cb,
+		     void *cb_arg)
+{
+	struct cq_slot *s = &cq->slots[cq->tail & cq->mask];
+
+	if (atomic_load_explicit(&s->seq, memory_order_acquire) != cq->tail)
+		return false;
+	s->cqe = *cqe;
+	s->cb = cb;
+	s->cb_arg = cb_arg;
+	atomic_store_explicit(&s->seq, cq->tail + 1, memory_order_release);
+	cq->tail++;
+	mark_dirty(cq);
+	return true;
+}
+
+bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb *cb,
+	     void *cb_arg, struct op *holder)
+{
+	if (likely(!cq->overflow_head) && try_push(cq, cqe, cb, cb_arg))
+		return true;
+	/* Full: the op keeps the completion until the consumers make room. */
+	holder->cqe = *cqe;
+	holder->cb = cb;
+	holder->cb_arg = cb_arg;
+	holder->state = OP_OVERFLOW;
+	holder->next = NULL;
+	if (cq->overflow_tail)
+		cq->overflow_tail->next = holder;
+	else
+		cq->overflow_head = holder;
+	cq->overflow_tail = holder;
+	atomic_store_explicit(&cq->overflowing, 1, memory_order_relaxed);
+	mark_dirty(cq);
+	return false;
+}
+
+unsigned cq_flush_overflow(struct ferry_cq *cq)
+{
+	unsigned n = 0;
+
+	while (cq->overflow_head) {
+		struct op *op = cq->overflow_head;
+
+		if (!try_push(cq, &op->cqe, op->cb, op->cb_arg))
+			break;
+		cq->overflow_head = op->next;
+		if (!cq->overflow_head)
+			cq->overflow_tail = NULL;
+		ferry__op_free(cq->engine, op);
+		n++;
+	}
+	if (!cq->overflow_head)
+		atomic_store_explicit(&cq->overflowing, 0, memory_order_relaxed);
+	return n;
+}
+
+void cq_flush_wakeups(struct ferry_engine *e)
+{
+	struct ferry_cq *cq = e->dirty_cqs;
+
+	if (!cq)
+		return;
+	e->dirty_cqs = NULL;
+	for (; cq; cq = cq->next_dirty) {
+		cq->dirty = false;
+		if (atomic_load_explicit(&cq->armed, memory_order_relaxed) &&
+		    atomic_exchange(&cq->armed, 0)) {
+			uint64_t one = 1;
+
+			if (write(cq->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+				log_warn("cq eventfd write: %s", ferry_strerror(-errno));
+		}
+	}
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&e->cq_waiters, memory_order_relaxed)) {
+		atomic_fetch_add(&e->cq_seq, 1);
+		ferry__futex_wake_all(&e->cq_seq);
+	}
+}
+
+/*
+ * Take completions: callbacks run here; the rest go to cqes. handled
+ * counts both. Bounded so a stream of callbacks cannot hold the caller.
+ */
+static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled)
+{
+	unsigned n = 0, h = 0, limit = max + 256;
+	struct cq_slot s;
+
+	while (n < max && h < limit && cq_pop(cq, &s)) {
+		h++;
+		if (s.cb)
+			s.cb(&s.cqe, s.cb_arg);
+		else
+			cqes[n++] = s.cqe;
+	}
+	if (h && atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+		reactor_wake(cq->engine);
+	*handled = h;
+	return (int)n;
+}
+
+static void manual_progress(struct ferry_engine *e)
+{
+	if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {
+		reactor_run_once(e);
+		progress_unlock(e);
+	}
+}
+
+int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
+{
+	unsigned handled;
+
+	if (unlikely(!cq || (!cqes && max))) {
+		log_error("ferry_cq_poll: NULL %s", cq ? "cqes" : "cq");
+		return -EINVAL;
+	}
+	manual_progress(cq->engine);
+	return cq_reap(cq, cqes, max, &handled);
+}
+
+/* Sleep on the engine's futex until a completion was posted or a wake. */
+static void futex_sleep(struct ferry_engine *e, struct ferry_cq *cq, int64_t timeout_ns)
+{
+	uint32_t seq = atomic_load(&e->cq_seq);
+
+	atomic_fetch_add(&e->cq_waiters, 1);
+	if (!cq_has_entries(cq))
+		ferry__futex_wait(&e->cq_seq, seq, timeout_ns);
+	atomic_fetch_sub(&e->cq_waiters, 1);
+}
+
+int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int64_t timeout_ns)
+{
+	struct ferry_engine *e;
+	uint64_t start, deadline = 0, spin_until;
+	uint32_t intr;
+
+	if (unlikely(!cq || !cqes || !max)) {
+		log_error("ferry_cq_wait: %s", !cq ? "NULL cq" : !cqes ? "NULL cqes" : "max 0");
+		return -EINVAL;
+	}
+	e = cq->engine;
+	intr = atomic_load(&cq->interrupts);
+	start = ferry__now_ns();
+	if (timeout_ns >= 0)
+		deadline = start + (uint64_t)timeout_ns;
+	spin_until = start + e->spin_ns;
+
+	for (;;) {
+		unsigned handled;
+		int64_t left = -1;
+		uint64_t now;
+		int n;
+
+		manual_progress(e);
+		n = cq_reap(cq, cqes, max, &handled);
+		if (handled)
+			return n;
+		if (atomic_load(&cq->interrupts) != intr)
+			return -EINTR;
+		now = ferry__now_ns();
+		if (deadline) {
+			if (now >= deadline)
+				return -ETIMEDOUT;
+			left = (int64_t)(deadline - now);
+		} else if (timeout_ns == 0) {
+			return -ETIMEDOUT;
+		}
+		if (now < spin_until) {
+			cpu_relax();
+			continue;
+		}
+		if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {
+			/* We drive progress: sleep where the engine sleeps. */
+			if (!cq_has_entries(cq) && atomic_load(&cq->interrupts) == intr)
+				reactor_sleep(e, left);
+			progress_unlock(e);
+		} else {
+			futex_sleep(e, cq, left);
+		}
+	}
+}
+
+int ferry_cq_wake(struct ferry_cq *cq)
+{
+	struct ferry_engine *e;
+
+	if (!cq)
+		return -EINVAL;
+	e = cq->engine;
+	atomic_fetch_add(&cq->interrupts, 1);
+	atomic_fetch_add(&e->cq_seq, 1);
+	ferry__futex_wake_all(&e->cq_seq);
+	reactor_wake(e);
+	return 0;
+}
+
+int ferry_cq_fd(struct ferry_cq *cq)
+{
+	if (!cq)
+		return -EINVAL;
+	if (cq->engine->mode == FERRY_PROGRESS_MANUAL)
+		return cq->engine->ring.ring_fd;
+	return cq->efd;
+}
+
+int ferry_cq_arm(struct ferry_cq *cq)
+{
+	struct ferry_engine *e;
+	uint64_t v;
+
+	if (!cq)
+		return -EINVAL;
+	e = cq->engine;
+	if (e->mode == FERRY_PROGRESS_MANUAL) {
+		int rc;
+
+		if (!progress_try_lock(e))
+			return -EBUSY;
+		reactor_run_once(e);
+		rc = cq_has_entries(cq) ? -EBUSY : reactor_arm_manual(e);
+		progress_unlock(e);
+		return rc;
+	}
+	while (read(cq->efd, &v, sizeof(v)) == sizeof(v))
+		;
+	atomic_store(&cq->armed, 1);
+	if (cq_has_entries(cq)) {
+		atomic_store(&cq->armed, 0);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+struct ferry_cq *ferry_cq_default(struct ferry_engine *e)
+{
+	return e ? &e->default_cq : NULL;
+}
+
+int ferry_cq_create(struct ferry_engine *e, const struct ferry_cq_params *p, struct ferry_cq **out)
+{
+	struct ferry_cq_params prm = FERRY_CQ_PARAMS_INIT;
+	struct ferry_cq *cq;
+	int rc;
+
+	if (!e || !out) {
+		log_error("ferry_cq_create: NULL %s", e ? "out" : "engine");
+		return -EINVAL;
+	}
+	if (p) {
+		if (p->size < offsetof(struct ferry_cq_params, flags) + sizeof(p->flags) ||
+		    p->size > sizeof(prm)) {
+			log_error("ferry_cq_create: params size %zu unknown (use "
+				  "FERRY_CQ_PARAMS_INIT)", p->size);
+			return -EINVAL;
+		}
+		memcpy(&prm, p, p->size);
+	}
+	if (prm.flags) {
+		log_error("ferry_cq_create: unknown flags 0x%x", prm.flags);
+		return -EINVAL;
+	}
+	if (prm.entries == 0)
+		prm.entries = 4096;
+	if (prm.entries > (1u << 24)) {
+		log_error("ferry_cq_create: %u entries is more than 2^24", prm.entries);
+		return -EINVAL;
+	}
+	cq = aligned_alloc(CACHELINE, sizeof(*cq));
+	if (!cq)
+		return -ENOMEM;
+	rc = cq_init(e, cq, prm.entries, false);
+	if (rc) {
+		free(cq);
+		return rc;
+	}
+	pthread_mutex_lock(&e->lock);
+	cq->next = e->cqs;
+	e->cqs = cq;
+	pthread_mutex_unlock(&e->lock);
+	*out = cq;
+	return 0;
+}
+
+int ferry_cq_destroy(struct ferry_cq *cq)
+{
+	struct ferry_engine *e;
+	struct ferry_cq **pp;
+
+	if (!cq)
+		return -EINVAL;
+	if (cq->is_default) {
+		log_error("ferry_cq_destroy: the default CQ goes with its engine");
+		return -EINVAL;
+	}
+	e = cq->engine;
+	if (atomic_load(&cq->inflight) || cq->overflow_head) {
+		log_error("ferry_cq_destroy: ops in flight still target this CQ");
+		return -EBUSY;
+	}
+	pthread_mutex_lock(&e->lock);
+	for (pp = &e->cqs; *pp; pp = &(*pp)->next) {
+		if (*pp == cq) {
+			*pp = cq->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	cq_fini(cq);
+	free(cq);
+	return 0;
+}

@@ -1,0 +1,402 @@
+/*
+ * engine/engine.c - engine lifecycle, peers, buffers and health.
+ *
+ * Owns: checking and defaulting the creation parameters, building an engine
+ * (pool, reactor, default CQ, transport, reactor thread) and tearing it down
+ * in the order that lets every pending op complete; peer handles; the
+ * public buffer calls (thin checks over pool/); the health JSON.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static _Atomic uint64_t next_engine_id = 1;
+
+#define MIB (1024ull * 1024ull)
+
+static int check_name(const char *what, const char *s)
+{
+	size_t n;
+
+	if (!s || !*s) {
+		log_error("engine params: %s is missing", what);
+		return -EINVAL;
+	}
+	n = strnlen(s, FERRY_NAME_MAX);
+	if (n >= FERRY_NAME_MAX) {
+		log_error("engine params: %s longer than %d bytes", what, FERRY_NAME_MAX - 1);
+		return -ENAMETOOLONG;
+	}
+	for (size_t i = 0; i < n; i++) {
+		char c = s[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '-' || c == '_' || c == ':')) {
+			log_error("engine params: %s \"%s\" has '%c' (allowed: letters, digits, "
+				  ". - _ :)", what, s, c);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int take_params(const struct ferry_engine_params *in, struct ferry_engine_params *p)
+{
+	static const size_t v0 = offsetof(struct ferry_engine_params, flags) + sizeof(uint32_t);
+	int rc;
+
+	if (!in) {
+		log_error("ferry_engine_create: NULL params");
+		return -EINVAL;
+	}
+	if (in->size < v0 || in->size > sizeof(*p)) {
+		log_error("ferry_engine_create: params size %zu unknown (use "
+			  "FERRY_ENGINE_PARAMS_INIT)", in->size);
+		return -EINVAL;
+	}
+	memset(p, 0, sizeof(*p));
+	memcpy(p, in, in->size);
+	if ((rc = check_name("name", p->name)))
+		return rc;
+	if (!p->ns)
+		p->ns = "default";
+	if ((rc = check_name("namespace", p->ns)))
+		return rc;
+	if (p->config_path) {
+		log_error("ferry_engine_create: config_path is reserved for the stage API");
+		return -EOPNOTSUPP;
+	}
+	if ((unsigned)p->progress >= FERRY_PROGRESS__MAX) {
+		log_error("ferry_engine_create: unknown progress mode %d", (int)p->progress);
+		return -EINVAL;
+	}
+	if (p->flags & ~FERRY_ENGINE_NO_PREFAULT) {
+		log_error("ferry_engine_create: unknown flags 0x%x", p->flags);
+		return -EINVAL;
+	}
+	if (!p->pool_size)
+		p->pool_size = 64 * MIB;
+	if (p->pool_size > (1ull << 40)) {
+		log_error("ferry_engine_create: pool of %zu bytes is more than 1 TiB", p->pool_size);
+		return -EINVAL;
+	}
+	if (!p->spin_ns)
+		p->spin_ns = 50000;
+	if (!p->max_ops)
+		p->max_ops = 4096;
+	if (!p->sq_entries)
+		p->sq_entries = 256;
+	if (!p->cq_entries)
+		p->cq_entries = 4096;
+	if (!p->max_keys)
+		p->max_keys = 16384;
+	if (p->max_ops > (1u << 20) || p->sq_entries > (1u << 16) || p->cq_entries > (1u << 24) ||
+	    p->max_keys > (1u << 24)) {
+		log_error("ferry_engine_create: a table size is out of range (max_ops <= 2^20, "
+			  "sq_entries <= 2^16, cq_entries <= 2^24, max_keys <= 2^24)");
+		return -EINVAL;
+	}
+	if (p->sq_entries & (p->sq_entries - 1)) {
+		uint32_t n = 1;
+
+		while (n < p->sq_entries)
+			n <<= 1;
+		p->sq_entries = n;
+	}
+	return 0;
+}
+
+static void engine_free(struct ferry_engine *e)
+{
+	struct ferry_cq *cq, *next;
+
+	if (e->backend_data)
+		e->backend->fini(e);
+	for (cq = e->cqs; cq; cq = next) {
+		next = cq->next;
+		cq_fini(cq);
+		free(cq);
+	}
+	cq_fini(&e->default_cq);
+	reactor_fini(e);
+	while (e->peers) {
+		struct ferry_peer *p = e->peers;
+
+		e->peers = p->next;
+		free(p);
+	}
+	sq_free_all(e);
+	if (e->pool)
+		pool_release_owner(e->pool);
+	pthread_mutex_destroy(&e->lock);
+	free(e);
+}
+
+int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_engine **out)
+{
+	struct ferry_engine_params p;
+	struct pool_params pp = { 0 };
+	struct ferry_engine *e;
+	int rc;
+
+	if (!out) {
+		log_error("ferry_engine_create: NULL out");
+		return -EINVAL;
+	}
+	*out = NULL;
+	if ((rc = take_params(params, &p)))
+		return rc;
+	e = aligned_alloc(CACHELINE, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	memset(e, 0, sizeof(*e));
+	pthread_mutex_init(&e->lock, NULL);
+	e->id = atomic_fetch_add(&next_engine_id, 1);
+	snprintf(e->name, sizeof(e->name), "%s", p.name);
+	snprintf(e->ns, sizeof(e->ns), "%s", p.ns);
+	e->mode = p.progress;
+	e->spin_ns = p.spin_ns;
+	e->sq_entries = p.sq_entries;
+	e->max_ops = p.max_ops;
+	e->max_keys = p.max_keys;
+	e->created_ns = ferry__now_ns();
+	e->doorbell_fd = -1;
+	e->ring.ring_fd = -1;
+	e->backend = &ferry__loop_backend;
+
+	pp.size = p.pool_size;
+	pp.max_bufs = p.max_bufs;
+	pp.name = e->name;
+	pp.prefault = !(p.flags & FERRY_ENGINE_NO_PREFAULT);
+	if ((rc = pool_create(&pp, &e->pool)) ||
+	    (rc = cq_init(e, &e->default_cq, p.cq_entries, true)) ||
+	    (rc = reactor_init(e)) ||
+	    (rc = e->backend->init(e)))
+		goto fail;
+	if (e->mode == FERRY_PROGRESS_THREAD) {
+		atomic_store(&e->progress_busy, 1); /* the thread owns progress */
+		rc = -pthread_create(&e->thread, NULL, reactor_thread_main, e);
+		if (rc) {
+			log_error("engine %s: reactor thread: %s", e->name, ferry_strerror(rc));
+			goto fail;
+		}
+		e->thread_started = true;
+	}
+	log_debug("engine %s/%s created (%s mode, pool %zu bytes)", e->ns, e->name,
+		  e->mode == FERRY_PROGRESS_THREAD ? "thread" : "manual", p.pool_size);
+	*out = e;
+	return 0;
+fail:
+	engine_free(e);
+	return rc;
+}
+
+int ferry_engine_destroy(struct ferry_engine *e)
+{
+	if (!e) {
+		log_error("ferry_engine_destroy: NULL engine");
+		return -EINVAL;
+	}
+	atomic_store(&e->closing, 1);
+	if (e->thread_started) {
+		uint64_t one = 1;
+
+		atomic_store(&e->stop, 1);
+		if (write(e->doorbell_fd, &one, sizeof(one)) < 0)
+			log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
+		pthread_join(e->thread, NULL);
+	} else {
+		while (!progress_try_lock(e))
+			cpu_relax();
+	}
+	/* Stop arrivals first: what other engines sent us is answered. */
+	e->backend->fini(e);
+	reactor_shutdown(e);
+	engine_free(e);
+	return 0;
+}
+
+const char *ferry_engine_name(const struct ferry_engine *e)
+{
+	return e ? e->name : NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Peers                                                               */
+/* ------------------------------------------------------------------ */
+
+int ferry_peer_open(struct ferry_engine *e, const char *name, struct ferry_peer **out)
+{
+	struct ferry_peer *p;
+	int rc;
+
+	if (!e || !out) {
+		log_error("ferry_peer_open: NULL %s", e ? "out" : "engine");
+		return -EINVAL;
+	}
+	if ((rc = check_name("peer name", name)))
+		return rc;
+	pthread_mutex_lock(&e->lock);
+	for (p = e->peers; p; p = p->next)
+		if (strcmp(p->name, name) == 0)
+			break;
+	if (!p && (p = calloc(1, sizeof(*p)))) {
+		p->engine = e;
+		snprintf(p->name, sizeof(p->name), "%s", name);
+		p->next = e->peers;
+		e->peers = p;
+	}
+	pthread_mutex_unlock(&e->lock);
+	if (!p)
+		return -ENOMEM;
+	*out = p;
+	return 0;
+}
+
+const char *ferry_peer_name(const struct ferry_peer *p)
+{
+	return p ? p->name : NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Buffers                                                             */
+/* ------------------------------------------------------------------ */
+
+int ferry_buf_alloc(struct ferry_engine *e, size_t len, struct ferry_buf **out)
+{
+	if (!e || !out) {
+		log_error("ferry_buf_alloc: NULL %s", e ? "out" : "engine");
+		return -EINVAL;
+	}
+	return pool_alloc(e->pool, len, out);
+}
+
+void *ferry_buf_data(const struct ferry_buf *b)
+{
+	return b ? b->data : NULL;
+}
+
+size_t ferry_buf_len(const struct ferry_buf *b)
+{
+	return b ? b->len : 0;
+}
+
+int ferry_buf_set_len(struct ferry_buf *b, size_t len)
+{
+	if (!b || atomic_load(&b->state) != POOL_BUF_LIVE) {
+		log_error("ferry_buf_set_len: %s buffer", b ? "dead" : "NULL");
+		return -EINVAL;
+	}
+	if (len > b->cap) {
+		log_error("ferry_buf_set_len: %zu bytes exceed the capacity %llu", len,
+			  (unsigned long long)b->cap);
+		return -EMSGSIZE;
+	}
+	b->len = len;
+	return 0;
+}
+
+int ferry_buf_release(struct ferry_buf *b)
+{
+	if (!b) {
+		log_error("ferry_buf_release: NULL buffer");
+		return -EINVAL;
+	}
+	return pool_free(b);
+}
+
+/* ------------------------------------------------------------------ */
+/* Health                                                              */
+/* ------------------------------------------------------------------ */
+
+struct jbuf {
+	char *p;
+	size_t cap, len;
+};
+
+static void jprintf(struct jbuf *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void jprintf(struct jbuf *j, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(j->len < j->cap ? j->p + j->len : NULL, j->len < j->cap ? j->cap - j->len : 0,
+		      fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		j->len += (size_t)n;
+}
+
+static void jhist(struct jbuf *j, const char *name, stat_t *h)
+{
+	jprintf(j, "\"%s\":{", name);
+	for (int i = 0, first = 1; i < 32; i++) {
+		uint64_t v = STAT_GET(h[i]);
+
+		if (!v)
+			continue;
+		jprintf(j, "%s\"%llu\":%llu", first ? "" : ",", 1ull << i, (unsigned long long)v);
+		first = 0;
+	}
+	jprintf(j, "}");
+}
+
+int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
+{
+	struct jbuf j = { buf, len, 0 };
+	struct engine_stats *s;
+	struct pool_stats ps;
+
+	if (!e || (!buf && len)) {
+		log_error("ferry_engine_health: NULL %s", e ? "buf" : "engine");
+		return -EINVAL;
+	}
+	s = &e->stats;
+	pool_get_stats(e->pool, &ps);
+	jprintf(&j, "{\"engine\":\"%s\",\"namespace\":\"%s\",\"transport\":\"%s\","
+		"\"progress\":\"%s\",\"status\":\"%s\",\"uptime_ns\":%llu,",
+		e->name, e->ns, e->backend->name,
+		e->mode == FERRY_PROGRESS_THREAD ? "thread" : "manual",
+		atomic_load(&e->closing) ? "closing" : "ok",
+		(unsigned long long)(ferry__now_ns() - e->created_ns));
+#define J(name) jprintf(&j, "\"" #name "\":%llu,", (unsigned long long)STAT_GET(s->name))
+	jprintf(&j, "\"ops\":{");
+	J(submitted); J(completed); J(failed); J(timeouts); J(cancelled); J(nops); J(puts);
+	J(gets); J(bytes_put); J(bytes_got); J(copies); J(zero_copies); J(deliveries);
+	J(refused);
+#undef J
+	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"threads\":%u},", e->ops_in_use,
+		e->keys.present, atomic_load(&e->nsqs));
+	jprintf(&j, "\"latency_ns\":{");
+	jhist(&j, "put", s->lat_put);
+	jprintf(&j, ",");
+	jhist(&j, "get", s->lat_get);
+	jprintf(&j, "},\"pool\":{\"size\":%llu,\"bytes_in_use\":%llu,\"blocks_in_use\":%llu,"
+		"\"largest_free\":%llu,\"fragmentation\":%.4f,\"alloc_failures\":%llu,"
+		"\"bad_frees\":%llu},",
+		(unsigned long long)ps.size, (unsigned long long)ps.bytes_in_use,
+		(unsigned long long)ps.blocks_in_use, (unsigned long long)ps.largest_free,
+		ps.fragmentation, (unsigned long long)ps.alloc_failures,
+		(unsigned long long)ps.bad_frees);
+	jprintf(&j, "\"peers\":[");
+	pthread_mutex_lock(&e->lock);
+	for (struct ferry_peer *p = e->peers; p; p = p->next) {
+		jprintf(&j, "{\"name\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
+			"\"bytes_in\":%llu,\"errors\":%llu}%s",
+			p->name, (unsigned long long)STAT_GET(p->stats.puts),
+			(unsigned long long)STAT_GET(p->stats.gets),
+			(unsigned long long)STAT_GET(p->stats.bytes_out),
+			(unsigned long long)STAT_GET(p->stats.bytes_in),
+			(unsigned long long)STAT_GET(p->stats.errors), p->next ? "," : "");
+	}
+	pthread_mutex_unlock(&e->lock);
+	jprintf(&j, "]}");
+	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;
+}

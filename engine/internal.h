@@ -1,0 +1,384 @@
+/*
+ * engine/internal.h - the engine's private types, shared by the engine sources and
+ * the backends.
+ *
+ * Owns: the definitions of struct ferry_engine, ferry_sq, ferry_cq,
+ * ferry_peer, the in-flight op, the deadline heap, the key table, the
+ * backend ops table and the small atomics helpers they use. Data flows
+ * caller -> ferry_sq ring -> reactor (reactor.c) -> key table / backend ->
+ * peer -> completion (cq.c) -> caller; each step lives in its own file.
+ */
+#ifndef FERRY_INTERNAL_H
+#define FERRY_INTERNAL_H
+
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ferry.h"
+#include "log.h"
+#include "pool.h"
+
+#define CACHELINE 64
+#define cacheline_aligned __attribute__((aligned(CACHELINE)))
+
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+/* Keys as stored: "{key}@{from}_{to}" plus its NUL. */
+#define FULLKEY_MAX (FERRY_KEY_MAX + 2 * FERRY_NAME_MAX + 2)
+
+/* Most threads (submission queues) one engine serves. */
+#define ENGINE_MAX_SQS 1024
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+/*
+ * Counters written by one thread (the reactor of the moment) and read by
+ * any (health): relaxed load + store, a plain move on x86, no locked add.
+ */
+typedef _Atomic uint64_t stat_t;
+#define STAT_ADD(c, n) \
+	atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + (n), \
+			      memory_order_relaxed)
+#define STAT_GET(c) atomic_load_explicit(&(c), memory_order_relaxed)
+
+uint64_t ferry__now_ns(void);
+
+/* ------------------------------------------------------------------ */
+/* Submission queue: one SPSC ring per thread (sq.c)                   */
+/* ------------------------------------------------------------------ */
+
+struct ferry_sq {
+	/* Producer side (the owning thread). */
+	uint32_t tail_local cacheline_aligned; /* entries handed out */
+	uint32_t head_cache;                   /* last head seen */
+	_Atomic uint32_t tail cacheline_aligned; /* published to the reactor */
+	/* Consumer side (the reactor). */
+	_Atomic uint32_t head cacheline_aligned;
+	uint32_t mask cacheline_aligned;
+	uint32_t entries;
+	struct ferry_engine *engine;
+	_Atomic int owner_tid; /* 0: free for reuse */
+	struct ferry_sqe *sqes;
+};
+
+/* ------------------------------------------------------------------ */
+/* Completion queue (cq.c)                                             */
+/* ------------------------------------------------------------------ */
+
+struct cq_slot {
+	_Atomic uint64_t seq;
+	struct ferry_cqe cqe;
+	ferry_complete_cb *cb;
+	void *cb_arg;
+};
+
+struct op;
+
+struct ferry_cq {
+	_Atomic uint64_t head cacheline_aligned; /* consumers (CAS) */
+	uint64_t tail cacheline_aligned;         /* the reactor */
+	uint64_t mask;
+	struct cq_slot *slots;
+	struct ferry_engine *engine;
+	int efd;                 /* ferry_cq_fd in THREAD mode */
+	_Atomic int armed;
+	_Atomic int overflowing; /* completions wait in the overflow list */
+	struct op *overflow_head, *overflow_tail; /* reactor only */
+	_Atomic uint32_t inflight; /* ops targeting this CQ (written by the reactor) */
+	_Atomic uint32_t interrupts; /* ferry_cq_wake count */
+	bool dirty;              /* posted this round (reactor only) */
+	bool is_default;
+	struct ferry_cq *next_dirty;
+	struct ferry_cq *next;   /* engine's list */
+};
+
+/*
+ * Post a completion; reactor only. Returns true when posted; false when the
+ * CQ is full and the completion was parked in holder (which then stays in
+ * use until cq_flush_overflow posts it). holder may be NULL only when the
+ * caller checked cq_has_space.
+ */
+bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb *cb,
+	     void *cb_arg, struct op *holder);
+/* Move overflowed completions in; returns how many. Reactor only. */
+unsigned cq_flush_overflow(struct ferry_cq *cq);
+/* After a reactor round: wake waiters / arm fds of CQs posted to. */
+void cq_flush_wakeups(struct ferry_engine *e);
+int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool is_default);
+/*
+ * At destroy: run the callbacks of completions nobody polled, release the
+ * buffers unread CQEs hold, then free the CQ's memory.
+ */
+void cq_fini(struct ferry_cq *cq);
+bool cq_has_entries(struct ferry_cq *cq);
+bool cq_has_space(struct ferry_cq *cq);
+/* The ring itself has a free slot (overflow may still be pending). */
+bool cq_ring_has_room(struct ferry_cq *cq);
+
+/* ------------------------------------------------------------------ */
+/* Ops in flight (reactor.c)                                           */
+/* ------------------------------------------------------------------ */
+
+enum op_state {
+	OP_FREE = 0,
+	OP_PARKED,   /* GET waiting for its key */
+	OP_AWAY,     /* PUT handed to a transport, waiting for its ack */
+	OP_OVERFLOW, /* completed, waiting for room in its CQ */
+};
+
+struct key_entry;
+
+struct op {
+	uint8_t opcode;
+	uint8_t state;
+	uint32_t flags;
+	uint32_t gen;         /* bumped at every reuse: stale acks are ignored */
+	uint32_t index;
+	uint64_t user_data;
+	uint64_t deadline;    /* absolute ns, 0 = none */
+	uint64_t start;       /* ns, for the latency histogram */
+	uint32_t heap_idx;    /* position in the deadline heap, UINT32_MAX = none */
+	struct ferry_cq *cq;
+	ferry_complete_cb *cb;
+	void *cb_arg;
+	struct ferry_peer *peer;
+	const struct iovec *iov;
+	uint32_t iovcnt;
+	struct ferry_buf *buf;
+	uint64_t len;
+	struct key_entry *entry;     /* PARKED: the key it waits on */
+	struct op *next, *prev;      /* PARKED list / overflow list */
+	struct ferry_cqe cqe;        /* OVERFLOW: the completion to post */
+	uint16_t key_len;            /* PUT: the key, for the transport */
+	char key[FERRY_KEY_MAX];
+};
+
+/* Complete an op: unpark, drop its deadline, post, free. Reactor only. */
+void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		 struct ferry_buf *buf);
+
+/* ------------------------------------------------------------------ */
+/* Deadlines (timer.c): a binary min-heap, O(log n), no allocation      */
+/* ------------------------------------------------------------------ */
+
+struct timer_heap {
+	struct op **ops;
+	uint32_t n, cap;
+};
+
+int timer_init(struct timer_heap *h, uint32_t cap);
+void timer_fini(struct timer_heap *h);
+void timer_add(struct timer_heap *h, struct op *op);
+void timer_del(struct timer_heap *h, struct op *op);
+/* Earliest deadline, or 0 if none. */
+static inline uint64_t timer_next(const struct timer_heap *h)
+{
+	return h->n ? h->ops[0]->deadline : 0;
+}
+/* Remove and return an op whose deadline is <= now, or NULL. */
+struct op *timer_pop_expired(struct timer_heap *h, uint64_t now);
+
+/* ------------------------------------------------------------------ */
+/* Key table (keytable.c): arrived data and the GETs waiting for it    */
+/* ------------------------------------------------------------------ */
+
+struct key_entry {
+	uint64_t hash;
+	struct key_entry *chain;   /* bucket chain / free list */
+	struct op *waiters;        /* parked GETs, FIFO (head) */
+	struct op *waiters_tail;
+	struct ferry_buf *buf;     /* arrived data (NULL if none) */
+	uint64_t len;
+	struct ferry_peer *from;   /* for per-peer stats */
+	bool present;
+	uint16_t key_len;
+	char key[FULLKEY_MAX];
+};
+
+struct key_table {
+	struct key_entry **buckets;
+	uint64_t mask;
+	struct key_entry *entries;
+	struct key_entry *free;
+	uint32_t capacity;
+	uint32_t used;     /* entries in use (data or waiters) */
+	uint32_t present;  /* entries holding data */
+	uint32_t max_present;
+};
+
+int keytable_init(struct key_table *t, uint32_t max_present, uint32_t max_waiting);
+void keytable_fini(struct key_table *t);
+uint64_t keytable_hash(const char *key, size_t len);
+struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h);
+/* Find or create; NULL when the table is full. */
+struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len, uint64_t h);
+/* Drop the entry if it holds neither data nor waiters. */
+void keytable_put(struct key_table *t, struct key_entry *ke);
+/* Compose "{key}@{from}_{to}"; returns its length or -ENAMETOOLONG. */
+int keytable_compose(char *out, const char *key, size_t key_len, const char *from,
+		     const char *to);
+
+/* ------------------------------------------------------------------ */
+/* Peers and transports                                                */
+/* ------------------------------------------------------------------ */
+
+struct peer_stats {
+	stat_t puts, gets, bytes_out, bytes_in, errors;
+};
+
+struct ferry_peer {
+	struct ferry_engine *engine;
+	char name[FERRY_NAME_MAX];
+	void *transport;           /* the backend's resolved endpoint, if any */
+	struct peer_stats stats;
+	struct ferry_peer *next;
+};
+
+/*
+ * A transport. The reactor hands it PUTs already holding their data in a
+ * pool buffer; the backend delivers and later calls reactor_put_done().
+ * Arrivals from peers go through reactor_deliver().
+ */
+struct backend_ops {
+	const char *name;
+	int (*init)(struct ferry_engine *e);
+	/* Shut down: stop accepting, fail what is pending with -ECONNRESET. */
+	void (*fini)(struct ferry_engine *e);
+	/* Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno. */
+	int (*put)(struct ferry_engine *e, struct op *op);
+	/* Make progress; returns events handled. */
+	int (*progress)(struct ferry_engine *e);
+	/* True if progress() has work right now (checked before sleeping). */
+	bool (*has_work)(struct ferry_engine *e);
+	/* An op that is AWAY was cancelled or timed out. */
+	void (*forget)(struct ferry_engine *e, struct op *op);
+};
+
+extern const struct backend_ops ferry__loop_backend;
+
+/*
+ * A PUT arrived for this engine: fullkey, data in buf (ownership moves to
+ * the engine whatever the result). Returns 0, -EEXIST, -ENOSPC.
+ */
+int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
+		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
+/* The transport finished a PUT (res 0 or negative errno). */
+void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
+/* Ring the engine's doorbell if its progress side sleeps. Any thread. */
+void reactor_wake(struct ferry_engine *e);
+
+/* ------------------------------------------------------------------ */
+/* The engine                                                          */
+/* ------------------------------------------------------------------ */
+
+struct engine_stats {
+	stat_t submitted, completed, failed, timeouts, cancelled;
+	stat_t puts, gets, nops, bytes_put, bytes_got, copies, zero_copies;
+	stat_t deliveries, refused;
+	stat_t lat_put[32], lat_get[32]; /* log2(ns) buckets */
+};
+
+struct ferry_engine {
+	/* Written by submitters, read by the reactor. */
+	_Atomic int sleeping cacheline_aligned; /* progress side sleeps on the doorbell */
+	_Atomic int doorbell_rung;
+	/* Progress ownership (MANUAL mode, and the reactor thread). */
+	_Atomic int progress_busy cacheline_aligned;
+	/* CQ waiters sleep on this futex word. */
+	_Atomic uint32_t cq_seq cacheline_aligned;
+	_Atomic uint32_t cq_waiters;
+
+	/* Read-mostly. */
+	uint64_t id cacheline_aligned; /* unique in the process, for TLS caches */
+	char name[FERRY_NAME_MAX];
+	char ns[FERRY_NAME_MAX];
+	enum ferry_progress_mode mode;
+	uint64_t spin_ns;
+	uint32_t sq_entries;
+	uint64_t created_ns;
+	_Atomic int closing;
+
+	/* Submission queues: append-only array. */
+	struct ferry_sq *sqs[ENGINE_MAX_SQS];
+	_Atomic uint32_t nsqs;
+
+	/* Everything below belongs to whoever holds progress_busy. */
+	struct op *ops;
+	uint32_t max_ops;
+	uint32_t max_keys;
+	struct op *free_ops;
+	uint32_t ops_in_use;
+	struct timer_heap timers;
+	struct key_table keys;
+	struct ferry_cq *dirty_cqs;
+	uint64_t now; /* clock read once per round */
+
+	/* The reactor's io_uring: doorbell reads and the sleep. */
+	struct io_uring ring;
+	int doorbell_fd;
+	uint64_t doorbell_val;
+	bool doorbell_armed;
+	bool timeout_armed;           /* MANUAL arm: a TIMEOUT op is queued */
+	struct __kernel_timespec arm_ts;
+	pthread_t thread;
+	bool thread_started;
+	_Atomic int stop;
+
+	struct pool *pool;
+	struct ferry_cq default_cq;
+
+	pthread_mutex_t lock; /* slow paths: peers, CQ list, SQ creation */
+	struct ferry_peer *peers;
+	struct ferry_cq *cqs;
+
+	const struct backend_ops *backend;
+	void *backend_data;
+
+	struct engine_stats stats;
+};
+
+/* One reactor round: returns events handled. Caller holds progress_busy. */
+int reactor_run_once(struct ferry_engine *e);
+/* True when a round would find work. */
+bool reactor_has_work(struct ferry_engine *e);
+/* Sleep in the io_uring wait until the doorbell, the next deadline, or
+ * timeout_ns (< 0 = none). Caller holds progress_busy. */
+void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns);
+int reactor_init(struct ferry_engine *e);
+int reactor_arm_manual(struct ferry_engine *e);
+/* Cancel everything at destroy. */
+void reactor_shutdown(struct ferry_engine *e);
+void reactor_fini(struct ferry_engine *e);
+void *reactor_thread_main(void *arg);
+
+static inline bool progress_try_lock(struct ferry_engine *e)
+{
+	return atomic_load_explicit(&e->progress_busy, memory_order_relaxed) == 0 &&
+	       atomic_exchange_explicit(&e->progress_busy, 1, memory_order_acquire) == 0;
+}
+
+void progress_unlock(struct ferry_engine *e);
+
+/* futex helpers */
+int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns);
+void ferry__futex_wake_all(_Atomic uint32_t *addr);
+
+/* The sq.c side the reactor uses. */
+struct ferry_sqe *sq_peek(struct ferry_sq *sq, uint32_t *avail);
+void sq_advance(struct ferry_sq *sq, uint32_t n);
+void sq_free_all(struct ferry_engine *e);
+
+void ferry__op_free(struct ferry_engine *e, struct op *op);
+
+#endif

@@ -1,0 +1,130 @@
+/*
+ * engine/keytable.c - the stage-scoped keys an engine holds.
+ *
+ * Owns: a chained hash table from "{key}@{from}_{to}" to an entry holding
+ * the data that arrived under that key (a pool buffer) and the FIFO of GETs
+ * waiting for it. Entries come from an array sized at creation (the data
+ * limit max_keys plus one per op that can wait), so inserting never
+ * allocates. Only the thread that holds progress touches it.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+int keytable_init(struct key_table *t, uint32_t max_present, uint32_t max_waiting)
+{
+	uint64_t nb = 16;
+
+	memset(t, 0, sizeof(*t));
+	t->capacity = max_present + max_waiting;
+	t->max_present = max_present;
+	while (nb < (uint64_t)t->capacity * 2)
+		nb <<= 1;
+	t->buckets = calloc(nb, sizeof(*t->buckets));
+	t->entries = calloc(t->capacity, sizeof(*t->entries));
+	if (!t->buckets || !t->entries) {
+		keytable_fini(t);
+		return -ENOMEM;
+	}
+	t->mask = nb - 1;
+	for (uint32_t i = t->capacity; i-- > 0;) {
+		t->entries[i].chain = t->free;
+		t->free = &t->entries[i];
+	}
+	return 0;
+}
+
+void keytable_fini(struct key_table *t)
+{
+	free(t->buckets);
+	free(t->entries);
+	memset(t, 0, sizeof(*t));
+}
+
+/* FNV-1a, 8 bytes at a time folded with a multiply: keys are short. */
+uint64_t keytable_hash(const char *key, size_t len)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	while (len >= 8) {
+		uint64_t w;
+
+		memcpy(&w, key, 8);
+		h = (h ^ w) * 0x100000001b3ull;
+		h ^= h >> 29;
+		key += 8;
+		len -= 8;
+	}
+	while (len--)
+		h = (h ^ (uint8_t)*key++) * 0x100000001b3ull;
+	return h ^ (h >> 32);
+}
+
+struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h)
+{
+	for (struct key_entry *ke = t->buckets[h & t->mask]; ke; ke = ke->chain)
+		if (ke->hash == h && ke->key_len == len && memcmp(ke->key, key, len) == 0)
+			return ke;
+	return NULL;
+}
+
+struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len, uint64_t h)
+{
+	struct key_entry *ke = keytable_find(t, key, len, h);
+
+	if (ke)
+		return ke;
+	if (!t->free || len >= FULLKEY_MAX)
+		return NULL;
+	ke = t->free;
+	t->free = ke->chain;
+	ke->hash = h;
+	ke->key_len = (uint16_t)len;
+	memcpy(ke->key, key, len);
+	ke->key[len] = '\0';
+	ke->waiters = ke->waiters_tail = NULL;
+	ke->buf = NULL;
+	ke->len = 0;
+	ke->from = NULL;
+	ke->present = false;
+	ke->chain = t->buckets[h & t->mask];
+	t->buckets[h & t->mask] = ke;
+	t->used++;
+	return ke;
+}
+
+void keytable_put(struct key_table *t, struct key_entry *ke)
+{
+	struct key_entry **pp;
+
+	if (ke->present || ke->waiters)
+		return;
+	for (pp = &t->buckets[ke->hash & t->mask]; *pp; pp = &(*pp)->chain) {
+		if (*pp == ke) {
+			*pp = ke->chain;
+			break;
+		}
+	}
+	ke->chain = t->free;
+	t->free = ke;
+	t->used--;
+}
+
+int keytable_compose(char *out, const char *key, size_t key_len, const char *from,
+		     const char *to)
+{
+	size_t fl = strlen(from), tl = strlen(to);
+	size_t n = key_len + 1 + fl + 1 + tl;
+
+	if (n >= FULLKEY_MAX)
+		return -ENAMETOOLONG;
+	memcpy(out, key, key_len);
+	out[key_len] = '@';
+	memcpy(out + key_len + 1, from, fl);
+	out[key_len + 1 + fl] = '_';
+	memcpy(out + key_len + 2 + fl, to, tl);
+	out[n] = '\0';
+	return (int)n;
+}

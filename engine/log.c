@@ -1,0 +1,65 @@
+/*
+ * engine/log.c - the log sink and its threshold (see log.h).
+ */
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry.h"
+#include "log.h"
+
+static const char *const level_names[] = { "error", "warn", "info", "debug" };
+
+/* -1: not read from the environment yet. */
+static _Atomic int log_threshold = -1;
+static _Atomic(ferry_log_cb *) log_sink;
+static void *_Atomic log_sink_arg;
+
+static int threshold_from_env(void)
+{
+	const char *v = getenv("FERRY_LOG");
+	int t = FERRY__LOG_WARN;
+
+	if (v) {
+		for (int i = 0; i < 4; i++)
+			if (strcmp(v, level_names[i]) == 0)
+				t = i;
+		if (strcmp(v, "none") == 0)
+			t = -2;
+	}
+	return t;
+}
+
+void ferry_log_set(int level, ferry_log_cb cb, void *arg)
+{
+	if (level > FERRY_LOG_DEBUG)
+		level = FERRY_LOG_DEBUG;
+	atomic_store(&log_sink_arg, arg);
+	atomic_store(&log_sink, cb);
+	atomic_store(&log_threshold, level < 0 ? -2 : level);
+}
+
+void ferry__log(int level, const char *fmt, ...)
+{
+	int t = atomic_load_explicit(&log_threshold, memory_order_relaxed);
+	char line[512];
+	va_list ap;
+	ferry_log_cb *cb;
+
+	if (t == -1) {
+		t = threshold_from_env();
+		atomic_store(&log_threshold, t);
+	}
+	if (level > t)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	cb = atomic_load(&log_sink);
+	if (cb)
+		cb(level, line, atomic_load(&log_sink_arg));
+	else
+		fprintf(stderr, "ferry %s: %s\n", level_names[level], line);
+}

@@ -1,0 +1,905 @@
+/*
+ * engine/reactor.c - the reactor: one loop per engine.
+ *
+ * Owns: draining the submission rings into ops, dispatching each op
+ * (NOP, PUT, GET, CANCEL), matching arrivals with waiting GETs through the
+ * key table, deadlines, completing ops, and the one place the progress side
+ * sleeps: an io_uring wait on the doorbell eventfd (and the next deadline).
+ * In THREAD mode a thread runs this loop, spinning for spin_ns while work
+ * flows; in MANUAL mode the same rounds run inside ferry_progress and the
+ * CQ calls. Whoever runs a round holds e->progress_busy, so everything the
+ * reactor owns is single-threaded and needs no lock.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#define NO_SLOT UINT32_MAX
+#define TAG_DOORBELL 1ull
+#define TAG_TIMEOUT 2ull
+#define MAX_IOV 1024
+
+uint64_t ferry__now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
+{
+	struct timespec ts, *tsp = NULL;
+
+	if (timeout_ns >= 0) {
+		ts.tv_sec = timeout_ns / 1000000000;
+		ts.tv_nsec = timeout_ns % 1000000000;
+		tsp = &ts;
+	}
+	if (syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, tsp, NULL, 0) < 0)
+		return -errno;
+	return 0;
+}
+
+void ferry__futex_wake_all(_Atomic uint32_t *addr)
+{
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* ------------------------------------------------------------------ */
+/* Ops                                                                 */
+/* ------------------------------------------------------------------ */
+
+static struct op *op_alloc(struct ferry_engine *e)
+{
+	struct op *op = e->free_ops;
+
+	if (!op)
+		return NULL;
+	e->free_ops = op->next;
+	e->ops_in_use++;
+	op->gen++;
+	op->next = op->prev = NULL;
+	op->heap_idx = NO_SLOT;
+	op->entry = NULL;
+	op->buf = NULL;
+	op->len = 0;
+	op->deadline = 0;
+	return op;
+}
+
+void ferry__op_free(struct ferry_engine *e, struct op *op)
+{
+	if (op->cq)
+		STAT_ADD(op->cq->inflight, (uint64_t)-1);
+	op->state = OP_FREE;
+	op->gen++;
+	op->next = e->free_ops;
+	e->free_ops = op;
+	e->ops_in_use--;
+}
+
+static unsigned lat_bucket(uint64_t ns)
+{
+	unsigned b = ns ? 63u - (unsigned)__builtin_clzll(ns) : 0;
+
+	return b > 31 ? 31 : b;
+}
+
+static void unpark(struct ferry_engine *e, struct op *op)
+{
+	struct key_entry *ke = op->entry;
+
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		ke->waiters = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	else
+		ke->waiters_tail = op->prev;
+	op->next = op->prev = NULL;
+	op->entry = NULL;
+	keytable_put(&e->keys, ke);
+}
+
+void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		 struct ferry_buf *buf)
+{
+	struct ferry_cqe cqe;
+
+	if (op->heap_idx != NO_SLOT)
+		timer_del(&e->timers, op);
+	if (op->state == OP_PARKED)
+		unpark(e, op);
+	else if (op->state == OP_AWAY && e->backend->forget)
+		e->backend->forget(e, op);
+	op->state = OP_FREE;
+
+	if (op->opcode == FERRY_OP_PUT && op->buf) {
+		/* Still ours: the PUT never handed its data over. */
+		pool_free(op->buf);
+		op->buf = NULL;
+	}
+
+	STAT_ADD(e->stats.completed, 1);
+	if (res < 0) {
+		STAT_ADD(e->stats.failed, 1);
+		if (res == -ETIMEDOUT)
+			STAT_ADD(e->stats.timeouts, 1);
+		else if (res == -ECANCELED)
+			STAT_ADD(e->stats.cancelled, 1);
+		if (op->peer && op->opcode != FERRY_OP_CANCEL)
+			STAT_ADD(op->peer->stats.errors, 1);
+	} else if (op->opcode == FERRY_OP_PUT) {
+		STAT_ADD(e->stats.puts, 1);
+		STAT_ADD(e->stats.bytes_put, len);
+		STAT_ADD(e->stats.lat_put[lat_bucket(e->now - op->start)], 1);
+		STAT_ADD(op->peer->stats.puts, 1);
+		STAT_ADD(op->peer->stats.bytes_out, len);
+	} else if (op->opcode == FERRY_OP_GET) {
+		STAT_ADD(e->stats.gets, 1);
+		STAT_ADD(e->stats.bytes_got, len);
+		STAT_ADD(e->stats.lat_get[lat_bucket(e->now - op->start)], 1);
+		STAT_ADD(op->peer->stats.gets, 1);
+		STAT_ADD(op->peer->stats.bytes_in, len);
+	}
+
+	cqe.user_data = op->user_data;
+	cqe.res = res;
+	cqe.flags = buf ? FERRY_CQE_F_BUF : 0;
+	cqe.len = len;
+	cqe.buf = buf;
+	cqe.opcode = op->opcode;
+	memset(cqe.resv, 0, sizeof(cqe.resv));
+
+	if (op->flags & FERRY_SQE_CB_REACTOR) {
+		op->cb(&cqe, op->cb_arg);
+		ferry__op_free(e, op);
+	} else if (cq_post(op->cq, &cqe, op->cb, op->cb_arg, op)) {
+		ferry__op_free(e, op);
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Key table side: GET and arrivals                                    */
+/* ------------------------------------------------------------------ */
+
+static uint64_t iov_total(const struct iovec *iov, uint32_t n)
+{
+	uint64_t t = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+static void scatter(const struct iovec *iov, uint32_t n, const char *src, uint64_t len)
+{
+	for (uint32_t i = 0; i < n && len; i++) {
+		uint64_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
+
+		memcpy(iov[i].iov_base, src, c);
+		src += c;
+		len -= c;
+	}
+}
+
+/*
+ * Hand data to a GET. Returns false (and completes the GET with
+ * -EMSGSIZE) when the GET's iovec is too small; the data then stays.
+ * On true, ownership of buf has moved (to the caller's CQE, or freed after
+ * the copy).
+ */
+static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len)
+{
+	if (op->iovcnt) {
+		if (len > op->len) {
+			log_info("GET %llx: %llu bytes do not fit its %llu-byte iovec",
+				 (unsigned long long)op->user_data, (unsigned long long)len,
+				 (unsigned long long)op->len);
+			op_complete(e, op, -EMSGSIZE, len, NULL);
+			return false;
+		}
+		scatter(op->iov, op->iovcnt, buf->data, len);
+		STAT_ADD(e->stats.copies, 1);
+		pool_free(buf);
+		op_complete(e, op, 0, len, NULL);
+		return true;
+	}
+	STAT_ADD(e->stats.zero_copies, 1);
+	op_complete(e, op, 0, len, buf);
+	return true;
+}
+
+int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
+		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags)
+{
+	uint64_t h = keytable_hash(fullkey, fullkey_len);
+	struct key_entry *ke = keytable_find(&e->keys, fullkey, fullkey_len, h);
+
+	if (ke && ke->present) {
+		if (!(flags & FERRY_SQE_REPLACE)) {
+			STAT_ADD(e->stats.refused, 1);
+			return -EEXIST;
+		}
+		pool_free(ke->buf);
+		ke->buf = NULL;
+		ke->present = false;
+		e->keys.present--;
+	}
+	if (!ke) {
+		if (e->keys.present >= e->keys.max_present ||
+		    !(ke = keytable_get(&e->keys, fullkey, fullkey_len, h))) {
+			log_warn("engine %s: key table full (%u keys held), refusing %s", e->name,
+				 e->keys.present, fullkey);
+			STAT_ADD(e->stats.refused, 1);
+			return -ENOSPC;
+		}
+	}
+	STAT_ADD(e->stats.deliveries, 1);
+	while (ke->waiters) {
+		struct op *op = ke->waiters;
+
+		/* Unlink by hand: the entry must stay while we use it. */
+		ke->waiters = op->next;
+		if (ke->waiters)
+			ke->waiters->prev = NULL;
+		else
+			ke->waiters_tail = NULL;
+		op->next = op->prev = NULL;
+		op->entry = NULL;
+		op->state = OP_FREE;
+		if (give_to_get(e, op, buf, len)) {
+			keytable_put(&e->keys, ke);
+			return 0;
+		}
+	}
+	if (e->keys.present >= e->keys.max_present) {
+		keytable_put(&e->keys, ke);
+		STAT_ADD(e->stats.refused, 1);
+		return -ENOSPC;
+	}
+	ke->buf = buf;
+	ke->len = len;
+	ke->from = from;
+	ke->present = true;
+	e->keys.present++;
+	return 0;
+}
+
+void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res)
+{
+	if (op->gen != gen || op->state != OP_AWAY)
+		return; /* completed meanwhile (deadline, cancel): a stale ack */
+	op->state = OP_FREE;
+	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Dispatch                                                            */
+/* ------------------------------------------------------------------ */
+
+static int check_key(const struct ferry_sqe *sqe)
+{
+	if (sqe->key_len >= FERRY_KEY_MAX) {
+		log_error("op %llx: key of %u bytes (max %d)", (unsigned long long)sqe->user_data,
+			  sqe->key_len, FERRY_KEY_MAX - 1);
+		return -ENAMETOOLONG;
+	}
+	if (sqe->key_len == 0 || sqe->key[0] == '\0' ||
+	    strnlen(sqe->key, FERRY_KEY_MAX) != sqe->key_len) {
+		log_error("op %llx: empty or malformed key", (unsigned long long)sqe->user_data);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int check_peer(struct ferry_engine *e, const struct ferry_sqe *sqe)
+{
+	if (!sqe->peer || sqe->peer->engine != e) {
+		log_error("op %llx: %s peer", (unsigned long long)sqe->user_data,
+			  sqe->peer ? "foreign" : "NULL");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int check_iov(const struct ferry_sqe *sqe)
+{
+	if (sqe->iovcnt > MAX_IOV || (sqe->iovcnt && !sqe->iov)) {
+		log_error("op %llx: bad iovec (%u entries, iov %p)",
+			  (unsigned long long)sqe->user_data, sqe->iovcnt, (void *)sqe->iov);
+		return -EINVAL;
+	}
+	for (uint32_t i = 0; i < sqe->iovcnt; i++) {
+		if (!sqe->iov[i].iov_base && sqe->iov[i].iov_len) {
+			log_error("op %llx: iov[%u] is NULL with length %zu",
+				  (unsigned long long)sqe->user_data, i, sqe->iov[i].iov_len);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static void arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
+{
+	if (timeout_ns) {
+		op->deadline = e->now + timeout_ns;
+		if (op->deadline < e->now) /* overflow: effectively none */
+			op->deadline = UINT64_MAX;
+		timer_add(&e->timers, op);
+	}
+}
+
+static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	int rc;
+
+	if (sqe->buf) {
+		op->buf = sqe->buf; /* ownership moved at submission */
+		if (atomic_load(&op->buf->state) != POOL_BUF_LIVE) {
+			log_error("PUT %llx: buffer is not live (released twice?)",
+				  (unsigned long long)op->user_data);
+			op->buf = NULL;
+			op_complete(e, op, -EINVAL, 0, NULL);
+			return;
+		}
+	}
+	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
+	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL))) {
+		op_complete(e, op, rc, 0, NULL);
+		return;
+	}
+	if (sqe->buf) {
+		op->len = op->buf->len;
+		STAT_ADD(e->stats.zero_copies, 1);
+	} else {
+		uint64_t total = iov_total(sqe->iov, sqe->iovcnt);
+		char *dst;
+
+		rc = pool_alloc(e->pool, total, &op->buf);
+		if (rc) {
+			log_info("PUT %llx: pool exhausted for %llu bytes",
+				 (unsigned long long)op->user_data, (unsigned long long)total);
+			op_complete(e, op, rc, 0, NULL);
+			return;
+		}
+		dst = op->buf->data;
+		for (uint32_t i = 0; i < sqe->iovcnt; i++) {
+			memcpy(dst, sqe->iov[i].iov_base, sqe->iov[i].iov_len);
+			dst += sqe->iov[i].iov_len;
+		}
+		op->len = total;
+		STAT_ADD(e->stats.copies, 1);
+	}
+	op->key_len = sqe->key_len;
+	memcpy(op->key, sqe->key, sqe->key_len + 1u);
+	op->state = OP_AWAY;
+	rc = e->backend->put(e, op);
+	if (rc) {
+		op->state = OP_FREE;
+		op_complete(e, op, rc, 0, NULL);
+		return;
+	}
+	if (op->state == OP_AWAY)
+		arm_deadline(e, op, sqe->timeout_ns);
+}
+
+static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	char fullkey[FULLKEY_MAX];
+	struct key_entry *ke;
+	uint64_t h;
+	int rc, n;
+
+	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe))) {
+		op_complete(e, op, rc, 0, NULL);
+		return;
+	}
+	n = keytable_compose(fullkey, sqe->key, sqe->key_len, sqe->peer->name, e->name);
+	if (n < 0) {
+		op_complete(e, op, n, 0, NULL);
+		return;
+	}
+	op->len = iov_total(sqe->iov, sqe->iovcnt); /* capacity while waiting */
+	h = keytable_hash(fullkey, (size_t)n);
+	ke = keytable_find(&e->keys, fullkey, (size_t)n, h);
+	if (ke && ke->present) {
+		struct ferry_buf *buf = ke->buf;
+		uint64_t len = ke->len;
+
+		if (op->iovcnt && len > op->len) {
+			op_complete(e, op, -EMSGSIZE, len, NULL);
+			return;
+		}
+		ke->buf = NULL;
+		ke->present = false;
+		e->keys.present--;
+		keytable_put(&e->keys, ke);
+		give_to_get(e, op, buf, len);
+		return;
+	}
+	if (sqe->flags & FERRY_SQE_NOWAIT) {
+		op_complete(e, op, -EAGAIN, 0, NULL);
+		return;
+	}
+	ke = keytable_get(&e->keys, fullkey, (size_t)n, h);
+	if (!ke) {
+		op_complete(e, op, -ENOSPC, 0, NULL);
+		return;
+	}
+	op->state = OP_PARKED;
+	op->entry = ke;
+	op->next = NULL;
+	op->prev = ke->waiters_tail;
+	if (ke->waiters_tail)
+		ke->waiters_tail->next = op;
+	else
+		ke->waiters = op;
+	ke->waiters_tail = op;
+	arm_deadline(e, op, sqe->timeout_ns);
+}
+
+static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
+{
+	int res = -ENOENT;
+
+	for (uint32_t i = 0; i < e->max_ops; i++) {
+		struct op *t = &e->ops[i];
+
+		if (t == op || t->user_data != target)
+			continue;
+		if (t->state == OP_PARKED || t->state == OP_AWAY) {
+			op_complete(e, t, -ECANCELED, 0, NULL);
+			res = 0;
+			break;
+		}
+		if (t->state == OP_OVERFLOW)
+			res = -EALREADY;
+	}
+	op_complete(e, op, res, 0, NULL);
+}
+
+/* Take one SQE. Returns false when it could not be taken (no free op). */
+static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
+{
+	struct ferry_cq *cq = sqe->cq ? sqe->cq : &e->default_cq;
+	struct op *op;
+
+	STAT_ADD(e->stats.submitted, 1);
+	/* Fast path: a NOP needs no op when its CQ has room. */
+	if (sqe->opcode == FERRY_OP_NOP && !(sqe->flags & ~FERRY_SQE__ALL) &&
+	    cq->engine == e && !(sqe->flags & FERRY_SQE_CB_REACTOR) && cq_has_space(cq)) {
+		struct ferry_cqe cqe = { .user_data = sqe->user_data, .opcode = FERRY_OP_NOP };
+
+		STAT_ADD(e->stats.nops, 1);
+		STAT_ADD(e->stats.completed, 1);
+		cq_post(cq, &cqe, sqe->cb, sqe->cb_arg, NULL);
+		return true;
+	}
+	op = op_alloc(e);
+	if (!op) {
+		STAT_ADD(e->stats.submitted, (uint64_t)-1);
+		return false;
+	}
+	op->opcode = sqe->opcode;
+	op->flags = sqe->flags;
+	op->user_data = sqe->user_data;
+	op->start = e->now;
+	op->cb = sqe->cb;
+	op->cb_arg = sqe->cb_arg;
+	op->peer = NULL;
+	op->iov = sqe->iov;
+	op->iovcnt = sqe->iovcnt;
+	op->cq = cq->engine == e ? cq : &e->default_cq;
+	STAT_ADD(op->cq->inflight, 1);
+
+	if (cq->engine != e) {
+		log_error("op %llx: target CQ belongs to another engine",
+			  (unsigned long long)sqe->user_data);
+		goto invalid;
+	}
+	if ((op->flags & FERRY_SQE_CB_REACTOR) && !op->cb) {
+		log_error("op %llx: CB_REACTOR without a callback", (unsigned long long)op->user_data);
+		op->flags &= ~FERRY_SQE_CB_REACTOR;
+		goto invalid;
+	}
+	if (op->flags & ~FERRY_SQE__ALL) {
+		log_error("op %llx: unknown flags 0x%x", (unsigned long long)op->user_data,
+			  op->flags & ~FERRY_SQE__ALL);
+		op->flags &= FERRY_SQE__ALL;
+		goto invalid;
+	}
+	if (sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_GET)
+		op->peer = sqe->peer && sqe->peer->engine == e ? sqe->peer : NULL;
+
+	switch (sqe->opcode) {
+	case FERRY_OP_NOP:
+		STAT_ADD(e->stats.nops, 1);
+		op_complete(e, op, 0, 0, NULL);
+		return true;
+	case FERRY_OP_PUT:
+		do_put(e, op, sqe);
+		return true;
+	case FERRY_OP_GET:
+		do_get(e, op, sqe);
+		return true;
+	case FERRY_OP_CANCEL:
+		do_cancel(e, op, sqe->cancel_user_data);
+		return true;
+	default:
+		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
+			  sqe->opcode);
+		break;
+	}
+invalid:
+	if (sqe->opcode == FERRY_OP_PUT && sqe->buf &&
+	    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
+		op->buf = sqe->buf; /* ownership moved at submission: free it */
+	op_complete(e, op, -EINVAL, 0, NULL);
+	return true;
+}
+
+static int drain_sqs(struct ferry_engine *e)
+{
+	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
+	int n = 0;
+
+	for (uint32_t i = 0; i < nsqs; i++) {
+		struct ferry_sq *sq = e->sqs[i];
+		uint32_t tail = atomic_load_explicit(&sq->tail, memory_order_acquire);
+		uint32_t head = atomic_load_explicit(&sq->head, memory_order_relaxed);
+		uint32_t start = head;
+
+		while (head != tail) {
+			if (!dispatch(e, &sq->sqes[head & sq->mask]))
+				break; /* no free op: leave the rest in the ring */
+			head++;
+		}
+		if (head != start) {
+			atomic_store_explicit(&sq->head, head, memory_order_release);
+			n += (int)(head - start);
+		}
+	}
+	return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Rounds, sleep and wake                                              */
+/* ------------------------------------------------------------------ */
+
+static void reap_ring(struct ferry_engine *e)
+{
+	struct io_uring_cqe *cqe;
+	unsigned head, n = 0;
+
+	io_uring_for_each_cqe(&e->ring, head, cqe) {
+		if (cqe->user_data == TAG_DOORBELL)
+			e->doorbell_armed = false;
+		else if (cqe->user_data == TAG_TIMEOUT)
+			e->timeout_armed = false;
+		n++;
+	}
+	if (n)
+		io_uring_cq_advance(&e->ring, n);
+}
+
+static void arm_doorbell(struct ferry_engine *e)
+{
+	struct io_uring_sqe *sqe;
+
+	if (e->doorbell_armed)
+		return;
+	sqe = io_uring_get_sqe(&e->ring);
+	if (!sqe)
+		return;
+	io_uring_prep_read(sqe, e->doorbell_fd, &e->doorbell_val, sizeof(e->doorbell_val), 0);
+	io_uring_sqe_set_data64(sqe, TAG_DOORBELL);
+	e->doorbell_armed = true;
+}
+
+static unsigned flush_overflows(struct ferry_engine *e)
+{
+	unsigned n = 0;
+
+	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
+		n += cq_flush_overflow(&e->default_cq);
+	for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
+		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+			n += cq_flush_overflow(cq);
+	return n;
+}
+
+static bool any_overflow(struct ferry_engine *e)
+{
+	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
+		return true;
+	for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
+		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+			return true;
+	return false;
+}
+
+int reactor_run_once(struct ferry_engine *e)
+{
+	struct op *op;
+	int n = 0;
+
+	e->now = ferry__now_ns();
+	if (atomic_load_explicit(&e->sleeping, memory_order_relaxed))
+		atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
+	if (io_uring_cq_ready(&e->ring))
+		reap_ring(e);
+	if (any_overflow(e))
+		n += (int)flush_overflows(e);
+	n += e->backend->progress(e);
+	n += drain_sqs(e);
+	while ((op = timer_pop_expired(&e->timers, e->now))) {
+		op_complete(e, op, -ETIMEDOUT, 0, NULL);
+		n++;
+	}
+	cq_flush_wakeups(e);
+	return n;
+}
+
+bool reactor_has_work(struct ferry_engine *e)
+{
+	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
+
+	for (uint32_t i = 0; i < nsqs; i++) {
+		struct ferry_sq *sq = e->sqs[i];
+
+		if (atomic_load_explicit(&sq->tail, memory_order_acquire) !=
+		    atomic_load_explicit(&sq->head, memory_order_relaxed))
+			return true;
+	}
+	if (e->backend->has_work(e))
+		return true;
+	if (any_overflow(e)) {
+		/* Only worth a round if a consumer made room. */
+		if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
+			return true;
+		for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
+			if (atomic_load(&cq->overflowing) && cq_ring_has_room(cq))
+				return true;
+	}
+	return timer_next(&e->timers) && timer_next(&e->timers) <= ferry__now_ns();
+}
+
+/* How long the sleeper may sleep: the next deadline or timeout_ns. */
+static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
+{
+	uint64_t next = timer_next(&e->timers);
+
+	if (next) {
+		uint64_t now = ferry__now_ns();
+		int64_t left = next > now ? (int64_t)(next - now) : 0;
+
+		if (timeout_ns < 0 || left < timeout_ns)
+			timeout_ns = left;
+	}
+	return timeout_ns;
+}
+
+static void announce_sleep(struct ferry_engine *e)
+{
+	atomic_store_explicit(&e->doorbell_rung, 0, memory_order_relaxed);
+	atomic_store_explicit(&e->sleeping, 1, memory_order_relaxed);
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
+{
+	struct __kernel_timespec ts;
+	struct io_uring_cqe *cqe = NULL;
+	int64_t budget;
+
+	arm_doorbell(e);
+	announce_sleep(e);
+	if (reactor_has_work(e) || atomic_load(&e->stop)) {
+		atomic_store(&e->sleeping, 0);
+		io_uring_submit(&e->ring);
+		return;
+	}
+	budget = sleep_budget(e, timeout_ns);
+	if (budget < 0) {
+		io_uring_submit_and_wait(&e->ring, 1);
+	} else if (budget > 0) {
+		ts.tv_sec = budget / 1000000000;
+		ts.tv_nsec = budget % 1000000000;
+		io_uring_submit_and_wait_timeout(&e->ring, &cqe, 1, &ts, NULL);
+	} else {
+		io_uring_submit(&e->ring);
+	}
+	atomic_store(&e->sleeping, 0);
+	reap_ring(e);
+}
+
+/*
+ * MANUAL mode with ferry_cq_fd: arrange for the io_uring fd to become
+ * readable when anything needs progress (doorbell, next deadline), and
+ * announce the sleep. Returns 0, or -EBUSY if work is already there.
+ */
+int reactor_arm_manual(struct ferry_engine *e)
+{
+	uint64_t next = timer_next(&e->timers);
+
+	arm_doorbell(e);
+	if (next) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+		uint64_t now = ferry__now_ns();
+
+		if (sqe && !e->timeout_armed) {
+			e->timeout_armed = true;
+			e->arm_ts.tv_sec = next > now ? (int64_t)((next - now) / 1000000000) : 0;
+			e->arm_ts.tv_nsec = next > now ? (long long)((next - now) % 1000000000) : 0;
+			io_uring_prep_timeout(sqe, &e->arm_ts, 0, 0);
+			io_uring_sqe_set_data64(sqe, TAG_TIMEOUT);
+		}
+	}
+	io_uring_submit(&e->ring);
+	announce_sleep(e);
+	if (reactor_has_work(e)) {
+		atomic_store(&e->sleeping, 0);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+void reactor_wake(struct ferry_engine *e)
+{
+	if (atomic_load_explicit(&e->sleeping, memory_order_acquire) &&
+	    !atomic_exchange(&e->doorbell_rung, 1)) {
+		uint64_t one = 1;
+
+		if (write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
+	}
+}
+
+void progress_unlock(struct ferry_engine *e)
+{
+	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+	/* A MANUAL-mode waiter may be sleeping until the driver leaves. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (e->mode == FERRY_PROGRESS_MANUAL &&
+	    atomic_load_explicit(&e->cq_waiters, memory_order_relaxed)) {
+		atomic_fetch_add(&e->cq_seq, 1);
+		ferry__futex_wake_all(&e->cq_seq);
+	}
+}
+
+int ferry_progress(struct ferry_engine *e)
+{
+	int n;
+
+	if (unlikely(!e)) {
+		log_error("ferry_progress: NULL engine");
+		return -EINVAL;
+	}
+	if (e->mode != FERRY_PROGRESS_MANUAL || !progress_try_lock(e))
+		return 0;
+	n = reactor_run_once(e);
+	progress_unlock(e);
+	return n;
+}
+
+void *reactor_thread_main(void *arg)
+{
+	struct ferry_engine *e = arg;
+	uint64_t last_work = ferry__now_ns();
+
+	while (!atomic_load_explicit(&e->stop, memory_order_relaxed)) {
+		if (reactor_run_once(e)) {
+			last_work = e->now;
+			continue;
+		}
+		if (e->now - last_work < e->spin_ns) {
+			cpu_relax();
+			continue;
+		}
+		reactor_sleep(e, -1);
+		last_work = ferry__now_ns();
+	}
+	return NULL;
+}
+
+int reactor_init(struct ferry_engine *e)
+{
+	int rc;
+
+	e->doorbell_fd = eventfd(0, EFD_CLOEXEC);
+	if (e->doorbell_fd < 0) {
+		rc = -errno;
+		log_error("engine %s: eventfd: %s", e->name, ferry_strerror(rc));
+		return rc;
+	}
+	rc = io_uring_queue_init(64, &e->ring, 0);
+	if (rc < 0) {
+		log_error("engine %s: io_uring_queue_init: %s", e->name, ferry_strerror(rc));
+		close(e->doorbell_fd);
+		e->doorbell_fd = -1;
+		return rc;
+	}
+	e->ops = calloc(e->max_ops, sizeof(*e->ops));
+	if (!e->ops)
+		return -ENOMEM;
+	for (uint32_t i = e->max_ops; i-- > 0;) {
+		e->ops[i].index = i;
+		e->ops[i].heap_idx = NO_SLOT;
+		e->ops[i].next = e->free_ops;
+		e->free_ops = &e->ops[i];
+	}
+	rc = timer_init(&e->timers, e->max_ops);
+	if (!rc)
+		rc = keytable_init(&e->keys, e->max_keys, e->max_ops);
+	return rc;
+}
+
+/*
+ * At destroy, with progress held and the reactor thread gone: everything
+ * still pending completes with -ECANCELED, its callback running here.
+ */
+void reactor_shutdown(struct ferry_engine *e)
+{
+	uint32_t nsqs = atomic_load(&e->nsqs);
+
+	e->now = ferry__now_ns();
+	/* Entries submitted but never taken. */
+	for (uint32_t i = 0; i < nsqs; i++) {
+		struct ferry_sq *sq = e->sqs[i];
+		uint32_t tail = atomic_load(&sq->tail), head = atomic_load(&sq->head);
+
+		for (; head != tail; head++) {
+			struct ferry_sqe *sqe = &sq->sqes[head & sq->mask];
+			struct ferry_cqe cqe = { .user_data = sqe->user_data, .res = -ECANCELED,
+						 .opcode = sqe->opcode };
+
+			if (sqe->opcode == FERRY_OP_PUT && sqe->buf &&
+			    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
+				pool_free(sqe->buf);
+			STAT_ADD(e->stats.cancelled, 1);
+			if (sqe->cb)
+				sqe->cb(&cqe, sqe->cb_arg);
+		}
+		atomic_store(&sq->head, tail);
+	}
+	/* Ops in flight. */
+	for (uint32_t i = 0; i < e->max_ops; i++) {
+		struct op *op = &e->ops[i];
+
+		if (op->state == OP_PARKED || op->state == OP_AWAY)
+			op_complete(e, op, -ECANCELED, 0, NULL);
+	}
+	/* Data that arrived and was never consumed. */
+	for (uint32_t i = 0; i < e->keys.capacity; i++) {
+		struct key_entry *ke = &e->keys.entries[i];
+
+		if (ke->present && ke->buf) {
+			pool_free(ke->buf);
+			ke->buf = NULL;
+			ke->present = false;
+		}
+	}
+}
+
+void reactor_fini(struct ferry_engine *e)
+{
+	keytable_fini(&e->keys);
+	timer_fini(&e->timers);
+	free(e->ops);
+	e->ops = NULL;
+	if (e->ring.ring_fd > 0)
+		io_uring_queue_exit(&e->ring);
+	if (e->doorbell_fd >= 0)
+		close(e->doorbell_fd);
+}

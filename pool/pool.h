@@ -1,0 +1,125 @@
+/*
+ * pool/pool.h - the registered memory pool (private to libferry).
+ *
+ * Owns: one memory region backed by a memfd, faulted in once at creation
+ * (huge pages where madvise allows), and the allocator that carves it into
+ * blocks. Later transports share the memfd between processes and register
+ * the region with io_uring, verbs and CUDA; nothing in here knows about them.
+ *
+ * Allocator shape:
+ *  - Small blocks (<= POOL_SMALL_MAX bytes) come from size-class slabs
+ *    (64 B .. 2 KiB, powers of two), 64 B aligned. Each slab is a run of
+ *    pages taken from the page allocator; a per-slab bitmap records which
+ *    objects are live, so a double free is detected, never honoured. A slab
+ *    that becomes empty goes back to the page allocator. Each class has its
+ *    own spinlock: threads allocating different sizes never meet.
+ *  - Large blocks are runs of 4 KiB pages (4 KiB aligned) managed by a
+ *    segregated-fit allocator with out-of-band boundary tags (one entry per
+ *    page, outside the region): O(1) allocation (bitmap of non-empty bins),
+ *    O(1) free with coalescing of both free neighbours.
+ *  - Metadata never lives inside the region, so nothing a user or a peer
+ *    writes into a block can corrupt the allocator.
+ *
+ * Buffer handles (struct ferry_buf) come from a preallocated descriptor
+ * table with a lock-free free list; allocating a handle never calls malloc.
+ *
+ * Errors: negative errno, never abort. A double free, a free of a foreign
+ * handle, or a free that points into a free block returns -EINVAL, logs one
+ * line and bumps a counter in the stats.
+ *
+ * Lifetime: the pool is reference counted. The owner (an engine) holds one
+ * reference and every live block holds one, so a buffer handed to another
+ * engine of the same process stays valid after its owner was destroyed; the
+ * region is unmapped when the last reference goes.
+ */
+#ifndef FERRY_POOL_H
+#define FERRY_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define POOL_PAGE_SIZE 4096u
+#define POOL_SMALL_MIN 64u   /* smallest class, and the small alignment */
+#define POOL_SMALL_MAX 2048u /* largest size served by slabs */
+
+struct pool;
+
+struct pool_params {
+	size_t size;        /* region size in bytes, rounded up to pages */
+	uint32_t max_bufs;  /* descriptor table size (0 = default) */
+	const char *name;   /* memfd name, for /proc/self/fd and debugging */
+	int prefault;       /* nonzero: touch every page at creation */
+};
+
+struct pool_stats {
+	uint64_t size;            /* region size */
+	uint64_t bytes_in_use;    /* sum of live block capacities */
+	uint64_t bytes_requested; /* sum of live block lengths */
+	uint64_t largest_free;    /* largest block the page allocator could give */
+	uint64_t free_bytes;      /* bytes in free page runs (slab slack excluded) */
+	uint64_t blocks_in_use;
+	uint64_t allocs;          /* successful allocations since creation */
+	uint64_t frees;
+	uint64_t alloc_failures;  /* -ENOMEM returned */
+	uint64_t bad_frees;       /* double frees, foreign or overlapping frees */
+	double fragmentation;     /* 1 - largest_free / free_bytes (0 if none free) */
+};
+
+/*
+ * The handle of a block. Public code sees it as the opaque struct ferry_buf
+ * of api/ferry.h; this is its definition.
+ */
+struct ferry_buf {
+	struct pool *pool;
+	void *data;        /* pool base + offset */
+	uint64_t offset;   /* offset of the block in the region */
+	uint64_t len;      /* length asked for (ferry_buf_len) */
+	uint64_t cap;      /* capacity of the block */
+	uint32_t index;    /* position in the descriptor table */
+	_Atomic uint32_t state; /* POOL_BUF_FREE / POOL_BUF_LIVE */
+	uint32_t next_free;     /* descriptor free list link */
+	uint32_t flags;         /* free for the engine's use (e.g. ownership) */
+};
+
+enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe };
+
+/* Create a pool. Returns 0 and *out, or -EINVAL/-ENOMEM/-errno of memfd. */
+int pool_create(const struct pool_params *p, struct pool **out);
+
+/*
+ * Drop the owner's reference. Live blocks keep the region mapped until they
+ * are freed. Returns the number of blocks still live (>= 0).
+ */
+int64_t pool_release_owner(struct pool *pool);
+
+/*
+ * Allocate a block of at least len bytes (len may be 0: a zero-length
+ * block still has a handle). Returns 0 and *out, or -ENOMEM when the region
+ * or the descriptor table is exhausted, -EINVAL for a NULL argument.
+ */
+int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out);
+
+/*
+ * Free a block. Returns 0, or -EINVAL (logged, counted) for a handle that is
+ * not live: a double free, a handle from nowhere, or one whose block is free.
+ * Thread-safe; may unmap the region if this was the last reference.
+ */
+int pool_free(struct ferry_buf *buf);
+
+/*
+ * The lower level the handles sit on, exposed for transports that return
+ * blocks by offset (a peer handing back what it read) and for tests.
+ */
+int pool_block_alloc(struct pool *pool, size_t len, uint64_t *offset, uint64_t *cap);
+int pool_block_free(struct pool *pool, uint64_t offset);
+
+void pool_get_stats(struct pool *pool, struct pool_stats *st);
+
+void *pool_base(const struct pool *pool);
+size_t pool_size(const struct pool *pool);
+int pool_fd(const struct pool *pool);
+
+/* Check every internal invariant (tests only). Returns 0 or -EFAULT. */
+int pool_check(struct pool *pool);
+
+#endif

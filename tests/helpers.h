@@ -1,0 +1,157 @@
+/*
+ * tests/helpers.h - small helpers shared by the cmocka tests.
+ *
+ * Owns: creating engines with test-sized parameters, submitting one SQE,
+ * and waiting for a completion while driving both sides of a loopback pair
+ * (MANUAL mode needs every engine driven). Every wait is bounded.
+ */
+#ifndef FERRY_TEST_HELPERS_H
+#define FERRY_TEST_HELPERS_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cmocka.h>
+
+#include "ferry.h"
+
+#define MS 1000000ll
+#define SEC 1000000000ll
+
+static inline int64_t t_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * SEC + ts.tv_nsec;
+}
+
+static inline int t_under_valgrind(void)
+{
+	return getenv("FERRY_TEST_VALGRIND") != NULL;
+}
+
+static inline struct ferry_engine *t_engine(const char *name, enum ferry_progress_mode mode,
+					    size_t pool_size)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+
+	p.name = name;
+	p.ns = "test";
+	p.progress = mode;
+	p.pool_size = pool_size ? pool_size : (8u << 20);
+	p.max_bufs = 4096;
+	p.spin_ns = 20000;
+	assert_int_equal(ferry_engine_create(&p, &e), 0);
+	assert_non_null(e);
+	return e;
+}
+
+static inline struct ferry_peer *t_peer(struct ferry_engine *e, const char *name)
+{
+	struct ferry_peer *p = NULL;
+
+	assert_int_equal(ferry_peer_open(e, name, &p), 0);
+	return p;
+}
+
+static inline struct ferry_sqe *t_sqe(struct ferry_engine *e)
+{
+	struct ferry_sq *sq = NULL;
+	struct ferry_sqe *sqe;
+
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	sqe = ferry_sq_get_sqe(sq);
+	assert_non_null(sqe);
+	return sqe;
+}
+
+static inline void t_submit(struct ferry_engine *e)
+{
+	struct ferry_sq *sq = NULL;
+
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	assert_true(ferry_sq_submit(sq) >= 0);
+}
+
+/*
+ * Wait up to timeout for one CQE on e's default CQ, driving `other` too
+ * (MANUAL mode: the loopback peer must make progress as well). Returns 1
+ * with *out filled, or 0 on timeout.
+ */
+static inline int t_wait_cqe(struct ferry_engine *e, struct ferry_engine *other,
+			     struct ferry_cqe *out, int64_t timeout)
+{
+	int64_t end = t_now() + timeout;
+
+	do {
+		if (other)
+			ferry_progress(other);
+		if (ferry_cq_poll(ferry_cq_default(e), out, 1) == 1)
+			return 1;
+	} while (t_now() < end);
+	return 0;
+}
+
+/* Wait for the CQE with a given user_data (others are failed on). */
+static inline void t_expect(struct ferry_engine *e, struct ferry_engine *other,
+			    uint64_t user_data, int res, struct ferry_cqe *out)
+{
+	struct ferry_cqe c;
+
+	memset(&c, 0, sizeof(c));
+	if (!t_wait_cqe(e, other, &c, 5 * SEC))
+		fail_msg("no completion for op %llu within 5 s", (unsigned long long)user_data);
+	if (c.user_data != user_data || c.res != res)
+		fail_msg("op %llu: got user_data %llu res %d (%s), want res %d (%s)",
+			 (unsigned long long)user_data, (unsigned long long)c.user_data, c.res,
+			 ferry_err_name(c.res), res, ferry_err_name(res));
+	if (out)
+		*out = c;
+}
+
+/* Assert that nothing completes on e within ms milliseconds. */
+static inline void t_expect_none(struct ferry_engine *e, struct ferry_engine *other, int ms)
+{
+	struct ferry_cqe c;
+
+	if (t_wait_cqe(e, other, &c, ms * MS))
+		fail_msg("unexpected completion: user_data %llu res %d",
+			 (unsigned long long)c.user_data, c.res);
+}
+
+static inline void t_put(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+			 const void *data, size_t len, uint64_t ud, uint32_t flags)
+{
+	/* The iovec must outlive the op: rotate through enough of them. */
+	static __thread struct iovec iovs[256];
+	static __thread unsigned next;
+	struct iovec *iov = &iovs[next++ % 256];
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	iov->iov_base = (void *)data;
+	iov->iov_len = len;
+	ferry_prep_put(sqe, to, key, iov, 1, ud);
+	ferry_sqe_set_flags(sqe, flags);
+	t_submit(e);
+}
+
+static inline void t_get(struct ferry_engine *e, struct ferry_peer *from, const char *key,
+			 const struct iovec *iov, unsigned n, uint64_t ud, uint32_t flags,
+			 uint64_t timeout_ns)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_get(sqe, from, key, iov, n, ud);
+	ferry_sqe_set_flags(sqe, flags);
+	ferry_sqe_set_timeout(sqe, timeout_ns);
+	t_submit(e);
+}
+
+#endif

@@ -1,0 +1,432 @@
+/*
+ * tests/test_engine.c - the public API's contract at its edges: engine
+ * lifecycle and parameters, the error path of every public function (NULL,
+ * zero length, oversized key, unknown opcode, shut-down engine), submission
+ * backpressure, CQ overflow, strerror, health.
+ */
+#include <errno.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static void quiet_logs(void)
+{
+	/* The error paths log by design; keep test output readable. */
+	ferry_log_set(-1, NULL, NULL);
+}
+
+static void test_create_params(void **state)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = (void *)0x1;
+	char longname[FERRY_NAME_MAX + 8];
+
+	(void)state;
+	quiet_logs();
+	assert_int_equal(ferry_engine_create(NULL, &e), -EINVAL);
+	assert_null(e); /* *out is cleared on failure */
+	p.name = "x";
+	assert_int_equal(ferry_engine_create(&p, NULL), -EINVAL);
+
+	p.size = 8; /* an unknown (too small) params version */
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.size = sizeof(p) + 8; /* from a newer header we do not know */
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.size = sizeof(p);
+
+	p.name = NULL;
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.name = "";
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.name = "has space";
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	memset(longname, 'a', sizeof(longname));
+	longname[sizeof(longname) - 1] = '\0';
+	p.name = longname;
+	assert_int_equal(ferry_engine_create(&p, &e), -ENAMETOOLONG);
+	p.name = "ok";
+	p.ns = longname;
+	assert_int_equal(ferry_engine_create(&p, &e), -ENAMETOOLONG);
+	p.ns = NULL;
+	p.progress = (enum ferry_progress_mode)7;
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.progress = FERRY_PROGRESS_MANUAL;
+	p.flags = 0x80;
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.flags = 0;
+	p.max_ops = (1u << 20) + 1;
+	assert_int_equal(ferry_engine_create(&p, &e), -EINVAL);
+	p.max_ops = 0;
+	p.config_path = "stages.yaml";
+	assert_int_equal(ferry_engine_create(&p, &e), -EOPNOTSUPP);
+	p.config_path = NULL;
+	p.pool_size = 1u << 20;
+	assert_int_equal(ferry_engine_create(&p, &e), 0);
+	assert_string_equal(ferry_engine_name(e), "ok");
+	assert_int_equal(ferry_engine_destroy(e), 0);
+	assert_int_equal(ferry_engine_destroy(NULL), -EINVAL);
+}
+
+static void test_name_clash(void **state)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *a, *b, *c;
+
+	(void)state;
+	quiet_logs();
+	p.name = "twin";
+	p.ns = "clash";
+	p.pool_size = 1u << 20;
+	p.progress = FERRY_PROGRESS_MANUAL;
+	assert_int_equal(ferry_engine_create(&p, &a), 0);
+	assert_int_equal(ferry_engine_create(&p, &b), -EADDRINUSE);
+	p.ns = "other"; /* namespaces isolate */
+	assert_int_equal(ferry_engine_create(&p, &c), 0);
+	assert_int_equal(ferry_engine_destroy(a), 0);
+	p.ns = "clash"; /* the name is free again once its engine is gone */
+	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(c);
+}
+
+static void test_null_arguments(void **state)
+{
+	struct ferry_engine *e = t_engine("nulls", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_cqe cqe;
+	struct ferry_sq *sq;
+	struct ferry_peer *p;
+	struct ferry_buf *b;
+	struct ferry_cq *cq;
+	char buf[8];
+
+	(void)state;
+	quiet_logs();
+	assert_int_equal(ferry_sq_get(NULL, &sq), -EINVAL);
+	assert_int_equal(ferry_sq_get(e, NULL), -EINVAL);
+	assert_int_equal(ferry_sq_submit(NULL), -EINVAL);
+	assert_null(ferry_sq_get_sqe(NULL));
+	assert_int_equal(ferry_sq_space(NULL), 0);
+	assert_int_equal(ferry_sq_put(NULL), -EINVAL);
+	assert_int_equal(ferry_peer_open(NULL, "x", &p), -EINVAL);
+	assert_int_equal(ferry_peer_open(e, NULL, &p), -EINVAL);
+	assert_int_equal(ferry_peer_open(e, "x", NULL), -EINVAL);
+	assert_int_equal(ferry_peer_open(e, "", &p), -EINVAL);
+	assert_null(ferry_peer_name(NULL));
+	assert_int_equal(ferry_buf_alloc(NULL, 8, &b), -EINVAL);
+	assert_int_equal(ferry_buf_alloc(e, 8, NULL), -EINVAL);
+	assert_int_equal(ferry_buf_release(NULL), -EINVAL);
+	assert_null(ferry_buf_data(NULL));
+	assert_int_equal(ferry_buf_len(NULL), 0);
+	assert_int_equal(ferry_buf_set_len(NULL, 1), -EINVAL);
+	assert_int_equal(ferry_cq_poll(NULL, &cqe, 1), -EINVAL);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), NULL, 1), -EINVAL);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), NULL, 0), 0);
+	assert_int_equal(ferry_cq_wait(NULL, &cqe, 1, 0), -EINVAL);
+	assert_int_equal(ferry_cq_wait(ferry_cq_default(e), NULL, 1, 0), -EINVAL);
+	assert_int_equal(ferry_cq_wait(ferry_cq_default(e), &cqe, 0, 0), -EINVAL);
+	assert_int_equal(ferry_cq_wake(NULL), -EINVAL);
+	assert_int_equal(ferry_cq_fd(NULL), -EINVAL);
+	assert_int_equal(ferry_cq_arm(NULL), -EINVAL);
+	assert_null(ferry_cq_default(NULL));
+	assert_int_equal(ferry_cq_create(NULL, NULL, &cq), -EINVAL);
+	assert_int_equal(ferry_cq_create(e, NULL, NULL), -EINVAL);
+	assert_int_equal(ferry_cq_destroy(NULL), -EINVAL);
+	assert_int_equal(ferry_cq_destroy(ferry_cq_default(e)), -EINVAL);
+	assert_int_equal(ferry_progress(NULL), -EINVAL);
+	assert_int_equal(ferry_engine_health(NULL, buf, sizeof(buf)), -EINVAL);
+	assert_int_equal(ferry_engine_health(e, NULL, 8), -EINVAL);
+	assert_null(ferry_engine_name(NULL));
+	ferry_engine_destroy(e);
+}
+
+static void test_cq_params(void **state)
+{
+	struct ferry_engine *e = t_engine("cqparams", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_cq_params p = FERRY_CQ_PARAMS_INIT;
+	struct ferry_cq *cq;
+
+	(void)state;
+	quiet_logs();
+	p.flags = 1;
+	assert_int_equal(ferry_cq_create(e, &p, &cq), -EINVAL);
+	p.flags = 0;
+	p.entries = (1u << 24) + 1;
+	assert_int_equal(ferry_cq_create(e, &p, &cq), -EINVAL);
+	p.entries = 3;
+	p.size = 2;
+	assert_int_equal(ferry_cq_create(e, &p, &cq), -EINVAL);
+	p.size = sizeof(p);
+	assert_int_equal(ferry_cq_create(e, &p, &cq), 0);
+	assert_true(ferry_cq_fd(cq) >= 0);
+	assert_int_equal(ferry_cq_destroy(cq), 0);
+	assert_int_equal(ferry_cq_create(e, NULL, &cq), 0); /* NULL params: defaults */
+	ferry_engine_destroy(e); /* extra CQs go with the engine */
+}
+
+static void test_strerror(void **state)
+{
+	(void)state;
+	assert_string_equal(ferry_err_name(-EAGAIN), "EAGAIN");
+	assert_string_equal(ferry_err_name(ETIMEDOUT), "ETIMEDOUT");
+	assert_string_equal(ferry_err_name(0), "OK");
+	assert_string_equal(ferry_err_name(-99999), "UNKNOWN");
+	assert_string_equal(ferry_strerror(0), "success");
+	assert_string_equal(ferry_strerror(-EEXIST),
+			    "key already live at the destination (use REPLACE)");
+	assert_non_null(strstr(ferry_strerror(-ECANCELED), "cancel"));
+	assert_string_equal(ferry_strerror(-99999), "unknown error");
+}
+
+/* Malformed SQEs complete with a negative errno in their CQE, never silently. */
+static void test_bad_sqes(void **state)
+{
+	struct ferry_engine *e = t_engine("bad", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_engine *other = t_engine("bad2", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_peer *p = t_peer(e, "bad2");
+	struct ferry_peer *foreign = t_peer(other, "bad");
+	struct ferry_cq *foreign_cq = ferry_cq_default(other);
+	char longkey[FERRY_KEY_MAX + 10];
+	struct iovec iov = { longkey, 4 };
+	struct ferry_sqe *sqe;
+
+	(void)state;
+	quiet_logs();
+	memset(longkey, 'k', sizeof(longkey));
+	longkey[sizeof(longkey) - 1] = '\0';
+
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 1);
+	sqe->opcode = 200; /* unknown opcode */
+	t_submit(e);
+	t_expect(e, NULL, 1, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, longkey, &iov, 1, 2); /* oversized key */
+	t_submit(e);
+	t_expect(e, NULL, 2, -ENAMETOOLONG, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, longkey, NULL, 0, 3);
+	t_submit(e);
+	t_expect(e, NULL, 3, -ENAMETOOLONG, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "", &iov, 1, 4); /* empty key */
+	t_submit(e);
+	t_expect(e, NULL, 4, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, NULL, "k", &iov, 1, 5); /* no peer */
+	t_submit(e);
+	t_expect(e, NULL, 5, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, foreign, "k", &iov, 1, 6); /* another engine's peer */
+	t_submit(e);
+	t_expect(e, NULL, 6, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k", NULL, 3, 7); /* iovcnt without iov */
+	t_submit(e);
+	t_expect(e, NULL, 7, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k", &iov, 1, 8);
+	ferry_sqe_set_flags(sqe, 1u << 30); /* unknown flag */
+	t_submit(e);
+	t_expect(e, NULL, 8, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 9);
+	ferry_sqe_set_cq(sqe, foreign_cq); /* CQ of another engine: CQE comes to ours */
+	t_submit(e);
+	t_expect(e, NULL, 9, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 10);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR); /* ... without a callback */
+	t_submit(e);
+	t_expect(e, NULL, 10, -EINVAL, NULL);
+
+	/* A PUT to a name nobody holds. */
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, t_peer(e, "nobody"), "k", &iov, 1, 11);
+	t_submit(e);
+	t_expect(e, NULL, 11, -EHOSTUNREACH, NULL);
+
+	/* Cancel of an unknown op. */
+	sqe = t_sqe(e);
+	ferry_prep_cancel(sqe, 12345, 12);
+	t_submit(e);
+	t_expect(e, NULL, 12, -ENOENT, NULL);
+
+	/* A good NOP still works after all that. */
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 13);
+	t_submit(e);
+	t_expect(e, NULL, 13, 0, NULL);
+	ferry_engine_destroy(other);
+	ferry_engine_destroy(e);
+}
+
+/* The ring refuses entries when full (backpressure), never overwrites. */
+static void test_sq_backpressure(void **state)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e;
+	struct ferry_cqe cqes[64];
+	struct ferry_sq *sq;
+	unsigned got = 0;
+
+	(void)state;
+	p.name = "bp";
+	p.ns = "test";
+	p.progress = FERRY_PROGRESS_MANUAL;
+	p.pool_size = 1u << 20;
+	p.sq_entries = 9; /* rounded up to 16 */
+	assert_int_equal(ferry_engine_create(&p, &e), 0);
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	assert_int_equal(ferry_sq_space(sq), 16);
+	for (unsigned i = 0; i < 16; i++) {
+		struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
+
+		assert_non_null(sqe);
+		ferry_prep_nop(sqe, i);
+	}
+	assert_null(ferry_sq_get_sqe(sq));
+	assert_int_equal(ferry_sq_space(sq), 0);
+	assert_int_equal(ferry_sq_submit(sq), 16);
+	assert_int_equal(ferry_sq_submit(sq), 0); /* nothing new */
+	assert_null(ferry_sq_get_sqe(sq));        /* not yet drained */
+	while (got < 16) {
+		int n = ferry_cq_poll(ferry_cq_default(e), cqes, 64);
+
+		assert_true(n >= 0);
+		for (int i = 0; i < n; i++)
+			assert_int_equal(cqes[i].user_data, got + (unsigned)i);
+		got += (unsigned)n;
+	}
+	assert_int_equal(ferry_sq_space(sq), 16);
+	assert_non_null(ferry_sq_get_sqe(sq));
+	ferry_engine_destroy(e);
+}
+
+/* A full CQ never loses a completion: more NOPs than CQ slots, then poll. */
+static void test_cq_overflow(void **state)
+{
+	struct ferry_engine *e = t_engine("ovf", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_cq_params cp = FERRY_CQ_PARAMS_INIT;
+	struct ferry_cqe cqes[8];
+	struct ferry_cq *cq;
+	struct ferry_sq *sq;
+	uint64_t next = 0;
+
+	(void)state;
+	cp.entries = 8;
+	assert_int_equal(ferry_cq_create(e, &cp, &cq), 0);
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	for (unsigned i = 0; i < 100; i++) {
+		struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
+
+		if (!sqe) {
+			ferry_sq_submit(sq);
+			ferry_progress(e); /* no polling: the CQ overflows */
+			sqe = ferry_sq_get_sqe(sq);
+		}
+		assert_non_null(sqe);
+		ferry_prep_nop(sqe, i);
+		ferry_sqe_set_cq(sqe, cq);
+	}
+	ferry_sq_submit(sq);
+	ferry_progress(e);
+	assert_int_equal(ferry_cq_destroy(cq), -EBUSY); /* completions still held */
+	while (next < 100) {
+		int n = ferry_cq_poll(cq, cqes, 8);
+
+		assert_true(n >= 0 && n <= 8);
+		for (int i = 0; i < n; i++)
+			assert_int_equal(cqes[i].user_data, next++); /* in order, none lost */
+		if (n == 0)
+			ferry_progress(e);
+	}
+	assert_int_equal(ferry_cq_poll(cq, cqes, 8), 0);
+	assert_int_equal(ferry_cq_destroy(cq), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_health_json(void **state)
+{
+	struct ferry_engine *e = t_engine("health", FERRY_PROGRESS_MANUAL, 1u << 20);
+	char small[16], big[8192];
+	int n;
+
+	(void)state;
+	t_peer(e, "somebody");
+	n = ferry_engine_health(e, NULL, 0);
+	assert_true(n > 100);
+	assert_int_equal(ferry_engine_health(e, small, sizeof(small)), n); /* cut, like snprintf */
+	assert_int_equal(strlen(small), sizeof(small) - 1);
+	assert_int_equal(ferry_engine_health(e, big, sizeof(big)), n);
+	assert_int_equal(strlen(big), (size_t)n);
+	assert_non_null(strstr(big, "\"engine\":\"health\""));
+	assert_non_null(strstr(big, "\"pool\":{\"size\":1048576"));
+	assert_non_null(strstr(big, "\"name\":\"somebody\""));
+	assert_int_equal(big[0], '{');
+	assert_int_equal(big[n - 1], '}');
+	ferry_engine_destroy(e);
+}
+
+static void test_peer_handles(void **state)
+{
+	struct ferry_engine *e = t_engine("peers", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_peer *a = t_peer(e, "x"), *b = t_peer(e, "x"), *c = t_peer(e, "y");
+
+	(void)state;
+	assert_ptr_equal(a, b);
+	assert_ptr_not_equal(a, c);
+	assert_string_equal(ferry_peer_name(c), "y");
+	ferry_engine_destroy(e);
+}
+
+static void test_buffers(void **state)
+{
+	struct ferry_engine *e = t_engine("bufs", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_buf *b, *big;
+
+	(void)state;
+	quiet_logs();
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	assert_int_equal(ferry_buf_len(b), 100);
+	assert_int_equal((uintptr_t)ferry_buf_data(b) % 64, 0);
+	memset(ferry_buf_data(b), 0xab, 100);
+	assert_int_equal(ferry_buf_set_len(b, 64), 0);
+	assert_int_equal(ferry_buf_len(b), 64);
+	assert_int_equal(ferry_buf_set_len(b, 1u << 20), -EMSGSIZE);
+	assert_int_equal(ferry_buf_release(b), 0);
+	assert_int_equal(ferry_buf_release(b), -EINVAL); /* double release: refused */
+	assert_int_equal(ferry_buf_set_len(b, 1), -EINVAL);
+	assert_int_equal(ferry_buf_alloc(e, 64u << 20, &big), -ENOMEM); /* more than the pool */
+	assert_int_equal(ferry_buf_alloc(e, 0, &b), 0); /* zero length is a buffer too */
+	assert_int_equal(ferry_buf_len(b), 0);
+	assert_int_equal(ferry_buf_release(b), 0);
+	ferry_engine_destroy(e);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_create_params),
+		cmocka_unit_test(test_name_clash),
+		cmocka_unit_test(test_null_arguments),
+		cmocka_unit_test(test_cq_params),
+		cmocka_unit_test(test_strerror),
+		cmocka_unit_test(test_bad_sqes),
+		cmocka_unit_test(test_sq_backpressure),
+		cmocka_unit_test(test_cq_overflow),
+		cmocka_unit_test(test_health_json),
+		cmocka_unit_test(test_peer_handles),
+		cmocka_unit_test(test_buffers),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
