@@ -432,12 +432,14 @@ static inline void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *
 
 /*
  * GET of key from a peer. With iov: the data is copied into it and the CQE
- * reports len; a payload longer than the iovec completes with -EMSGSIZE
- * (and the key stays consumed: nothing is half-delivered silently). With
- * iov NULL: the CQE hands over cqe->buf (zero copy; FERRY_CQE_F_BUF set),
- * which the caller releases with ferry_buf_release. A GET consumes its key;
- * before the PUT arrives it waits until its deadline (-ETIMEDOUT), or with
- * FERRY_SQE_NOWAIT completes at once with -EAGAIN.
+ * reports len. A payload longer than the iovec completes with -EMSGSIZE and
+ * cqe->len set to the size needed; the data then stays under its key, so a
+ * GET with a larger iovec (or none) can still take it. With iov NULL: the
+ * CQE hands over cqe->buf (zero copy; FERRY_CQE_F_BUF set), which the
+ * caller releases with ferry_buf_release. A GET consumes its key; before
+ * the PUT arrives it waits until its deadline (-ETIMEDOUT), or with
+ * FERRY_SQE_NOWAIT completes at once with -EAGAIN. Several GETs waiting on
+ * one key are served in the order they were taken.
  */
 static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 				  const char *key, const struct iovec *iov,

@@ -329,7 +329,8 @@ struct ferry_engine {
 	int doorbell_fd;
 	uint64_t doorbell_val;
 	bool doorbell_armed;
-	bool timeout_armed;           /* MANUAL arm: a TIMEOUT op is queued */
+	bool sleep_in_ppoll;          /* under valgrind: see reactor_sleep */
+	uint64_t timeout_armed_at;    /* MANUAL arm: expiry of the TIMEOUT queued, 0 = none */
 	struct __kernel_timespec arm_ts;
 	pthread_t thread;
 	bool thread_started;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ferry.h"
 #include "log.h"
@@ -62,4 +63,21 @@ void ferry__log(int level, const char *fmt, ...)
 		cb(level, line, atomic_load(&log_sink_arg));
 	else
 		fprintf(stderr, "ferry %s: %s\n", level_names[level], line);
+}
+
+int ferry__log_allow(struct ferry__log_limit *l, unsigned long long *held)
+{
+	struct timespec ts;
+	unsigned long long now, last;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	now = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+	last = atomic_load_explicit(&l->last_ns, memory_order_relaxed);
+	if ((last && now - last < 1000000000ull) ||
+	    !atomic_compare_exchange_strong(&l->last_ns, &last, now)) {
+		atomic_fetch_add_explicit(&l->held, 1, memory_order_relaxed);
+		return 0;
+	}
+	*held = atomic_exchange(&l->held, 0);
+	return 1;
 }

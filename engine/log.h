@@ -19,6 +19,26 @@ enum {
 void ferry__log(int level, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 
+/*
+ * Per call site, at most one line a second: for conditions a busy engine
+ * can hit once per op (a full table, an exhausted pool). The next line that
+ * passes says how many were held back.
+ */
+struct ferry__log_limit {
+	_Atomic unsigned long long last_ns;
+	_Atomic unsigned long long held;
+};
+int ferry__log_allow(struct ferry__log_limit *l, unsigned long long *held);
+
+#define log_limited(level, fmt, ...)                                               \
+	do {                                                                       \
+		static struct ferry__log_limit lim_;                               \
+		unsigned long long held_;                                          \
+		if (ferry__log_allow(&lim_, &held_))                               \
+			ferry__log(level, fmt " (%llu similar lines held back)",   \
+				   ##__VA_ARGS__, held_);                          \
+	} while (0)
+
 #define log_error(...) ferry__log(FERRY__LOG_ERROR, __VA_ARGS__)
 #define log_warn(...) ferry__log(FERRY__LOG_WARN, __VA_ARGS__)
 #define log_info(...) ferry__log(FERRY__LOG_INFO, __VA_ARGS__)

@@ -15,12 +15,22 @@
 #include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
+
+#if defined(__has_include)
+#if __has_include(<valgrind/valgrind.h>)
+#include <valgrind/valgrind.h>
+#endif
+#endif
+#ifndef RUNNING_ON_VALGRIND
+#define RUNNING_ON_VALGRIND 0
+#endif
 
 #define NO_SLOT UINT32_MAX
 #define TAG_DOORBELL 1ull
@@ -239,8 +249,8 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	if (!ke) {
 		if (e->keys.present >= e->keys.max_present ||
 		    !(ke = keytable_get(&e->keys, fullkey, fullkey_len, h))) {
-			log_warn("engine %s: key table full (%u keys held), refusing %s", e->name,
-				 e->keys.present, fullkey);
+			log_limited(FERRY__LOG_WARN, "engine %s: key table full (%u keys held), "
+				    "refusing %s", e->name, e->keys.present, fullkey);
 			STAT_ADD(e->stats.refused, 1);
 			return -ENOSPC;
 		}
@@ -586,7 +596,7 @@ static void reap_ring(struct ferry_engine *e)
 		if (cqe->user_data == TAG_DOORBELL)
 			e->doorbell_armed = false;
 		else if (cqe->user_data == TAG_TIMEOUT)
-			e->timeout_armed = false;
+			e->timeout_armed_at = 0; /* re-arm at the next arm */
 		n++;
 	}
 	if (n)
@@ -697,13 +707,40 @@ static void announce_sleep(struct ferry_engine *e)
 	atomic_thread_fence(memory_order_seq_cst);
 }
 
+/*
+ * The sleep used under valgrind, which keeps its thread lock across an
+ * io_uring_enter wait (so one sleeping thread would stop the process):
+ * ppoll on the doorbell, and on the ring fd when a doorbell read is queued
+ * there (its completion then makes the ring readable).
+ */
+static void sleep_in_ppoll(struct ferry_engine *e, int64_t budget)
+{
+	struct pollfd fds[2] = {
+		{ .fd = e->doorbell_fd, .events = POLLIN },
+		{ .fd = e->ring.ring_fd, .events = POLLIN },
+	};
+	struct timespec ts, *tsp = NULL;
+	uint64_t v;
+
+	if (budget >= 0) {
+		ts.tv_sec = budget / 1000000000;
+		ts.tv_nsec = budget % 1000000000;
+		tsp = &ts;
+	}
+	if (ppoll(fds, 2, tsp, NULL) > 0 && (fds[0].revents & POLLIN) && !e->doorbell_armed) {
+		if (read(e->doorbell_fd, &v, sizeof(v)) < 0)
+			log_debug("doorbell read: %s", ferry_strerror(-errno));
+	}
+}
+
 void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
 {
 	struct __kernel_timespec ts;
 	struct io_uring_cqe *cqe = NULL;
 	int64_t budget;
 
-	arm_doorbell(e);
+	if (!e->sleep_in_ppoll)
+		arm_doorbell(e);
 	announce_sleep(e);
 	if (reactor_has_work(e) || atomic_load(&e->stop)) {
 		atomic_store(&e->sleeping, 0);
@@ -711,7 +748,11 @@ void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
 		return;
 	}
 	budget = sleep_budget(e, timeout_ns);
-	if (budget < 0) {
+	if (e->sleep_in_ppoll) {
+		io_uring_submit(&e->ring);
+		if (budget != 0)
+			sleep_in_ppoll(e, budget);
+	} else if (budget < 0) {
 		io_uring_submit_and_wait(&e->ring, 1);
 	} else if (budget > 0) {
 		ts.tv_sec = budget / 1000000000;
@@ -734,16 +775,21 @@ int reactor_arm_manual(struct ferry_engine *e)
 	uint64_t next = timer_next(&e->timers);
 
 	arm_doorbell(e);
-	if (next) {
+	/*
+	 * A TIMEOUT op makes the fd readable at the next deadline. Another is
+	 * added only when this deadline is earlier than the one armed (extra
+	 * ones just cause one spurious wake each).
+	 */
+	if (next && (!e->timeout_armed_at || next < e->timeout_armed_at)) {
 		struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
-		uint64_t now = ferry__now_ns();
+		uint64_t now = ferry__now_ns(), rel = next > now ? next - now : 0;
 
-		if (sqe && !e->timeout_armed) {
-			e->timeout_armed = true;
-			e->arm_ts.tv_sec = next > now ? (int64_t)((next - now) / 1000000000) : 0;
-			e->arm_ts.tv_nsec = next > now ? (long long)((next - now) % 1000000000) : 0;
+		if (sqe) {
+			e->arm_ts.tv_sec = (long long)(rel / 1000000000);
+			e->arm_ts.tv_nsec = (long long)(rel % 1000000000);
 			io_uring_prep_timeout(sqe, &e->arm_ts, 0, 0);
 			io_uring_sqe_set_data64(sqe, TAG_TIMEOUT);
+			e->timeout_armed_at = next;
 		}
 	}
 	io_uring_submit(&e->ring);
@@ -823,6 +869,7 @@ int reactor_init(struct ferry_engine *e)
 		log_error("engine %s: eventfd: %s", e->name, ferry_strerror(rc));
 		return rc;
 	}
+	e->sleep_in_ppoll = RUNNING_ON_VALGRIND != 0;
 	rc = io_uring_queue_init(64, &e->ring, 0);
 	if (rc < 0) {
 		log_error("engine %s: io_uring_queue_init: %s", e->name, ferry_strerror(rc));

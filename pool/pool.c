@@ -103,17 +103,18 @@ struct pool {
 
 	struct pool_class cls[POOL_NCLASSES];
 
-	/* Page allocator: everything below is under page_lock. */
+	/* Page allocator, under page_lock (page_slab is also read without it). */
 	pthread_mutex_t page_lock __attribute__((aligned(64)));
 	struct pool_tag *tags;		/* one per page */
 	_Atomic uint32_t *page_slab;	/* one per page: slab index + 1, or 0 */
-	struct pool_slab *slabs;	/* one per possible slab */
+	struct pool_slab *slabs;	/* one per possible slab (class lock once carved) */
 	uint32_t slab_spare;		/* stack of unused slab descriptors */
 	uint32_t bin_map;		/* bit b: bin b not empty */
 	uint32_t bin_head[POOL_NBINS];
 	uint64_t free_pages;
 	uint64_t large_live, large_pages, large_bytes_req, large_allocs, large_frees;
 
+	/* Bumped outside every lock. */
 	_Atomic uint64_t alloc_failures;
 	_Atomic uint64_t bad_frees;
 };
@@ -369,7 +370,9 @@ static int slab_carve(struct pool *p, unsigned int ci)
 	}
 	si = p->slab_spare;
 	s = si == POOL_NONE ? NULL : &p->slabs[si];
-	if (!s || (!s->lens && !(s->lens = malloc(POOL_SLAB_MAX_OBJS * sizeof(*s->lens))))) {
+	if (s && !s->lens)
+		s->lens = malloc(POOL_SLAB_MAX_OBJS * sizeof(*s->lens));
+	if (!s || !s->lens) {
 		page_free_locked(p, h);
 		page_unlock(p);
 		return -ENOMEM;
@@ -615,7 +618,8 @@ static int block_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 		err = large_alloc(p, len, off, cap);
 	if (err) {
 		atomic_fetch_add_explicit(&p->alloc_failures, 1, memory_order_relaxed);
-		log_warn("pool %s: no room for a block of %zu bytes", p->name, len);
+		log_limited(FERRY__LOG_WARN, "pool %s: no room for a block of %zu bytes",
+			    p->name, len);
 		return err;
 	}
 	atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
@@ -703,8 +707,11 @@ static int registry_add(struct pool *p)
 	return -ENOMEM;
 }
 
-/* The pool whose descriptor table holds b, without dereferencing b. */
-static struct pool *registry_lookup(const struct ferry_buf *b)
+/*
+ * The pool whose descriptor table holds b, found without dereferencing b;
+ * *aligned says whether b is the start of a descriptor.
+ */
+static struct pool *registry_lookup(const struct ferry_buf *b, bool *aligned)
 {
 	uint32_t i, hwm = atomic_load_explicit(&pool_registry_hwm, memory_order_acquire);
 	uintptr_t a = (uintptr_t)b;
@@ -713,10 +720,11 @@ static struct pool *registry_lookup(const struct ferry_buf *b)
 		struct pool_reg *r = &pool_registry[i];
 		uintptr_t lo = atomic_load_explicit(&r->lo, memory_order_acquire);
 
-		if (!lo || a < lo || a >= atomic_load_explicit(&r->hi, memory_order_relaxed))
+		if (!lo || a < lo)
 			continue;
-		if ((a - lo) % sizeof(struct ferry_buf))
-			return NULL;
+		if (a >= atomic_load_explicit(&r->hi, memory_order_relaxed))
+			continue;
+		*aligned = (a - lo) % sizeof(struct ferry_buf) == 0;
 		return atomic_load_explicit(&r->pool, memory_order_relaxed);
 	}
 	return NULL;
@@ -765,7 +773,8 @@ int pool_create(const struct pool_params *prm, struct pool **out)
 		return -EINVAL;
 	}
 	if (prm->max_bufs > POOL_MAX_BUFS) {
-		log_error("pool_create: max_bufs %u above %u", prm->max_bufs, POOL_MAX_BUFS);
+		log_error("pool_create: max_bufs %u above %u", prm->max_bufs,
+			  POOL_MAX_BUFS);
 		return -EINVAL;
 	}
 	size = (prm->size + POOL_PAGE_SIZE - 1) & ~(size_t)(POOL_PAGE_SIZE - 1);
@@ -925,7 +934,8 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 	idx = buf_pop(pool);
 	if (idx == POOL_NONE) {
 		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);
-		log_warn("pool %s: all %u buffer handles in use", pool->name, pool->max_bufs);
+		log_limited(FERRY__LOG_WARN, "pool %s: all %u buffer handles in use",
+			    pool->name, pool->max_bufs);
 		return -ENOMEM;
 	}
 	err = block_alloc(pool, len, &off, &cap);
@@ -949,15 +959,22 @@ int pool_free(struct ferry_buf *buf)
 {
 	uint32_t live = POOL_BUF_LIVE;
 	struct pool *p;
+	bool aligned;
 	int err;
 
 	if (!buf) {
 		log_error("pool_free: NULL buffer");
 		return -EINVAL;
 	}
-	p = registry_lookup(buf);
+	p = registry_lookup(buf, &aligned);
 	if (!p) {
 		log_error("pool_free: %p is not a buffer handle of any pool", (void *)buf);
+		return -EINVAL;
+	}
+	if (!aligned) {
+		atomic_fetch_add_explicit(&p->bad_frees, 1, memory_order_relaxed);
+		log_error("pool %s: free of %p, inside the handle table but not a handle",
+			  p->name, (void *)buf);
 		return -EINVAL;
 	}
 	if (!atomic_compare_exchange_strong_explicit(&buf->state, &live, POOL_BUF_FREE,
@@ -1041,8 +1058,8 @@ void pool_get_stats(struct pool *pool, struct pool_stats *st)
 	st->free_bytes = pool->free_pages << POOL_PAGE_SHIFT;
 	st->largest_free = largest_free_locked(pool);
 	page_unlock(pool);
-	st->alloc_failures = atomic_load_explicit(&pool->alloc_failures, memory_order_relaxed);
-	st->bad_frees = atomic_load_explicit(&pool->bad_frees, memory_order_relaxed);
+	st->alloc_failures = atomic_load(&pool->alloc_failures);
+	st->bad_frees = atomic_load(&pool->bad_frees);
 	st->fragmentation = st->free_bytes ?
 		1.0 - (double)st->largest_free / (double)st->free_bytes : 0.0;
 }
@@ -1088,9 +1105,11 @@ static int check_pages(struct pool *p, uint64_t *free_runs)
 		CHECK(n >= 1 && n <= p->npages - i, "page %u: bad run length %u", i, n);
 		e = &p->tags[i + n - 1];
 		used = t->flags & TAG_USED;
-		CHECK((e->flags & TAG_TAIL) && e->npages == n && (e->flags & TAG_USED) == used,
+		CHECK((e->flags & TAG_TAIL) && e->npages == n &&
+		      (e->flags & TAG_USED) == used,
 		      "run %u+%u: tail tag does not match head", i, n);
-		CHECK(n == 1 || (!(t->flags & TAG_TAIL) && !(e->flags & (TAG_HEAD | TAG_SLAB))),
+		CHECK(n == 1 ||
+		      (!(t->flags & TAG_TAIL) && !(e->flags & (TAG_HEAD | TAG_SLAB))),
 		      "run %u+%u: stray head/tail flags", i, n);
 		for (j = i + 1; j + 1 < i + n; j++)
 			CHECK(p->tags[j].flags == 0, "page %u: interior page has flags", j);
@@ -1100,7 +1119,8 @@ static int check_pages(struct pool *p, uint64_t *free_runs)
 			      "page %u: slab map differs within run %u", j, i);
 		if (!used) {
 			CHECK(!prev_free, "run %u: two adjacent free runs", i);
-			CHECK(!(t->flags & TAG_SLAB) && !si1, "run %u: free run is a slab", i);
+			CHECK(!(t->flags & TAG_SLAB) && !si1,
+			      "run %u: free run is a slab", i);
 			free_pages += n;
 			(*free_runs)++;
 		} else if (t->flags & TAG_SLAB) {
@@ -1116,7 +1136,8 @@ static int check_pages(struct pool *p, uint64_t *free_runs)
 			large_live++;
 			large_pages += n;
 			large_req += t->u.len;
-			CHECK(t->u.len <= page_off(n) && t->u.len > (n > 1 ? page_off(n - 1) : 0),
+			CHECK(t->u.len <= page_off(n) &&
+			      t->u.len > (n > 1 ? page_off(n - 1) : POOL_SMALL_MAX),
 			      "run %u: length %llu does not fit %u pages", i,
 			      (unsigned long long)t->u.len, n);
 		}
@@ -1144,7 +1165,8 @@ static int check_bins(struct pool *p, uint64_t free_runs)
 		for (; h != POOL_NONE; prev = h, h = p->tags[h].u.link.next) {
 			struct pool_tag *t;
 
-			CHECK(h < p->npages && runs < free_runs, "bin %u: list runs away", b);
+			CHECK(h < p->npages && runs < free_runs,
+			      "bin %u: list runs away", b);
 			t = &p->tags[h];
 			CHECK((t->flags & (TAG_HEAD | TAG_USED)) == TAG_HEAD,
 			      "bin %u: page %u is not a free head", b, h);
@@ -1186,8 +1208,8 @@ static int check_slabs(struct pool *p)
 			listed++;
 		}
 		CHECK(c->tail == prev, "class %u: tail is wrong", ci);
-		CHECK(empty == c->nempty && empty <= 1, "class %u: %u empty slabs, counter %u",
-		      ci, empty, c->nempty);
+		CHECK(empty == c->nempty && empty <= 1,
+		      "class %u: %u empty slabs, counter %u", ci, empty, c->nempty);
 		for (si = 0; si < p->nslabs_max; si++) {
 			struct pool_slab *s = &p->slabs[si];
 			uint32_t bits = 0, i;
@@ -1203,11 +1225,12 @@ static int check_slabs(struct pool *p)
 				if (s->map[i / 64] & (1ull << (i % 64)))
 					req += s->lens[i];
 			for (i = 0; i < s->hint; i++)
-				CHECK(s->map[i] == ~0ull, "slab %u: hint past a free object", si);
+				CHECK(s->map[i] == ~0ull,
+				      "slab %u: hint past a free object", si);
 			CHECK(bits + s->nfree == c->nobjs, "slab %u: bitmap has %u live, "
 			      "nfree %u of %u", si, bits, s->nfree, c->nobjs);
-			CHECK(s->listed == (s->nfree > 0), "slab %u: listed %d with %u free",
-			      si, s->listed, s->nfree);
+			CHECK(s->listed == (s->nfree > 0),
+			      "slab %u: listed %d with %u free", si, s->listed, s->nfree);
 			live += bits;
 			nslabs++;
 		}
@@ -1216,8 +1239,10 @@ static int check_slabs(struct pool *p)
 		used_slabs += nslabs;
 	}
 	for (si = p->slab_spare; si != POOL_NONE; si = p->slabs[si].next) {
-		CHECK(si < p->nslabs_max && spare < p->nslabs_max, "spare slab list runs away");
-		CHECK(atomic_load(&p->slabs[si].cls) == POOL_NONE, "spare slab %u in use", si);
+		CHECK(si < p->nslabs_max && spare < p->nslabs_max,
+		      "spare slab list runs away");
+		CHECK(atomic_load(&p->slabs[si].cls) == POOL_NONE,
+		      "spare slab %u in use", si);
 		spare++;
 	}
 	CHECK(spare + used_slabs == p->nslabs_max, "%u spare + %u used slabs != %u",
@@ -1235,7 +1260,8 @@ static int check_handles(struct pool *p, uint64_t blocks)
 	for (i = 0; i < p->max_bufs; i++) {
 		uint32_t st = atomic_load(&p->bufs[i].state);
 
-		CHECK(st == POOL_BUF_FREE || st == POOL_BUF_LIVE, "handle %u: state %#x", i, st);
+		CHECK(st == POOL_BUF_FREE || st == POOL_BUF_LIVE,
+		      "handle %u: state %#x", i, st);
 		CHECK(p->bufs[i].index == i, "handle %u: wrong index", i);
 		live += st == POOL_BUF_LIVE;
 	}
@@ -1281,7 +1307,8 @@ int pool_check(struct pool *pool)
 	refs = atomic_load(&pool->refs);
 	if (!err)
 		CHECK(refs == (int64_t)blocks + !atomic_load(&pool->owner_gone),
-		      "refs %lld for %llu blocks", (long long)refs, (unsigned long long)blocks);
+		      "refs %lld for %llu blocks", (long long)refs,
+		      (unsigned long long)blocks);
 out:
 	page_unlock(pool);
 	for (i = POOL_NCLASSES; i-- > 0;)
