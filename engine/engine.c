@@ -115,8 +115,10 @@ static void engine_free(struct ferry_engine *e)
 {
 	struct ferry_cq *cq, *next;
 
-	if (e->backend_data)
-		e->backend->fini(e);
+	for (unsigned i = e->nbackends; i-- > 0;) {
+		if (e->backends[i].data)
+			e->backends[i].ops->fini(e, &e->backends[i]);
+	}
 	for (cq = e->cqs; cq; cq = next) {
 		next = cq->next;
 		cq_fini(cq);
@@ -135,6 +137,21 @@ static void engine_free(struct ferry_engine *e)
 		pool_release_owner(e->pool);
 	pthread_mutex_destroy(&e->lock);
 	free(e);
+}
+
+static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
+{
+	struct backend *b = &e->backends[e->nbackends];
+	int rc;
+
+	b->ops = ops;
+	b->index = (uint8_t)e->nbackends;
+	b->data = NULL;
+	rc = ops->init(e, b);
+	if (rc)
+		return rc;
+	e->nbackends++;
+	return 0;
 }
 
 int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_engine **out)
@@ -167,7 +184,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	e->created_ns = ferry__now_ns();
 	e->doorbell_fd = -1;
 	e->ring.ring_fd = -1;
-	e->backend = &ferry__loop_backend;
+	e->wake_fd = -1;
 
 	pp.size = p.pool_size;
 	pp.max_bufs = p.max_bufs;
@@ -176,7 +193,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	if ((rc = pool_create(&pp, &e->pool)) ||
 	    (rc = cq_init(e, &e->default_cq, p.cq_entries, true)) ||
 	    (rc = reactor_init(e)) ||
-	    (rc = e->backend->init(e)))
+	    (rc = add_backend(e, &ferry__loop_backend)))
 		goto fail;
 	if (e->mode == FERRY_PROGRESS_THREAD) {
 		atomic_store(&e->progress_busy, 1); /* the thread owns progress */
@@ -215,7 +232,9 @@ int ferry_engine_destroy(struct ferry_engine *e)
 			cpu_relax();
 	}
 	/* Stop arrivals first: what other engines sent us is answered. */
-	e->backend->fini(e);
+	for (unsigned i = e->nbackends; i-- > 0;)
+		if (e->backends[i].data)
+			e->backends[i].ops->fini(e, &e->backends[i]);
 	reactor_shutdown(e);
 	engine_free(e);
 	return 0;
@@ -360,9 +379,10 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	}
 	s = &e->stats;
 	pool_get_stats(e->pool, &ps);
-	jprintf(&j, "{\"engine\":\"%s\",\"namespace\":\"%s\",\"transport\":\"%s\","
-		"\"progress\":\"%s\",\"status\":\"%s\",\"uptime_ns\":%llu,",
-		e->name, e->ns, e->backend->name,
+	jprintf(&j, "{\"engine\":\"%s\",\"namespace\":\"%s\",\"transports\":[", e->name, e->ns);
+	for (unsigned i = 0; i < e->nbackends; i++)
+		jprintf(&j, "%s\"%s\"", i ? "," : "", e->backends[i].ops->name);
+	jprintf(&j, "],\"progress\":\"%s\",\"status\":\"%s\",\"uptime_ns\":%llu,",
 		e->mode == FERRY_PROGRESS_THREAD ? "thread" : "manual",
 		atomic_load(&e->closing) ? "closing" : "ok",
 		(unsigned long long)(ferry__now_ns() - e->created_ns));
@@ -388,9 +408,10 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "\"peers\":[");
 	pthread_mutex_lock(&e->lock);
 	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		jprintf(&j, "{\"name\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
+		jprintf(&j, "{\"name\":\"%s\",\"transport\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
 			"\"bytes_in\":%llu,\"errors\":%llu}%s",
-			p->name, (unsigned long long)STAT_GET(p->stats.puts),
+			p->name, p->backend ? p->backend->ops->name : "none",
+			(unsigned long long)STAT_GET(p->stats.puts),
 			(unsigned long long)STAT_GET(p->stats.gets),
 			(unsigned long long)STAT_GET(p->stats.bytes_out),
 			(unsigned long long)STAT_GET(p->stats.bytes_in),

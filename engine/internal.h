@@ -237,10 +237,13 @@ struct peer_stats {
 	stat_t puts, gets, bytes_out, bytes_in, errors;
 };
 
+struct backend;
+
 struct ferry_peer {
 	struct ferry_engine *engine;
 	char name[FERRY_NAME_MAX];
-	void *transport;           /* the backend's resolved endpoint, if any */
+	struct backend *backend;   /* the transport that reaches it, once resolved */
+	void *transport;           /* that backend's state for this peer */
 	struct peer_stats stats;
 	struct ferry_peer *next;
 };
@@ -248,21 +251,58 @@ struct ferry_peer {
 /*
  * A transport. The reactor hands it PUTs already holding their data in a
  * pool buffer; the backend delivers and later calls reactor_put_done().
- * Arrivals from peers go through reactor_deliver().
+ * Arrivals from peers go through reactor_deliver(). Every hook runs with
+ * progress held, except where noted.
  */
 struct backend_ops {
 	const char *name;
-	int (*init)(struct ferry_engine *e);
-	/* Shut down: stop accepting, fail what is pending with -ECONNRESET. */
-	void (*fini)(struct ferry_engine *e);
+	int (*init)(struct ferry_engine *e, struct backend *b);
+	/* Shut down: stop accepting, answer what is pending with -ECONNRESET. */
+	void (*fini)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Can this transport reach peer? 0 (and peer->transport set) or
+	 * -EHOSTUNREACH. Backends are asked in order; the first that can
+	 * reach a peer carries it until a PUT reports the peer gone.
+	 */
+	int (*resolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
+	/* The peer's transport state is being dropped (re-resolve, destroy). */
+	void (*unresolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
 	/* Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno. */
-	int (*put)(struct ferry_engine *e, struct op *op);
+	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
 	/* Make progress; returns events handled. */
-	int (*progress)(struct ferry_engine *e);
+	int (*progress)(struct ferry_engine *e, struct backend *b);
 	/* True if progress() has work right now (checked before sleeping). */
-	bool (*has_work)(struct ferry_engine *e);
+	bool (*has_work)(struct ferry_engine *e, struct backend *b);
 	/* An op that is AWAY was cancelled or timed out. */
-	void (*forget)(struct ferry_engine *e, struct op *op);
+	void (*forget)(struct ferry_engine *e, struct backend *b, struct op *op);
+	/* A completion of the engine's io_uring tagged for this backend. */
+	void (*on_cqe)(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
+		       uint32_t flags);
+	/* Can this backend ship this pool buffer without a copy? */
+	bool (*zero_copy_ok)(struct ferry_engine *e, struct backend *b, struct ferry_buf *buf);
+};
+
+struct backend {
+	const struct backend_ops *ops;
+	void *data;
+	uint8_t index;
+};
+
+#define ENGINE_MAX_BACKENDS 4
+
+/* io_uring user_data for a backend's SQE: its index in the top byte. */
+static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
+{
+	return ((uint64_t)(b->index + 1) << 56) | (cookie & ((1ull << 56) - 1));
+}
+
+/*
+ * The engine's wake word, in a shared page (a memfd) so that peers in other
+ * processes can read whether the progress side sleeps and ring its doorbell.
+ */
+struct wake_page {
+	_Atomic int sleeping cacheline_aligned;
+	_Atomic int doorbell_rung;
 };
 
 extern const struct backend_ops ferry__loop_backend;
@@ -290,9 +330,9 @@ struct engine_stats {
 };
 
 struct ferry_engine {
-	/* Written by submitters, read by the reactor. */
-	_Atomic int sleeping cacheline_aligned; /* progress side sleeps on the doorbell */
-	_Atomic int doorbell_rung;
+	/* Written by submitters and peers, read by the reactor (shared page). */
+	struct wake_page *wake;
+	int wake_fd;
 	/* Progress ownership (MANUAL mode, and the reactor thread). */
 	_Atomic int progress_busy cacheline_aligned;
 	/* CQ waiters sleep on this futex word. */
@@ -343,8 +383,8 @@ struct ferry_engine {
 	struct ferry_peer *peers;
 	struct ferry_cq *cqs;
 
-	const struct backend_ops *backend;
-	void *backend_data;
+	struct backend backends[ENGINE_MAX_BACKENDS];
+	unsigned nbackends;
 
 	struct engine_stats stats;
 };

@@ -17,6 +17,7 @@
 #include <string.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -130,8 +131,9 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		timer_del(&e->timers, op);
 	if (op->state == OP_PARKED)
 		unpark(e, op);
-	else if (op->state == OP_AWAY && e->backend->forget)
-		e->backend->forget(e, op);
+	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
+		 op->peer->backend->ops->forget)
+		op->peer->backend->ops->forget(e, op->peer->backend, op);
 	op->state = OP_FREE;
 
 	if (op->opcode == FERRY_OP_PUT && op->buf) {
@@ -350,6 +352,41 @@ static void arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout
 	}
 }
 
+void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
+{
+	struct backend *b = peer->backend;
+
+	if (b) {
+		if (b->ops->unresolve)
+			b->ops->unresolve(e, b, peer);
+		peer->backend = NULL;
+		peer->transport = NULL;
+	}
+}
+
+/* Find the transport that reaches op->peer and hand it the PUT. */
+static int backend_put(struct ferry_engine *e, struct op *op)
+{
+	struct ferry_peer *peer = op->peer;
+	int rc;
+
+	if (!peer->backend) {
+		for (unsigned i = 0; i < e->nbackends && !peer->backend; i++) {
+			if (e->backends[i].ops->resolve(e, &e->backends[i], peer) == 0)
+				peer->backend = &e->backends[i];
+		}
+		if (!peer->backend) {
+			log_info("PUT %llx: no engine \"%s\" reachable in namespace \"%s\"",
+				 (unsigned long long)op->user_data, peer->name, e->ns);
+			return -EHOSTUNREACH;
+		}
+	}
+	rc = peer->backend->ops->put(e, peer->backend, op);
+	if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
+		reactor_unresolve(e, peer); /* ask again next time: it may be back */
+	return rc;
+}
+
 static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
 {
 	int rc;
@@ -369,7 +406,21 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
-	if (sqe->buf) {
+	if (sqe->buf && (op->buf->flags & POOL_BUF_F_FOREIGN)) {
+		/* A peer's block, mapped here: ship a copy, give the block back. */
+		struct ferry_buf *own;
+
+		rc = pool_alloc(e->pool, op->buf->len, &own);
+		if (rc) {
+			op_complete(e, op, rc, 0, NULL); /* frees the foreign one */
+			return;
+		}
+		memcpy(own->data, op->buf->data, op->buf->len);
+		pool_free(op->buf);
+		op->buf = own;
+		op->len = own->len;
+		STAT_ADD(e->stats.copies, 1);
+	} else if (sqe->buf) {
 		op->len = op->buf->len;
 		STAT_ADD(e->stats.zero_copies, 1);
 	} else {
@@ -394,7 +445,7 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
 	op->state = OP_AWAY;
-	rc = e->backend->put(e, op);
+	rc = backend_put(e, op);
 	if (rc) {
 		op->state = OP_FREE;
 		op_complete(e, op, rc, 0, NULL);
@@ -593,7 +644,15 @@ static void reap_ring(struct ferry_engine *e)
 	unsigned head, n = 0;
 
 	io_uring_for_each_cqe(&e->ring, head, cqe) {
-		if (cqe->user_data == TAG_DOORBELL)
+		unsigned bi = (unsigned)(cqe->user_data >> 56);
+
+		if (bi) {
+			struct backend *b = &e->backends[bi - 1];
+
+			if (bi <= e->nbackends && b->ops->on_cqe)
+				b->ops->on_cqe(e, b, cqe->user_data & ((1ull << 56) - 1), cqe->res,
+					       cqe->flags);
+		} else if (cqe->user_data == TAG_DOORBELL)
 			e->doorbell_armed = false;
 		else if (cqe->user_data == TAG_TIMEOUT)
 			e->timeout_armed_at = 0; /* re-arm at the next arm */
@@ -645,13 +704,14 @@ int reactor_run_once(struct ferry_engine *e)
 	int n = 0;
 
 	e->now = ferry__now_ns();
-	if (atomic_load_explicit(&e->sleeping, memory_order_relaxed))
-		atomic_store_explicit(&e->sleeping, 0, memory_order_relaxed);
+	if (atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
+		atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
 	if (io_uring_cq_ready(&e->ring))
 		reap_ring(e);
 	if (any_overflow(e))
 		n += (int)flush_overflows(e);
-	n += e->backend->progress(e);
+	for (unsigned i = 0; i < e->nbackends; i++)
+		n += e->backends[i].ops->progress(e, &e->backends[i]);
 	n += drain_sqs(e);
 	while ((op = timer_pop_expired(&e->timers, e->now))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
@@ -672,8 +732,9 @@ bool reactor_has_work(struct ferry_engine *e)
 		    atomic_load_explicit(&sq->head, memory_order_relaxed))
 			return true;
 	}
-	if (e->backend->has_work(e))
-		return true;
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if (e->backends[i].ops->has_work(e, &e->backends[i]))
+			return true;
 	if (any_overflow(e)) {
 		/* Only worth a round if a consumer made room. */
 		if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
@@ -702,8 +763,8 @@ static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
 
 static void announce_sleep(struct ferry_engine *e)
 {
-	atomic_store_explicit(&e->doorbell_rung, 0, memory_order_relaxed);
-	atomic_store_explicit(&e->sleeping, 1, memory_order_relaxed);
+	atomic_store_explicit(&e->wake->doorbell_rung, 0, memory_order_relaxed);
+	atomic_store_explicit(&e->wake->sleeping, 1, memory_order_relaxed);
 	atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -743,7 +804,7 @@ void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
 		arm_doorbell(e);
 	announce_sleep(e);
 	if (reactor_has_work(e) || atomic_load(&e->stop)) {
-		atomic_store(&e->sleeping, 0);
+		atomic_store(&e->wake->sleeping, 0);
 		io_uring_submit(&e->ring);
 		return;
 	}
@@ -761,7 +822,7 @@ void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
 	} else {
 		io_uring_submit(&e->ring);
 	}
-	atomic_store(&e->sleeping, 0);
+	atomic_store(&e->wake->sleeping, 0);
 	reap_ring(e);
 }
 
@@ -795,7 +856,7 @@ int reactor_arm_manual(struct ferry_engine *e)
 	io_uring_submit(&e->ring);
 	announce_sleep(e);
 	if (reactor_has_work(e)) {
-		atomic_store(&e->sleeping, 0);
+		atomic_store(&e->wake->sleeping, 0);
 		return -EBUSY;
 	}
 	return 0;
@@ -803,8 +864,8 @@ int reactor_arm_manual(struct ferry_engine *e)
 
 void reactor_wake(struct ferry_engine *e)
 {
-	if (atomic_load_explicit(&e->sleeping, memory_order_acquire) &&
-	    !atomic_exchange(&e->doorbell_rung, 1)) {
+	if (atomic_load_explicit(&e->wake->sleeping, memory_order_acquire) &&
+	    !atomic_exchange(&e->wake->doorbell_rung, 1)) {
 		uint64_t one = 1;
 
 		if (write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
@@ -859,10 +920,35 @@ void *reactor_thread_main(void *arg)
 	return NULL;
 }
 
+static int wake_page_init(struct ferry_engine *e)
+{
+	void *m;
+
+	e->wake_fd = memfd_create("ferry-wake", MFD_CLOEXEC);
+	if (e->wake_fd < 0 || ftruncate(e->wake_fd, 4096) < 0) {
+		int rc = -errno;
+
+		log_error("engine %s: wake page: %s", e->name, ferry_strerror(rc));
+		return rc;
+	}
+	m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, e->wake_fd, 0);
+	if (m == MAP_FAILED) {
+		int rc = -errno;
+
+		log_error("engine %s: wake page mmap: %s", e->name, ferry_strerror(rc));
+		return rc;
+	}
+	e->wake = m;
+	return 0;
+}
+
 int reactor_init(struct ferry_engine *e)
 {
 	int rc;
 
+	rc = wake_page_init(e);
+	if (rc)
+		return rc;
 	e->doorbell_fd = eventfd(0, EFD_CLOEXEC);
 	if (e->doorbell_fd < 0) {
 		rc = -errno;
@@ -949,4 +1035,8 @@ void reactor_fini(struct ferry_engine *e)
 		io_uring_queue_exit(&e->ring);
 	if (e->doorbell_fd >= 0)
 		close(e->doorbell_fd);
+	if (e->wake)
+		munmap(e->wake, 4096);
+	if (e->wake_fd >= 0)
+		close(e->wake_fd);
 }

@@ -950,9 +950,53 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 	b->len = len;
 	b->cap = cap;
 	b->flags = 0;
+	b->release_fn = NULL;
+	b->release_ctx = NULL;
 	atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
 	*out = b;
 	return 0;
+}
+
+int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offset,
+	      pool_release_fn *fn, void *ctx, struct ferry_buf **out)
+{
+	struct ferry_buf *b;
+	uint32_t idx;
+
+	if (!pool || !out || !fn || (!data && len)) {
+		log_error("pool_wrap: NULL argument");
+		return -EINVAL;
+	}
+	idx = buf_pop(pool);
+	if (idx == POOL_NONE) {
+		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);
+		log_limited(FERRY__LOG_WARN, "pool %s: all %u buffer handles in use",
+			    pool->name, pool->max_bufs);
+		return -ENOMEM;
+	}
+	b = &pool->bufs[idx];
+	b->pool = pool;
+	b->data = data;
+	b->offset = remote_offset;
+	b->len = len;
+	b->cap = len;
+	b->flags = POOL_BUF_F_FOREIGN;
+	b->release_fn = fn;
+	b->release_ctx = ctx;
+	atomic_fetch_add_explicit(&pool->refs, 1, memory_order_relaxed);
+	atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
+	*out = b;
+	return 0;
+}
+
+void pool_wrap_done(struct ferry_buf *buf)
+{
+	struct pool *p = buf->pool;
+
+	buf->flags = 0;
+	buf->release_fn = NULL;
+	buf_push(p, buf->index);
+	pool_put(p);
 }
 
 int pool_free(struct ferry_buf *buf)
@@ -984,6 +1028,10 @@ int pool_free(struct ferry_buf *buf)
 		log_error("pool %s: free of buffer #%u that is not live (double free?)",
 			  p->name, (unsigned int)(buf - p->bufs));
 		return -EINVAL;
+	}
+	if (buf->flags & POOL_BUF_F_FOREIGN) {
+		buf->release_fn(buf, buf->release_ctx); /* it calls pool_wrap_done */
+		return 0;
 	}
 	err = block_free(p, buf->offset);
 	buf_push(p, buf->index);

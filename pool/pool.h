@@ -69,6 +69,9 @@ struct pool_stats {
  * The handle of a block. Public code sees it as the opaque struct ferry_buf
  * of api/ferry.h; this is its definition.
  */
+struct ferry_buf;
+typedef void pool_release_fn(struct ferry_buf *buf, void *ctx);
+
 struct ferry_buf {
 	struct pool *pool;
 	void *data;        /* pool base + offset */
@@ -78,8 +81,13 @@ struct ferry_buf {
 	uint32_t index;    /* position in the descriptor table */
 	_Atomic uint32_t state; /* POOL_BUF_FREE / POOL_BUF_LIVE */
 	uint32_t next_free;     /* descriptor free list link */
-	uint32_t flags;         /* free for the engine's use (e.g. ownership) */
+	uint32_t flags;         /* POOL_BUF_F_* */
+	pool_release_fn *release_fn; /* foreign handles: who takes the release */
+	void *release_ctx;
 };
+
+/* The handle names memory that is not this pool's (see pool_wrap). */
+#define POOL_BUF_F_FOREIGN (1u << 0)
 
 enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe };
 
@@ -105,6 +113,19 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out);
  * Thread-safe; may unmap the region if this was the last reference.
  */
 int pool_free(struct ferry_buf *buf);
+
+/*
+ * A handle for memory that is not a block of this pool: a peer's block
+ * mapped read-only, for a zero-copy GET. remote_offset is kept in
+ * buf->offset for the owner's sake. pool_free on it marks it free and calls
+ * fn(buf, ctx) on the freeing thread (any thread); fn must later call
+ * pool_wrap_done(buf) exactly once, which gives the handle back. The handle
+ * holds a reference on the pool like a block does.
+ * Returns 0 and *out, -ENOMEM when no handle is free, -EINVAL.
+ */
+int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offset,
+	      pool_release_fn *fn, void *ctx, struct ferry_buf **out);
+void pool_wrap_done(struct ferry_buf *buf);
 
 /*
  * The lower level the handles sit on, exposed for transports that return

@@ -181,7 +181,7 @@ static void test_many_consumers_one_cq(void **state)
 struct cb_log {
 	pthread_t expect_thread;
 	int on_expected, elsewhere;
-	int calls;
+	_Atomic int calls; /* bumped last: seeing it publishes the rest */
 	uint64_t last_user_data;
 	int last_res;
 };
@@ -190,13 +190,13 @@ static void record_cb(const struct ferry_cqe *cqe, void *arg)
 {
 	struct cb_log *l = arg;
 
-	l->calls++;
 	l->last_user_data = cqe->user_data;
 	l->last_res = cqe->res;
 	if (pthread_equal(pthread_self(), l->expect_thread))
 		l->on_expected++;
 	else
 		l->elsewhere++;
+	atomic_fetch_add(&l->calls, 1);
 }
 
 static void test_callbacks_and_cqes(void **state)

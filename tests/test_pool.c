@@ -759,10 +759,12 @@ static uint64_t thr_rnd(void *ctx)
 	return t->rng = x;
 }
 
-/* buf->flags carries the pattern seed: it travels with the handle. */
+/* The pattern seed of each handle, by handle index: it travels with the handle. */
+static uint32_t thr_seed[8192];
+
 static int thr_check_free(struct ferry_buf *b)
 {
-	int bad = !pattern_ok(b->data, b->cap, b->flags);
+	int bad = !pattern_ok(b->data, b->cap, thr_seed[b->index]);
 
 	return bad + (pool_free(b) != 0);
 }
@@ -789,8 +791,8 @@ static void *thr_main(void *arg)
 				t->failures++;
 				continue;
 			}
-			b->flags = atomic_fetch_add(&thr_seq, 1);
-			pattern_fill(b->data, b->cap, b->flags);
+			thr_seed[b->index] = atomic_fetch_add(&thr_seq, 1);
+			pattern_fill(b->data, b->cap, thr_seed[b->index]);
 			mine[n++] = b;
 		} else if (k < 90 && n > 0) {
 			int j = (int)(thr_rnd(t) % (uint64_t)n);
@@ -804,7 +806,7 @@ static void *thr_main(void *arg)
 			struct ferry_buf *got = atomic_exchange(&thr_slots[slot], mine[j]);
 
 			if (got) {
-				if (!pattern_ok(got->data, got->cap, got->flags))
+				if (!pattern_ok(got->data, got->cap, thr_seed[got->index]))
 					t->failures++;
 				mine[j] = got;
 			} else {
@@ -1030,6 +1032,54 @@ static void test_descriptor_exhaustion(void **state)
 
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
+static int wrap_released;
+static struct ferry_buf *wrap_last;
+
+static void wrap_release(struct ferry_buf *b, void *ctx)
+{
+	wrap_released++;
+	wrap_last = b;
+	*(int *)ctx += 1;
+}
+
+/* Foreign handles: free runs the hook; the handle comes back only on done. */
+static void test_wrap_foreign(void **state)
+{
+	struct pool *p = mkpool(1 * MiB, 4);
+	static char outside[100];
+	struct ferry_buf *w, *b[4];
+	int ctx = 0, i;
+
+	(void)state;
+	wrap_released = 0;
+	assert_int_equal(pool_wrap(p, outside, sizeof(outside), 4096, wrap_release, &ctx, &w), 0);
+	assert_ptr_equal(w->data, outside);
+	assert_int_equal(w->len, sizeof(outside));
+	assert_int_equal(w->offset, 4096);
+	assert_true(w->flags & POOL_BUF_F_FOREIGN);
+	assert_int_equal(stats(p).blocks_in_use, 0); /* no block of ours */
+	assert_int_equal(pool_free(w), 0);
+	assert_int_equal(wrap_released, 1);
+	assert_int_equal(ctx, 1);
+	assert_ptr_equal(wrap_last, w);
+	assert_int_equal(pool_free(w), -EINVAL); /* double free refused, hook not rerun */
+	assert_int_equal(wrap_released, 1);
+	/* Until done, the handle is not reusable: 3 of 4 handles are left. */
+	for (i = 0; i < 3; i++)
+		assert_int_equal(pool_alloc(p, 64, &b[i]), 0);
+	assert_int_equal(pool_alloc(p, 64, &b[3]), -ENOMEM);
+	pool_wrap_done(w);
+	assert_int_equal(pool_alloc(p, 64, &b[3]), 0);
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pool_free(b[i]), 0);
+	/* A wrapped handle keeps the pool alive after its owner let go. */
+	assert_int_equal(pool_wrap(p, outside, 1, 0, wrap_release, &ctx, &w), 0);
+	assert_int_equal(pool_release_owner(p), 1); /* the wrapped handle */
+	assert_int_equal(pool_free(w), 0);
+	pool_wrap_done(w); /* the last reference: the pool goes (ASan checks) */
+	assert_int_equal(pool_wrap(NULL, outside, 1, 0, wrap_release, &ctx, &w), -EINVAL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1046,6 +1096,7 @@ int main(void)
 		T(test_refcount),
 		T(test_stats_fragmentation),
 		T(test_descriptor_exhaustion),
+		T(test_wrap_foreign),
 	};
 
 	return cmocka_run_group_tests_name("pool", tests, NULL, NULL);

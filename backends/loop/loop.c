@@ -155,7 +155,7 @@ static struct loop_ep *dir_find_locked(const char *ns, const char *name)
 	return NULL;
 }
 
-static int loop_init(struct ferry_engine *e)
+static int loop_init(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *ep = aligned_alloc(CACHELINE, sizeof(*ep));
 
@@ -191,42 +191,45 @@ static int loop_init(struct ferry_engine *e)
 	ep->dir_next = dir_head;
 	dir_head = ep;
 	pthread_mutex_unlock(&dir_lock);
-	e->backend_data = ep;
+	b->data = ep;
 	return 0;
 }
 
-/* Resolve (or re-resolve after its engine went) a peer's endpoint. */
-static struct loop_ep *resolve(struct ferry_engine *e, struct ferry_peer *peer)
+static int loop_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
-	struct loop_ep *ep = peer->transport;
+	struct loop_ep *ep;
 
-	if (ep && !atomic_load_explicit(&ep->closed, memory_order_relaxed))
-		return ep;
-	if (ep) {
-		peer->transport = NULL;
-		ep_unref(ep);
-	}
+	(void)b;
 	pthread_mutex_lock(&dir_lock);
 	ep = dir_find_locked(e->ns, peer->name);
 	if (ep)
 		ep_ref(ep);
 	pthread_mutex_unlock(&dir_lock);
+	if (!ep)
+		return -EHOSTUNREACH;
 	peer->transport = ep;
-	return ep;
+	return 0;
 }
 
-static int loop_put(struct ferry_engine *e, struct op *op)
+static void loop_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
-	struct loop_ep *self = e->backend_data;
-	struct loop_ep *dst = resolve(e, op->peer);
+	(void)e;
+	(void)b;
+	if (peer->transport)
+		ep_unref(peer->transport);
+	peer->transport = NULL;
+}
+
+static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	struct loop_ep *self = b->data;
+	struct loop_ep *dst = op->peer->transport;
 	struct loop_msg *m;
 	int rc;
 
-	if (!dst) {
-		log_info("PUT %llx: no engine \"%s\" in namespace \"%s\"",
-			 (unsigned long long)op->user_data, op->peer->name, e->ns);
-		return -EHOSTUNREACH;
-	}
+	if (atomic_load_explicit(&dst->closed, memory_order_relaxed))
+		return -EHOSTUNREACH; /* its engine went: the reactor asks again */
+	(void)e;
 	m = self->free_msgs; /* never empty: one message per op */
 	self->free_msgs = m->free_next;
 	m->kind = MSG_PUT;
@@ -251,7 +254,7 @@ static int loop_put(struct ferry_engine *e, struct op *op)
 }
 
 /* A message of another engine asks us to take a PUT. */
-static void take_put(struct ferry_engine *e, struct loop_msg *m)
+static void take_put(struct ferry_engine *e, struct loop_ep *self, struct loop_msg *m)
 {
 	char fullkey[FULLKEY_MAX];
 	int n = keytable_compose(fullkey, m->key, m->key_len, m->home->name, e->name);
@@ -262,7 +265,7 @@ static void take_put(struct ferry_engine *e, struct loop_msg *m)
 	m->buf = NULL;
 	m->res = rc;
 	m->kind = MSG_RESULT;
-	if (m->home == e->backend_data) {
+	if (m->home == self) {
 		/* A PUT to ourselves: the result is already home. */
 		inbox_push(m->home, m);
 		return;
@@ -271,47 +274,39 @@ static void take_put(struct ferry_engine *e, struct loop_msg *m)
 		ep_unref(m->home); /* home is gone: drop the message */
 }
 
-static void take_result(struct ferry_engine *e, struct loop_msg *m)
+static void take_result(struct ferry_engine *e, struct loop_ep *self, struct loop_msg *m)
 {
-	struct loop_ep *self = e->backend_data;
-
 	reactor_put_done(e, m->op, m->gen, m->res);
 	m->free_next = self->free_msgs;
 	self->free_msgs = m;
 	ep_unref(self);
 }
 
-static int loop_progress(struct ferry_engine *e)
+static int loop_progress(struct ferry_engine *e, struct backend *b)
 {
-	struct loop_ep *self = e->backend_data;
+	struct loop_ep *self = b->data;
 	struct loop_msg *m;
 	int n = 0;
 
 	while (n < 1024 && (m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT)
-			take_put(e, m);
+			take_put(e, self, m);
 		else
-			take_result(e, m);
+			take_result(e, self, m);
 		n++;
 	}
 	return n;
 }
 
-static bool loop_has_work(struct ferry_engine *e)
+static bool loop_has_work(struct ferry_engine *e, struct backend *b)
 {
-	return inbox_nonempty(e->backend_data);
-}
-
-static void loop_forget(struct ferry_engine *e, struct op *op)
-{
-	/* The op's generation moves on; its result, if it comes, is ignored. */
 	(void)e;
-	(void)op;
+	return inbox_nonempty(b->data);
 }
 
-static void loop_fini(struct ferry_engine *e)
+static void loop_fini(struct ferry_engine *e, struct backend *b)
 {
-	struct loop_ep *self = e->backend_data;
+	struct loop_ep *self = b->data;
 	struct loop_msg *m;
 
 	if (!self)
@@ -341,12 +336,12 @@ static void loop_fini(struct ferry_engine *e)
 		}
 	}
 	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		if (p->transport) {
-			ep_unref(p->transport);
-			p->transport = NULL;
+		if (p->backend == b) {
+			loop_unresolve(e, b, p);
+			p->backend = NULL;
 		}
 	}
-	e->backend_data = NULL;
+	b->data = NULL;
 	ep_unref(self);
 }
 
@@ -354,8 +349,10 @@ const struct backend_ops ferry__loop_backend = {
 	.name = "loop",
 	.init = loop_init,
 	.fini = loop_fini,
+	.resolve = loop_resolve,
+	.unresolve = loop_unresolve,
 	.put = loop_put,
 	.progress = loop_progress,
 	.has_work = loop_has_work,
-	.forget = loop_forget,
+	/* forget: nothing to do, a late result fails its generation check */
 };
