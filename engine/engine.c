@@ -95,6 +95,8 @@ static int take_params(const struct ferry_engine_params *in, struct ferry_engine
 		p->cq_entries = 4096;
 	if (!p->max_keys)
 		p->max_keys = 16384;
+	if (!p->max_bufs)
+		p->max_bufs = 65536;
 	if (p->max_ops > (1u << 20) || p->sq_entries > (1u << 16) || p->cq_entries > (1u << 24) ||
 	    p->max_keys > (1u << 24)) {
 		log_error("ferry_engine_create: a table size is out of range (max_ops <= 2^20, "
@@ -181,6 +183,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	e->sq_entries = p.sq_entries;
 	e->max_ops = p.max_ops;
 	e->max_keys = p.max_keys;
+	e->max_bufs = p.max_bufs;
 	e->created_ns = ferry__now_ns();
 	e->doorbell_fd = -1;
 	e->ring.ring_fd = -1;
@@ -193,7 +196,8 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	if ((rc = pool_create(&pp, &e->pool)) ||
 	    (rc = cq_init(e, &e->default_cq, p.cq_entries, true)) ||
 	    (rc = reactor_init(e)) ||
-	    (rc = add_backend(e, &ferry__loop_backend)))
+	    (rc = add_backend(e, &ferry__loop_backend)) ||
+	    (rc = add_backend(e, &ferry__shm_backend)))
 		goto fail;
 	if (e->mode == FERRY_PROGRESS_THREAD) {
 		atomic_store(&e->progress_busy, 1); /* the thread owns progress */

@@ -278,8 +278,6 @@ struct backend_ops {
 	/* A completion of the engine's io_uring tagged for this backend. */
 	void (*on_cqe)(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
 		       uint32_t flags);
-	/* Can this backend ship this pool buffer without a copy? */
-	bool (*zero_copy_ok)(struct ferry_engine *e, struct backend *b, struct ferry_buf *buf);
 };
 
 struct backend {
@@ -306,6 +304,7 @@ struct wake_page {
 };
 
 extern const struct backend_ops ferry__loop_backend;
+extern const struct backend_ops ferry__shm_backend;
 
 /*
  * A PUT arrived for this engine: fullkey, data in buf (ownership moves to
@@ -313,6 +312,8 @@ extern const struct backend_ops ferry__loop_backend;
  */
 int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
 		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
+/* Drop the transport state of a peer (so the next PUT resolves it again). */
+void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
 /* The transport finished a PUT (res 0 or negative errno). */
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
 /* Ring the engine's doorbell if its progress side sleeps. Any thread. */
@@ -357,6 +358,7 @@ struct ferry_engine {
 	struct op *ops;
 	uint32_t max_ops;
 	uint32_t max_keys;
+	uint32_t max_bufs;
 	struct op *free_ops;
 	uint32_t ops_in_use;
 	struct timer_heap timers;

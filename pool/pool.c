@@ -989,6 +989,12 @@ int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offse
 	return 0;
 }
 
+void pool_wrap_cancel(struct ferry_buf *buf)
+{
+	atomic_store_explicit(&buf->state, POOL_BUF_FREE, memory_order_release);
+	pool_wrap_done(buf);
+}
+
 void pool_wrap_done(struct ferry_buf *buf)
 {
 	struct pool *p = buf->pool;

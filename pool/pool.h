@@ -84,6 +84,8 @@ struct ferry_buf {
 	uint32_t flags;         /* POOL_BUF_F_* */
 	pool_release_fn *release_fn; /* foreign handles: who takes the release */
 	void *release_ctx;
+	uint64_t remote_cookie;      /* foreign handles: the owner's name for it */
+	struct ferry_buf *_Atomic release_next; /* foreign handles: release queue link */
 };
 
 /* The handle names memory that is not this pool's (see pool_wrap). */
@@ -126,6 +128,8 @@ int pool_free(struct ferry_buf *buf);
 int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offset,
 	      pool_release_fn *fn, void *ctx, struct ferry_buf **out);
 void pool_wrap_done(struct ferry_buf *buf);
+/* Drop a live foreign handle without running its hook (nobody saw it). */
+void pool_wrap_cancel(struct ferry_buf *buf);
 
 /*
  * The lower level the handles sit on, exposed for transports that return

@@ -1,0 +1,1009 @@
+/*
+ * backends/shm/shm.c - the shared-memory transport: engines in different
+ * processes of one host.
+ *
+ * Owns: connections to peer engines found by name (shm_sock.c does the
+ * socket, the names and the hello), the descriptor rings in shared memory
+ * that carry PUTs and their results, the read-only mapping of each peer's
+ * pool, the accounting of blocks lent to peers, and what happens when a
+ * peer dies or misbehaves.
+ *
+ * Per connection, the connecting side creates one memfd holding two
+ * directions; each direction has a PUT ring (descriptors {key, offset, len})
+ * and a control ring (RESULT of a PUT, RELEASE of a block). The two rings
+ * are separate so that draining control never needs room anywhere: that is
+ * what rules out a deadlock when both sides push PUTs at each other.
+ *
+ * Data path: a PUT's data is always a block of the sender's pool (the
+ * reactor copied an iovec into one). The receiver wraps the block, read in
+ * place through its read-only mapping, into a foreign handle
+ * (pool_wrap) and hands it to its key table. The sender keeps the block
+ * "lent" until the receiver's RELEASE (when the application releases the
+ * buffer, or after a GET copied it out) or until the receiver dies.
+ *
+ * Sleep and wake: every ring entry is published with a release store of
+ * the tail; the producer then reads the consumer engine's `sleeping` word
+ * (its wake page, mapped from the peer) and writes its doorbell eventfd
+ * only if it sleeps. While both sides are busy, no syscall per message.
+ *
+ * Trust: everything read from shared memory is copied, then checked
+ * (indices, lengths, offsets against the mapped size, key termination); a
+ * peer that breaks a rule is disconnected. The peer's pool is mapped
+ * read-only, so nothing it sends can make us write into its memory.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "shm_sock.h"
+
+#define SHM_PUT_ENTRIES 1024u
+#define SHM_CTRL_ENTRIES 4096u
+#define SHM_MAX_CONNS 256u
+#define SHM_HANDSHAKE_MS 2000
+#define SHM_PER_ROUND 256
+
+enum { SHM_D_PUT = 1, SHM_C_RESULT = 2, SHM_C_RELEASE = 3 };
+
+struct shm_put_desc {
+	uint32_t type;
+	uint32_t flags;
+	uint64_t op_cookie;  /* the sender's op: index << 32 | generation */
+	uint64_t buf_cookie; /* the sender's handle index of the block */
+	uint64_t offset, len;
+	uint16_t key_len;
+	uint8_t pad[6];
+	char key[FERRY_KEY_MAX];
+	uint8_t resv[16];
+};
+
+struct shm_ctrl_desc {
+	uint32_t type;
+	int32_t res;
+	uint64_t op_cookie;
+	uint64_t buf_cookie;
+	uint64_t offset;
+};
+
+struct shm_ring_ctl {
+	_Atomic uint32_t head cacheline_aligned; /* consumer */
+	_Atomic uint32_t tail cacheline_aligned; /* producer */
+};
+
+/* One direction of a connection. */
+struct shm_dir {
+	struct shm_ring_ctl put;
+	struct shm_put_desc puts[SHM_PUT_ENTRIES];
+	struct shm_ring_ctl ctrl;
+	struct shm_ctrl_desc ctrls[SHM_CTRL_ENTRIES];
+};
+
+/* The shared memory of a connection: [0] connector -> acceptor, [1] back. */
+struct shm_rings {
+	struct shm_dir dir[2];
+};
+
+#define SHM_RINGS_BYTES ((sizeof(struct shm_rings) + 4095) & ~(size_t)4095)
+
+struct shm_state;
+
+struct shm_conn {
+	_Atomic int refs;    /* the table, each peer resolved to it, each wrapped block */
+	_Atomic int closed;  /* release hooks stop queueing */
+	_Atomic int users;   /* release hooks inside */
+	uint32_t id;
+	uint32_t gen;        /* tells its io_uring poll from a former one's */
+	bool dead;
+	bool poll_armed;
+	int sock;
+	struct shm_state *st;
+	char peer_name[FERRY_NAME_MAX];
+	struct shm_rings *rings;
+	struct shm_dir *tx, *rx;
+	const uint8_t *peer_pool;
+	uint64_t peer_pool_size;
+	int peer_doorbell;
+	struct wake_page *peer_wake;
+	struct op *pending_head, *pending_tail; /* PUTs waiting for ring room */
+	uint64_t puts_sent, puts_taken;
+};
+
+struct shm_state {
+	struct ferry_engine *engine;
+	struct shm_listener lis;
+	bool listen_armed;
+	uint32_t next_gen;
+	struct shm_conn *conns[SHM_MAX_CONNS];
+	struct ferry_buf **lent;  /* by handle index: blocks a peer holds */
+	uint16_t *lent_conn;      /* conn id + 1 */
+	uint32_t max_bufs;
+	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
+};
+
+/* ------------------------------------------------------------------ */
+/* Connections: lifetime                                               */
+/* ------------------------------------------------------------------ */
+
+static void conn_unref(struct shm_conn *c)
+{
+	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	if (c->rings)
+		munmap(c->rings, SHM_RINGS_BYTES);
+	if (c->peer_pool)
+		munmap((void *)c->peer_pool, c->peer_pool_size);
+	if (c->peer_wake)
+		munmap(c->peer_wake, 4096);
+	if (c->peer_doorbell >= 0)
+		close(c->peer_doorbell);
+	if (c->sock >= 0)
+		close(c->sock);
+	free(c);
+}
+
+static void wake_peer(struct shm_conn *c)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&c->peer_wake->sleeping, memory_order_relaxed) &&
+	    !atomic_exchange(&c->peer_wake->doorbell_rung, 1)) {
+		uint64_t one = 1;
+
+		if (write(c->peer_doorbell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			log_debug("shm: doorbell of %s: %s", c->peer_name, ferry_strerror(-errno));
+	}
+}
+
+static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+
+	if (!sqe) {
+		io_uring_submit(&e->ring);
+		sqe = io_uring_get_sqe(&e->ring);
+	}
+	if (!sqe) {
+		log_error("shm: io_uring full, cannot watch fd %d", fd);
+		return;
+	}
+	io_uring_prep_poll_add(sqe, fd, POLLIN | POLLRDHUP | POLLHUP | POLLERR);
+	io_uring_sqe_set_data64(sqe, backend_tag(b, cookie));
+	io_uring_submit(&e->ring); /* a busy reactor may not sleep for long */
+}
+
+/* ------------------------------------------------------------------ */
+/* Rings                                                               */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Room in a ring we produce into; -1 if the consumer's head is nonsense
+ * (a peer that writes garbage).
+ */
+static int64_t ring_room(struct shm_ring_ctl *r, uint32_t entries)
+{
+	uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
+	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+
+	if (tail - head > entries)
+		return -1;
+	return (int64_t)(entries - (tail - head));
+}
+
+/* Entries ready in a ring we consume; -1 if the producer's tail is nonsense. */
+static int64_t ring_ready(struct shm_ring_ctl *r, uint32_t entries)
+{
+	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+	uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
+
+	if (tail - head > entries)
+		return -1;
+	return (int64_t)(tail - head);
+}
+
+static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res);
+
+static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl_desc *d)
+{
+	struct shm_ring_ctl *r = &c->tx->ctrl;
+	int64_t room = ring_room(r, SHM_CTRL_ENTRIES);
+	uint32_t tail;
+
+	if (room < 0) {
+		conn_fail(e, c, "control ring head out of range", -ECONNRESET);
+		return false;
+	}
+	if (room == 0)
+		return false;
+	tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+	c->tx->ctrls[tail % SHM_CTRL_ENTRIES] = *d;
+	atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
+	wake_peer(c);
+	return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sending PUTs                                                        */
+/* ------------------------------------------------------------------ */
+
+static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
+{
+	struct shm_state *st = c->st;
+	struct shm_ring_ctl *r = &c->tx->put;
+	int64_t room = ring_room(r, SHM_PUT_ENTRIES);
+	struct shm_put_desc *d;
+	struct ferry_buf *buf = op->buf;
+	uint32_t tail;
+
+	if (room < 0) {
+		conn_fail(e, c, "PUT ring head out of range", -ECONNRESET);
+		return false;
+	}
+	if (room == 0)
+		return false;
+	tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+	d = &c->tx->puts[tail % SHM_PUT_ENTRIES];
+	d->type = SHM_D_PUT;
+	d->flags = op->flags & FERRY_SQE_REPLACE;
+	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
+	d->buf_cookie = buf->index;
+	d->offset = buf->offset;
+	d->len = op->len;
+	d->key_len = op->key_len;
+	memcpy(d->key, op->key, op->key_len + 1u);
+	atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
+	/* The block is lent until the peer's RESULT (error) or RELEASE. */
+	st->lent[buf->index] = buf;
+	st->lent_conn[buf->index] = (uint16_t)(c->id + 1);
+	op->buf = NULL;
+	c->puts_sent++;
+	wake_peer(c);
+	return true;
+}
+
+static void pending_unlink(struct shm_conn *c, struct op *op)
+{
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		c->pending_head = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	else
+		c->pending_tail = op->prev;
+	op->next = op->prev = NULL;
+}
+
+static int flush_pending(struct ferry_engine *e, struct shm_conn *c)
+{
+	int n = 0;
+
+	while (c->pending_head && !c->dead) {
+		struct op *op = c->pending_head;
+
+		if (!send_put(e, c, op))
+			break;
+		pending_unlink(c, op);
+		n++;
+	}
+	return n;
+}
+
+static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	struct shm_conn *c = op->peer->transport;
+
+	(void)b;
+	if (c->dead)
+		return -ECONNRESET;
+	if (op->buf->pool != e->pool) {
+		/* Another engine's block (same process): the peer maps only ours. */
+		struct ferry_buf *own;
+		int rc = pool_alloc(e->pool, op->len, &own);
+
+		if (rc)
+			return rc;
+		memcpy(own->data, op->buf->data, op->len);
+		pool_free(op->buf);
+		op->buf = own;
+	}
+	if (!c->pending_head && send_put(e, c, op))
+		return 0;
+	if (c->dead)
+		return -ECONNRESET;
+	/* No room: wait in order behind the others. */
+	op->next = NULL;
+	op->prev = c->pending_tail;
+	if (c->pending_tail)
+		c->pending_tail->next = op;
+	else
+		c->pending_head = op;
+	c->pending_tail = op;
+	return 0;
+}
+
+static void shm_forget(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	struct shm_conn *c = op->peer->transport;
+
+	(void)e;
+	(void)b;
+	/* Still waiting for ring room: it never left. */
+	if (c && op->buf && (op->prev || op->next || c->pending_head == op))
+		pending_unlink(c, op);
+}
+
+/* ------------------------------------------------------------------ */
+/* Releases of foreign blocks (any thread)                             */
+/* ------------------------------------------------------------------ */
+
+static void release_hook(struct ferry_buf *buf, void *ctx)
+{
+	struct shm_conn *c = ctx;
+	struct shm_state *st;
+
+	atomic_fetch_add(&c->users, 1);
+	if (atomic_load(&c->closed)) {
+		atomic_fetch_sub(&c->users, 1);
+		pool_wrap_done(buf);
+		conn_unref(c);
+		return;
+	}
+	st = c->st;
+	struct ferry_buf *head = atomic_load_explicit(&st->releases, memory_order_relaxed);
+
+	do {
+		atomic_store_explicit(&buf->release_next, head, memory_order_relaxed);
+	} while (!atomic_compare_exchange_weak_explicit(&st->releases, &head, buf,
+							memory_order_release,
+							memory_order_relaxed));
+	reactor_wake(st->engine);
+	atomic_fetch_sub(&c->users, 1);
+}
+
+static int flush_releases(struct ferry_engine *e, struct shm_state *st)
+{
+	struct ferry_buf *list = atomic_exchange_explicit(&st->releases, NULL, memory_order_acquire);
+	int n = 0;
+
+	while (list) {
+		struct ferry_buf *buf = list;
+		struct shm_conn *c = buf->release_ctx;
+		struct shm_ctrl_desc d = { .type = SHM_C_RELEASE, .buf_cookie = buf->remote_cookie,
+					   .offset = buf->offset };
+
+		list = atomic_load_explicit(&buf->release_next, memory_order_relaxed);
+		if (!c->dead && !send_ctrl(e, c, &d) && !c->dead) {
+			/* No room yet: put it back for the next round. */
+			struct ferry_buf *head = atomic_load(&st->releases);
+
+			do {
+				atomic_store(&buf->release_next, head);
+			} while (!atomic_compare_exchange_weak(&st->releases, &head, buf));
+			continue;
+		}
+		pool_wrap_done(buf);
+		conn_unref(c);
+		n++;
+	}
+	return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Receiving                                                           */
+/* ------------------------------------------------------------------ */
+
+static void free_lent(struct shm_state *st, uint64_t idx)
+{
+	struct ferry_buf *buf = st->lent[idx];
+
+	st->lent[idx] = NULL;
+	st->lent_conn[idx] = 0;
+	pool_free(buf);
+}
+
+static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl_desc *d)
+{
+	struct shm_state *st = c->st;
+	uint64_t idx = d->buf_cookie;
+	bool lent_here = idx < st->max_bufs && st->lent_conn[idx] == c->id + 1 &&
+			 st->lent[idx] && st->lent[idx]->offset == d->offset;
+
+	switch (d->type) {
+	case SHM_C_RESULT: {
+		uint64_t oi = d->op_cookie >> 32;
+
+		if (!lent_here || d->res > 0 || d->res < -4095)
+			return false;
+		if (d->res < 0)
+			free_lent(st, idx); /* refused: the block is ours again */
+		c->puts_taken++;
+		if (oi < e->max_ops)
+			reactor_put_done(e, &e->ops[oi], (uint32_t)d->op_cookie, d->res);
+		return true;
+	}
+	case SHM_C_RELEASE:
+		if (!lent_here)
+			return false;
+		free_lent(st, idx);
+		return true;
+	default:
+		return false;
+	}
+}
+
+static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct shm_put_desc *d)
+{
+	struct shm_ctrl_desc res = { .type = SHM_C_RESULT, .op_cookie = d->op_cookie,
+				     .buf_cookie = d->buf_cookie, .offset = d->offset };
+	char fullkey[FULLKEY_MAX];
+	struct ferry_buf *buf;
+	int n, rc;
+
+	if (d->type != SHM_D_PUT || d->key_len == 0 || d->key_len >= FERRY_KEY_MAX ||
+	    strnlen(d->key, FERRY_KEY_MAX) != d->key_len || (d->flags & ~FERRY_SQE_REPLACE) ||
+	    d->offset > c->peer_pool_size || d->len > c->peer_pool_size - d->offset)
+		return false;
+	n = keytable_compose(fullkey, d->key, d->key_len, c->peer_name, e->name);
+	rc = n < 0 ? n : pool_wrap(e->pool, (void *)(c->peer_pool + d->offset), d->len, d->offset,
+				   release_hook, c, &buf);
+	if (rc == 0) {
+		buf->remote_cookie = d->buf_cookie;
+		atomic_fetch_add(&c->refs, 1); /* the mapping lives while the block does */
+		rc = reactor_deliver(e, NULL, fullkey, (size_t)n, buf, d->len, d->flags);
+		if (rc) {
+			pool_wrap_cancel(buf);
+			conn_unref(c);
+		}
+	}
+	res.res = rc;
+	send_ctrl(e, c, &res); /* room was checked by the caller */
+	return true;
+}
+
+static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
+{
+	int64_t ready;
+	int n = 0;
+
+	/* Control first: it never needs room anywhere. */
+	ready = ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES);
+	if (ready < 0) {
+		conn_fail(e, c, "control ring tail out of range", -ECONNRESET);
+		return 1;
+	}
+	for (int64_t i = 0; i < ready && i < SHM_PER_ROUND; i++) {
+		uint32_t head = atomic_load_explicit(&c->rx->ctrl.head, memory_order_relaxed);
+		struct shm_ctrl_desc d = c->rx->ctrls[head % SHM_CTRL_ENTRIES];
+
+		atomic_store_explicit(&c->rx->ctrl.head, head + 1, memory_order_release);
+		if (!take_ctrl(e, c, &d)) {
+			conn_fail(e, c, "malformed control descriptor", -ECONNRESET);
+			return n + 1;
+		}
+		n++;
+	}
+	ready = ring_ready(&c->rx->put, SHM_PUT_ENTRIES);
+	if (ready < 0) {
+		conn_fail(e, c, "PUT ring tail out of range", -ECONNRESET);
+		return n + 1;
+	}
+	for (int64_t i = 0; i < ready && i < SHM_PER_ROUND; i++) {
+		uint32_t head = atomic_load_explicit(&c->rx->put.head, memory_order_relaxed);
+		struct shm_put_desc d;
+		int64_t room = ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES);
+
+		if (room <= 0) {
+			if (room < 0)
+				conn_fail(e, c, "control ring head out of range", -ECONNRESET);
+			break; /* its RESULT needs room: later */
+		}
+		d = c->rx->puts[head % SHM_PUT_ENTRIES];
+		atomic_store_explicit(&c->rx->put.head, head + 1, memory_order_release);
+		if (!take_put(e, c, &d)) {
+			conn_fail(e, c, "malformed PUT descriptor", -ECONNRESET);
+			return n + 1;
+		}
+		n++;
+	}
+	if (n)
+		wake_peer(c); /* it may wait for the room we just made */
+	n += flush_pending(e, c);
+	return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Faults                                                              */
+/* ------------------------------------------------------------------ */
+
+static bool other_live_conn(struct shm_state *st, struct shm_conn *c)
+{
+	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
+		struct shm_conn *o = st->conns[i];
+
+		if (o && o != c && !o->dead && strcmp(o->peer_name, c->peer_name) == 0)
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The peer is gone (or broke the protocol): its ops fail, the blocks it
+ * held come back, GETs waiting on it give up. Blocks it lent us stay
+ * mapped until the application releases them.
+ */
+static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res)
+{
+	struct shm_state *st = c->st;
+	bool others;
+
+	if (c->dead)
+		return;
+	c->dead = true;
+	if (why)
+		log_warn("shm: engine %s: disconnecting %s: %s", e->name, c->peer_name, why);
+	while (c->pending_head) {
+		struct op *op = c->pending_head;
+
+		pending_unlink(c, op);
+		op->state = OP_FREE;
+		op_complete(e, op, res, 0, NULL);
+	}
+	others = other_live_conn(st, c);
+	for (uint32_t i = 0; i < e->max_ops; i++) {
+		struct op *op = &e->ops[i];
+
+		if (op->state == OP_AWAY && op->peer && op->peer->transport == c) {
+			op->state = OP_FREE;
+			op_complete(e, op, res, 0, NULL);
+		} else if (op->state == OP_PARKED && !others && op->peer &&
+			   strcmp(op->peer->name, c->peer_name) == 0) {
+			op_complete(e, op, res, 0, NULL);
+		}
+	}
+	for (uint32_t i = 0; i < st->max_bufs; i++)
+		if (st->lent_conn[i] == c->id + 1)
+			free_lent(st, i);
+	atomic_store(&c->closed, 1);
+	while (atomic_load(&c->users))
+		cpu_relax();
+	/* The table keeps its reference until conn_reap: callers still use c. */
+}
+
+static void conn_reap(struct shm_state *st, struct shm_conn *c)
+{
+	st->conns[c->id] = NULL;
+	conn_unref(c); /* the table's reference */
+}
+
+/* ------------------------------------------------------------------ */
+/* Connection setup                                                    */
+/* ------------------------------------------------------------------ */
+
+static int fd_size(int fd, uint64_t *size)
+{
+	struct stat sb;
+
+	if (fstat(fd, &sb) < 0)
+		return -errno;
+	*size = (uint64_t)sb.st_size;
+	return 0;
+}
+
+static void fill_hello(struct ferry_engine *e, struct shm_hello *h)
+{
+	memset(h, 0, sizeof(*h));
+	snprintf(h->ns, sizeof(h->ns), "%s", e->ns);
+	snprintf(h->name, sizeof(h->name), "%s", e->name);
+	h->pool_size = pool_size(e->pool);
+	h->ring_entries = SHM_PUT_ENTRIES;
+	h->ring_bytes = (uint32_t)SHM_RINGS_BYTES;
+}
+
+/*
+ * Build a connection from a hello and its fds: [pool, doorbell, wake] and,
+ * from the connector, [rings]. Takes ownership of sock and every fd.
+ */
+static int conn_create(struct ferry_engine *e, struct backend *b, int sock,
+		       const struct shm_hello *h, int *fds, unsigned nfds, struct shm_rings *rings,
+		       bool connector, struct shm_conn **out)
+{
+	struct shm_state *st = b->data;
+	struct shm_conn *c = NULL;
+	uint64_t sz;
+	uint32_t slot;
+	int rc = -EPROTO;
+
+	for (slot = 0; slot < SHM_MAX_CONNS && st->conns[slot]; slot++)
+		;
+	if (slot == SHM_MAX_CONNS) {
+		log_error("shm: engine %s: more than %u connections", e->name, SHM_MAX_CONNS);
+		rc = -EMFILE;
+		goto fail;
+	}
+	if (strcmp(h->ns, e->ns) != 0 || h->ring_entries != SHM_PUT_ENTRIES ||
+	    h->ring_bytes != SHM_RINGS_BYTES || nfds != (connector ? 3u : 4u)) {
+		log_error("shm: engine %s: hello from %s does not match (namespace %s, ring %u/%u, "
+			  "%u fds)", e->name, h->name, h->ns, h->ring_entries, h->ring_bytes, nfds);
+		goto fail;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	atomic_init(&c->refs, 1);
+	c->id = slot;
+	c->st = st;
+	c->sock = sock;
+	c->peer_doorbell = fds[1];
+	fds[1] = -1;
+	snprintf(c->peer_name, sizeof(c->peer_name), "%s", h->name);
+	if ((rc = fd_size(fds[0], &sz)) || sz < h->pool_size || h->pool_size == 0) {
+		log_error("shm: pool of %s: %llu bytes, announced %llu", h->name,
+			  (unsigned long long)sz, (unsigned long long)h->pool_size);
+		rc = -EPROTO;
+		goto fail_conn;
+	}
+	c->peer_pool_size = h->pool_size;
+	c->peer_pool = mmap(NULL, h->pool_size, PROT_READ, MAP_SHARED, fds[0], 0);
+	if (c->peer_pool == MAP_FAILED) {
+		c->peer_pool = NULL;
+		rc = -errno;
+		goto fail_conn;
+	}
+	if ((rc = fd_size(fds[2], &sz)) || sz < 4096) {
+		rc = -EPROTO;
+		goto fail_conn;
+	}
+	c->peer_wake = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[2], 0);
+	if (c->peer_wake == MAP_FAILED) {
+		c->peer_wake = NULL;
+		rc = -errno;
+		goto fail_conn;
+	}
+	if (!connector) {
+		if ((rc = fd_size(fds[3], &sz)) || sz != SHM_RINGS_BYTES) {
+			rc = -EPROTO;
+			goto fail_conn;
+		}
+		rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[3], 0);
+		if (rings == MAP_FAILED) {
+			rc = -errno;
+			goto fail_conn;
+		}
+	}
+	c->rings = rings;
+	c->tx = &rings->dir[connector ? 0 : 1];
+	c->rx = &rings->dir[connector ? 1 : 0];
+	for (unsigned i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	c->gen = ++st->next_gen;
+	st->conns[slot] = c;
+	arm_poll(e, b, sock, ((uint64_t)c->gen << 16) | (slot + 1));
+	log_debug("shm: engine %s connected to %s (%s)", e->name, c->peer_name,
+		  connector ? "we called" : "it called");
+	*out = c;
+	return 0;
+fail_conn:
+	c->sock = -1;
+	conn_unref(c);
+	rings = connector ? rings : NULL;
+fail:
+	if (connector && rings)
+		munmap(rings, SHM_RINGS_BYTES);
+	for (unsigned i = 0; i < nfds; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	close(sock);
+	return rc;
+}
+
+/* Someone calls us: take its hello, answer with ours. */
+static void accept_one(struct ferry_engine *e, struct backend *b, int fd)
+{
+	struct shm_hello h;
+	int fds[SHM_MAX_FDS], ours[3] = { pool_fd(e->pool), e->doorbell_fd, e->wake_fd };
+	unsigned nfds = SHM_MAX_FDS;
+	struct shm_conn *c;
+	int rc;
+
+	rc = shm_sock_recv_hello(fd, &h, fds, &nfds, SHM_HANDSHAKE_MS);
+	if (rc) {
+		log_warn("shm: engine %s: refused a caller: %s", e->name, ferry_strerror(rc));
+		close(fd);
+		return;
+	}
+	{
+		struct shm_hello me;
+
+		fill_hello(e, &me);
+		rc = shm_sock_send_hello(fd, &me, ours, 3);
+	}
+	if (rc) {
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		close(fd);
+		return;
+	}
+	conn_create(e, b, fd, &h, fds, nfds, NULL, false, &c);
+}
+
+static void accept_all(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+
+	for (;;) {
+		int fd = shm_sock_accept(st->lis.fd);
+
+		if (fd == -EAGAIN)
+			break;
+		if (fd < 0) {
+			if (fd == -EPERM)
+				continue;
+			break;
+		}
+		accept_one(e, b, fd);
+	}
+}
+
+/* We call the peer: hello with our fds and the rings, then wait for its. */
+static int connect_peer(struct ferry_engine *e, struct backend *b, const char *name,
+			struct shm_conn **out)
+{
+	struct shm_state *st = b->data;
+	struct shm_hello me, h;
+	struct shm_rings *rings;
+	int fds[SHM_MAX_FDS], ringfd, sock, rc, ours[4];
+	unsigned nfds = SHM_MAX_FDS;
+	uint64_t deadline;
+
+	sock = shm_sock_connect_timeout(e->ns, name, SHM_HANDSHAKE_MS);
+	if (sock < 0)
+		return sock == -EPERM ? -EPERM : -EHOSTUNREACH;
+	ringfd = memfd_create("ferry-shm-rings", MFD_CLOEXEC);
+	if (ringfd < 0 || ftruncate(ringfd, (off_t)SHM_RINGS_BYTES) < 0) {
+		rc = -errno;
+		if (ringfd >= 0)
+			close(ringfd);
+		close(sock);
+		return rc;
+	}
+	rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ringfd, 0);
+	if (rings == MAP_FAILED) {
+		rc = -errno;
+		close(ringfd);
+		close(sock);
+		return rc;
+	}
+	fill_hello(e, &me);
+	ours[0] = pool_fd(e->pool);
+	ours[1] = e->doorbell_fd;
+	ours[2] = e->wake_fd;
+	ours[3] = ringfd;
+	rc = shm_sock_send_hello(sock, &me, ours, 4);
+	close(ringfd);
+	if (rc)
+		goto fail;
+	/*
+	 * Wait for the answer, answering callers meanwhile: two engines that
+	 * call each other at once must not wait on each other.
+	 */
+	deadline = ferry__now_ns() + SHM_HANDSHAKE_MS * 1000000ull;
+	for (;;) {
+		struct pollfd p[2] = { { .fd = sock, .events = POLLIN },
+				       { .fd = st->lis.fd, .events = POLLIN } };
+		uint64_t now = ferry__now_ns();
+
+		if (now >= deadline) {
+			rc = -ETIMEDOUT;
+			goto fail;
+		}
+		if (poll(p, 2, (int)((deadline - now) / 1000000) + 1) < 0 && errno != EINTR) {
+			rc = -errno;
+			goto fail;
+		}
+		if (p[1].revents & POLLIN)
+			accept_all(e, b);
+		if (p[0].revents)
+			break;
+	}
+	rc = shm_sock_recv_hello(sock, &h, fds, &nfds, 0);
+	if (rc)
+		goto fail;
+	if (strcmp(h.name, name) != 0) {
+		log_error("shm: called %s, %s answered", name, h.name);
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		rc = -EPROTO;
+		goto fail;
+	}
+	return conn_create(e, b, sock, &h, fds, nfds, rings, true, out);
+fail:
+	log_info("shm: engine %s: handshake with %s: %s", e->name, name, ferry_strerror(rc));
+	munmap(rings, SHM_RINGS_BYTES);
+	close(sock);
+	return rc == -EPERM ? rc : -EHOSTUNREACH;
+}
+
+/* ------------------------------------------------------------------ */
+/* The backend                                                         */
+/* ------------------------------------------------------------------ */
+
+static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	struct shm_state *st = b->data;
+	struct shm_conn *c = NULL;
+
+	for (uint32_t i = 0; i < SHM_MAX_CONNS && !c; i++) {
+		struct shm_conn *o = st->conns[i];
+
+		if (o && !o->dead && strcmp(o->peer_name, peer->name) == 0)
+			c = o;
+	}
+	if (!c && connect_peer(e, b, peer->name, &c) != 0)
+		return -EHOSTUNREACH;
+	atomic_fetch_add(&c->refs, 1);
+	peer->transport = c;
+	return 0;
+}
+
+static void shm_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	(void)e;
+	(void)b;
+	if (peer->transport)
+		conn_unref(peer->transport);
+	peer->transport = NULL;
+}
+
+static int shm_progress(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+	int n = 0;
+
+	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
+		n += flush_releases(e, st);
+	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
+		struct shm_conn *c = st->conns[i];
+
+		if (!c)
+			continue;
+		if (!c->dead)
+			n += conn_progress(e, c);
+		if (c->dead)
+			conn_reap(st, c);
+	}
+	return n;
+}
+
+static bool shm_has_work(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+
+	(void)e;
+	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
+		return true;
+	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
+		struct shm_conn *c = st->conns[i];
+
+		if (!c)
+			continue;
+		if (c->dead)
+			return true; /* to be reaped */
+		if (ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES) != 0 ||
+		    ring_ready(&c->rx->put, SHM_PUT_ENTRIES) != 0)
+			return true;
+		if (c->pending_head && ring_room(&c->tx->put, SHM_PUT_ENTRIES) != 0)
+			return true;
+	}
+	return false;
+}
+
+static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
+		       uint32_t flags)
+{
+	struct shm_state *st = b->data;
+
+	(void)flags;
+	if (cookie == 0) {
+		if (!st->lis.live || res < 0)
+			return;
+		accept_all(e, b);
+		arm_poll(e, b, st->lis.fd, 0);
+		return;
+	}
+	{
+		uint64_t slot = (cookie & 0xffff) - 1;
+		struct shm_conn *c = slot < SHM_MAX_CONNS ? st->conns[slot] : NULL;
+
+		if (!c || c->gen != (cookie >> 16))
+			return; /* a connection already gone */
+		/* After the hello, the socket only speaks by hanging up. */
+		if (res < 0)
+			conn_fail(e, c, ferry_strerror(res), -ECONNRESET);
+		else
+			conn_fail(e, c, (res & (POLLHUP | POLLRDHUP | POLLERR)) ? "it went away"
+										: "unexpected data on its socket",
+				  -ECONNRESET);
+		conn_reap(st, c);
+	}
+}
+
+static int shm_init(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = calloc(1, sizeof(*st));
+	int rc;
+
+	if (!st)
+		return -ENOMEM;
+	st->engine = e;
+	st->max_bufs = e->max_bufs;
+	st->lent = calloc(st->max_bufs, sizeof(*st->lent));
+	st->lent_conn = calloc(st->max_bufs, sizeof(*st->lent_conn));
+	if (!st->lent || !st->lent_conn) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	shm_sock_sweep(e->ns); /* leftovers of crashed engines */
+	rc = shm_sock_listen(e->ns, e->name, &st->lis);
+	if (rc < 0)
+		goto fail;
+	b->data = st;
+	arm_poll(e, b, st->lis.fd, 0);
+	return 0;
+fail:
+	free(st->lent);
+	free(st->lent_conn);
+	free(st);
+	return rc;
+}
+
+static void shm_fini(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+
+	if (!st)
+		return;
+	shm_sock_unlisten(&st->lis);
+	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
+		if (st->conns[i]) {
+			conn_fail(e, st->conns[i], NULL, -ECANCELED);
+			conn_reap(st, st->conns[i]);
+		}
+	}
+	/* Releases queued before the connections closed. */
+	for (struct ferry_buf *buf = atomic_exchange(&st->releases, NULL), *next; buf; buf = next) {
+		next = atomic_load(&buf->release_next);
+		pool_wrap_done(buf);
+		conn_unref(buf->release_ctx);
+	}
+	for (struct ferry_peer *p = e->peers; p; p = p->next) {
+		if (p->backend == b) {
+			shm_unresolve(e, b, p);
+			p->backend = NULL;
+		}
+	}
+	free(st->lent);
+	free(st->lent_conn);
+	free(st);
+	b->data = NULL;
+}
+
+const struct backend_ops ferry__shm_backend = {
+	.name = "shm",
+	.init = shm_init,
+	.fini = shm_fini,
+	.resolve = shm_resolve,
+	.unresolve = shm_unresolve,
+	.put = shm_put,
+	.progress = shm_progress,
+	.has_work = shm_has_work,
+	.forget = shm_forget,
+	.on_cqe = shm_on_cqe,
+};
