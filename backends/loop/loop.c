@@ -65,6 +65,25 @@ struct loop_ep {
 /* The directory of live endpoints: the one piece of process-wide state. */
 static pthread_mutex_t dir_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct loop_ep *dir_head;
+static pthread_once_t dir_once = PTHREAD_ONCE_INIT;
+
+/*
+ * Engines do not survive fork(): the child has copies of its parent's
+ * engines without their threads. Forget them in the child, so its own
+ * engines never send to a ghost (the copies are unusable; they are left).
+ */
+static void dir_forget_after_fork(void)
+{
+	pthread_mutex_t fresh = PTHREAD_MUTEX_INITIALIZER;
+
+	dir_lock = fresh;
+	dir_head = NULL;
+}
+
+static void dir_setup(void)
+{
+	pthread_atfork(NULL, NULL, dir_forget_after_fork);
+}
 
 static void ep_ref(struct loop_ep *ep)
 {
@@ -179,6 +198,7 @@ static int loop_init(struct ferry_engine *e, struct backend *b)
 	ep->head = &ep->stub;
 	atomic_init(&ep->tail, &ep->stub);
 
+	pthread_once(&dir_once, dir_setup);
 	pthread_mutex_lock(&dir_lock);
 	if (dir_find_locked(e->ns, e->name)) {
 		pthread_mutex_unlock(&dir_lock);

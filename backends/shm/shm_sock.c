@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -42,7 +43,8 @@ _Static_assert(offsetof(struct shm_hello, pool_size) == 144, "shm_hello layout")
 _Static_assert(FERRY_NAME_MAX == 64, "the hello's layout assumes 64-byte names");
 
 #define HELLO_HEAD 8 /* magic, version, size: enough to tell who is talking */
-#define NAME_RETRIES 8
+/* Attempts when a name or directory changes hands under us, with backoff. */
+#define NAME_RETRIES 200
 
 int shm_name_valid(const char *s)
 {
@@ -135,32 +137,41 @@ static int open_dir(const char *path, int create)
 {
 	int created = 0, dfd, rc;
 
-	if (create) {
-		if (mkdir(path, 0700) == 0) {
-			created = 1;
-		} else if (errno != EEXIST) {
+	for (int tries = 0;; tries++) {
+		if (create) {
+			if (mkdir(path, 0700) == 0) {
+				created = 1;
+			} else if (errno != EEXIST) {
+				int e = errno;
+
+				log_error("shm: cannot create %s: %s", path, strerror(e));
+				return e == EACCES ? -EPERM : -e;
+			}
+		}
+		dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+		if (dfd >= 0)
+			break;
+		/* Removed (empty) by an unlisten or sweep between mkdir and open. */
+		if (errno == ENOENT && create && tries < NAME_RETRIES)
+			continue;
+		{
 			int e = errno;
 
-			log_error("shm: cannot create %s: %s", path, strerror(e));
-			return e == EACCES ? -EPERM : -e;
+			if (e == ENOENT && !create)
+				return -ENOENT;
+			if (e == ENOTDIR || e == ELOOP) {
+				log_error("shm: %s is not a directory (or is a symlink); refusing it",
+					  path);
+				return -EPERM;
+			}
+			if (e == EACCES || e == EPERM) {
+				log_error("shm: %s: permission denied (another user's directory?)",
+					  path);
+				return -EPERM;
+			}
+			log_error("shm: cannot open %s: %s", path, strerror(e));
+			return -e;
 		}
-	}
-	dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-	if (dfd < 0) {
-		int e = errno;
-
-		if (e == ENOENT && !create)
-			return -ENOENT;
-		if (e == ENOTDIR || e == ELOOP) {
-			log_error("shm: %s is not a directory (or is a symlink); refusing it", path);
-			return -EPERM;
-		}
-		if (e == EACCES || e == EPERM) {
-			log_error("shm: %s: permission denied (another user's directory?)", path);
-			return -EPERM;
-		}
-		log_error("shm: cannot open %s: %s", path, strerror(e));
-		return -e;
 	}
 	/* The umask may have taken bits from the owner: make it exactly 0700. */
 	if (created && fchmod(dfd, 0700) < 0) {
@@ -281,6 +292,18 @@ int shm_sock_path(const char *ns, const char *name, char *buf, size_t len)
 }
 
 /*
+ * 1 if fd is the file now at path (not removed or replaced meanwhile). While
+ * we hold fd its inode cannot be reused, so inode and device say it.
+ */
+static int same_file(int fd, const char *path)
+{
+	struct stat a, b;
+
+	return fstat(fd, &a) == 0 && lstat(path, &b) == 0 && a.st_ino == b.st_ino &&
+	       a.st_dev == b.st_dev;
+}
+
+/*
  * Open the namespace directory (creating both levels with create) and take
  * its flock. Returns the locked fd, -ENOENT when it is missing and !create,
  * -EAGAIN when it was removed while we waited for the lock (try again).
@@ -288,7 +311,6 @@ int shm_sock_path(const char *ns, const char *name, char *buf, size_t len)
 static int ns_lock(const char *ns, int create, char *nsdir, size_t len)
 {
 	char rt[PATH_MAX];
-	struct stat a, b;
 	int rc, dfd;
 
 	rc = shm_sock_runtime_dir(rt, sizeof(rt), create);
@@ -310,8 +332,7 @@ static int ns_lock(const char *ns, int create, char *nsdir, size_t len)
 		return -e;
 	}
 	/* Still the directory at that path (not removed while we waited)? */
-	if (fstat(dfd, &a) < 0 || lstat(nsdir, &b) < 0 || a.st_ino != b.st_ino ||
-	    a.st_dev != b.st_dev) {
+	if (!same_file(dfd, nsdir)) {
 		close(dfd);
 		return create ? -EAGAIN : -ENOENT;
 	}
@@ -332,7 +353,7 @@ static void ns_rmdir_locked(const char *nsdir)
  */
 static int take_name_lock(const char *lock_path)
 {
-	struct stat a, b;
+	struct stat a;
 	int fd = open(lock_path, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0600);
 
 	if (fd < 0) {
@@ -352,8 +373,7 @@ static int take_name_lock(const char *lock_path)
 		log_error("shm: cannot lock %s: %s", lock_path, strerror(e));
 		return -e;
 	}
-	if (fstat(fd, &a) < 0 || lstat(lock_path, &b) < 0 || a.st_ino != b.st_ino ||
-	    a.st_dev != b.st_dev) {
+	if (!same_file(fd, lock_path) || fstat(fd, &a) < 0) {
 		close(fd);
 		return -EAGAIN;
 	}
@@ -480,6 +500,18 @@ fail:
 	return rc;
 }
 
+/* Between attempts: yield first, then sleep a little longer each time. */
+static void backoff(int attempt)
+{
+	if (attempt < 4) {
+		sched_yield();
+	} else {
+		struct timespec ts = { 0, (attempt < 50 ? attempt : 50) * 20000L };
+
+		nanosleep(&ts, NULL);
+	}
+}
+
 int shm_sock_listen(const char *ns, const char *name, struct shm_listener *l)
 {
 	char nsdir[SHM_PATH_MAX];
@@ -501,6 +533,8 @@ int shm_sock_listen(const char *ns, const char *name, struct shm_listener *l)
 				  name, ns);
 			return -EBUSY;
 		}
+		if (attempt)
+			backoff(attempt);
 		dfd = ns_lock(ns, 1, nsdir, sizeof(nsdir));
 		if (dfd == -EAGAIN)
 			continue;
@@ -580,7 +614,12 @@ void shm_sock_unlisten(struct shm_listener *l)
 			do
 				rc = flock(dfd, LOCK_EX);
 			while (rc < 0 && errno == EINTR);
-			if (rc == 0)
+			/*
+			 * Only if the directory we locked is still the one at
+			 * that path: if it went and another took its place,
+			 * that one is someone else's (maybe mid-listen).
+			 */
+			if (rc == 0 && same_file(dfd, nsdir))
 				ns_rmdir_locked(nsdir);
 			close(dfd);
 		}
@@ -650,6 +689,8 @@ int shm_sock_sweep(const char *ns)
 	if (check_names("shm_sock_sweep", ns, NULL, 0) < 0)
 		return -EINVAL;
 	for (int attempt = 0;; attempt++) {
+		if (attempt)
+			backoff(attempt);
 		dfd = ns_lock(ns, 0, nsdir, sizeof(nsdir));
 		if (dfd == -ENOENT)
 			return 0;

@@ -109,8 +109,9 @@ int shm_sock_path(const char *ns, const char *name, char *buf, size_t len);
  * also in l->fd). Creates the directories as needed. A socket file left by
  * a crashed engine (its lock is not held) is removed. -EADDRINUSE (logged,
  * naming ns and name) if the name is live, -EINVAL for bad arguments,
- * -EPERM for an unsafe directory, -ENAMETOOLONG, or another negative errno
- * of the calls involved. On failure *l holds nothing.
+ * -EPERM for an unsafe directory, -ENAMETOOLONG, -EBUSY if the name or its
+ * directory kept changing hands under us (hundreds of times), or another
+ * negative errno of the calls involved. On failure *l holds nothing.
  */
 int shm_sock_listen(const char *ns, const char *name, struct shm_listener *l);
 
