@@ -610,6 +610,11 @@ invalid:
 	return true;
 }
 
+/*
+ * Take the entries of every ring. Each entry is copied out and its slot
+ * given back before the op runs, so that an application that sees a
+ * completion can always count on its entry's slot being free again.
+ */
 static int drain_sqs(struct ferry_engine *e)
 {
 	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
@@ -619,16 +624,20 @@ static int drain_sqs(struct ferry_engine *e)
 		struct ferry_sq *sq = e->sqs[i];
 		uint32_t tail = atomic_load_explicit(&sq->tail, memory_order_acquire);
 		uint32_t head = atomic_load_explicit(&sq->head, memory_order_relaxed);
-		uint32_t start = head;
 
 		while (head != tail) {
-			if (!dispatch(e, &sq->sqes[head & sq->mask]))
+			const struct ferry_sqe *slot = &sq->sqes[head & sq->mask];
+			struct ferry_sqe local;
+			size_t klen = slot->key_len < FERRY_KEY_MAX ? slot->key_len : 0;
+
+			if (unlikely(!e->free_ops))
 				break; /* no free op: leave the rest in the ring */
-			head++;
-		}
-		if (head != start) {
-			atomic_store_explicit(&sq->head, head, memory_order_release);
-			n += (int)(head - start);
+			memcpy(&local, slot, offsetof(struct ferry_sqe, key));
+			memcpy(local.key, slot->key, klen);
+			local.key[klen] = '\0';
+			atomic_store_explicit(&sq->head, ++head, memory_order_release);
+			dispatch(e, &local);
+			n++;
 		}
 	}
 	return n;

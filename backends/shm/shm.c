@@ -47,6 +47,12 @@
 #define SHM_CTRL_ENTRIES 4096u
 #define SHM_MAX_CONNS 256u
 #define SHM_HANDSHAKE_MS 2000
+/*
+ * How long the reactor waits for a caller's hello after accepting it. A
+ * caller sends it right after connecting, so it is normally there already;
+ * a silent caller costs the engine at most this once.
+ */
+#define SHM_ACCEPT_HELLO_MS 200
 #define SHM_PER_ROUND 256
 
 enum { SHM_D_PUT = 1, SHM_C_RESULT = 2, SHM_C_RELEASE = 3 };
@@ -713,7 +719,7 @@ static void accept_one(struct ferry_engine *e, struct backend *b, int fd)
 	struct shm_conn *c;
 	int rc;
 
-	rc = shm_sock_recv_hello(fd, &h, fds, &nfds, SHM_HANDSHAKE_MS);
+	rc = shm_sock_recv_hello(fd, &h, fds, &nfds, SHM_ACCEPT_HELLO_MS);
 	if (rc) {
 		log_warn("shm: engine %s: refused a caller: %s", e->name, ferry_strerror(rc));
 		close(fd);

@@ -1,0 +1,846 @@
+/*
+ * tests/test_shm.c - the shared-memory transport between real processes.
+ *
+ * Every test forks its peers (separate address spaces, separate engines
+ * found by name) inside a private runtime directory: order of many small
+ * messages, a large payload with a checksum, 3 producers -> 1 consumer and
+ * 1 -> 3, GET before PUT, deadlines, sender pool exhaustion, SIGKILL of
+ * either side in the middle, isolated namespaces, and no files left
+ * behind. Children report through their exit status; the parent asserts.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+
+static char rundir[256];
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-shm-XXXXXX");
+	if (!mkdtemp(rundir))
+		return -1;
+	setenv("FERRY_RUNTIME_DIR", rundir, 1);
+	ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
+	alarm(t_under_valgrind() ? 600 : 120);
+	return 0;
+}
+
+/* Count files under the runtime dir (recursively). */
+static int count_files(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		char path[512];
+		struct stat sb;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+		if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+			n += count_files(path);
+		else
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	alarm(0);
+	assert_int_equal(count_files(rundir), 0); /* nothing left behind */
+	rmdir(rundir);
+	return 0;
+}
+
+static struct ferry_engine *mk_big(const char *ns, const char *name, size_t pool,
+				   uint32_t max_keys, uint32_t max_bufs)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+	int rc;
+
+	p.name = name;
+	p.ns = ns;
+	p.pool_size = pool ? pool : (16u << 20);
+	p.max_keys = max_keys;
+	p.max_bufs = max_bufs;
+	rc = ferry_engine_create(&p, &e);
+	if (rc) {
+		fprintf(stderr, "engine %s/%s: %s\n", ns, name, ferry_strerror(rc));
+		return NULL;
+	}
+	return e;
+}
+
+static struct ferry_engine *mk(const char *ns, const char *name, size_t pool)
+{
+	return mk_big(ns, name, pool, 0, 0);
+}
+
+static uint64_t checksum(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t h = 1469598103934665603ull;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	return h;
+}
+
+/* Fork fn(arg) as a child process; returns its pid. */
+static pid_t spawn(int (*fn)(void *), void *arg)
+{
+	pid_t pid = fork();
+
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		alarm(t_under_valgrind() ? 600 : 100);
+		_exit(fn(arg));
+	}
+	return pid;
+}
+
+static int reap(pid_t pid)
+{
+	int st = 0;
+
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return WEXITSTATUS(st);
+}
+
+/* Wait for one CQE, up to timeout. Returns res, or -ETIME on no completion. */
+static int wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
+{
+	int rc = ferry_cq_wait(ferry_cq_default(e), c, 1, timeout);
+
+	return rc == 1 ? c->res : -ETIME;
+}
+
+/* A pipe to say "ready" across processes. */
+struct gate {
+	int fd[2];
+};
+
+static void gate_init(struct gate *g)
+{
+	assert_int_equal(pipe2(g->fd, O_NONBLOCK), 0);
+}
+
+static void gate_open(struct gate *g)
+{
+	char c = 1;
+
+	if (write(g->fd[1], &c, 1) != 1)
+		abort();
+}
+
+static int gate_wait(struct gate *g, int ms)
+{
+	struct timespec ts = { 0, 1000000 };
+	char c;
+
+	for (int i = 0; i < ms; i++) {
+		if (read(g->fd[0], &c, 1) == 1)
+			return 0;
+		nanosleep(&ts, NULL);
+	}
+	return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* A producer child: puts `count` keys k<first..> to `to`, windowed.    */
+/* ------------------------------------------------------------------ */
+
+struct producer {
+	const char *ns, *name, *to;
+	unsigned first, count, size;
+	struct gate *go; /* optional: wait for it before putting */
+	unsigned window;
+	uint32_t max_bufs; /* 0: default */
+};
+
+static int producer_main(void *arg)
+{
+	struct producer *p = arg;
+	struct ferry_engine *e = mk_big(p->ns, p->name, 0, 0, p->max_bufs);
+	struct ferry_peer *to;
+	struct ferry_sq *sq;
+	unsigned sent = 0, done = 0, window = p->window ? p->window : 256;
+	int rc = 0;
+
+	if (!e)
+		return 10;
+	if (p->go && gate_wait(p->go, 20000))
+		return 11;
+	ferry_peer_open(e, p->to, &to);
+	ferry_sq_get(e, &sq);
+	while (done < p->count) {
+		struct ferry_sqe *sqe;
+		struct ferry_cqe c;
+
+		while (sent < p->count && sent - done < window && (sqe = ferry_sq_get_sqe(sq))) {
+			/* One allocation per item: its iovec, then its data. */
+			size_t len = p->size < sizeof(unsigned) ? sizeof(unsigned) : p->size;
+			struct iovec *v = malloc(sizeof(*v) + len);
+			char key[48];
+			unsigned i = p->first + sent;
+
+			if (!v)
+				return 14;
+			v->iov_base = v + 1;
+			v->iov_len = len;
+			memset(v->iov_base, (int)(i & 0xff), len);
+			memcpy(v->iov_base, &i, sizeof(i));
+			snprintf(key, sizeof(key), "k%u", i);
+			ferry_prep_put(sqe, to, key, v, 1, (uint64_t)(uintptr_t)v);
+			ferry_sqe_set_timeout(sqe, 10 * SEC);
+			sent++;
+		}
+		ferry_sq_submit(sq);
+		rc = wait_one(e, &c, 10 * SEC);
+		if (rc == -ETIME) {
+			fprintf(stderr, "producer %s: no completion after %u\n", p->name, done);
+			return 12;
+		}
+		if (c.res == -ENOMEM) {
+			/*
+			 * Backpressure: our pool is full of blocks the consumer has
+			 * not taken yet. Send the same item again a little later.
+			 */
+			struct iovec *v = (void *)(uintptr_t)c.user_data;
+			char key[48];
+
+			usleep(1000);
+			snprintf(key, sizeof(key), "k%u", *(unsigned *)v->iov_base);
+			while (!(sqe = ferry_sq_get_sqe(sq)))
+				ferry_sq_submit(sq);
+			ferry_prep_put(sqe, to, key, v, 1, c.user_data);
+			ferry_sqe_set_timeout(sqe, 10 * SEC);
+			continue;
+		}
+		free((void *)(uintptr_t)c.user_data);
+		if (c.res != 0) {
+			fprintf(stderr, "producer %s: PUT %u: %s\n", p->name, done, ferry_strerror(c.res));
+			return 13;
+		}
+		done++;
+	}
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/* Consumer: GET k<first..first+count> from `from` in order, checking data. */
+static int consume(struct ferry_engine *e, const char *from, unsigned first, unsigned count,
+		   unsigned size, int check_order)
+{
+	struct ferry_peer *fp;
+	struct ferry_sq *sq;
+	unsigned posted = 0, done = 0, window = 512;
+
+	ferry_peer_open(e, from, &fp);
+	ferry_sq_get(e, &sq);
+	while (done < count) {
+		struct ferry_sqe *sqe;
+		struct ferry_cqe c;
+		int rc;
+
+		while (posted < count && posted - done < window && (sqe = ferry_sq_get_sqe(sq))) {
+			char key[48];
+
+			snprintf(key, sizeof(key), "k%u", first + posted);
+			ferry_prep_get(sqe, fp, key, NULL, 0, first + posted);
+			ferry_sqe_set_timeout(sqe, 20 * SEC);
+			posted++;
+		}
+		ferry_sq_submit(sq);
+		rc = wait_one(e, &c, 20 * SEC);
+		if (rc != 0) {
+			fprintf(stderr, "consumer: GET %u from %s: %s\n", done, from,
+				rc == -ETIME ? "no completion" : ferry_strerror(rc));
+			return -1;
+		}
+		if (check_order && c.user_data != first + done) {
+			fprintf(stderr, "consumer: got k%llu, expected k%u\n",
+				(unsigned long long)c.user_data, first + done);
+			return -2;
+		}
+		if (c.len != (size < 4 ? 4 : size) ||
+		    *(unsigned *)ferry_buf_data(c.buf) != (unsigned)c.user_data) {
+			fprintf(stderr, "consumer: k%llu damaged\n", (unsigned long long)c.user_data);
+			return -3;
+		}
+		ferry_buf_release(c.buf);
+		done++;
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+
+static void test_order_many_small(void **state)
+{
+	unsigned n = t_under_valgrind() ? 2000 : 100000;
+	/* Handles for every item: a PUT refused for lack of them is retried out of order. */
+	struct producer p = { "t", "prod", "cons", 0, n, 32, NULL, 256, 2 * n };
+	/* Room for every key: a refused PUT would be retried out of order. */
+	struct ferry_engine *c = mk_big("t", "cons", 0, 2 * n, 0);
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(c);
+	pid = spawn(producer_main, &p);
+	/* The GETs wait in order; each completes in the order its PUT came. */
+	assert_int_equal(consume(c, "prod", 0, n, 32, 1), 0);
+	assert_int_equal(reap(pid), 0);
+	ferry_engine_destroy(c);
+}
+
+struct big {
+	size_t size;
+	uint64_t sum;
+	int zero_copy;
+};
+
+static int big_producer(void *arg)
+{
+	struct big *b = arg;
+	struct ferry_engine *e = mk("t", "bigp", b->size + (64u << 20));
+	struct ferry_peer *to;
+	struct ferry_buf *buf;
+	struct ferry_sqe *sqe;
+	struct ferry_sq *sq;
+	struct ferry_cqe c;
+	uint64_t *w;
+
+	if (!e || ferry_buf_alloc(e, b->size, &buf))
+		return 10;
+	w = ferry_buf_data(buf);
+	for (size_t i = 0; i < b->size / 8; i++)
+		w[i] = i * 0x9e3779b97f4a7c15ull;
+	ferry_peer_open(e, "bigc", &to);
+	ferry_sq_get(e, &sq);
+	sqe = ferry_sq_get_sqe(sq);
+	ferry_prep_put_buf(sqe, to, "big", buf, 1);
+	ferry_sq_submit(sq);
+	if (wait_one(e, &c, 30 * SEC) != 0)
+		return 11;
+	/* Stay until the consumer took it: the data lives in our pool. */
+	sleep(1);
+	for (int i = 0; i < 300; i++) {
+		char h[4096];
+
+		ferry_engine_health(e, h, sizeof(h));
+		if (strstr(h, "\"blocks_in_use\":0,"))
+			break; /* the consumer released the block: it came home */
+		usleep(20000);
+	}
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+static void test_big_payload_checksum(void **state)
+{
+	struct big b = { t_under_valgrind() ? (8u << 20) : (1u << 30), 0, 1 };
+	struct ferry_engine *c = mk("t", "bigc", 16u << 20);
+	struct ferry_peer *from;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe cqe;
+	uint64_t want = 0;
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(c);
+	{
+		/* The checksum the producer's pattern must give. */
+		uint64_t *w = malloc(b.size);
+
+		assert_non_null(w);
+		for (size_t i = 0; i < b.size / 8; i++)
+			w[i] = i * 0x9e3779b97f4a7c15ull;
+		want = checksum(w, b.size);
+		free(w);
+	}
+	pid = spawn(big_producer, &b);
+	ferry_peer_open(c, "bigp", &from);
+	ferry_sq_get(c, &sq);
+	sqe = ferry_sq_get_sqe(sq);
+	ferry_prep_get(sqe, from, "big", NULL, 0, 1);
+	ferry_sqe_set_timeout(sqe, 60 * SEC);
+	ferry_sq_submit(sq);
+	assert_int_equal(wait_one(c, &cqe, 60 * SEC), 0);
+	assert_int_equal(cqe.len, b.size);
+	assert_true(cqe.flags & FERRY_CQE_F_BUF);
+	assert_true(checksum(ferry_buf_data(cqe.buf), b.size) == want);
+	assert_int_equal(ferry_buf_release(cqe.buf), 0);
+	assert_int_equal(reap(pid), 0);
+	ferry_engine_destroy(c);
+}
+
+static void test_three_to_one(void **state)
+{
+	unsigned n = t_under_valgrind() ? 300 : 5000;
+	struct producer p[3] = {
+		{ "t", "p0", "sink", 0, n, 100, NULL, 128, 0 },
+		{ "t", "p1", "sink", 0, n, 1000, NULL, 128, 0 },
+		{ "t", "p2", "sink", 0, n, 5000, NULL, 128, 0 },
+	};
+	struct ferry_engine *c = mk("t", "sink", 64u << 20);
+	pid_t pid[3];
+
+	(void)state;
+	assert_non_null(c);
+	for (int i = 0; i < 3; i++)
+		pid[i] = spawn(producer_main, &p[i]);
+	/*
+	 * Keys are scoped by sender: k0@p0_sink and k0@p1_sink are different
+	 * keys. Producers whose pool fills up (their blocks wait here until
+	 * consumed) retry later, so order is not checked here, only that every
+	 * item arrives exactly once and intact.
+	 */
+	assert_int_equal(consume(c, "p0", 0, n, 100, 0), 0);
+	assert_int_equal(consume(c, "p1", 0, n, 1000, 0), 0);
+	assert_int_equal(consume(c, "p2", 0, n, 5000, 0), 0);
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(reap(pid[i]), 0);
+	ferry_engine_destroy(c);
+}
+
+struct cons_arg {
+	const char *name;
+	unsigned count;
+	struct gate *ready;
+};
+
+static int consumer_main(void *arg)
+{
+	struct cons_arg *a = arg;
+	struct ferry_engine *e = mk("t", a->name, 0);
+	int rc;
+
+	if (!e)
+		return 10;
+	gate_open(a->ready);
+	rc = consume(e, "src", 0, a->count, 64, 1);
+	ferry_engine_destroy(e);
+	return rc ? 20 - rc : 0;
+}
+
+static void test_one_to_three(void **state)
+{
+	unsigned n = t_under_valgrind() ? 300 : 5000;
+	struct gate ready;
+	struct cons_arg a[3] = { { "c0", n, &ready }, { "c1", n, &ready }, { "c2", n, &ready } };
+	struct ferry_engine *e = mk("t", "src", 32u << 20);
+	struct ferry_peer *to[3];
+	struct ferry_sq *sq;
+	pid_t pid[3];
+	unsigned done = 0, sent = 0;
+
+	(void)state;
+	assert_non_null(e);
+	gate_init(&ready);
+	for (int i = 0; i < 3; i++) {
+		pid[i] = spawn(consumer_main, &a[i]);
+		assert_int_equal(gate_wait(&ready, 20000), 0);
+		to[i] = t_peer(e, a[i].name);
+	}
+	ferry_sq_get(e, &sq);
+	while (done < 3 * n) {
+		struct ferry_sqe *sqe;
+		struct ferry_cqe c;
+
+		while (sent < 3 * n && sent - done < 256 && (sqe = ferry_sq_get_sqe(sq))) {
+			static char recs[3 * 5000][64];
+			static struct iovec iov[3 * 5000];
+			char key[32];
+			unsigned i = sent / 3;
+
+			memcpy(recs[sent], &i, sizeof(i));
+			iov[sent].iov_base = recs[sent];
+			iov[sent].iov_len = 64;
+			snprintf(key, sizeof(key), "k%u", i);
+			ferry_prep_put(sqe, to[sent % 3], key, &iov[sent], 1, sent);
+			sent++;
+		}
+		ferry_sq_submit(sq);
+		assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+		done++;
+	}
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(reap(pid[i]), 0);
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
+
+static void test_get_before_put_and_deadlines(void **state)
+{
+	struct producer p = { "t", "late", "early", 0, 10, 64, NULL, 4, 0 };
+	struct ferry_engine *c = mk("t", "early", 0);
+	struct ferry_peer *from = t_peer(c, "late");
+	struct ferry_cqe cqe;
+	struct gate go;
+	pid_t pid;
+	int64_t t0;
+
+	(void)state;
+	assert_non_null(c);
+	/* A GET for a peer that does not even exist yet: it waits. */
+	t_get(c, from, "k0", NULL, 0, 100, 0, 20 * SEC);
+	/* A GET with a short deadline on a key that never comes. */
+	t0 = t_now();
+	t_get(c, from, "never", NULL, 0, 101, 0, 100 * MS);
+	assert_int_equal(wait_one(c, &cqe, 5 * SEC), -ETIMEDOUT);
+	assert_int_equal(cqe.user_data, 101);
+	assert_true(t_now() - t0 >= 100 * MS);
+	/* A PUT to a name nobody holds on this host. */
+	t_put(c, t_peer(c, "ghost"), "x", "x", 1, 102, 0);
+	assert_int_equal(wait_one(c, &cqe, 5 * SEC), -EHOSTUNREACH);
+
+	gate_init(&go);
+	p.go = &go;
+	pid = spawn(producer_main, &p);
+	gate_open(&go);
+	assert_int_equal(wait_one(c, &cqe, 20 * SEC), 0);
+	assert_int_equal(cqe.user_data, 100);
+	assert_int_equal(*(unsigned *)ferry_buf_data(cqe.buf), 0);
+	ferry_buf_release(cqe.buf);
+	assert_int_equal(consume(c, "late", 1, 9, 64, 1), 0);
+	assert_int_equal(reap(pid), 0);
+	ferry_engine_destroy(c);
+}
+
+/* ------------------------------------------------------------------ */
+
+struct hold_arg {
+	struct gate *ready, *done;
+	unsigned count;
+};
+
+/* Takes `count` zero-copy buffers and holds them until told to stop. */
+static int holder_main(void *arg)
+{
+	struct hold_arg *a = arg;
+	struct ferry_engine *e = mk("t", "holder", 0);
+	struct ferry_buf *held[64];
+	struct ferry_peer *from;
+	struct ferry_cqe c;
+	unsigned got = 0;
+
+	if (!e)
+		return 10;
+	ferry_peer_open(e, "filler", &from);
+	gate_open(a->ready);
+	while (got < a->count) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "k%u", got);
+		t_get(e, from, key, NULL, 0, got, 0, 20 * SEC);
+		if (wait_one(e, &c, 20 * SEC) != 0)
+			return 11;
+		if (*(unsigned *)ferry_buf_data(c.buf) != got)
+			return 12;
+		held[got++] = c.buf;
+	}
+	gate_wait(a->done, 30000);
+	for (unsigned i = 0; i < got; i++)
+		ferry_buf_release(held[i]);
+	usleep(200000);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/* The receiver holds every block: the sender's pool runs dry -> -ENOMEM. */
+static void test_sender_pool_exhaustion(void **state)
+{
+	struct gate ready, done;
+	struct hold_arg a = { &ready, &done, 5 };
+	struct ferry_engine *e = mk("t", "filler", 1u << 20);
+	struct ferry_peer *to = t_peer(e, "holder");
+	static char block[200000];
+	struct ferry_cqe c;
+	unsigned ok = 0;
+	int enomem = 0;
+	pid_t pid;
+	char h[4096];
+
+	(void)state;
+	assert_non_null(e);
+	gate_init(&ready);
+	gate_init(&done);
+	pid = spawn(holder_main, &a);
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	for (unsigned i = 0; i < 7; i++) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		memcpy(block, &i, sizeof(i));
+		t_put(e, to, key, block, sizeof(block), i, 0);
+		if (wait_one(e, &c, 10 * SEC) == 0)
+			ok++;
+		else if (c.res == -ENOMEM)
+			enomem++;
+		else
+			fail_msg("PUT %u: %s", i, ferry_strerror(c.res));
+	}
+	/* 1 MiB pool, 200 kB blocks held by the peer: the 6th does not fit. */
+	assert_int_equal(ok, 5);
+	assert_int_equal(enomem, 2);
+	gate_open(&done);
+	/* The holder checked that everything sent arrived intact: it exits 0 only then. */
+	assert_int_equal(reap(pid), 0);
+	/* Its blocks came back when it released them or died. */
+	for (int i = 0; i < 200; i++) {
+		ferry_progress(e);
+		ferry_engine_health(e, h, sizeof(h));
+		if (strstr(h, "\"blocks_in_use\":0,"))
+			break;
+		usleep(10000);
+	}
+	assert_non_null(strstr(h, "\"blocks_in_use\":0,"));
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
+
+static int slow_producer(void *arg)
+{
+	struct gate *ready = arg;
+	struct ferry_engine *e = mk("t", "victim", 0);
+	struct ferry_peer *to;
+
+	if (!e)
+		return 10;
+	ferry_peer_open(e, "survivor", &to);
+	t_put(e, to, "k0", "first", 6, 1, 0);
+	gate_open(ready);
+	pause(); /* killed here */
+	return 0;
+}
+
+/* The producer dies: GETs waiting on it fail fast; its data already sent stays. */
+static void test_sigkill_producer(void **state)
+{
+	struct ferry_engine *e = mk("t", "survivor", 0);
+	struct ferry_peer *from = t_peer(e, "victim");
+	struct ferry_cqe c;
+	struct gate ready;
+	int64_t t0;
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(e);
+	gate_init(&ready);
+	pid = spawn(slow_producer, &ready);
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	t_get(e, from, "k0", NULL, 0, 1, 0, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	/* Keep the buffer: it is in the victim's pool, mapped here. */
+	t_get(e, from, "k1", NULL, 0, 2, 0, 60 * SEC);
+	usleep(50000);
+	t0 = t_now();
+	kill(pid, SIGKILL);
+	assert_int_equal(reap(pid), 128 + SIGKILL);
+	{
+		struct ferry_cqe c2;
+
+		assert_int_equal(wait_one(e, &c2, 5 * SEC), -ECONNRESET);
+		assert_int_equal(c2.user_data, 2);
+	}
+	assert_true(t_now() - t0 < 1 * SEC); /* within 1 s, not the 60 s deadline */
+	/* The data that arrived before the death is still readable. */
+	assert_string_equal(ferry_buf_data(c.buf), "first");
+	assert_int_equal(ferry_buf_release(c.buf), 0);
+	/* The survivor goes on serving others. */
+	{
+		struct producer p = { "t", "other", "survivor", 0, 100, 64, NULL, 16, 0 };
+		pid_t p2 = spawn(producer_main, &p);
+
+		assert_int_equal(consume(e, "other", 0, 100, 64, 1), 0);
+		assert_int_equal(reap(p2), 0);
+	}
+	ferry_engine_destroy(e);
+}
+
+static int greedy_consumer(void *arg)
+{
+	struct gate *ready = arg;
+	struct ferry_engine *e = mk("t", "eater", 0);
+	struct ferry_peer *from;
+	struct ferry_cqe c;
+
+	if (!e)
+		return 10;
+	ferry_peer_open(e, "feeder", &from);
+	gate_open(ready);
+	for (unsigned i = 0;; i++) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		t_get(e, from, key, NULL, 0, i, 0, 60 * SEC);
+		if (wait_one(e, &c, 60 * SEC) != 0)
+			return 11;
+		/* Never released: the feeder's blocks stay lent to us until we die. */
+	}
+	return 0;
+}
+
+/* The consumer dies: the blocks it held come back, PUTs fail fast. */
+static void test_sigkill_consumer(void **state)
+{
+	struct ferry_engine *e = mk("t", "feeder", 8u << 20);
+	struct ferry_peer *to = t_peer(e, "eater");
+	static char block[100000];
+	struct ferry_cqe c;
+	struct gate ready;
+	char h[4096];
+	pid_t pid;
+	int rc = 0;
+
+	(void)state;
+	assert_non_null(e);
+	gate_init(&ready);
+	pid = spawn(greedy_consumer, &ready);
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	for (unsigned i = 0; i < 20; i++) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		t_put(e, to, key, block, sizeof(block), i, 0);
+		assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	}
+	ferry_engine_health(e, h, sizeof(h));
+	assert_null(strstr(h, "\"blocks_in_use\":0,")); /* lent to the eater */
+	kill(pid, SIGKILL);
+	assert_int_equal(reap(pid), 128 + SIGKILL);
+	for (int i = 0; i < 100; i++) {
+		ferry_engine_health(e, h, sizeof(h));
+		if (strstr(h, "\"blocks_in_use\":0,"))
+			break;
+		usleep(10000);
+	}
+	assert_non_null(strstr(h, "\"blocks_in_use\":0,")); /* every block came back */
+	t_put(e, to, "after", block, 10, 99, 0);
+	rc = wait_one(e, &c, 5 * SEC);
+	assert_true(rc == -EHOSTUNREACH || rc == -ECONNRESET);
+	ferry_engine_destroy(e);
+	/* The eater's files stay until the next engine starts in the namespace. */
+	assert_true(count_files(rundir) > 0);
+	e = mk("t", "next", 0);
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
+
+static int ns_twin(void *arg)
+{
+	struct gate *ready = arg;
+	struct ferry_engine *e = mk("ns2", "rx", 0);
+	struct ferry_peer *from;
+	struct ferry_cqe c;
+	int rc;
+
+	if (!e)
+		return 10;
+	ferry_peer_open(e, "tx", &from);
+	gate_open(ready);
+	t_get(e, from, "secret", NULL, 0, 1, 0, 500 * MS);
+	rc = wait_one(e, &c, 5 * SEC);
+	ferry_engine_destroy(e);
+	return rc == -ETIMEDOUT ? 0 : 20; /* ns1's PUT must not reach ns2 */
+}
+
+static void test_namespaces_isolated(void **state)
+{
+	struct ferry_engine *tx = mk("ns1", "tx", 0), *rx = mk("ns1", "rx", 0);
+	struct ferry_cqe c;
+	struct gate ready;
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(tx);
+	assert_non_null(rx);
+	gate_init(&ready);
+	pid = spawn(ns_twin, &ready); /* same names, namespace ns2, another process */
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	t_put(tx, t_peer(tx, "rx"), "secret", "s", 2, 1, 0);
+	assert_int_equal(wait_one(tx, &c, 5 * SEC), 0);
+	t_get(rx, t_peer(rx, "tx"), "secret", NULL, 0, 2, FERRY_SQE_NOWAIT, 0);
+	assert_int_equal(wait_one(rx, &c, 5 * SEC), 0);
+	ferry_buf_release(c.buf);
+	assert_int_equal(reap(pid), 0);
+	ferry_engine_destroy(tx);
+	ferry_engine_destroy(rx);
+}
+
+static int name_holder(void *arg)
+{
+	struct gate *ready = arg;
+	struct ferry_engine *e = mk("t", "taken", 0);
+
+	if (!e)
+		return 10;
+	gate_open(ready);
+	pause(); /* killed: its socket and lock stay behind */
+	return 0;
+}
+
+/* A name live in another process is refused; a crashed one's leftovers go. */
+static void test_name_taken_and_leftovers(void **state)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e;
+	struct gate ready;
+	pid_t pid;
+
+	(void)state;
+	gate_init(&ready);
+	pid = spawn(name_holder, &ready);
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	p.name = "taken";
+	p.ns = "t";
+	p.pool_size = 1u << 20;
+	ferry_log_set(-1, NULL, NULL);
+	assert_int_equal(ferry_engine_create(&p, &e), -EADDRINUSE);
+	kill(pid, SIGKILL);
+	reap(pid);
+	assert_true(count_files(rundir) > 0); /* the crashed engine's files */
+	assert_int_equal(ferry_engine_create(&p, &e), 0); /* cleaned up at start */
+	ferry_engine_destroy(e);
+	assert_int_equal(count_files(rundir), 0);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_order_many_small, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_big_payload_checksum, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_three_to_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_one_to_three, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_get_before_put_and_deadlines, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sender_pool_exhaustion, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sigkill_producer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sigkill_consumer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_namespaces_isolated, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_name_taken_and_leftovers, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
