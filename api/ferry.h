@@ -138,13 +138,17 @@ FERRY_API int ferry_engine_create(const struct ferry_engine_params *params,
 				  struct ferry_engine **out);
 
 /*
- * Destroy an engine. Every op still in flight completes with -ECANCELED
- * (its callback runs, or its CQE is posted and can still be polled until
- * the CQ is gone: the engine's CQs are destroyed with it, so callbacks are
- * the way to observe those completions). Keys that arrived and were never
- * consumed are dropped. Buffers the application still holds stay valid
- * until released. Must not be called while another thread uses the engine.
- * Returns 0 or -EINVAL for NULL.
+ * Destroy an engine. Every op still in flight, and every entry submitted
+ * but not yet taken, completes with -ECANCELED: callbacks run (on the
+ * destroying thread, each exactly once, also for completions that were
+ * posted but never polled); completions without a callback are discarded
+ * with the engine's CQs, and buffers they carried go back to their pools.
+ * Keys that arrived and were never consumed are dropped. Buffers the
+ * application still holds stay valid until released (release zero-copy
+ * buffers from a peer in another process first: after the destroy that
+ * peer may reuse their memory). Must not be called while another thread
+ * uses the engine. Engines do not survive fork(): a child process creates
+ * its own. Returns 0 or -EINVAL for NULL.
  */
 FERRY_API int ferry_engine_destroy(struct ferry_engine *e);
 
@@ -256,7 +260,11 @@ FERRY_API int ferry_cq_create(struct ferry_engine *e, const struct ferry_cq_para
 
 /*
  * Destroy a CQ created with ferry_cq_create. Refused with -EBUSY while an op
- * in flight targets it. The default CQ is destroyed with its engine.
+ * the reactor has taken still targets it or completions wait for room in
+ * it. Entries submitted before this call that target it and were not yet
+ * taken complete with -EINVAL on the default CQ; the memory is freed by the
+ * reactor once no round can reach it. Submitting to a CQ after destroying
+ * it is a use-after-free. The default CQ is destroyed with its engine.
  */
 FERRY_API int ferry_cq_destroy(struct ferry_cq *cq);
 
@@ -280,7 +288,11 @@ FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigne
 FERRY_API int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
 			    int64_t timeout_ns);
 
-/* Wake every thread sleeping in ferry_cq_wait on cq (they return -EINTR). */
+/*
+ * Wake every thread sleeping in ferry_cq_wait on cq: they return -EINTR. A
+ * wake that finds no thread waiting is kept: the next ferry_cq_wait on cq
+ * returns -EINTR at once. Safe from any thread (a signal handler excepted).
+ */
 FERRY_API int ferry_cq_wake(struct ferry_cq *cq);
 
 /*
@@ -288,7 +300,11 @@ FERRY_API int ferry_cq_wake(struct ferry_cq *cq);
  * epoll, libuv or asyncio. Protocol (as in UCX): poll the CQ until it is
  * empty, call ferry_cq_arm(); if it returns 0, sleep on the fd; if it
  * returns -EBUSY, completions arrived meanwhile: poll again. The fd is
- * owned by the CQ: do not close it.
+ * owned by the CQ: do not close it. In MANUAL mode the fd is the engine's
+ * io_uring fd and says "progress is needed" (a submission, a peer's data,
+ * a deadline); the next ferry_cq_poll provides it. A wait on it may end
+ * with EINTR: go round the loop. Sleeping on it while other threads drive
+ * the same MANUAL engine is not supported: use THREAD mode for that.
  */
 FERRY_API int ferry_cq_fd(struct ferry_cq *cq);
 FERRY_API int ferry_cq_arm(struct ferry_cq *cq);
@@ -403,7 +419,11 @@ static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
  * iov and the memory it points to must stay valid until the CQE.
  * Completes with res 0 and len = bytes once the destination holds the key;
  * -EEXIST if the key is live there (unless FERRY_SQE_REPLACE), -ENOMEM if
- * the pool is exhausted, -EHOSTUNREACH if no engine holds the peer's name.
+ * the pool is exhausted, -ENOSPC if the destination's key table is full,
+ * -EHOSTUNREACH if no engine holds the peer's name, -ECONNRESET if the peer
+ * went away meanwhile, -ENOBUFS if too many earlier PUTs are still away at
+ * peers that do not answer. A PUT that times out or is cancelled after its
+ * data left may still be delivered.
  */
 static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 				  const char *key, const struct iovec *iov,
@@ -456,7 +476,7 @@ static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from
  * Cancel the op submitted with user_data target (on this engine). The
  * cancelled op completes with -ECANCELED; the CANCEL itself completes with
  * 0, or -ENOENT if no such op is pending (already completed, or unknown),
- * or -EALREADY if it is past the point where it can be stopped.
+ * or -EALREADY if it completed and only waits for room in its CQ.
  */
 static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
 				     uint64_t user_data)

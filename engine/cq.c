@@ -165,7 +165,8 @@ bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb
 	else
 		cq->overflow_head = holder;
 	cq->overflow_tail = holder;
-	atomic_store_explicit(&cq->overflowing, 1, memory_order_relaxed);
+	if (!atomic_exchange_explicit(&cq->overflowing, 1, memory_order_relaxed) && !cq->is_default)
+		atomic_fetch_add(&cq->engine->overflowing_cqs, 1);
 	mark_dirty(cq);
 	return false;
 }
@@ -185,8 +186,9 @@ unsigned cq_flush_overflow(struct ferry_cq *cq)
 		ferry__op_free(cq->engine, op);
 		n++;
 	}
-	if (!cq->overflow_head)
-		atomic_store_explicit(&cq->overflowing, 0, memory_order_relaxed);
+	if (!cq->overflow_head &&
+	    atomic_exchange_explicit(&cq->overflowing, 0, memory_order_relaxed) && !cq->is_default)
+		atomic_fetch_sub(&cq->engine->overflowing_cqs, 1);
 	return n;
 }
 
@@ -197,17 +199,23 @@ void cq_flush_wakeups(struct ferry_engine *e)
 	if (!cq)
 		return;
 	e->dirty_cqs = NULL;
+	/* The posts above before the loads of `armed` (pairs with ferry_cq_arm). */
+	atomic_thread_fence(memory_order_seq_cst);
 	for (; cq; cq = cq->next_dirty) {
 		cq->dirty = false;
 		if (atomic_load_explicit(&cq->armed, memory_order_relaxed) &&
 		    atomic_exchange(&cq->armed, 0)) {
+			/*
+			 * THREAD mode: the CQ's eventfd. MANUAL mode: its fd is the
+			 * io_uring fd, made readable by the doorbell read.
+			 */
+			int fd = e->mode == FERRY_PROGRESS_MANUAL ? e->doorbell_fd : cq->efd;
 			uint64_t one = 1;
 
-			if (write(cq->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			if (write(fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
 				log_warn("cq eventfd write: %s", ferry_strerror(-errno));
 		}
 	}
-	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&e->cq_waiters, memory_order_relaxed)) {
 		atomic_fetch_add(&e->cq_seq, 1);
 		ferry__futex_wake_all(&e->cq_seq);
@@ -230,8 +238,12 @@ static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, un
 		else
 			cqes[n++] = s.cqe;
 	}
-	if (h && atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
-		reactor_wake(cq->engine);
+	if (h) {
+		/* Room was made: pairs with the reactor's announce before it sleeps. */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+			reactor_wake(cq->engine);
+	}
 	*handled = h;
 	return (int)n;
 }
@@ -256,13 +268,21 @@ int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
 	return cq_reap(cq, cqes, max, &handled);
 }
 
-/* Sleep on the engine's futex until a completion was posted or a wake. */
-static void futex_sleep(struct ferry_engine *e, struct ferry_cq *cq, int64_t timeout_ns)
+/*
+ * Sleep on the engine's futex until a completion was posted, a wake, or (in
+ * MANUAL mode) the thread driving progress left. Every condition is checked
+ * after announcing ourselves (cq_waiters) and reading the futex word, and
+ * each waker changes its condition before bumping the word, so no wake-up
+ * falls between the check and the sleep.
+ */
+static void futex_sleep(struct ferry_engine *e, struct ferry_cq *cq, int64_t timeout_ns,
+			uint32_t intr)
 {
 	uint32_t seq = atomic_load(&e->cq_seq);
 
 	atomic_fetch_add(&e->cq_waiters, 1);
-	if (!cq_has_entries(cq))
+	if (!cq_has_entries(cq) && atomic_load(&cq->interrupts) == intr &&
+	    !(e->mode == FERRY_PROGRESS_MANUAL && !atomic_load(&e->progress_busy)))
 		ferry__futex_wait(&e->cq_seq, seq, timeout_ns);
 	atomic_fetch_sub(&e->cq_waiters, 1);
 }
@@ -278,7 +298,8 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		return -EINVAL;
 	}
 	e = cq->engine;
-	intr = atomic_load(&cq->interrupts);
+	/* A wake that found nobody waiting is kept for the next wait. */
+	intr = atomic_load(&cq->interrupts_seen);
 	start = ferry__now_ns();
 	if (timeout_ns >= 0)
 		deadline = start + (uint64_t)timeout_ns;
@@ -294,8 +315,10 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		n = cq_reap(cq, cqes, max, &handled);
 		if (handled)
 			return n;
-		if (atomic_load(&cq->interrupts) != intr)
+		if (atomic_load(&cq->interrupts) != intr) {
+			atomic_store(&cq->interrupts_seen, atomic_load(&cq->interrupts));
 			return -EINTR;
+		}
 		now = ferry__now_ns();
 		if (deadline) {
 			if (now >= deadline)
@@ -310,11 +333,11 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		}
 		if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {
 			/* We drive progress: sleep where the engine sleeps. */
-			if (!cq_has_entries(cq) && atomic_load(&cq->interrupts) == intr)
-				reactor_sleep(e, left);
+			if (!cq_has_entries(cq))
+				reactor_sleep_unless(e, left, &cq->interrupts, intr);
 			progress_unlock(e);
 		} else {
-			futex_sleep(e, cq, left);
+			futex_sleep(e, cq, left, intr);
 		}
 	}
 }
@@ -356,7 +379,10 @@ int ferry_cq_arm(struct ferry_cq *cq)
 		if (!progress_try_lock(e))
 			return -EBUSY;
 		reactor_run_once(e);
+		atomic_store(&cq->armed, 1);
 		rc = cq_has_entries(cq) ? -EBUSY : reactor_arm_manual(e);
+		if (rc)
+			atomic_store(&cq->armed, 0);
 		progress_unlock(e);
 		return rc;
 	}
@@ -424,6 +450,7 @@ int ferry_cq_destroy(struct ferry_cq *cq)
 {
 	struct ferry_engine *e;
 	struct ferry_cq **pp;
+	int rc = -EINVAL;
 
 	if (!cq)
 		return -EINVAL;
@@ -432,19 +459,29 @@ int ferry_cq_destroy(struct ferry_cq *cq)
 		return -EINVAL;
 	}
 	e = cq->engine;
-	if (atomic_load(&cq->inflight) || cq->overflow_head) {
+	if (atomic_load(&cq->inflight) || atomic_load(&cq->overflowing)) {
 		log_error("ferry_cq_destroy: ops in flight still target this CQ");
 		return -EBUSY;
 	}
+	/*
+	 * The reactor may still hold it (this round's wake-ups, entries not
+	 * yet taken): it frees the CQ once no round can reach it any more.
+	 */
 	pthread_mutex_lock(&e->lock);
 	for (pp = &e->cqs; *pp; pp = &(*pp)->next) {
 		if (*pp == cq) {
 			*pp = cq->next;
+			atomic_store(&cq->dead, 1);
+			cq->dead_round = atomic_load(&e->rounds) + 1;
+			cq->next = e->dead_cqs;
+			e->dead_cqs = cq;
+			atomic_fetch_add(&e->dead_cqs_pending, 1);
+			rc = 0;
 			break;
 		}
 	}
 	pthread_mutex_unlock(&e->lock);
-	cq_fini(cq);
-	free(cq);
-	return 0;
+	if (rc)
+		log_error("ferry_cq_destroy: not a live CQ of its engine (destroyed twice?)");
+	return rc;
 }

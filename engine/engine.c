@@ -126,6 +126,11 @@ static void engine_free(struct ferry_engine *e)
 		cq_fini(cq);
 		free(cq);
 	}
+	for (cq = e->dead_cqs; cq; cq = next) {
+		next = cq->next;
+		cq_fini(cq);
+		free(cq);
+	}
 	cq_fini(&e->default_cq);
 	reactor_fini(e);
 	while (e->peers) {

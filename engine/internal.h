@@ -97,8 +97,11 @@ struct ferry_cq {
 	struct op *overflow_head, *overflow_tail; /* reactor only */
 	_Atomic uint32_t inflight; /* ops targeting this CQ (written by the reactor) */
 	_Atomic uint32_t interrupts; /* ferry_cq_wake count */
+	_Atomic uint32_t interrupts_seen; /* the count the last -EINTR reported */
 	bool dirty;              /* posted this round (reactor only) */
 	bool is_default;
+	_Atomic int dead;        /* destroyed: waits in e->dead_cqs for the reactor */
+	uint64_t dead_round;
 	struct ferry_cq *next_dirty;
 	struct ferry_cq *next;   /* engine's list */
 };
@@ -381,9 +384,13 @@ struct ferry_engine {
 	struct pool *pool;
 	struct ferry_cq default_cq;
 
-	pthread_mutex_t lock; /* slow paths: peers, CQ list, SQ creation */
+	pthread_mutex_t lock; /* slow paths: peers, CQ lists, SQ creation */
 	struct ferry_peer *peers;
 	struct ferry_cq *cqs;
+	struct ferry_cq *dead_cqs;        /* destroyed, not yet freed */
+	_Atomic uint32_t dead_cqs_pending;
+	_Atomic uint32_t overflowing_cqs; /* extra CQs with completions held back */
+	_Atomic uint64_t rounds;          /* reactor rounds run */
 
 	struct backend backends[ENGINE_MAX_BACKENDS];
 	unsigned nbackends;
@@ -398,6 +405,9 @@ bool reactor_has_work(struct ferry_engine *e);
 /* Sleep in the io_uring wait until the doorbell, the next deadline, or
  * timeout_ns (< 0 = none). Caller holds progress_busy. */
 void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns);
+/* The same, but not if *word != val once the sleep is announced. */
+void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic uint32_t *word,
+			  uint32_t val);
 int reactor_init(struct ferry_engine *e);
 int reactor_arm_manual(struct ferry_engine *e);
 /* Cancel everything at destroy. */

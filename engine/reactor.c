@@ -538,8 +538,9 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 
 	STAT_ADD(e->stats.submitted, 1);
 	/* Fast path: a NOP needs no op when its CQ has room. */
-	if (sqe->opcode == FERRY_OP_NOP && !(sqe->flags & ~FERRY_SQE__ALL) &&
-	    cq->engine == e && !(sqe->flags & FERRY_SQE_CB_REACTOR) && cq_has_space(cq)) {
+	if (sqe->opcode == FERRY_OP_NOP && !(sqe->flags & ~FERRY_SQE__ALL) && cq->engine == e &&
+	    !atomic_load_explicit(&cq->dead, memory_order_relaxed) &&
+	    !(sqe->flags & FERRY_SQE_CB_REACTOR) && cq_has_space(cq)) {
 		struct ferry_cqe cqe = { .user_data = sqe->user_data, .opcode = FERRY_OP_NOP };
 
 		STAT_ADD(e->stats.nops, 1);
@@ -561,12 +562,13 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	op->peer = NULL;
 	op->iov = sqe->iov;
 	op->iovcnt = sqe->iovcnt;
-	op->cq = cq->engine == e ? cq : &e->default_cq;
+	op->cq = cq->engine == e && !atomic_load_explicit(&cq->dead, memory_order_relaxed)
+			 ? cq : &e->default_cq;
 	STAT_ADD(op->cq->inflight, 1);
 
-	if (cq->engine != e) {
-		log_error("op %llx: target CQ belongs to another engine",
-			  (unsigned long long)sqe->user_data);
+	if (cq->engine != e || atomic_load_explicit(&cq->dead, memory_order_relaxed)) {
+		log_error("op %llx: target CQ %s", (unsigned long long)sqe->user_data,
+			  cq->engine != e ? "belongs to another engine" : "was destroyed");
 		goto invalid;
 	}
 	if ((op->flags & FERRY_SQE_CB_REACTOR) && !op->cb) {
@@ -615,9 +617,10 @@ invalid:
  * given back before the op runs, so that an application that sees a
  * completion can always count on its entry's slot being free again.
  */
-static int drain_sqs(struct ferry_engine *e)
+static bool drain_sqs(struct ferry_engine *e, int *count)
 {
 	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
+	bool drained = true;
 	int n = 0;
 
 	for (uint32_t i = 0; i < nsqs; i++) {
@@ -630,8 +633,10 @@ static int drain_sqs(struct ferry_engine *e)
 			struct ferry_sqe local;
 			size_t klen = slot->key_len < FERRY_KEY_MAX ? slot->key_len : 0;
 
-			if (unlikely(!e->free_ops))
+			if (unlikely(!e->free_ops)) {
+				drained = false;
 				break; /* no free op: leave the rest in the ring */
+			}
 			memcpy(&local, slot, offsetof(struct ferry_sqe, key));
 			memcpy(local.key, slot->key, klen);
 			local.key[klen] = '\0';
@@ -640,7 +645,8 @@ static int drain_sqs(struct ferry_engine *e)
 			n++;
 		}
 	}
-	return n;
+	*count += n;
+	return drained;
 }
 
 /* ------------------------------------------------------------------ */
@@ -685,31 +691,71 @@ static void arm_doorbell(struct ferry_engine *e)
 	e->doorbell_armed = true;
 }
 
+/*
+ * Overflowing CQs: rare, so they are found by walking the CQ list under the
+ * engine lock, and only when the count of overflowing CQs says so.
+ */
 static unsigned flush_overflows(struct ferry_engine *e)
 {
 	unsigned n = 0;
 
 	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
 		n += cq_flush_overflow(&e->default_cq);
-	for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
-		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
-			n += cq_flush_overflow(cq);
+	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
+		pthread_mutex_lock(&e->lock);
+		for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
+			if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+				n += cq_flush_overflow(cq);
+		pthread_mutex_unlock(&e->lock);
+	}
 	return n;
 }
 
-static bool any_overflow(struct ferry_engine *e)
+static bool overflow_can_move(struct ferry_engine *e)
 {
-	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
+	bool yes = false;
+
+	if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
 		return true;
-	for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
-		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
-			return true;
-	return false;
+	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
+		pthread_mutex_lock(&e->lock);
+		for (struct ferry_cq *cq = e->cqs; cq && !yes; cq = cq->next)
+			yes = atomic_load(&cq->overflowing) && cq_ring_has_room(cq);
+		pthread_mutex_unlock(&e->lock);
+	}
+	return yes;
+}
+
+/*
+ * CQs destroyed by the application wait here until no round can still
+ * reach them: no op targets them, and a full round that drained every ring
+ * has run since (entries submitted before the destroy were taken then).
+ */
+static void reap_dead_cqs(struct ferry_engine *e, bool drained)
+{
+	struct ferry_cq **pp, *cq;
+
+	if (!atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
+		return;
+	pthread_mutex_lock(&e->lock);
+	for (pp = &e->dead_cqs; (cq = *pp);) {
+		if (drained && cq->dead_round < e->rounds && !atomic_load(&cq->inflight) &&
+		    !cq->overflow_head) {
+			*pp = cq->next;
+			atomic_fetch_sub(&e->dead_cqs_pending, 1);
+			cq_fini(cq);
+			free(cq);
+		} else {
+			pp = &cq->next;
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
 }
 
 int reactor_run_once(struct ferry_engine *e)
 {
 	struct op *op;
+	bool drained;
 	int n = 0;
 
 	e->now = ferry__now_ns();
@@ -717,16 +763,19 @@ int reactor_run_once(struct ferry_engine *e)
 		atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
 	if (io_uring_cq_ready(&e->ring))
 		reap_ring(e);
-	if (any_overflow(e))
+	atomic_store_explicit(&e->rounds, e->rounds + 1, memory_order_relaxed);
+	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed) ||
+	    atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed))
 		n += (int)flush_overflows(e);
 	for (unsigned i = 0; i < e->nbackends; i++)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
-	n += drain_sqs(e);
+	drained = drain_sqs(e, &n);
 	while ((op = timer_pop_expired(&e->timers, e->now))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
 	}
 	cq_flush_wakeups(e);
+	reap_dead_cqs(e, drained);
 	return n;
 }
 
@@ -744,14 +793,8 @@ bool reactor_has_work(struct ferry_engine *e)
 	for (unsigned i = 0; i < e->nbackends; i++)
 		if (e->backends[i].ops->has_work(e, &e->backends[i]))
 			return true;
-	if (any_overflow(e)) {
-		/* Only worth a round if a consumer made room. */
-		if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
-			return true;
-		for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
-			if (atomic_load(&cq->overflowing) && cq_ring_has_room(cq))
-				return true;
-	}
+	if (overflow_can_move(e)) /* only worth a round if a consumer made room */
+		return true;
 	return timer_next(&e->timers) && timer_next(&e->timers) <= ferry__now_ns();
 }
 
@@ -773,7 +816,7 @@ static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
 static void announce_sleep(struct ferry_engine *e)
 {
 	atomic_store_explicit(&e->wake->doorbell_rung, 0, memory_order_relaxed);
-	atomic_store_explicit(&e->wake->sleeping, 1, memory_order_relaxed);
+	atomic_store_explicit(&e->wake->sleeping, 1, memory_order_release);
 	atomic_thread_fence(memory_order_seq_cst);
 }
 
@@ -805,6 +848,12 @@ static void sleep_in_ppoll(struct ferry_engine *e, int64_t budget)
 
 void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
 {
+	reactor_sleep_unless(e, timeout_ns, NULL, 0);
+}
+
+void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic uint32_t *word,
+			  uint32_t val)
+{
 	struct __kernel_timespec ts;
 	struct io_uring_cqe *cqe = NULL;
 	int64_t budget;
@@ -812,7 +861,7 @@ void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	announce_sleep(e);
-	if (reactor_has_work(e) || atomic_load(&e->stop)) {
+	if (reactor_has_work(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
 		atomic_store(&e->wake->sleeping, 0);
 		io_uring_submit(&e->ring);
 		return;

@@ -611,6 +611,103 @@ static void test_destroy_destination_under_load(void **state)
 	ferry_engine_destroy(a);
 }
 
+/* Destroying a CQ that entries in the ring still target: no use after free. */
+static void test_cq_destroy_with_entries_pending(void **state)
+{
+	struct ferry_engine *e = t_engine("cqd", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_cq *cq;
+	struct ferry_cqe c;
+	struct ferry_sqe *sqe;
+
+	(void)state;
+	ferry_log_set(-1, NULL, NULL);
+	assert_int_equal(ferry_cq_create(e, NULL, &cq), 0);
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 5);
+	ferry_sqe_set_cq(sqe, cq);
+	t_submit(e);
+	assert_int_equal(ferry_cq_destroy(cq), 0); /* the NOP is still in the ring */
+	assert_int_equal(ferry_cq_destroy(cq), -EINVAL); /* twice: refused */
+	t_expect(e, NULL, 5, -EINVAL, &c);         /* it lands on the default CQ */
+	for (int i = 0; i < 3; i++)
+		ferry_progress(e); /* the reactor frees the CQ now (ASan watches) */
+	ferry_engine_destroy(e);
+}
+
+/* THREAD mode: create, use and destroy CQs while the reactor runs. */
+static void test_cq_churn_thread_mode(void **state)
+{
+	struct ferry_engine *e = t_engine("churn", FERRY_PROGRESS_THREAD, 1u << 20);
+	int n = t_under_valgrind() ? 100 : 2000, busy = 0;
+
+	(void)state;
+	for (int i = 0; i < n; i++) {
+		struct ferry_cq *cq;
+		struct ferry_cqe c;
+		struct ferry_sqe *sqe;
+		int rc;
+
+		assert_int_equal(ferry_cq_create(e, NULL, &cq), 0);
+		sqe = t_sqe(e);
+		ferry_prep_nop(sqe, (uint64_t)i);
+		ferry_sqe_set_cq(sqe, cq);
+		t_submit(e);
+		assert_int_equal(ferry_cq_wait(cq, &c, 1, 5 * SEC), 1);
+		assert_int_equal(c.user_data, (uint64_t)i);
+		while ((rc = ferry_cq_destroy(cq)) == -EBUSY)
+			busy++;
+		assert_int_equal(rc, 0);
+	}
+	ferry_engine_destroy(e);
+}
+
+struct waker {
+	struct ferry_cq *cq;
+	unsigned delay_us;
+};
+
+static void *wake_after(void *arg)
+{
+	struct waker *w = arg;
+
+	if (w->delay_us)
+		usleep(w->delay_us);
+	ferry_cq_wake(w->cq);
+	return NULL;
+}
+
+/* ferry_cq_wake is never lost, whenever it lands relative to the sleep. */
+static void test_wake_never_lost(void **state)
+{
+	enum ferry_progress_mode modes[2] = { FERRY_PROGRESS_THREAD, FERRY_PROGRESS_MANUAL };
+	int n = t_under_valgrind() ? 20 : 400;
+
+	(void)state;
+	for (int m = 0; m < 2; m++) {
+		struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+		struct ferry_engine *e;
+
+		p.name = "wk";
+		p.ns = "test";
+		p.progress = modes[m];
+		p.pool_size = 1u << 20;
+		p.spin_ns = 1; /* sleep at once: the racy part */
+		assert_int_equal(ferry_engine_create(&p, &e), 0);
+		for (int i = 0; i < n; i++) {
+			struct waker w = { ferry_cq_default(e), (unsigned)(i % 7) * 13 };
+			struct ferry_cqe c;
+			pthread_t th;
+			int64_t t0 = t_now();
+
+			assert_int_equal(pthread_create(&th, NULL, wake_after, &w), 0);
+			assert_int_equal(ferry_cq_wait(ferry_cq_default(e), &c, 1, 10 * SEC), -EINTR);
+			assert_true(t_now() - t0 < 5 * SEC);
+			pthread_join(th, NULL);
+		}
+		ferry_engine_destroy(e);
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -626,6 +723,9 @@ int main(void)
 		cmocka_unit_test(test_destroy_in_flight_manual),
 		cmocka_unit_test(test_destroy_in_flight_thread),
 		cmocka_unit_test(test_destroy_destination_under_load),
+		cmocka_unit_test(test_cq_destroy_with_entries_pending),
+		cmocka_unit_test(test_cq_churn_thread_mode),
+		cmocka_unit_test(test_wake_never_lost),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

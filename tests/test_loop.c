@@ -434,6 +434,63 @@ static void test_buffer_outlives_owner(void **state)
 	assert_int_equal(ferry_engine_destroy(p.b), 0);
 }
 
+/*
+ * PUTs to a peer that never answers (a MANUAL engine nobody drives) time
+ * out; their messages stay away. Once all are away, further PUTs are
+ * refused with -ENOBUFS instead of crashing; when the peer runs again they
+ * come home and PUTs work again.
+ */
+static void test_puts_away_at_silent_peer(void **state)
+{
+	struct ferry_engine_params prm = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *a, *b;
+	struct ferry_peer *to_b;
+	struct ferry_cqe c;
+	int timeouts = 0, nobufs = 0;
+
+	(void)state;
+	ferry_log_set(-1, NULL, NULL);
+	prm.name = "a";
+	prm.ns = "test";
+	prm.progress = FERRY_PROGRESS_MANUAL;
+	prm.pool_size = 1u << 20;
+	prm.max_ops = 8;
+	assert_int_equal(ferry_engine_create(&prm, &a), 0);
+	b = t_engine("b", FERRY_PROGRESS_MANUAL, 1u << 20);
+	to_b = t_peer(a, "b");
+	for (int round = 0; round < 2; round++) {
+		for (int i = 0; i < 8; i++) {
+			struct ferry_sqe *sqe = t_sqe(a);
+			char key[16];
+
+			snprintf(key, sizeof(key), "s%d_%d", round, i);
+			ferry_prep_put(sqe, to_b, key, NULL, 0, (uint64_t)i);
+			ferry_sqe_set_timeout(sqe, 1 * MS);
+		}
+		t_submit(a);
+		for (int i = 0; i < 8; i++) {
+			assert_true(t_wait_cqe(a, NULL, &c, 5 * SEC)); /* b is not driven */
+			if (c.res == -ETIMEDOUT)
+				timeouts++;
+			else if (c.res == -ENOBUFS)
+				nobufs++;
+			else
+				fail_msg("PUT: %s", ferry_err_name(c.res));
+		}
+	}
+	assert_int_equal(timeouts, 8);
+	assert_int_equal(nobufs, 8);
+	/* b runs: the messages come home; PUTs work again. */
+	for (int i = 0; i < 10; i++) {
+		ferry_progress(b);
+		ferry_progress(a);
+	}
+	t_put(a, to_b, "again", "x", 1, 99, 0);
+	t_expect(a, b, 99, 0, NULL);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 #define BOTH(t)                                             \
 	cmocka_unit_test_prestate(t, &MANUAL),              \
 	cmocka_unit_test_prestate(t, &THREAD)
@@ -458,6 +515,7 @@ int main(void)
 		BOTH(test_key_table_full),
 		BOTH(test_peer_restart),
 		BOTH(test_buffer_outlives_owner),
+		cmocka_unit_test(test_puts_away_at_silent_peer),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

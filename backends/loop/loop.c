@@ -249,8 +249,17 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 
 	if (atomic_load_explicit(&dst->closed, memory_order_relaxed))
 		return -EHOSTUNREACH; /* its engine went: the reactor asks again */
-	(void)e;
-	m = self->free_msgs; /* never empty: one message per op */
+	m = self->free_msgs;
+	if (!m) {
+		/*
+		 * Every message is away: PUTs that timed out or were cancelled
+		 * left theirs at a peer that does not answer (a MANUAL engine
+		 * nobody drives). Refuse rather than wait without bound.
+		 */
+		log_limited(FERRY__LOG_WARN, "engine %s: %u PUTs still away at peers that do not "
+			    "answer; refusing more", e->name, e->max_ops);
+		return -ENOBUFS;
+	}
 	self->free_msgs = m->free_next;
 	m->kind = MSG_PUT;
 	m->res = 0;
@@ -349,9 +358,12 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 			m->kind = MSG_RESULT;
 			if (ep_send(m->home, m))
 				ep_unref(m->home);
+		} else if (m->kind == MSG_RESULT) {
+			/* A result that made it home: report it as it is. */
+			take_result(e, self, m);
 		} else {
-			if (m->kind == MSG_PUT && m->buf)
-				pool_free(m->buf);
+			if (m->buf)
+				pool_free(m->buf); /* a PUT to ourselves, never taken */
 			ep_unref(self);
 		}
 	}
