@@ -37,14 +37,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "internal.h"
 #include "shm_sock.h"
+#include "shm_wire.h"
 
-#define SHM_PUT_ENTRIES 1024u
-#define SHM_CTRL_ENTRIES 4096u
 #define SHM_MAX_CONNS 256u
 #define SHM_HANDSHAKE_MS 2000
 /*
@@ -54,48 +54,6 @@
  */
 #define SHM_ACCEPT_HELLO_MS 200
 #define SHM_PER_ROUND 256
-
-enum { SHM_D_PUT = 1, SHM_C_RESULT = 2, SHM_C_RELEASE = 3 };
-
-struct shm_put_desc {
-	uint32_t type;
-	uint32_t flags;
-	uint64_t op_cookie;  /* the sender's op: index << 32 | generation */
-	uint64_t buf_cookie; /* the sender's handle index of the block */
-	uint64_t offset, len;
-	uint16_t key_len;
-	uint8_t pad[6];
-	char key[FERRY_KEY_MAX];
-	uint8_t resv[16];
-};
-
-struct shm_ctrl_desc {
-	uint32_t type;
-	int32_t res;
-	uint64_t op_cookie;
-	uint64_t buf_cookie;
-	uint64_t offset;
-};
-
-struct shm_ring_ctl {
-	_Atomic uint32_t head cacheline_aligned; /* consumer */
-	_Atomic uint32_t tail cacheline_aligned; /* producer */
-};
-
-/* One direction of a connection. */
-struct shm_dir {
-	struct shm_ring_ctl put;
-	struct shm_put_desc puts[SHM_PUT_ENTRIES];
-	struct shm_ring_ctl ctrl;
-	struct shm_ctrl_desc ctrls[SHM_CTRL_ENTRIES];
-};
-
-/* The shared memory of a connection: [0] connector -> acceptor, [1] back. */
-struct shm_rings {
-	struct shm_dir dir[2];
-};
-
-#define SHM_RINGS_BYTES ((sizeof(struct shm_rings) + 4095) & ~(size_t)4095)
 
 struct shm_state;
 
@@ -577,6 +535,11 @@ static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *wh
 	atomic_store(&c->closed, 1);
 	while (atomic_load(&c->users))
 		cpu_relax();
+	/*
+	 * Tell the peer now: the socket may outlive this (blocks it lent us
+	 * keep the connection's memory), but the conversation is over.
+	 */
+	shutdown(c->sock, SHUT_RDWR);
 	/* The table keeps its reference until conn_reap: callers still use c. */
 }
 

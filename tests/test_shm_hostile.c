@@ -1,0 +1,299 @@
+/*
+ * tests/test_shm_hostile.c - a peer that breaks the shm protocol.
+ *
+ * The "evil" side here is not an engine: it shakes hands with a real
+ * engine through shm_sock like a peer would, then writes what it likes into
+ * the shared rings. The engine must disconnect it, never read or write out
+ * of bounds (ASan/valgrind watch), keep what was delivered correctly, and
+ * go on serving everyone else.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "shm_sock.h"
+#include "shm_wire.h"
+
+#define EVIL_POOL (1u << 20)
+
+static char rundir[256];
+
+struct evil {
+	int sock;
+	int fds[4]; /* pool, doorbell, wake, rings */
+	uint8_t *pool;
+	struct shm_rings *rings;
+	struct shm_dir *tx, *rx;
+	int peer_fds[SHM_MAX_FDS];
+	unsigned npeer;
+};
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-hostile-XXXXXX");
+	if (!mkdtemp(rundir))
+		return -1;
+	setenv("FERRY_RUNTIME_DIR", rundir, 1);
+	ferry_log_set(-1, NULL, NULL); /* the disconnects log by design */
+	alarm(t_under_valgrind() ? 600 : 60);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	alarm(0);
+	rmdir(rundir);
+	return 0;
+}
+
+static struct ferry_engine *engine_h(const char *name)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+
+	p.name = name;
+	p.ns = "h";
+	p.pool_size = 4u << 20;
+	assert_int_equal(ferry_engine_create(&p, &e), 0);
+	return e;
+}
+
+static struct ferry_engine *victim(void)
+{
+	return engine_h("victim");
+}
+
+/* Shake hands with the victim as "evil" (a name of our choosing). */
+static void evil_connect(struct evil *v, const char *name)
+{
+	struct shm_hello h, back;
+
+	memset(v, 0, sizeof(*v));
+	v->sock = shm_sock_connect("h", "victim");
+	assert_true(v->sock >= 0);
+	v->fds[0] = memfd_create("evil-pool", MFD_CLOEXEC);
+	v->fds[1] = eventfd(0, EFD_CLOEXEC);
+	v->fds[2] = memfd_create("evil-wake", MFD_CLOEXEC);
+	v->fds[3] = memfd_create("evil-rings", MFD_CLOEXEC);
+	assert_int_equal(ftruncate(v->fds[0], EVIL_POOL), 0);
+	assert_int_equal(ftruncate(v->fds[2], 4096), 0);
+	assert_int_equal(ftruncate(v->fds[3], (off_t)SHM_RINGS_BYTES), 0);
+	v->pool = mmap(NULL, EVIL_POOL, PROT_READ | PROT_WRITE, MAP_SHARED, v->fds[0], 0);
+	v->rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, v->fds[3], 0);
+	assert_true(v->pool != MAP_FAILED && v->rings != MAP_FAILED);
+	v->tx = &v->rings->dir[0];
+	v->rx = &v->rings->dir[1];
+	memset(&h, 0, sizeof(h));
+	snprintf(h.ns, sizeof(h.ns), "h");
+	snprintf(h.name, sizeof(h.name), "%s", name);
+	h.pool_size = EVIL_POOL;
+	h.ring_entries = SHM_PUT_ENTRIES;
+	h.ring_bytes = (uint32_t)SHM_RINGS_BYTES;
+	assert_int_equal(shm_sock_send_hello(v->sock, &h, v->fds, 4), 0);
+	v->npeer = SHM_MAX_FDS;
+	assert_int_equal(shm_sock_recv_hello(v->sock, &back, v->peer_fds, &v->npeer, 5000), 0);
+	assert_string_equal(back.name, "victim");
+	assert_int_equal(v->npeer, 3);
+}
+
+static void evil_close(struct evil *v)
+{
+	munmap(v->pool, EVIL_POOL);
+	munmap(v->rings, SHM_RINGS_BYTES);
+	for (int i = 0; i < 4; i++)
+		close(v->fds[i]);
+	for (unsigned i = 0; i < v->npeer; i++)
+		close(v->peer_fds[i]);
+	close(v->sock);
+}
+
+/* Put one PUT descriptor into the ring and ring the victim's doorbell. */
+static void evil_put(struct evil *v, const char *key, uint64_t offset, uint64_t len,
+		     uint64_t buf_cookie)
+{
+	uint32_t tail = atomic_load(&v->tx->put.tail);
+	struct shm_put_desc *d = &v->tx->puts[tail % SHM_PUT_ENTRIES];
+	uint64_t one = 1;
+
+	memset(d, 0, sizeof(*d));
+	d->type = SHM_D_PUT;
+	d->op_cookie = 7;
+	d->buf_cookie = buf_cookie;
+	d->offset = offset;
+	d->len = len;
+	d->key_len = (uint16_t)strlen(key);
+	memcpy(d->key, key, d->key_len + 1u);
+	atomic_store(&v->tx->put.tail, tail + 1);
+	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
+		fail_msg("doorbell");
+}
+
+/* Wait for the victim to hang up on us. Returns 1 if it did. */
+static int evil_dropped(struct evil *v, int ms)
+{
+	struct pollfd p = { .fd = v->sock, .events = POLLIN | POLLRDHUP };
+	int64_t end = t_now() + ms * MS;
+
+	while (t_now() < end) {
+		if (poll(&p, 1, 50) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+			return 1;
+	}
+	return 0;
+}
+
+/* The victim answers a well-formed PUT, and still serves a normal peer. */
+static void victim_still_serves(struct ferry_engine *e)
+{
+	struct ferry_engine *friend = engine_h("friend");
+	struct ferry_cqe c;
+
+	t_put(friend, t_peer(friend, "victim"), "hello", "hi", 3, 1, 0);
+	t_expect(friend, NULL, 1, 0, NULL);
+	t_get(e, t_peer(e, "friend"), "hello", NULL, 0, 2, 0, 5 * SEC);
+	t_expect(e, NULL, 2, 0, &c);
+	assert_string_equal(ferry_buf_data(c.buf), "hi");
+	ferry_buf_release(c.buf);
+	ferry_engine_destroy(friend);
+}
+
+static void test_well_formed_then_out_of_bounds(void **state)
+{
+	struct ferry_engine *e = victim();
+	struct ferry_peer *from = t_peer(e, "evil");
+	struct ferry_cqe c;
+	struct evil v;
+	int64_t end;
+
+	(void)state;
+	evil_connect(&v, "evil");
+	/* A correct PUT first: it is delivered and answered. */
+	memcpy(v.pool + 4096, "fine data", 10);
+	evil_put(&v, "ok", 4096, 10, 1);
+	end = t_now() + 5 * SEC;
+	while (atomic_load(&v.rx->ctrl.tail) == 0 && t_now() < end)
+		usleep(1000);
+	assert_int_equal(atomic_load(&v.rx->ctrl.tail), 1);
+	assert_int_equal(v.rx->ctrls[0].type, SHM_C_RESULT);
+	assert_int_equal(v.rx->ctrls[0].res, 0);
+	/* Now a descriptor pointing past the end of our pool. */
+	evil_put(&v, "bad", EVIL_POOL - 8, 4096, 2);
+	assert_true(evil_dropped(&v, 5000));
+	/* What arrived before is still there and intact. */
+	t_get(e, from, "ok", NULL, 0, 3, FERRY_SQE_NOWAIT, 0);
+	t_expect(e, NULL, 3, 0, &c);
+	assert_string_equal(ferry_buf_data(c.buf), "fine data");
+	ferry_buf_release(c.buf);
+	evil_close(&v);
+	victim_still_serves(e);
+	ferry_engine_destroy(e);
+}
+
+static void test_garbage_indices_and_descriptors(void **state)
+{
+	struct ferry_engine *e = victim();
+	struct evil v;
+
+	(void)state;
+	/* A ring tail far ahead of its head. */
+	evil_connect(&v, "evil1");
+	atomic_store(&v.tx->put.tail, 1u << 30);
+	{
+		uint64_t one = 1;
+
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	/* An unknown descriptor type. */
+	evil_connect(&v, "evil2");
+	evil_put(&v, "x", 0, 1, 1);
+	v.tx->puts[0].type = 99;
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	/* A key that is not terminated where it says. */
+	evil_connect(&v, "evil3");
+	{
+		uint32_t tail = atomic_load(&v.tx->put.tail);
+		struct shm_put_desc *d = &v.tx->puts[tail % SHM_PUT_ENTRIES];
+		uint64_t one = 1;
+
+		memset(d, 'A', sizeof(*d));
+		d->type = SHM_D_PUT;
+		d->flags = 0;
+		d->offset = 0;
+		d->len = 1;
+		d->key_len = 5;
+		atomic_store(&v.tx->put.tail, tail + 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	/* A RELEASE of a block it was never lent, and a RESULT for nothing. */
+	evil_connect(&v, "evil4");
+	{
+		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
+		uint64_t one = 1;
+
+		d->type = SHM_C_RELEASE;
+		d->buf_cookie = 12345;
+		d->offset = 0;
+		atomic_store(&v.tx->ctrl.tail, 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	evil_connect(&v, "evil5");
+	{
+		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
+		uint64_t one = 1;
+
+		d->type = SHM_C_RESULT;
+		d->res = 0;
+		d->op_cookie = ~0ull;
+		d->buf_cookie = ~0ull;
+		atomic_store(&v.tx->ctrl.tail, 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	victim_still_serves(e);
+	ferry_engine_destroy(e);
+}
+
+/* A caller that connects and never says hello costs little and gets nothing. */
+static void test_silent_caller(void **state)
+{
+	struct ferry_engine *e = victim();
+	int s = shm_sock_connect("h", "victim");
+	int64_t t0;
+
+	(void)state;
+	assert_true(s >= 0);
+	t0 = t_now();
+	victim_still_serves(e);
+	assert_true(t_now() - t0 < 5 * SEC);
+	close(s);
+	ferry_engine_destroy(e);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_well_formed_then_out_of_bounds, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_garbage_indices_and_descriptors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_silent_caller, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
