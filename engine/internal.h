@@ -317,6 +317,8 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
 /* Drop the transport state of a peer (so the next PUT resolves it again). */
 void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
+/* The same for every peer that transport b carries (at its shutdown). */
+void reactor_unresolve_all(struct ferry_engine *e, struct backend *b);
 /* The transport finished a PUT (res 0 or negative errno). */
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
 /* Ring the engine's doorbell if its progress side sleeps. Any thread. */

@@ -364,6 +364,13 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
 	}
 }
 
+void reactor_unresolve_all(struct ferry_engine *e, struct backend *b)
+{
+	for (struct ferry_peer *p = e->peers; p; p = p->next)
+		if (p->backend == b)
+			reactor_unresolve(e, p);
+}
+
 /* Find the transport that reaches op->peer and hand it the PUT. */
 static int backend_put(struct ferry_engine *e, struct op *op)
 {

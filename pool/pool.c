@@ -920,6 +920,19 @@ static void buf_push(struct pool *p, uint32_t idx)
 							memory_order_relaxed));
 }
 
+/* A free handle's index, or POOL_NONE (counted, logged at most once a second). */
+static uint32_t take_handle(struct pool *pool)
+{
+	uint32_t idx = buf_pop(pool);
+
+	if (idx == POOL_NONE) {
+		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);
+		log_limited(FERRY__LOG_WARN, "pool %s: all %u buffer handles in use",
+			    pool->name, pool->max_bufs);
+	}
+	return idx;
+}
+
 int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 {
 	struct ferry_buf *b;
@@ -931,13 +944,9 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 		log_error("pool_alloc: NULL %s", pool ? "out" : "pool");
 		return -EINVAL;
 	}
-	idx = buf_pop(pool);
-	if (idx == POOL_NONE) {
-		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);
-		log_limited(FERRY__LOG_WARN, "pool %s: all %u buffer handles in use",
-			    pool->name, pool->max_bufs);
+	idx = take_handle(pool);
+	if (idx == POOL_NONE)
 		return -ENOMEM;
-	}
 	err = block_alloc(pool, len, &off, &cap);
 	if (err) {
 		buf_push(pool, idx);
@@ -967,13 +976,9 @@ int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offse
 		log_error("pool_wrap: NULL argument");
 		return -EINVAL;
 	}
-	idx = buf_pop(pool);
-	if (idx == POOL_NONE) {
-		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);
-		log_limited(FERRY__LOG_WARN, "pool %s: all %u buffer handles in use",
-			    pool->name, pool->max_bufs);
+	idx = take_handle(pool);
+	if (idx == POOL_NONE)
 		return -ENOMEM;
-	}
 	b = &pool->bufs[idx];
 	b->pool = pool;
 	b->data = data;

@@ -367,12 +367,7 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 			ep_unref(self);
 		}
 	}
-	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		if (p->backend == b) {
-			loop_unresolve(e, b, p);
-			p->backend = NULL;
-		}
-	}
+	reactor_unresolve_all(e, b);
 	b->data = NULL;
 	ep_unref(self);
 }

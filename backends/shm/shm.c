@@ -952,12 +952,7 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 		pool_wrap_done(buf);
 		conn_unref(buf->release_ctx);
 	}
-	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		if (p->backend == b) {
-			shm_unresolve(e, b, p);
-			p->backend = NULL;
-		}
-	}
+	reactor_unresolve_all(e, b);
 	free(st->lent);
 	free(st->lent_conn);
 	free(st);
