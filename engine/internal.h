@@ -369,7 +369,8 @@ struct ferry_engine {
 	struct timer_heap timers;
 	struct key_table keys;
 	struct ferry_cq *dirty_cqs;
-	uint64_t now; /* clock read once per round */
+	uint64_t now;   /* the clock, read at most once per round (reactor_now) */
+	bool now_valid;
 
 	/* The reactor's io_uring: doorbell reads and the sleep. */
 	struct io_uring ring;
@@ -399,6 +400,16 @@ struct ferry_engine {
 
 	struct engine_stats stats;
 };
+
+/* The round's clock: read on first use in a round (a read costs ~70 ns here). */
+static inline uint64_t reactor_now(struct ferry_engine *e)
+{
+	if (!e->now_valid) {
+		e->now = ferry__now_ns();
+		e->now_valid = true;
+	}
+	return e->now;
+}
 
 /* One reactor round: returns events handled. Caller holds progress_busy. */
 int reactor_run_once(struct ferry_engine *e);

@@ -83,7 +83,9 @@ struct shm_state {
 	struct shm_listener lis;
 	bool listen_armed;
 	uint32_t next_gen;
-	struct shm_conn *conns[SHM_MAX_CONNS];
+	struct shm_conn *conns[SHM_MAX_CONNS]; /* by slot (the id peers' cookies name) */
+	struct shm_conn *live[SHM_MAX_CONNS];  /* the same, packed: what rounds walk */
+	uint32_t nlive;
 	struct ferry_buf **lent;  /* by handle index: blocks a peer holds */
 	uint16_t *lent_conn;      /* conn id + 1 */
 	uint32_t max_bufs;
@@ -474,8 +476,15 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		}
 		n++;
 	}
-	if (n)
-		wake_peer(c); /* it may wait for the room we just made */
+	if (n) {
+		/* It may sleep until we make room (pairs with want_room()). */
+		atomic_thread_fence(memory_order_seq_cst);
+		if ((atomic_load_explicit(&c->rx->put.want_room, memory_order_relaxed) &&
+		     atomic_exchange(&c->rx->put.want_room, 0)) |
+		    (atomic_load_explicit(&c->rx->ctrl.want_room, memory_order_relaxed) &&
+		     atomic_exchange(&c->rx->ctrl.want_room, 0)))
+			wake_peer(c);
+	}
 	n += flush_pending(e, c);
 	return n;
 }
@@ -486,10 +495,10 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 
 static bool other_live_conn(struct shm_state *st, struct shm_conn *c)
 {
-	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
-		struct shm_conn *o = st->conns[i];
+	for (uint32_t i = 0; i < st->nlive; i++) {
+		struct shm_conn *o = st->live[i];
 
-		if (o && o != c && !o->dead && strcmp(o->peer_name, c->peer_name) == 0)
+		if (o != c && !o->dead && strcmp(o->peer_name, c->peer_name) == 0)
 			return true;
 	}
 	return false;
@@ -545,6 +554,12 @@ static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *wh
 
 static void conn_reap(struct shm_state *st, struct shm_conn *c)
 {
+	for (uint32_t i = 0; i < st->nlive; i++) {
+		if (st->live[i] == c) {
+			st->live[i] = st->live[--st->nlive];
+			break;
+		}
+	}
 	st->conns[c->id] = NULL;
 	conn_unref(c); /* the table's reference */
 }
@@ -654,6 +669,7 @@ static int conn_create(struct ferry_engine *e, struct backend *b, int sock,
 			close(fds[i]);
 	c->gen = ++st->next_gen;
 	st->conns[slot] = c;
+	st->live[st->nlive++] = c;
 	arm_poll(e, b, sock, ((uint64_t)c->gen << 16) | (slot + 1));
 	log_debug("shm: engine %s connected to %s (%s)", e->name, c->peer_name,
 		  connector ? "we called" : "it called");
@@ -809,10 +825,10 @@ static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 	struct shm_state *st = b->data;
 	struct shm_conn *c = NULL;
 
-	for (uint32_t i = 0; i < SHM_MAX_CONNS && !c; i++) {
-		struct shm_conn *o = st->conns[i];
+	for (uint32_t i = 0; i < st->nlive && !c; i++) {
+		struct shm_conn *o = st->live[i];
 
-		if (o && !o->dead && strcmp(o->peer_name, peer->name) == 0)
+		if (!o->dead && strcmp(o->peer_name, peer->name) == 0)
 			c = o;
 	}
 	if (!c && connect_peer(e, b, peer->name, &c) != 0)
@@ -838,17 +854,45 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 
 	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
 		n += flush_releases(e, st);
-	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
-		struct shm_conn *c = st->conns[i];
+	for (uint32_t i = 0; i < st->nlive;) {
+		struct shm_conn *c = st->live[i];
 
-		if (!c)
-			continue;
 		if (!c->dead)
 			n += conn_progress(e, c);
 		if (c->dead)
-			conn_reap(st, c);
+			conn_reap(st, c); /* moves the last one here */
+		else
+			i++;
 	}
 	return n;
+}
+
+/*
+ * Before sleeping with work that waits for room in a ring the peer drains:
+ * say so, then look again (the peer rings us when it sees want_room).
+ */
+static bool room_appeared(struct shm_ring_ctl *r, uint32_t entries);
+
+/* Some queued release can be sent (its peer's control ring has room, or is gone). */
+static bool releases_can_move(struct shm_state *st)
+{
+	if (st->nlive == 0)
+		return true; /* only gone peers: nothing to wait for */
+	for (uint32_t i = 0; i < st->nlive; i++) {
+		struct shm_conn *c = st->live[i];
+
+		if (c->dead || ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES) != 0 ||
+		    room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES))
+			return true;
+	}
+	return false;
+}
+
+static bool room_appeared(struct shm_ring_ctl *r, uint32_t entries)
+{
+	atomic_store(&r->want_room, 1);
+	atomic_thread_fence(memory_order_seq_cst);
+	return ring_room(r, entries) != 0;
 }
 
 static bool shm_has_work(struct ferry_engine *e, struct backend *b)
@@ -856,22 +900,24 @@ static bool shm_has_work(struct ferry_engine *e, struct backend *b)
 	struct shm_state *st = b->data;
 
 	(void)e;
-	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
-		return true;
-	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
-		struct shm_conn *c = st->conns[i];
+	for (uint32_t i = 0; i < st->nlive; i++) {
+		struct shm_conn *c = st->live[i];
 
-		if (!c)
-			continue;
 		if (c->dead)
 			return true; /* to be reaped */
-		if (ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES) != 0 ||
-		    ring_ready(&c->rx->put, SHM_PUT_ENTRIES) != 0)
+		if (ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES) != 0)
 			return true;
-		if (c->pending_head && ring_room(&c->tx->put, SHM_PUT_ENTRIES) != 0)
+		/* PUTs to take need control room for their RESULT. */
+		if (ring_ready(&c->rx->put, SHM_PUT_ENTRIES) != 0 &&
+		    (ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES) != 0 ||
+		     room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES)))
+			return true;
+		if (c->pending_head && (ring_room(&c->tx->put, SHM_PUT_ENTRIES) != 0 ||
+					room_appeared(&c->tx->put, SHM_PUT_ENTRIES)))
 			return true;
 	}
-	return false;
+	/* Releases wait for control room, which the loop above asked for. */
+	return atomic_load_explicit(&st->releases, memory_order_relaxed) && releases_can_move(st);
 }
 
 static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,

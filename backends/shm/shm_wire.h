@@ -47,6 +47,8 @@ struct shm_ctrl_desc {
 struct shm_ring_ctl {
 	_Atomic uint32_t head __attribute__((aligned(64))); /* consumer */
 	_Atomic uint32_t tail __attribute__((aligned(64))); /* producer */
+	/* The producer sleeps until the consumer makes room: ring its doorbell. */
+	_Atomic uint32_t want_room __attribute__((aligned(64)));
 };
 
 /* One direction of a connection. */
