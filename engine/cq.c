@@ -328,7 +328,7 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 			return -ETIMEDOUT;
 		}
 		if (now < spin_until) {
-			cpu_relax();
+			ferry__spin_step(now - start);
 			continue;
 		}
 		if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {

@@ -43,6 +43,14 @@ static inline void cpu_relax(void)
 }
 
 /*
+ * One step of a bounded spin that has already lasted spun_ns: pause at
+ * first; after a couple of microseconds yield the CPU, so that a thread just
+ * woken on this CPU (the reactor, or the caller it completes for) runs
+ * instead of waiting out our spin. Only idle loops call it.
+ */
+void ferry__spin_step(uint64_t spun_ns);
+
+/*
  * Counters written by one thread (the reactor of the moment) and read by
  * any (health): relaxed load + store, a plain move on x86, no locked add.
  */

@@ -19,6 +19,7 @@
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,6 +59,14 @@ int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
 	if (syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, tsp, NULL, 0) < 0)
 		return -errno;
 	return 0;
+}
+
+void ferry__spin_step(uint64_t spun_ns)
+{
+	if (spun_ns < 2000)
+		cpu_relax();
+	else
+		sched_yield();
 }
 
 void ferry__futex_wake_all(_Atomic uint32_t *addr)
@@ -979,7 +988,7 @@ void *reactor_thread_main(void *arg)
 			continue;
 		}
 		if (reactor_now(e) - last_work < e->spin_ns) {
-			cpu_relax();
+			ferry__spin_step(e->now - last_work);
 			continue;
 		}
 		reactor_sleep(e, -1);

@@ -163,6 +163,35 @@ static int gate_wait(struct gate *g, int ms)
 	return -1;
 }
 
+/*
+ * Fork fn(arg) now and let it start at held_go(). Tests fork every child
+ * before the parent creates its engines: a child forked from a process
+ * whose engine threads run may inherit a lock held at that instant (the
+ * ASan allocator's, for one) and hang.
+ */
+struct held {
+	pid_t pid;
+	struct gate go;
+};
+
+static void spawn_held(struct held *h, int (*fn)(void *), void *arg)
+{
+	gate_init(&h->go);
+	h->pid = fork();
+	assert_true(h->pid >= 0);
+	if (h->pid == 0) {
+		alarm(t_under_valgrind() ? 600 : 100);
+		if (gate_wait(&h->go, 100000))
+			_exit(99);
+		_exit(fn(arg));
+	}
+}
+
+static void held_go(struct held *h)
+{
+	gate_open(&h->go);
+}
+
 /* ------------------------------------------------------------------ */
 /* A producer child: puts `count` keys k<first..> to `to`, windowed.    */
 /* ------------------------------------------------------------------ */
@@ -299,15 +328,17 @@ static void test_order_many_small(void **state)
 	/* Handles for every item: a PUT refused for lack of them is retried out of order. */
 	struct producer p = { "t", "prod", "cons", 0, n, 32, NULL, 256, 2 * n };
 	/* Room for every key: a refused PUT would be retried out of order. */
-	struct ferry_engine *c = mk_big("t", "cons", 0, 2 * n, 0);
-	pid_t pid;
+	struct ferry_engine *c;
+	struct held h;
 
 	(void)state;
+	spawn_held(&h, producer_main, &p);
+	c = mk_big("t", "cons", 0, 2 * n, 0);
 	assert_non_null(c);
-	pid = spawn(producer_main, &p);
+	held_go(&h);
 	/* The GETs wait in order; each completes in the order its PUT came. */
 	assert_int_equal(consume(c, "prod", 0, n, 32, 1), 0);
-	assert_int_equal(reap(pid), 0);
+	assert_int_equal(reap(h.pid), 0);
 	ferry_engine_destroy(c);
 }
 
@@ -357,15 +388,17 @@ static int big_producer(void *arg)
 static void test_big_payload_checksum(void **state)
 {
 	struct big b = { t_under_valgrind() ? (8u << 20) : (1u << 30), 0, 1 };
-	struct ferry_engine *c = mk("t", "bigc", 16u << 20);
+	struct ferry_engine *c;
 	struct ferry_peer *from;
 	struct ferry_sq *sq;
 	struct ferry_sqe *sqe;
 	struct ferry_cqe cqe;
 	uint64_t want = 0;
-	pid_t pid;
+	struct held h;
 
 	(void)state;
+	spawn_held(&h, big_producer, &b);
+	c = mk("t", "bigc", 16u << 20);
 	assert_non_null(c);
 	{
 		/* The checksum the producer's pattern must give. */
@@ -377,7 +410,7 @@ static void test_big_payload_checksum(void **state)
 		want = checksum(w, b.size);
 		free(w);
 	}
-	pid = spawn(big_producer, &b);
+	held_go(&h);
 	ferry_peer_open(c, "bigp", &from);
 	ferry_sq_get(c, &sq);
 	sqe = ferry_sq_get_sqe(sq);
@@ -389,7 +422,7 @@ static void test_big_payload_checksum(void **state)
 	assert_true(cqe.flags & FERRY_CQE_F_BUF);
 	assert_true(checksum(ferry_buf_data(cqe.buf), b.size) == want);
 	assert_int_equal(ferry_buf_release(cqe.buf), 0);
-	assert_int_equal(reap(pid), 0);
+	assert_int_equal(reap(h.pid), 0);
 	ferry_engine_destroy(c);
 }
 
@@ -401,13 +434,16 @@ static void test_three_to_one(void **state)
 		{ "t", "p1", "sink", 0, n, 1000, NULL, 128, 0 },
 		{ "t", "p2", "sink", 0, n, 5000, NULL, 128, 0 },
 	};
-	struct ferry_engine *c = mk("t", "sink", 64u << 20);
-	pid_t pid[3];
+	struct ferry_engine *c;
+	struct held h[3];
 
 	(void)state;
+	for (int i = 0; i < 3; i++)
+		spawn_held(&h[i], producer_main, &p[i]);
+	c = mk("t", "sink", 64u << 20);
 	assert_non_null(c);
 	for (int i = 0; i < 3; i++)
-		pid[i] = spawn(producer_main, &p[i]);
+		held_go(&h[i]);
 	/*
 	 * Keys are scoped by sender: k0@p0_sink and k0@p1_sink are different
 	 * keys. Producers whose pool fills up (their blocks wait here until
@@ -418,7 +454,7 @@ static void test_three_to_one(void **state)
 	assert_int_equal(consume(c, "p1", 0, n, 1000, 0), 0);
 	assert_int_equal(consume(c, "p2", 0, n, 5000, 0), 0);
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(reap(pid[i]), 0);
+		assert_int_equal(reap(h[i].pid), 0);
 	ferry_engine_destroy(c);
 }
 
@@ -447,17 +483,20 @@ static void test_one_to_three(void **state)
 	unsigned n = t_under_valgrind() ? 300 : 5000;
 	struct gate ready;
 	struct cons_arg a[3] = { { "c0", n, &ready }, { "c1", n, &ready }, { "c2", n, &ready } };
-	struct ferry_engine *e = mk("t", "src", 32u << 20);
+	struct ferry_engine *e;
 	struct ferry_peer *to[3];
 	struct ferry_sq *sq;
-	pid_t pid[3];
+	struct held h[3];
 	unsigned done = 0, sent = 0;
 
 	(void)state;
-	assert_non_null(e);
 	gate_init(&ready);
+	for (int i = 0; i < 3; i++)
+		spawn_held(&h[i], consumer_main, &a[i]);
+	e = mk("t", "src", 32u << 20);
+	assert_non_null(e);
 	for (int i = 0; i < 3; i++) {
-		pid[i] = spawn(consumer_main, &a[i]);
+		held_go(&h[i]);
 		assert_int_equal(gate_wait(&ready, 20000), 0);
 		to[i] = t_peer(e, a[i].name);
 	}
@@ -484,7 +523,7 @@ static void test_one_to_three(void **state)
 		done++;
 	}
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(reap(pid[i]), 0);
+		assert_int_equal(reap(h[i].pid), 0);
 	ferry_engine_destroy(e);
 }
 
@@ -493,15 +532,17 @@ static void test_one_to_three(void **state)
 static void test_get_before_put_and_deadlines(void **state)
 {
 	struct producer p = { "t", "late", "early", 0, 10, 64, NULL, 4, 0 };
-	struct ferry_engine *c = mk("t", "early", 0);
-	struct ferry_peer *from = t_peer(c, "late");
+	struct ferry_engine *c;
+	struct ferry_peer *from;
 	struct ferry_cqe cqe;
-	struct gate go;
-	pid_t pid;
+	struct held h;
 	int64_t t0;
 
 	(void)state;
+	spawn_held(&h, producer_main, &p);
+	c = mk("t", "early", 0);
 	assert_non_null(c);
+	from = t_peer(c, "late");
 	/* A GET for a peer that does not even exist yet: it waits. */
 	t_get(c, from, "k0", NULL, 0, 100, 0, 20 * SEC);
 	/* A GET with a short deadline on a key that never comes. */
@@ -514,16 +555,13 @@ static void test_get_before_put_and_deadlines(void **state)
 	t_put(c, t_peer(c, "ghost"), "x", "x", 1, 102, 0);
 	assert_int_equal(wait_one(c, &cqe, 5 * SEC), -EHOSTUNREACH);
 
-	gate_init(&go);
-	p.go = &go;
-	pid = spawn(producer_main, &p);
-	gate_open(&go);
+	held_go(&h);
 	assert_int_equal(wait_one(c, &cqe, 20 * SEC), 0);
 	assert_int_equal(cqe.user_data, 100);
 	assert_int_equal(*(unsigned *)ferry_buf_data(cqe.buf), 0);
 	ferry_buf_release(cqe.buf);
 	assert_int_equal(consume(c, "late", 1, 9, 64, 1), 0);
-	assert_int_equal(reap(pid), 0);
+	assert_int_equal(reap(h.pid), 0);
 	ferry_engine_destroy(c);
 }
 
@@ -572,20 +610,23 @@ static void test_sender_pool_exhaustion(void **state)
 {
 	struct gate ready, done;
 	struct hold_arg a = { &ready, &done, 5 };
-	struct ferry_engine *e = mk("t", "filler", 1u << 20);
-	struct ferry_peer *to = t_peer(e, "holder");
+	struct ferry_engine *e;
+	struct ferry_peer *to;
 	static char block[200000];
 	struct ferry_cqe c;
 	unsigned ok = 0;
 	int enomem = 0;
-	pid_t pid;
+	struct held hd;
 	char h[4096];
 
 	(void)state;
-	assert_non_null(e);
 	gate_init(&ready);
 	gate_init(&done);
-	pid = spawn(holder_main, &a);
+	spawn_held(&hd, holder_main, &a);
+	e = mk("t", "filler", 1u << 20);
+	assert_non_null(e);
+	to = t_peer(e, "holder");
+	held_go(&hd);
 	assert_int_equal(gate_wait(&ready, 20000), 0);
 	for (unsigned i = 0; i < 7; i++) {
 		char key[32];
@@ -605,7 +646,7 @@ static void test_sender_pool_exhaustion(void **state)
 	assert_int_equal(enomem, 2);
 	gate_open(&done);
 	/* The holder checked that everything sent arrived intact: it exits 0 only then. */
-	assert_int_equal(reap(pid), 0);
+	assert_int_equal(reap(hd.pid), 0);
 	/* Its blocks came back when it released them or died. */
 	for (int i = 0; i < 200; i++) {
 		ferry_progress(e);
@@ -638,17 +679,24 @@ static int slow_producer(void *arg)
 /* The producer dies: GETs waiting on it fail fast; its data already sent stays. */
 static void test_sigkill_producer(void **state)
 {
-	struct ferry_engine *e = mk("t", "survivor", 0);
-	struct ferry_peer *from = t_peer(e, "victim");
+	struct producer other = { "t", "other", "survivor", 0, 100, 64, NULL, 16, 0 };
+	struct ferry_engine *e;
+	struct ferry_peer *from;
 	struct ferry_cqe c;
 	struct gate ready;
+	struct held victim, h2;
 	int64_t t0;
 	pid_t pid;
 
 	(void)state;
-	assert_non_null(e);
 	gate_init(&ready);
-	pid = spawn(slow_producer, &ready);
+	spawn_held(&victim, slow_producer, &ready);
+	spawn_held(&h2, producer_main, &other);
+	e = mk("t", "survivor", 0);
+	assert_non_null(e);
+	from = t_peer(e, "victim");
+	pid = victim.pid;
+	held_go(&victim);
 	assert_int_equal(gate_wait(&ready, 20000), 0);
 	t_get(e, from, "k0", NULL, 0, 1, 0, 10 * SEC);
 	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
@@ -669,13 +717,9 @@ static void test_sigkill_producer(void **state)
 	assert_string_equal(ferry_buf_data(c.buf), "first");
 	assert_int_equal(ferry_buf_release(c.buf), 0);
 	/* The survivor goes on serving others. */
-	{
-		struct producer p = { "t", "other", "survivor", 0, 100, 64, NULL, 16, 0 };
-		pid_t p2 = spawn(producer_main, &p);
-
-		assert_int_equal(consume(e, "other", 0, 100, 64, 1), 0);
-		assert_int_equal(reap(p2), 0);
-	}
+	held_go(&h2);
+	assert_int_equal(consume(e, "other", 0, 100, 64, 1), 0);
+	assert_int_equal(reap(h2.pid), 0);
 	ferry_engine_destroy(e);
 }
 
@@ -705,19 +749,24 @@ static int greedy_consumer(void *arg)
 /* The consumer dies: the blocks it held come back, PUTs fail fast. */
 static void test_sigkill_consumer(void **state)
 {
-	struct ferry_engine *e = mk("t", "feeder", 8u << 20);
-	struct ferry_peer *to = t_peer(e, "eater");
+	struct ferry_engine *e;
+	struct ferry_peer *to;
 	static char block[100000];
 	struct ferry_cqe c;
 	struct gate ready;
+	struct held eater;
 	char h[4096];
 	pid_t pid;
 	int rc = 0;
 
 	(void)state;
-	assert_non_null(e);
 	gate_init(&ready);
-	pid = spawn(greedy_consumer, &ready);
+	spawn_held(&eater, greedy_consumer, &ready);
+	e = mk("t", "feeder", 8u << 20);
+	assert_non_null(e);
+	to = t_peer(e, "eater");
+	pid = eater.pid;
+	held_go(&eater);
 	assert_int_equal(gate_wait(&ready, 20000), 0);
 	for (unsigned i = 0; i < 20; i++) {
 		char key[32];
@@ -769,16 +818,21 @@ static int ns_twin(void *arg)
 
 static void test_namespaces_isolated(void **state)
 {
-	struct ferry_engine *tx = mk("ns1", "tx", 0), *rx = mk("ns1", "rx", 0);
+	struct ferry_engine *tx, *rx;
 	struct ferry_cqe c;
 	struct gate ready;
+	struct held twin;
 	pid_t pid;
 
 	(void)state;
+	gate_init(&ready);
+	spawn_held(&twin, ns_twin, &ready); /* same names, namespace ns2, another process */
+	tx = mk("ns1", "tx", 0);
+	rx = mk("ns1", "rx", 0);
 	assert_non_null(tx);
 	assert_non_null(rx);
-	gate_init(&ready);
-	pid = spawn(ns_twin, &ready); /* same names, namespace ns2, another process */
+	pid = twin.pid;
+	held_go(&twin);
 	assert_int_equal(gate_wait(&ready, 20000), 0);
 	t_put(tx, t_peer(tx, "rx"), "secret", "s", 2, 1, 0);
 	assert_int_equal(wait_one(tx, &c, 5 * SEC), 0);
