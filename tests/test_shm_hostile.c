@@ -39,7 +39,7 @@ static int setup(void **state)
 	if (!mkdtemp(rundir))
 		return -1;
 	setenv("FERRY_RUNTIME_DIR", rundir, 1);
-	ferry_log_set(-1, NULL, NULL); /* the disconnects log by design */
+	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL); /* the disconnects log by design */
 	alarm(t_under_valgrind() ? 600 : 60);
 	return 0;
 }
@@ -114,15 +114,15 @@ static void evil_close(struct evil *v)
 }
 
 /* Put one PUT descriptor into the ring and ring the victim's doorbell. */
-static void evil_put(struct evil *v, const char *key, uint64_t offset, uint64_t len,
-		     uint64_t buf_cookie)
+static void evil_put_type(struct evil *v, uint32_t type, const char *key, uint64_t offset,
+			  uint64_t len, uint64_t buf_cookie)
 {
 	uint32_t tail = atomic_load(&v->tx->put.tail);
 	struct shm_put_desc *d = &v->tx->puts[tail % SHM_PUT_ENTRIES];
 	uint64_t one = 1;
 
 	memset(d, 0, sizeof(*d));
-	d->type = SHM_D_PUT;
+	d->type = type;
 	d->op_cookie = 7;
 	d->buf_cookie = buf_cookie;
 	d->offset = offset;
@@ -132,6 +132,12 @@ static void evil_put(struct evil *v, const char *key, uint64_t offset, uint64_t 
 	atomic_store(&v->tx->put.tail, tail + 1);
 	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
 		fail_msg("doorbell");
+}
+
+static void evil_put(struct evil *v, const char *key, uint64_t offset, uint64_t len,
+		     uint64_t buf_cookie)
+{
+	evil_put_type(v, SHM_D_PUT, key, offset, len, buf_cookie);
 }
 
 /* Wait for the victim to hang up on us. Returns 1 if it did. */
@@ -213,8 +219,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 
 	/* An unknown descriptor type. */
 	evil_connect(&v, "evil2");
-	evil_put(&v, "x", 0, 1, 1);
-	v.tx->puts[0].type = 99;
+	evil_put_type(&v, 99, "x", 0, 1, 1);
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 

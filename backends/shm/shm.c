@@ -939,7 +939,13 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 
 		if (!c || c->gen != (cookie >> 16))
 			return; /* a connection already gone */
-		/* After the hello, the socket only speaks by hanging up. */
+		/*
+		 * After the hello, the socket only speaks by hanging up. What the
+		 * peer wrote into the rings before it went (its last RESULTs and
+		 * RELEASEs, PUTs already sent) is taken first.
+		 */
+		if (res >= 0 && (res & (POLLHUP | POLLRDHUP | POLLERR)) && !c->dead)
+			conn_progress(e, c);
 		if (res < 0)
 			conn_fail(e, c, ferry_strerror(res), -ECONNRESET);
 		else
