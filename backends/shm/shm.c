@@ -927,9 +927,10 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 
 	(void)flags;
 	if (cookie == 0) {
-		if (!st->lis.live || res < 0)
+		if (!st->lis.live || res == -ECANCELED)
 			return;
-		accept_all(e, b);
+		if (res >= 0)
+			accept_all(e, b);
 		arm_poll(e, b, st->lis.fd, 0);
 		return;
 	}
@@ -946,12 +947,15 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 		 */
 		if (res >= 0 && (res & (POLLHUP | POLLRDHUP | POLLERR)) && !c->dead)
 			conn_progress(e, c);
-		if (res < 0)
+		if (res < 0) {
 			conn_fail(e, c, ferry_strerror(res), -ECONNRESET);
-		else
-			conn_fail(e, c, (res & (POLLHUP | POLLRDHUP | POLLERR)) ? "it went away"
-										: "unexpected data on its socket",
-				  -ECONNRESET);
+		} else if (res & (POLLHUP | POLLRDHUP | POLLERR)) {
+			if (!c->dead)
+				log_info("shm: engine %s: %s went away", e->name, c->peer_name);
+			conn_fail(e, c, NULL, -ECONNRESET); /* a peer leaving is no error */
+		} else {
+			conn_fail(e, c, "unexpected data on its socket", -ECONNRESET);
+		}
 		conn_reap(st, c);
 	}
 }
