@@ -1,0 +1,194 @@
+/*
+ * bench/bench_util.h - what every ferry benchmark shares: progress lines,
+ * dying on an error, median/min/max of repetitions, percentiles, and the
+ * JSON writer (one document, printed once at the end).
+ *
+ * Header-only on purpose: every benchmark source is its own program. A benchmark
+ * sets `who` (its name, shown on stderr) before it prints anything.
+ */
+#ifndef FERRY_BENCH_UTIL_H
+#define FERRY_BENCH_UTIL_H
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ferry.h"
+
+static const char *who = "bench";
+
+static void progress(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void progress(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	fprintf(stderr, "%s: ", who);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+	va_end(ap);
+}
+
+static void die(const char *what, int rc) __attribute__((noreturn));
+static void die(const char *what, int rc)
+{
+	fprintf(stderr, "%s: %s: %s (%s)\n", who, what, ferry_strerror(rc), ferry_err_name(rc));
+	exit(1);
+}
+
+#define CHECK(call)                                  \
+	do {                                         \
+		int rc_ = (call);                    \
+		if (rc_ < 0)                         \
+			die(#call, rc_);             \
+	} while (0)
+
+static inline void clobber(void *p)
+{
+	__asm__ __volatile__("" : : "r"(p) : "memory");
+}
+
+
+/* ------------------------------------------------------------------ */
+/* Statistics and JSON                                                 */
+/* ------------------------------------------------------------------ */
+
+struct stat3 {
+	double median, min, max;
+};
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static struct stat3 stat_of(const double *v, int n)
+{
+	double *s = malloc(sizeof(double) * (size_t)(n > 0 ? n : 1));
+	struct stat3 r = { 0, 0, 0 };
+
+	if (n <= 0) {
+		free(s);
+		return r;
+	}
+	memcpy(s, v, sizeof(double) * (size_t)n);
+	qsort(s, (size_t)n, sizeof(double), cmp_double);
+	r.min = s[0];
+	r.max = s[n - 1];
+	r.median = n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+	free(s);
+	return r;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Percentile (0..100) of n samples, sorting them in place. */
+static double pct(uint64_t *v, size_t n, double p)
+{
+	size_t i;
+
+	qsort(v, n, sizeof(*v), cmp_u64);
+	i = (size_t)(p / 100.0 * (double)(n - 1) + 0.5);
+	return (double)v[i < n ? i : n - 1];
+}
+
+static struct {
+	char *p;
+	size_t len, cap;
+	bool need_comma;
+} js;
+
+static void jraw(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void jraw(const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(js.p + js.len, js.cap - js.len, fmt, ap);
+		va_end(ap);
+		if (n >= 0 && (size_t)n < js.cap - js.len)
+			break;
+		js.cap = js.cap ? js.cap * 2 : 8192;
+		js.p = realloc(js.p, js.cap);
+		if (!js.p)
+			die("realloc", -ENOMEM);
+	}
+	js.len += (size_t)n;
+}
+
+static void jkey(const char *k)
+{
+	jraw("%s\"%s\":", js.need_comma ? "," : "", k);
+	js.need_comma = false;
+}
+
+static void jopen(const char *k)
+{
+	if (k)
+		jkey(k);
+	else if (js.need_comma)
+		jraw(",");
+	jraw("{");
+	js.need_comma = false;
+}
+
+static void jclose(void)
+{
+	jraw("}");
+	js.need_comma = true;
+}
+
+static void jnum(const char *k, double v)
+{
+	jkey(k);
+	if (v == (double)(int64_t)v && v < 1e15 && v > -1e15)
+		jraw("%lld", (long long)v);
+	else
+		jraw("%.6g", v);
+	js.need_comma = true;
+}
+
+static void jfix(const char *k, double v, int decimals)
+{
+	jkey(k);
+	jraw("%.*f", decimals, v);
+	js.need_comma = true;
+}
+
+static void jstr(const char *k, const char *v)
+{
+	jkey(k);
+	jraw("\"%s\"", v);
+	js.need_comma = true;
+}
+
+static void jbool(const char *k, bool v)
+{
+	jkey(k);
+	jraw("%s", v ? "true" : "false");
+	js.need_comma = true;
+}
+
+static void jstat(const char *k, struct stat3 s, int decimals)
+{
+	jopen(k);
+	jfix("median", s.median, decimals);
+	jfix("min", s.min, decimals);
+	jfix("max", s.max, decimals);
+	jclose();
+}
+
+#endif
