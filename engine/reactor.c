@@ -11,6 +11,7 @@
  * reactor owns is single-threaded and needs no lock.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <stdlib.h>
@@ -1001,8 +1002,9 @@ static int wake_page_init(struct ferry_engine *e)
 {
 	void *m;
 
-	e->wake_fd = memfd_create("ferry-wake", MFD_CLOEXEC);
-	if (e->wake_fd < 0 || ftruncate(e->wake_fd, 4096) < 0) {
+	e->wake_fd = memfd_create("ferry-wake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (e->wake_fd < 0 || ftruncate(e->wake_fd, 4096) < 0 ||
+	    fcntl(e->wake_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		int rc = -errno;
 
 		log_error("engine %s: wake page: %s", e->name, ferry_strerror(rc));

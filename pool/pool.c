@@ -18,6 +18,7 @@
  * of requested lengths, made once the first time a slab descriptor is used.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -793,7 +794,7 @@ int pool_create(const struct pool_params *prm, struct pool **out)
 	snprintf(p->name, sizeof(p->name), "%s", name);
 	pthread_mutex_init(&p->page_lock, NULL);
 
-	p->fd = memfd_create(name, MFD_CLOEXEC);
+	p->fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (p->fd < 0) {
 		err = -errno;
 		log_error("pool %s: memfd_create: %s", p->name, strerror(-err));
@@ -802,6 +803,15 @@ int pool_create(const struct pool_params *prm, struct pool **out)
 	if (ftruncate(p->fd, (off_t)size) < 0) {
 		err = -errno;
 		log_error("pool %s: ftruncate %zu: %s", p->name, size, strerror(-err));
+		goto fail;
+	}
+	/*
+	 * Its size is final: peers that map it can rely on that (a region that
+	 * shrank under a mapping would fault on access).
+	 */
+	if (fcntl(p->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		err = -errno;
+		log_error("pool %s: sealing its memfd: %s", p->name, strerror(-err));
 		goto fail;
 	}
 	p->base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, p->fd, 0);

@@ -69,21 +69,31 @@ static struct ferry_engine *victim(void)
 	return engine_h("victim");
 }
 
-/* Shake hands with the victim as "evil" (a name of our choosing). */
-static void evil_connect(struct evil *v, const char *name)
+static void seal(int fd)
 {
-	struct shm_hello h, back;
+	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+}
+
+/* Send our hello as `name` with our memory, sealed or not. */
+static void evil_hello(struct evil *v, const char *name, int sealed)
+{
+	struct shm_hello h;
 
 	memset(v, 0, sizeof(*v));
 	v->sock = shm_sock_connect("h", "victim");
 	assert_true(v->sock >= 0);
-	v->fds[0] = memfd_create("evil-pool", MFD_CLOEXEC);
+	v->fds[0] = memfd_create("evil-pool", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	v->fds[1] = eventfd(0, EFD_CLOEXEC);
-	v->fds[2] = memfd_create("evil-wake", MFD_CLOEXEC);
-	v->fds[3] = memfd_create("evil-rings", MFD_CLOEXEC);
+	v->fds[2] = memfd_create("evil-wake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	v->fds[3] = memfd_create("evil-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	assert_int_equal(ftruncate(v->fds[0], EVIL_POOL), 0);
 	assert_int_equal(ftruncate(v->fds[2], 4096), 0);
 	assert_int_equal(ftruncate(v->fds[3], (off_t)SHM_RINGS_BYTES), 0);
+	if (sealed) {
+		seal(v->fds[0]);
+		seal(v->fds[2]);
+		seal(v->fds[3]);
+	}
 	v->pool = mmap(NULL, EVIL_POOL, PROT_READ | PROT_WRITE, MAP_SHARED, v->fds[0], 0);
 	v->rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, v->fds[3], 0);
 	assert_true(v->pool != MAP_FAILED && v->rings != MAP_FAILED);
@@ -96,6 +106,14 @@ static void evil_connect(struct evil *v, const char *name)
 	h.ring_entries = SHM_PUT_ENTRIES;
 	h.ring_bytes = (uint32_t)SHM_RINGS_BYTES;
 	assert_int_equal(shm_sock_send_hello(v->sock, &h, v->fds, 4), 0);
+}
+
+/* Shake hands with the victim as "evil" (a name of our choosing). */
+static void evil_connect(struct evil *v, const char *name)
+{
+	struct shm_hello back;
+
+	evil_hello(v, name, 1);
 	v->npeer = SHM_MAX_FDS;
 	assert_int_equal(shm_sock_recv_hello(v->sock, &back, v->peer_fds, &v->npeer, 5000), 0);
 	assert_string_equal(back.name, "victim");
@@ -276,6 +294,23 @@ static void test_garbage_indices_and_descriptors(void **state)
 	ferry_engine_destroy(e);
 }
 
+/*
+ * Memory a peer could shrink under our mapping (a memfd not sealed against
+ * shrinking) is refused at the handshake: reading it later would fault.
+ */
+static void test_unsealed_memory_refused(void **state)
+{
+	struct ferry_engine *e = victim();
+	struct evil v;
+
+	(void)state;
+	evil_hello(&v, "loose", 0);
+	assert_true(evil_dropped(&v, 5000)); /* no answer, just a hang-up */
+	evil_close(&v);
+	victim_still_serves(e);
+	ferry_engine_destroy(e);
+}
+
 /* A caller that connects and never says hello costs little and gets nothing. */
 static void test_silent_caller(void **state)
 {
@@ -297,6 +332,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_well_formed_then_out_of_bounds, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_indices_and_descriptors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_unsealed_memory_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_silent_caller, setup, teardown),
 	};
 

@@ -32,6 +32,7 @@
  * read-only, so nothing it sends can make us write into its memory.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -568,10 +569,19 @@ static void conn_reap(struct shm_state *st, struct shm_conn *c)
 /* Connection setup                                                    */
 /* ------------------------------------------------------------------ */
 
+/*
+ * The size of a memfd a peer handed us, which must be sealed against
+ * shrinking: a region that shrank under our mapping would fault when read.
+ */
 static int fd_size(int fd, uint64_t *size)
 {
 	struct stat sb;
+	int seals = fcntl(fd, F_GET_SEALS);
 
+	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+		log_error("shm: a peer's memory is not sealed against shrinking: refused");
+		return -EPROTO;
+	}
 	if (fstat(fd, &sb) < 0)
 		return -errno;
 	*size = (uint64_t)sb.st_size;
@@ -751,8 +761,9 @@ static int connect_peer(struct ferry_engine *e, struct backend *b, const char *n
 	sock = shm_sock_connect_timeout(e->ns, name, SHM_HANDSHAKE_MS);
 	if (sock < 0)
 		return sock == -EPERM ? -EPERM : -EHOSTUNREACH;
-	ringfd = memfd_create("ferry-shm-rings", MFD_CLOEXEC);
-	if (ringfd < 0 || ftruncate(ringfd, (off_t)SHM_RINGS_BYTES) < 0) {
+	ringfd = memfd_create("ferry-shm-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (ringfd < 0 || ftruncate(ringfd, (off_t)SHM_RINGS_BYTES) < 0 ||
+	    fcntl(ringfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		rc = -errno;
 		if (ringfd >= 0)
 			close(ringfd);
