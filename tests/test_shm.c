@@ -27,7 +27,7 @@ static int setup(void **state)
 	if (!mkdtemp(rundir))
 		return -1;
 	setenv("FERRY_RUNTIME_DIR", rundir, 1);
-	ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
+	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR, NULL, NULL);
 	alarm(t_under_valgrind() ? 600 : 120);
 	return 0;
 }

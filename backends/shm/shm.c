@@ -55,6 +55,7 @@
  */
 #define SHM_ACCEPT_HELLO_MS 200
 #define SHM_PER_ROUND 256
+#define SHM_DOORBELLS_MAX 256 /* doorbell writes in flight per connection */
 
 struct shm_state;
 
@@ -64,6 +65,7 @@ struct shm_conn {
 	_Atomic int users;   /* release hooks inside */
 	uint32_t id;
 	uint32_t gen;        /* tells its io_uring poll from a former one's */
+	uint32_t doorbells_in_flight; /* writes to the peer's doorbell not completed */
 	bool dead;
 	bool poll_armed;
 	int sock;
@@ -81,6 +83,7 @@ struct shm_conn {
 
 struct shm_state {
 	struct ferry_engine *engine;
+	struct backend *b;
 	struct shm_listener lis;
 	bool listen_armed;
 	uint32_t next_gen;
@@ -114,16 +117,51 @@ static void conn_unref(struct shm_conn *c)
 	free(c);
 }
 
+/* io_uring cookies: a connection's poll, or a write to its peer's doorbell. */
+#define COOKIE_DOORBELL (1ull << 55)
+
+static uint64_t conn_cookie(const struct shm_conn *c)
+{
+	return ((uint64_t)c->gen << 16) | (c->id + 1);
+}
+
+/*
+ * Ring the peer's doorbell through io_uring, never with a write() that a
+ * peer could make block (an eventfd it filled up): the reactor must not be
+ * held by anyone else's fd. A well-behaved peer's eventfd takes every write
+ * at once, so the writes in flight are only those whose completions were not
+ * reaped yet; a peer that keeps them pending is cut off at a bound.
+ */
+static void ring_peer(struct shm_conn *c)
+{
+	static const uint64_t one = 1;
+	struct ferry_engine *e = c->st->engine;
+	struct io_uring_sqe *sqe;
+
+	if (c->doorbells_in_flight >= SHM_DOORBELLS_MAX) {
+		log_limited(FERRY__LOG_WARN, "shm: %s does not take its doorbell writes; not "
+			    "ringing it", c->peer_name);
+		return;
+	}
+	sqe = io_uring_get_sqe(&e->ring);
+	if (!sqe) {
+		io_uring_submit(&e->ring);
+		sqe = io_uring_get_sqe(&e->ring);
+		if (!sqe)
+			return;
+	}
+	io_uring_prep_write(sqe, c->peer_doorbell, &one, sizeof(one), 0);
+	io_uring_sqe_set_data64(sqe, backend_tag(c->st->b, COOKIE_DOORBELL | conn_cookie(c)));
+	c->doorbells_in_flight++;
+	io_uring_submit(&e->ring);
+}
+
 static void wake_peer(struct shm_conn *c)
 {
 	atomic_thread_fence(memory_order_seq_cst);
 	if (atomic_load_explicit(&c->peer_wake->sleeping, memory_order_relaxed) &&
-	    !atomic_exchange(&c->peer_wake->doorbell_rung, 1)) {
-		uint64_t one = 1;
-
-		if (write(c->peer_doorbell, &one, sizeof(one)) < 0 && errno != EAGAIN)
-			log_debug("shm: doorbell of %s: %s", c->peer_name, ferry_strerror(-errno));
-	}
+	    !atomic_exchange(&c->peer_wake->doorbell_rung, 1))
+		ring_peer(c);
 }
 
 static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie)
@@ -278,10 +316,19 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 		pool_free(op->buf);
 		op->buf = own;
 	}
-	if (!c->pending_head && send_put(e, c, op))
+	/*
+	 * While it is being handed over, the op must not be found (and
+	 * completed) by conn_fail should the peer's ring turn out bad: the
+	 * reactor completes it once, from our return value.
+	 */
+	op->state = OP_FREE;
+	if (!c->pending_head && send_put(e, c, op)) {
+		op->state = OP_AWAY;
 		return 0;
+	}
 	if (c->dead)
 		return -ECONNRESET;
+	op->state = OP_AWAY;
 	/* No room: wait in order behind the others. */
 	op->next = NULL;
 	op->prev = c->pending_tail;
@@ -476,6 +523,8 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 			return n + 1;
 		}
 		n++;
+		if (c->dead)
+			return n; /* its control ring went bad under us */
 	}
 	if (n) {
 		/* It may sleep until we make room (pairs with want_room()). */
@@ -569,6 +618,20 @@ static void conn_reap(struct shm_state *st, struct shm_conn *c)
 /* Connection setup                                                    */
 /* ------------------------------------------------------------------ */
 
+/* Is fd an eventfd (the only doorbell a peer may hand us)? */
+static bool is_eventfd(int fd)
+{
+	char path[64], link[64];
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, link, sizeof(link) - 1);
+	if (n < 0)
+		return false;
+	link[n] = '\0';
+	return strcmp(link, "anon_inode:[eventfd]") == 0;
+}
+
 /*
  * The size of a memfd a peer handed us, which must be sealed against
  * shrinking: a region that shrank under our mapping would fault when read.
@@ -634,6 +697,11 @@ static int conn_create(struct ferry_engine *e, struct backend *b, int sock,
 	c->id = slot;
 	c->st = st;
 	c->sock = sock;
+	if (!is_eventfd(fds[1])) {
+		log_error("shm: the doorbell %s sent is not an eventfd: refused", h->name);
+		rc = -EPROTO;
+		goto fail_conn;
+	}
 	c->peer_doorbell = fds[1];
 	fds[1] = -1;
 	snprintf(c->peer_name, sizeof(c->peer_name), "%s", h->name);
@@ -680,7 +748,7 @@ static int conn_create(struct ferry_engine *e, struct backend *b, int sock,
 	c->gen = ++st->next_gen;
 	st->conns[slot] = c;
 	st->live[st->nlive++] = c;
-	arm_poll(e, b, sock, ((uint64_t)c->gen << 16) | (slot + 1));
+	arm_poll(e, b, sock, conn_cookie(c));
 	log_debug("shm: engine %s connected to %s (%s)", e->name, c->peer_name,
 		  connector ? "we called" : "it called");
 	*out = c;
@@ -949,8 +1017,15 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 		uint64_t slot = (cookie & 0xffff) - 1;
 		struct shm_conn *c = slot < SHM_MAX_CONNS ? st->conns[slot] : NULL;
 
-		if (!c || c->gen != (cookie >> 16))
+		if (!c || c->gen != ((cookie & ~COOKIE_DOORBELL) >> 16))
 			return; /* a connection already gone */
+		if (cookie & COOKIE_DOORBELL) {
+			c->doorbells_in_flight--;
+			if (res < 0)
+				log_warn("shm: engine %s: doorbell of %s: %s", e->name, c->peer_name,
+					 ferry_strerror(res));
+			return;
+		}
 		/*
 		 * After the hello, the socket only speaks by hanging up. What the
 		 * peer wrote into the rings before it went (its last RESULTs and
@@ -979,6 +1054,7 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 	if (!st)
 		return -ENOMEM;
 	st->engine = e;
+	st->b = b;
 	st->max_bufs = e->max_bufs;
 	st->lent = calloc(st->max_bufs, sizeof(*st->lent));
 	st->lent_conn = calloc(st->max_bufs, sizeof(*st->lent_conn));
