@@ -55,7 +55,6 @@
  */
 #define SHM_ACCEPT_HELLO_MS 200
 #define SHM_PER_ROUND 256
-#define SHM_DOORBELLS_MAX 256 /* doorbell writes in flight per connection */
 
 struct shm_state;
 
@@ -65,7 +64,6 @@ struct shm_conn {
 	_Atomic int users;   /* release hooks inside */
 	uint32_t id;
 	uint32_t gen;        /* tells its io_uring poll from a former one's */
-	uint32_t doorbells_in_flight; /* writes to the peer's doorbell not completed */
 	bool dead;
 	bool poll_armed;
 	int sock;
@@ -117,43 +115,30 @@ static void conn_unref(struct shm_conn *c)
 	free(c);
 }
 
-/* io_uring cookies: a connection's poll, or a write to its peer's doorbell. */
-#define COOKIE_DOORBELL (1ull << 55)
-
 static uint64_t conn_cookie(const struct shm_conn *c)
 {
 	return ((uint64_t)c->gen << 16) | (c->id + 1);
 }
 
 /*
- * Ring the peer's doorbell through io_uring, never with a write() that a
- * peer could make block (an eventfd it filled up): the reactor must not be
- * held by anyone else's fd. A well-behaved peer's eventfd takes every write
- * at once, so the writes in flight are only those whose completions were not
- * reaped yet; a peer that keeps them pending is cut off at a bound.
+ * Ring the peer's doorbell (an eventfd: checked at the handshake). A write
+ * blocks only if the counter is full, which a peer would have to do on
+ * purpose: check that it can take the write first, so that the reactor is
+ * not held by someone else's fd (the window between the check and the
+ * write is the peer's own doing, and it is the same user).
  */
 static void ring_peer(struct shm_conn *c)
 {
-	static const uint64_t one = 1;
-	struct ferry_engine *e = c->st->engine;
-	struct io_uring_sqe *sqe;
+	struct pollfd p = { .fd = c->peer_doorbell, .events = POLLOUT };
+	uint64_t one = 1;
 
-	if (c->doorbells_in_flight >= SHM_DOORBELLS_MAX) {
-		log_limited(FERRY__LOG_WARN, "shm: %s does not take its doorbell writes; not "
-			    "ringing it", c->peer_name);
+	if (poll(&p, 1, 0) != 1 || !(p.revents & POLLOUT)) {
+		log_limited(FERRY__LOG_WARN, "shm: the doorbell of %s takes no more writes; "
+			    "not ringing it", c->peer_name);
 		return;
 	}
-	sqe = io_uring_get_sqe(&e->ring);
-	if (!sqe) {
-		io_uring_submit(&e->ring);
-		sqe = io_uring_get_sqe(&e->ring);
-		if (!sqe)
-			return;
-	}
-	io_uring_prep_write(sqe, c->peer_doorbell, &one, sizeof(one), 0);
-	io_uring_sqe_set_data64(sqe, backend_tag(c->st->b, COOKIE_DOORBELL | conn_cookie(c)));
-	c->doorbells_in_flight++;
-	io_uring_submit(&e->ring);
+	if (write(c->peer_doorbell, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_debug("shm: doorbell of %s: %s", c->peer_name, ferry_strerror(-errno));
 }
 
 static void wake_peer(struct shm_conn *c)
@@ -1017,15 +1002,8 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 		uint64_t slot = (cookie & 0xffff) - 1;
 		struct shm_conn *c = slot < SHM_MAX_CONNS ? st->conns[slot] : NULL;
 
-		if (!c || c->gen != ((cookie & ~COOKIE_DOORBELL) >> 16))
+		if (!c || c->gen != (cookie >> 16))
 			return; /* a connection already gone */
-		if (cookie & COOKIE_DOORBELL) {
-			c->doorbells_in_flight--;
-			if (res < 0)
-				log_warn("shm: engine %s: doorbell of %s: %s", e->name, c->peer_name,
-					 ferry_strerror(res));
-			return;
-		}
 		/*
 		 * After the hello, the socket only speaks by hanging up. What the
 		 * peer wrote into the rings before it went (its last RESULTs and
