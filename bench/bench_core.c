@@ -48,13 +48,6 @@ static struct {
 	bool no_prefault;
 } opt = { .reps = 0 };
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 #include "bench_util.h"
 
@@ -554,19 +547,6 @@ static void jzc(const struct zc_result *r)
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
-/* The 1-minute load average: this machine is shared, so say how busy it was. */
-static double loadavg1(void)
-{
-	FILE *f = fopen("/proc/loadavg", "r");
-	double v = -1;
-
-	if (f) {
-		if (fscanf(f, "%lf", &v) != 1)
-			v = -1;
-		fclose(f);
-	}
-	return v;
-}
 
 static void usage(FILE *f)
 {

@@ -84,13 +84,6 @@ static bool want(const char *name)
 }
 
 
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 #include "bench_util.h"
 
@@ -1134,18 +1127,6 @@ static void ucx_run(struct ucx_result *u)
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
-static double loadavg1(void)
-{
-	FILE *f = fopen("/proc/loadavg", "r");
-	double v = -1;
-
-	if (f) {
-		if (fscanf(f, "%lf", &v) != 1)
-			v = -1;
-		fclose(f);
-	}
-	return v;
-}
 
 static void read_cpu_model(char *out, size_t len)
 {
