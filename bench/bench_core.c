@@ -594,8 +594,7 @@ int main(int argc, char **argv)
 	int lat_samples, zc_samples, it4, it64;
 	double pool_create_s;
 	struct pair p;
-	struct utsname un;
-	char cpu[128], date[64];
+	char cpu[128];
 	time_t tnow = time(NULL);
 	bool t_nop, t_copy, t_zc;
 	double zc1g, load_start = loadavg1();
@@ -674,27 +673,8 @@ int main(int argc, char **argv)
 	pair_close(&p);
 
 	/* --- JSON ---------------------------------------------------------- */
-	uname(&un);
 	read_cpu_model(cpu, sizeof(cpu));
-	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&tnow));
-
-	jopen(NULL);
-	jstr("bench", "bench_core");
-	{
-		char ver[32];
-
-		snprintf(ver, sizeof(ver), "%d.%d.%d", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR,
-			 FERRY_VERSION_PATCH);
-		jstr("ferry_version", ver);
-	}
-	jstr("date", date);
-	jopen("machine");
-	jstr("kernel", un.release);
-	jnum("cpus", (double)sysconf(_SC_NPROCESSORS_ONLN));
-	jstr("cpu", cpu);
-	jfix("loadavg1_start", load_start, 2);
-	jfix("loadavg1_end", loadavg1(), 2);
-	jclose();
+	jheader("bench_core", tnow, load_start, (double)sysconf(_SC_NPROCESSORS_ONLN), cpu);
 	jopen("config");
 	jbool("quick", opt.quick);
 	jnum("reps", opt.reps);

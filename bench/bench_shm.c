@@ -1248,8 +1248,7 @@ int main(int argc, char **argv)
 	char *src, *dst;
 	int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
 	int pin_rc_parent;
-	struct utsname un;
-	char cpu[128], date[64];
+	char cpu[128];
 	time_t tnow = time(NULL);
 	int status;
 	who = "bench_shm";
@@ -1468,27 +1467,8 @@ int main(int argc, char **argv)
 	rmdir(rundir);
 
 	/* --- JSON ----------------------------------------------------------- */
-	uname(&un);
 	read_cpu_model(cpu, sizeof(cpu));
-	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&tnow));
-
-	jopen(NULL);
-	jstr("bench", "bench_shm");
-	{
-		char ver[32];
-
-		snprintf(ver, sizeof(ver), "%d.%d.%d", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR,
-			 FERRY_VERSION_PATCH);
-		jstr("ferry_version", ver);
-	}
-	jstr("date", date);
-	jopen("machine");
-	jstr("kernel", un.release);
-	jnum("cpus", ncpu);
-	jstr("cpu", cpu);
-	jfix("loadavg1_start", load_start, 2);
-	jfix("loadavg1_end", loadavg1(), 2);
-	jclose();
+	jheader("bench_shm", tnow, load_start, ncpu, cpu);
 	jopen("config");
 	jbool("quick", opt.quick);
 	jnum("reps", opt.reps);

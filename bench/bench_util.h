@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/utsname.h>
 #include <time.h>
 
 #include "ferry.h"
@@ -211,6 +212,34 @@ static void jstat(const char *k, struct stat3 s, int decimals)
 	jfix("median", s.median, decimals);
 	jfix("min", s.min, decimals);
 	jfix("max", s.max, decimals);
+	jclose();
+}
+
+/*
+ * Open the document and write what every benchmark records first: its name,
+ * ferry's version, the date, and the machine (kernel, CPUs, CPU model, the
+ * load average at the start and now).
+ */
+static void jheader(const char *bench, time_t started, double load_start, double ncpu,
+		    const char *cpu_model)
+{
+	char ver[32], date[64];
+	struct utsname un;
+
+	uname(&un);
+	strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%SZ", gmtime(&started));
+	snprintf(ver, sizeof(ver), "%d.%d.%d", FERRY_VERSION_MAJOR, FERRY_VERSION_MINOR,
+		 FERRY_VERSION_PATCH);
+	jopen(NULL);
+	jstr("bench", bench);
+	jstr("ferry_version", ver);
+	jstr("date", date);
+	jopen("machine");
+	jstr("kernel", un.release);
+	jnum("cpus", ncpu);
+	jstr("cpu", cpu_model);
+	jfix("loadavg1_start", load_start, 2);
+	jfix("loadavg1_end", loadavg1(), 2);
 	jclose();
 }
 
