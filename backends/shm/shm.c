@@ -83,7 +83,6 @@ struct shm_state {
 	struct ferry_engine *engine;
 	struct backend *b;
 	struct shm_listener lis;
-	bool listen_armed;
 	uint32_t next_gen;
 	struct shm_conn *conns[SHM_MAX_CONNS]; /* by slot (the id peers' cookies name) */
 	struct shm_conn *live[SHM_MAX_CONNS];  /* the same, packed: what rounds walk */
