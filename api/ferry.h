@@ -119,6 +119,15 @@ struct ferry_engine_params {
 	uint32_t max_keys;     /* arrived-but-unconsumed keys held (0 = 16384) */
 	uint32_t max_bufs;     /* buffer handles in the pool (0 = 65536) */
 	uint32_t flags;        /* FERRY_ENGINE_* */
+	/* Fields below were added with the tcp transport (size-versioned). */
+	const char *listen;        /* tcp endpoint "tcp://HOST:PORT" (HOST may be *); port 0 =
+				    * the kernel picks (see ferry_engine_address); NULL = accept
+				    * no tcp connections (calling out still works) */
+	const char *secret;        /* cluster secret; NULL: $FERRY_SECRET, else the content of
+				    * secret_file, else none: only loopback peers, with a warning */
+	const char *secret_file;
+	uint32_t heartbeat_ms;     /* tcp: ping an idle peer this often (0 = 1000) */
+	uint32_t peer_timeout_ms;  /* tcp: a peer silent this long is dead (0 = 10000) */
 };
 
 /* Do not fault the pool in at creation (tests with huge pools only). */
@@ -190,6 +199,37 @@ FERRY_API int ferry_peer_open(struct ferry_engine *e, const char *name,
 
 /* The name a peer handle was opened with. */
 FERRY_API const char *ferry_peer_name(const struct ferry_peer *p);
+
+/*
+ * Reach this peer over tcp at endpoint "tcp://HOST:PORT" (the address its
+ * engine was created to listen on, e.g. as its ferry_engine_address
+ * reported). A peer with an address always uses tcp, even on this host.
+ * Set it before the first op to the peer. HOST may be a name: it is looked
+ * up here, on the calling thread, never on the reactor. The connection is
+ * made when the first PUT needs it, authenticated with the cluster secret
+ * (see struct ferry_engine_params), and made again after the peer was lost.
+ * Returns 0, -EINVAL (NULL, or not tcp://HOST:PORT; logged), -EACCES (a
+ * non-loopback address while this engine has no secret; logged).
+ */
+FERRY_API int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint);
+
+/*
+ * The tcp endpoint this engine listens on, with the port the kernel chose
+ * when params.listen asked for port 0: "tcp://HOST:PORT" into buf (at most
+ * len bytes incl. the NUL). Returns the length of the full text (like
+ * snprintf), -ENOTCONN if the engine listens on no tcp endpoint, -EINVAL.
+ */
+FERRY_API int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len);
+
+/*
+ * The port of the upstream (vLLM-Omni) scheme, for deployments that keep
+ * their fixed ports: base + purpose_offset + stage + 16 * rank. Use it to
+ * build a listen endpoint; ferry itself needs no port arithmetic (listen on
+ * port 0 and publish ferry_engine_address). Returns the port, or -ERANGE
+ * when the sum is not a port (1..65535).
+ */
+FERRY_API int ferry_port_compat(uint32_t base, uint32_t purpose_offset, uint32_t stage,
+				uint32_t rank);
 
 /* ------------------------------------------------------------------ */
 /* Buffers                                                             */

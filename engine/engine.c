@@ -200,9 +200,21 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	pp.prefault = !(p.flags & FERRY_ENGINE_NO_PREFAULT);
 	if ((rc = pool_create(&pp, &e->pool)) ||
 	    (rc = cq_init(e, &e->default_cq, p.cq_entries, true)) ||
-	    (rc = reactor_init(e)) ||
-	    (rc = add_backend(e, &ferry__loop_backend)) ||
-	    (rc = add_backend(e, &ferry__shm_backend)))
+	    (rc = reactor_init(e)))
+		goto fail;
+	/*
+	 * tcp first: a peer given an address always goes over tcp, and one
+	 * that reached us over tcp is answered there; the others fall through
+	 * to loop (same process) and shm (same host).
+	 */
+	e->create_params = &p;
+	rc = add_backend(e, &ferry__tcp_backend);
+	if (!rc)
+		rc = add_backend(e, &ferry__loop_backend);
+	if (!rc)
+		rc = add_backend(e, &ferry__shm_backend);
+	e->create_params = NULL;
+	if (rc)
 		goto fail;
 	if (e->mode == FERRY_PROGRESS_THREAD) {
 		atomic_store(&e->progress_busy, 1); /* the thread owns progress */

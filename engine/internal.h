@@ -257,6 +257,7 @@ struct ferry_peer {
 	void *transport;           /* that backend's state for this peer */
 	struct peer_stats stats;
 	struct ferry_peer *next;
+	char address[128];         /* tcp endpoint set by ferry_peer_set_address ("" = none) */
 };
 
 /*
@@ -316,6 +317,7 @@ struct wake_page {
 
 extern const struct backend_ops ferry__loop_backend;
 extern const struct backend_ops ferry__shm_backend;
+extern const struct backend_ops ferry__tcp_backend;
 
 /*
  * A PUT arrived for this engine: fullkey, data in buf (ownership moves to
@@ -405,6 +407,8 @@ struct ferry_engine {
 
 	struct backend backends[ENGINE_MAX_BACKENDS];
 	unsigned nbackends;
+	/* The creation parameters, valid only while backends init (NULL after). */
+	const struct ferry_engine_params *create_params;
 
 	struct engine_stats stats;
 };

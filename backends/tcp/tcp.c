@@ -1,0 +1,2337 @@
+/*
+ * backends/tcp/tcp.c - the tcp transport: engines on other hosts (or any
+ * engine given an address), over sockets driven by io_uring.
+ *
+ * Owns: the listener, links (everything between us and one peer engine:
+ * one to TCP_MAX_CONNS connections), the authenticated handshake of every
+ * connection (tcp_auth.h), the data path (eager frames, rendezvous),
+ * heartbeats and dead-peer detection, and what happens when a peer dies,
+ * misbehaves or comes back.
+ *
+ * The transport has its own io_uring (created on first use), so that its
+ * many socket ops neither compete with the reactor's small ring nor depend
+ * on its internals: the reactor's ring watches this ring's fd (a multishot
+ * poll), so a completion here wakes a sleeping reactor, and progress()
+ * reaps it. SQEs are prepared during a round and submitted once at its end:
+ * one io_uring_enter per round, however many PUTs it carried.
+ *
+ * Data path (tcp_wire.h): a PUT of up to TCP_EAGER_MAX bytes goes eagerly,
+ * key and data in one frame; the receiver copies it from its staging
+ * buffer into a block of its pool and answers RESULT. A larger PUT sends an
+ * offer (RTS); the receiver answers CTS once a block of its pool holds room
+ * for it (or RESULT with an error), and only then does the data move, in
+ * TCP_CHUNK frames spread over every connection of the link, received
+ * straight into that block. A receiver that is slow to consume therefore
+ * makes its sender wait with the data in the sender's own pool block (which
+ * the PUT held anyway), never buffer more. An eager frame that finds the
+ * receiver's pool full is refused (-ENOBUFS) rather than held: holding it
+ * would stop the socket that also carries the RESULTs freeing that pool.
+ *
+ * Ownership: a PUT's block moves from the op to a tcp_msg when the PUT is
+ * taken. The msg lives until the peer's RESULT came (or the link died) AND
+ * no send of ours still reads it; only then is the block freed. A deadline
+ * or a cancel completes the op but leaves the msg to finish (the data may
+ * still be delivered, as the API says).
+ *
+ * Trust: nothing is read from a connection before its handshake proved the
+ * peer holds the cluster secret. After that, every frame is checked (magic,
+ * type, reserved bits, key length and termination, lengths against the
+ * limits and against what was offered, offsets against the block, ids and
+ * generations of slots); a peer that breaks a rule loses its link, and
+ * only it.
+ *
+ * Liveness: every frame received counts as a sign of life. An idle link is
+ * pinged every heartbeat; a link silent for peer_timeout is declared dead.
+ * A dead link fails its PUTs (-ECONNRESET), the GETs waiting on that peer,
+ * and frees every block it held; the next PUT to the peer connects anew.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "tcp_addr.h"
+#include "tcp_auth.h"
+#include "tcp_wire.h"
+
+#define TCP_EAGER_MAX (64u * 1024u) /* payloads up to this go in one frame */
+#define TCP_RX_STAGE (256u * 1024u) /* per connection: frames are parsed from here */
+#define TCP_CHUNK (512u * 1024u)    /* rendezvous data per frame */
+#define TCP_CHUNKS_PER_CONN 4       /* chunks one connection has queued at most */
+#define TCP_IOV_MAX 64              /* iovecs per sendmsg */
+#define TCP_MAX_SOCKS 1024          /* connections of one engine */
+#define TCP_RING_ENTRIES 256
+#define TCP_HANDSHAKE_MS 3000
+#define TCP_DEFAULT_HEARTBEAT_MS 1000
+#define TCP_DEFAULT_PEER_TIMEOUT_MS 10000
+#define TCP_BACKLOG 128
+
+/* Connections per link: FERRY_TCP_CONNS overrides (benchmarks measure it). */
+#define TCP_DEFAULT_CONNS 2
+
+/* io_uring cookies: kind in the low 4 bits, connection slot, generation. */
+enum { K_LISTEN = 1, K_POLL = 2, K_RECV = 3, K_SEND = 4, K_TICK = 5, K_RINGFD = 6 };
+
+static uint64_t mk_cookie(unsigned kind, uint32_t slot, uint32_t gen)
+{
+	return ((uint64_t)gen << 24) | ((uint64_t)slot << 4) | kind;
+}
+
+/* ------------------------------------------------------------------ */
+/* Types                                                               */
+/* ------------------------------------------------------------------ */
+
+enum { TX_MSG = 1, TX_CTL = 2, TX_CHUNK = 3 };
+
+/* Something queued on a connection's send side: a header, a key, data. */
+struct tcp_tx {
+	struct tcp_tx *next;
+	uint8_t kind;
+	uint8_t hdr[TCP_FRAME_BYTES];
+	const void *key;
+	uint32_t key_len;
+	const void *data;
+	uint64_t data_len;
+	uint64_t sent; /* bytes of hdr + key + data already sent */
+};
+
+enum { MSG_FREE = 0, MSG_LIVE };
+
+/* A PUT on its way out. */
+struct tcp_msg {
+	struct tcp_tx tx;      /* the eager frame or the offer */
+	struct op *op;
+	uint32_t op_gen;
+	uint32_t id, gen;      /* its name on the wire: gen << 32 | id */
+	uint8_t state;
+	bool tx_busy;          /* its frame is queued or being sent */
+	bool resulted;         /* the peer answered (or the link died) */
+	bool rendezvous;
+	bool cts;              /* the receiver said where the data goes */
+	struct ferry_buf *buf;
+	uint64_t len;
+	uint64_t rx_slot;      /* the receiver's slot (from CTS) */
+	uint64_t next_off;     /* rendezvous: next byte to put in a chunk */
+	uint32_t chunks_out;   /* chunks queued or being sent */
+	struct tcp_link *link;
+	struct tcp_msg *next, *prev; /* the link's messages */
+	struct tcp_msg *wait_next;   /* link waiting / rendezvous queue */
+	uint32_t flags;
+	uint16_t key_len;
+	char key[FERRY_KEY_MAX];
+};
+
+/* A control frame (RESULT, CTS, PING, PONG): header only. */
+struct tcp_ctl {
+	struct tcp_tx tx;
+	struct tcp_ctl *free_next;
+};
+
+struct tcp_chunk {
+	struct tcp_tx tx;
+	struct tcp_msg *msg;
+	bool busy;
+};
+
+enum { RX_FREE = 0, RX_WAIT_MEM, RX_RECEIVING };
+
+/* An incoming rendezvous PUT. */
+struct tcp_rx {
+	uint32_t id, gen;
+	uint8_t state;
+	bool orphan;           /* its link died while a recv wrote into it */
+	struct tcp_link *link;
+	struct tcp_conn *conn; /* where its offer came from (answers go there) */
+	struct ferry_buf *buf;
+	uint64_t len, got;
+	uint64_t cookie;       /* the sender's message */
+	uint32_t flags;
+	uint16_t key_len;
+	char key[FERRY_KEY_MAX];
+	struct tcp_rx *next;   /* free list / waiting for memory */
+};
+
+enum {
+	HS_CONNECTING = 1, /* caller: connect in progress */
+	HS_WAIT_PROOF,     /* caller: HELLO sent */
+	HS_WAIT_OK,        /* caller: AUTH sent */
+	HS_WAIT_HELLO,     /* callee: accepted */
+	HS_WAIT_AUTH,      /* callee: PROOF sent */
+	HS_READY,
+};
+
+struct tcp_conn {
+	struct tcp_state *st;
+	struct tcp_link *link; /* NULL for a callee before its HELLO */
+	uint32_t slot, gen;
+	int fd;
+	uint8_t hs;
+	bool caller;
+	bool dead;
+	bool poll_armed, recv_armed, send_armed;
+	bool rx_stalled;       /* waits for a control frame or an rx slot */
+	uint16_t index;        /* its place in the link */
+	uint64_t hs_deadline;
+	struct tcp_hello hin;
+	uint32_t hin_got;
+	uint8_t nonce_me[TCP_NONCE_BYTES], nonce_peer[TCP_NONCE_BYTES];
+	char peer_name[FERRY_NAME_MAX];
+	uint64_t link_id;
+	uint16_t nconns;
+	struct sockaddr_storage peer_sa;
+	/* Receive: frames are parsed from rx[rx_head, rx_tail). */
+	uint8_t *rx;
+	uint32_t rx_head, rx_tail;
+	struct tcp_rx *direct; /* receiving data straight into a block */
+	uint64_t direct_off, direct_left, direct_len;
+	/* Send. */
+	struct tcp_tx *txq, *txq_tail;
+	struct tcp_chunk chunks[TCP_CHUNKS_PER_CONN];
+	struct iovec iov[TCP_IOV_MAX];
+	struct msghdr mh;
+	struct tcp_conn *next_stalled;
+};
+
+enum { LINK_CONNECTING = 1, LINK_UP, LINK_DEAD };
+
+struct tcp_link {
+	int refs;              /* the table, each peer resolved to it */
+	uint8_t state;
+	bool caller;
+	char peer_name[FERRY_NAME_MAX];
+	uint64_t link_id;
+	uint16_t nconns;       /* connections it should have */
+	struct tcp_conn *conns[TCP_MAX_CONNS];
+	struct sockaddr_storage addr;
+	socklen_t addrlen;
+	struct tcp_msg *msgs;                   /* every message of the link */
+	struct tcp_msg *wait_head, *wait_tail;  /* PUTs before the link was up */
+	struct tcp_msg *rdv_head, *rdv_tail;    /* data to send */
+	uint64_t last_rx_ns, last_ping_ns;
+	uint32_t rr;
+	struct tcp_link *next;
+};
+
+struct tcp_state {
+	struct ferry_engine *engine;
+	struct backend *b;
+	bool ready;            /* tables and ring exist */
+	struct io_uring ring;
+	bool ringfd_armed;
+	uint32_t inflight;     /* SQEs whose CQE has not come */
+	bool tick_armed;
+	struct __kernel_timespec tick_ts;
+	/* Configuration. */
+	struct tcp_secret secret;
+	char listen_text[TCP_ADDR_MAX];
+	char bound[TCP_ADDR_MAX];
+	int lfd;
+	uint32_t lgen;
+	uint64_t heartbeat_ns, peer_timeout_ns;
+	uint16_t conns_per_link;
+	/* Tables. */
+	struct tcp_conn *conns[TCP_MAX_SOCKS];
+	uint32_t next_gen;
+	struct tcp_link *links;
+	struct tcp_msg *msgs;
+	uint32_t nmsgs;
+	struct tcp_msg *free_msgs;
+	struct tcp_rx *rxs;
+	uint32_t nrxs;
+	struct tcp_rx *free_rxs;
+	struct tcp_rx *wait_mem_head, *wait_mem_tail;
+	struct tcp_ctl *ctls;
+	uint32_t nctls;
+	struct tcp_ctl *free_ctls;
+	struct tcp_conn *stalled;
+	struct tcp_conn *dying; /* dead, waiting for their CQEs */
+};
+
+static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why);
+static void conn_kill(struct tcp_state *st, struct tcp_conn *c);
+static void conn_kick(struct tcp_state *st, struct tcp_conn *c);
+static void conn_arm_recv(struct tcp_state *st, struct tcp_conn *c);
+static void rx_parse(struct tcp_state *st, struct tcp_conn *c);
+static void tx_done(struct tcp_state *st, struct tcp_tx *t);
+static void rx_free(struct tcp_state *st, struct tcp_rx *r);
+
+/* ------------------------------------------------------------------ */
+/* The ring                                                            */
+/* ------------------------------------------------------------------ */
+
+static struct io_uring_sqe *get_sqe(struct tcp_state *st)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&st->ring);
+
+	if (!sqe) {
+		io_uring_submit(&st->ring);
+		sqe = io_uring_get_sqe(&st->ring);
+	}
+	if (sqe)
+		st->inflight++;
+	else
+		log_error("tcp: engine %s: io_uring full", st->engine->name);
+	return sqe;
+}
+
+/* Watch our ring's fd from the reactor's ring: our completions wake it. */
+static void arm_ringfd(struct tcp_state *st)
+{
+	struct ferry_engine *e = st->engine;
+	struct io_uring_sqe *sqe;
+
+	if (st->ringfd_armed)
+		return;
+	sqe = io_uring_get_sqe(&e->ring);
+	if (!sqe) {
+		io_uring_submit(&e->ring);
+		sqe = io_uring_get_sqe(&e->ring);
+	}
+	if (!sqe) {
+		log_error("tcp: engine %s: the reactor's io_uring is full", e->name);
+		return;
+	}
+	io_uring_prep_poll_multishot(sqe, st->ring.ring_fd, POLLIN);
+	io_uring_sqe_set_data64(sqe, backend_tag(st->b, K_RINGFD));
+	st->ringfd_armed = true;
+	io_uring_submit(&e->ring);
+}
+
+static void arm_tick(struct tcp_state *st)
+{
+	struct io_uring_sqe *sqe;
+	uint64_t ns = st->heartbeat_ns / 2;
+
+	if (st->tick_armed)
+		return;
+	if (st->wait_mem_head || st->stalled)
+		ns = 1000000; /* look for pool room / control frames each ms */
+	if (ns > 250000000)
+		ns = 250000000;
+	sqe = get_sqe(st);
+	if (!sqe)
+		return;
+	st->tick_ts.tv_sec = (long long)(ns / 1000000000);
+	st->tick_ts.tv_nsec = (long long)(ns % 1000000000);
+	io_uring_prep_timeout(sqe, &st->tick_ts, 0, 0);
+	io_uring_sqe_set_data64(sqe, mk_cookie(K_TICK, 0, 0));
+	st->tick_armed = true;
+}
+
+static void tables_free(struct tcp_state *st)
+{
+	free(st->msgs);
+	free(st->rxs);
+	free(st->ctls);
+	st->msgs = NULL;
+	st->rxs = NULL;
+	st->ctls = NULL;
+	st->free_msgs = NULL;
+	st->free_rxs = NULL;
+	st->free_ctls = NULL;
+}
+
+/* Tables and ring are made on first use: an engine without tcp pays nothing. */
+static int state_ready(struct tcp_state *st)
+{
+	struct ferry_engine *e = st->engine;
+	int rc;
+
+	if (st->ready)
+		return 0;
+	st->nmsgs = 2 * e->max_ops;
+	st->nrxs = e->max_ops;
+	st->nctls = 4 * e->max_ops;
+	st->msgs = calloc(st->nmsgs, sizeof(*st->msgs));
+	st->rxs = calloc(st->nrxs, sizeof(*st->rxs));
+	st->ctls = calloc(st->nctls, sizeof(*st->ctls));
+	if (!st->msgs || !st->rxs || !st->ctls) {
+		tables_free(st);
+		return -ENOMEM;
+	}
+	for (uint32_t i = st->nmsgs; i-- > 0;) {
+		st->msgs[i].id = i;
+		st->msgs[i].tx.kind = TX_MSG;
+		st->msgs[i].wait_next = st->free_msgs;
+		st->free_msgs = &st->msgs[i];
+	}
+	for (uint32_t i = st->nrxs; i-- > 0;) {
+		st->rxs[i].id = i;
+		st->rxs[i].next = st->free_rxs;
+		st->free_rxs = &st->rxs[i];
+	}
+	for (uint32_t i = st->nctls; i-- > 0;) {
+		st->ctls[i].tx.kind = TX_CTL;
+		st->ctls[i].free_next = st->free_ctls;
+		st->free_ctls = &st->ctls[i];
+	}
+	rc = io_uring_queue_init(TCP_RING_ENTRIES, &st->ring, 0);
+	if (rc < 0) {
+		log_error("tcp: engine %s: io_uring_queue_init: %s", e->name, ferry_strerror(rc));
+		tables_free(st);
+		return rc;
+	}
+	st->ready = true;
+	arm_ringfd(st);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Links and connections: lifetime                                     */
+/* ------------------------------------------------------------------ */
+
+static void link_unref(struct tcp_link *l)
+{
+	if (--l->refs == 0)
+		free(l);
+}
+
+static struct tcp_link *link_new(struct tcp_state *st, const char *peer, bool caller)
+{
+	struct tcp_link *l = calloc(1, sizeof(*l));
+
+	if (!l)
+		return NULL;
+	l->refs = 1; /* the table's */
+	l->state = LINK_CONNECTING;
+	l->caller = caller;
+	snprintf(l->peer_name, sizeof(l->peer_name), "%s", peer);
+	l->last_rx_ns = reactor_now(st->engine);
+	l->last_ping_ns = l->last_rx_ns;
+	l->next = st->links;
+	st->links = l;
+	return l;
+}
+
+static struct tcp_conn *conn_new(struct tcp_state *st, int fd, bool caller)
+{
+	struct tcp_conn *c;
+	uint32_t slot;
+
+	for (slot = 0; slot < TCP_MAX_SOCKS && st->conns[slot]; slot++)
+		;
+	if (slot == TCP_MAX_SOCKS) {
+		log_error("tcp: engine %s: more than %u connections", st->engine->name,
+			  TCP_MAX_SOCKS);
+		return NULL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return NULL;
+	c->rx = malloc(TCP_RX_STAGE);
+	if (!c->rx) {
+		free(c);
+		return NULL;
+	}
+	c->st = st;
+	c->slot = slot;
+	c->gen = ++st->next_gen & 0xffffffffu;
+	c->fd = fd;
+	c->caller = caller;
+	c->hs_deadline = reactor_now(st->engine) + TCP_HANDSHAKE_MS * 1000000ull;
+	for (unsigned i = 0; i < TCP_CHUNKS_PER_CONN; i++)
+		c->chunks[i].tx.kind = TX_CHUNK;
+	st->conns[slot] = c;
+	return c;
+}
+
+static void conn_free(struct tcp_state *st, struct tcp_conn *c)
+{
+	st->conns[c->slot] = NULL;
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c->rx);
+	free(c);
+}
+
+/* A dead connection goes once no op of the ring still uses it. */
+static void conn_maybe_free(struct tcp_state *st, struct tcp_conn *c)
+{
+	if (!c->dead || c->poll_armed || c->recv_armed || c->send_armed)
+		return;
+	if (c->direct) {
+		/* Its block was kept for the recv that wrote into it. */
+		if (c->direct->orphan)
+			rx_free(st, c->direct);
+		c->direct = NULL;
+	}
+	conn_free(st, c);
+}
+
+static void arm_poll(struct tcp_state *st, struct tcp_conn *c, unsigned events)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->poll_armed)
+		return;
+	sqe = get_sqe(st);
+	if (!sqe) {
+		conn_kill(st, c);
+		return;
+	}
+	io_uring_prep_poll_add(sqe, c->fd, events);
+	io_uring_sqe_set_data64(sqe, mk_cookie(K_POLL, c->slot, c->gen));
+	c->poll_armed = true;
+}
+
+/*
+ * Stop a connection: what it had queued is dropped (the link's failure
+ * answers the PUTs), the socket is shut so in-flight ops end, and the
+ * connection is freed when their completions came.
+ */
+static void conn_kill(struct tcp_state *st, struct tcp_conn *c)
+{
+	if (c->dead)
+		return;
+	c->dead = true;
+	shutdown(c->fd, SHUT_RDWR);
+	while (c->txq) {
+		struct tcp_tx *t = c->txq;
+
+		c->txq = t->next;
+		tx_done(st, t);
+	}
+	c->txq_tail = NULL;
+	if (c->rx_stalled) {
+		struct tcp_conn **pp = &st->stalled;
+
+		while (*pp && *pp != c)
+			pp = &(*pp)->next_stalled;
+		if (*pp)
+			*pp = c->next_stalled;
+		c->rx_stalled = false;
+	}
+	if (c->link) {
+		for (unsigned i = 0; i < TCP_MAX_CONNS; i++)
+			if (c->link->conns[i] == c)
+				c->link->conns[i] = NULL;
+		c->link = NULL;
+	}
+	if (c->poll_armed || c->recv_armed || c->send_armed) {
+		struct io_uring_sqe *sqe = get_sqe(st);
+
+		if (sqe) {
+			io_uring_prep_cancel_fd(sqe, c->fd, IORING_ASYNC_CANCEL_ALL);
+			io_uring_sqe_set_data64(sqe, 0);
+		}
+	}
+	conn_maybe_free(st, c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Messages (PUTs going out)                                           */
+/* ------------------------------------------------------------------ */
+
+static uint64_t msg_cookie(const struct tcp_msg *m)
+{
+	return ((uint64_t)m->gen << 32) | m->id;
+}
+
+static struct tcp_msg *msg_find(struct tcp_state *st, struct tcp_link *l, uint64_t cookie)
+{
+	uint32_t id = (uint32_t)cookie;
+	struct tcp_msg *m;
+
+	if (id >= st->nmsgs)
+		return NULL;
+	m = &st->msgs[id];
+	if (m->state != MSG_LIVE || m->gen != (uint32_t)(cookie >> 32) || m->link != l)
+		return NULL;
+	return m;
+}
+
+/* Done with it when answered and nothing of ours still reads it. */
+static void msg_maybe_free(struct tcp_state *st, struct tcp_msg *m)
+{
+	struct tcp_link *l = m->link;
+
+	if (!m->resulted || m->tx_busy || m->chunks_out)
+		return;
+	if (m->buf)
+		pool_free(m->buf);
+	m->buf = NULL;
+	if (m->prev)
+		m->prev->next = m->next;
+	else
+		l->msgs = m->next;
+	if (m->next)
+		m->next->prev = m->prev;
+	m->next = m->prev = NULL;
+	m->state = MSG_FREE;
+	m->link = NULL;
+	m->wait_next = st->free_msgs;
+	st->free_msgs = m;
+	link_unref(l);
+}
+
+static void msg_result(struct tcp_state *st, struct tcp_msg *m, int res)
+{
+	if (m->resulted)
+		return;
+	m->resulted = true;
+	if (m->op)
+		reactor_put_done(st->engine, m->op, m->op_gen, res);
+	m->op = NULL;
+	msg_maybe_free(st, m);
+}
+
+static void tx_push(struct tcp_conn *c, struct tcp_tx *t)
+{
+	t->next = NULL;
+	t->sent = 0;
+	if (c->txq_tail)
+		c->txq_tail->next = t;
+	else
+		c->txq = t;
+	c->txq_tail = t;
+}
+
+/* The connection that carries offers and control: the first one ready. */
+static struct tcp_conn *link_primary(struct tcp_link *l)
+{
+	for (unsigned i = 0; i < l->nconns; i++) {
+		struct tcp_conn *c = l->conns[i];
+
+		if (c && !c->dead && c->hs == HS_READY)
+			return c;
+	}
+	return NULL;
+}
+
+static void msg_send(struct tcp_state *st, struct tcp_link *l, struct tcp_msg *m)
+{
+	struct tcp_conn *c = link_primary(l);
+
+	if (!c) {
+		link_fail(st, l, -ECONNRESET, "no connection left");
+		return;
+	}
+	m->tx_busy = true;
+	tx_push(c, &m->tx);
+	conn_kick(st, c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Control frames                                                      */
+/* ------------------------------------------------------------------ */
+
+static bool ctl_send(struct tcp_state *st, struct tcp_conn *c, uint8_t type, uint64_t cookie,
+		     uint64_t arg)
+{
+	struct tcp_ctl *k = st->free_ctls;
+
+	if (!k || c->dead)
+		return false;
+	st->free_ctls = k->free_next;
+	tcp_frame_pack(k->tx.hdr, type, 0, 0, 0, cookie, arg);
+	k->tx.key = NULL;
+	k->tx.key_len = 0;
+	k->tx.data = NULL;
+	k->tx.data_len = 0;
+	tx_push(c, &k->tx);
+	conn_kick(st, c);
+	return true;
+}
+
+static void ctl_free(struct tcp_state *st, struct tcp_ctl *k)
+{
+	k->free_next = st->free_ctls;
+	st->free_ctls = k;
+}
+
+/* Frames needing an answer need a control frame in reserve. */
+static bool ctl_available(struct tcp_state *st, unsigned n)
+{
+	struct tcp_ctl *k = st->free_ctls;
+
+	while (k && n) {
+		k = k->free_next;
+		n--;
+	}
+	return n == 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Sending                                                             */
+/* ------------------------------------------------------------------ */
+
+/* Give the connection's free chunk slots the next pieces of rendezvous data. */
+static void conn_take_chunks(struct tcp_link *l, struct tcp_conn *c)
+{
+	for (unsigned i = 0; i < TCP_CHUNKS_PER_CONN && l->rdv_head; i++) {
+		struct tcp_chunk *k = &c->chunks[i];
+		struct tcp_msg *m = l->rdv_head;
+		uint64_t n;
+
+		if (k->busy)
+			continue;
+		n = m->len - m->next_off;
+		if (n > TCP_CHUNK)
+			n = TCP_CHUNK;
+		tcp_frame_pack(k->tx.hdr, TCP_F_DATA, 0, 0, (uint32_t)n, m->rx_slot, m->next_off);
+		k->tx.key = NULL;
+		k->tx.key_len = 0;
+		k->tx.data = (const uint8_t *)m->buf->data + m->next_off;
+		k->tx.data_len = n;
+		k->msg = m;
+		k->busy = true;
+		m->next_off += n;
+		m->chunks_out++;
+		if (m->next_off == m->len) {
+			l->rdv_head = m->wait_next;
+			if (!l->rdv_head)
+				l->rdv_tail = NULL;
+			m->wait_next = NULL;
+		}
+		tx_push(c, &k->tx);
+	}
+}
+
+static uint64_t tx_total(const struct tcp_tx *t)
+{
+	return TCP_FRAME_BYTES + t->key_len + t->data_len;
+}
+
+/* A queued item left completely, or its connection died. */
+static void tx_done(struct tcp_state *st, struct tcp_tx *t)
+{
+	switch (t->kind) {
+	case TX_MSG: {
+		struct tcp_msg *m = (struct tcp_msg *)t;
+
+		m->tx_busy = false;
+		msg_maybe_free(st, m);
+		break;
+	}
+	case TX_CTL:
+		ctl_free(st, (struct tcp_ctl *)t);
+		break;
+	case TX_CHUNK: {
+		struct tcp_chunk *k = (struct tcp_chunk *)t;
+		struct tcp_msg *m = k->msg;
+
+		k->busy = false;
+		k->msg = NULL;
+		m->chunks_out--;
+		msg_maybe_free(st, m);
+		break;
+	}
+	}
+}
+
+/* Start a sendmsg of what is queued, if none is in flight. */
+static void conn_kick(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct io_uring_sqe *sqe;
+	unsigned n = 0;
+
+	if (c->send_armed || c->dead || c->hs != HS_READY)
+		return;
+	if (c->link && c->link->rdv_head)
+		conn_take_chunks(c->link, c);
+	for (struct tcp_tx *t = c->txq; t && n + 3 <= TCP_IOV_MAX; t = t->next) {
+		const void *part[3] = { t->hdr, t->key, t->data };
+		uint64_t plen[3] = { TCP_FRAME_BYTES, t->key_len, t->data_len };
+		uint64_t skip = t->sent;
+
+		for (unsigned i = 0; i < 3; i++) {
+			if (skip >= plen[i]) {
+				skip -= plen[i];
+				continue;
+			}
+			c->iov[n].iov_base = (uint8_t *)part[i] + skip;
+			c->iov[n].iov_len = plen[i] - skip;
+			skip = 0;
+			n++;
+		}
+	}
+	if (!n)
+		return;
+	sqe = get_sqe(st);
+	if (!sqe) {
+		if (c->link)
+			link_fail(st, c->link, -ECONNRESET, "io_uring full");
+		return;
+	}
+	memset(&c->mh, 0, sizeof(c->mh));
+	c->mh.msg_iov = c->iov;
+	c->mh.msg_iovlen = n;
+	io_uring_prep_sendmsg(sqe, c->fd, &c->mh, MSG_NOSIGNAL);
+	io_uring_sqe_set_data64(sqe, mk_cookie(K_SEND, c->slot, c->gen));
+	c->send_armed = true;
+}
+
+static void on_send(struct tcp_state *st, struct tcp_conn *c, int res)
+{
+	uint64_t left;
+
+	c->send_armed = false;
+	if (c->dead) {
+		conn_maybe_free(st, c);
+		return;
+	}
+	if (res <= 0) {
+		if (res == -EINTR || res == -EAGAIN) {
+			conn_kick(st, c);
+			return;
+		}
+		link_fail(st, c->link, -ECONNRESET, res ? ferry_strerror(res) : "send returned 0");
+		return;
+	}
+	left = (uint64_t)res;
+	while (left && c->txq) {
+		struct tcp_tx *t = c->txq;
+		uint64_t rest = tx_total(t) - t->sent;
+
+		if (left < rest) {
+			t->sent += left;
+			break;
+		}
+		left -= rest;
+		c->txq = t->next;
+		if (!c->txq)
+			c->txq_tail = NULL;
+		tx_done(st, t);
+	}
+	conn_kick(st, c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Receiving                                                           */
+/* ------------------------------------------------------------------ */
+
+static struct tcp_rx *rx_find(struct tcp_state *st, struct tcp_link *l, uint64_t cookie)
+{
+	uint32_t id = (uint32_t)cookie;
+	struct tcp_rx *r;
+
+	if (id >= st->nrxs)
+		return NULL;
+	r = &st->rxs[id];
+	if (r->state != RX_RECEIVING || r->gen != (uint32_t)(cookie >> 32) || r->link != l)
+		return NULL;
+	return r;
+}
+
+static void rx_free(struct tcp_state *st, struct tcp_rx *r)
+{
+	if (r->buf)
+		pool_free(r->buf);
+	r->buf = NULL;
+	r->state = RX_FREE;
+	r->orphan = false;
+	r->link = NULL;
+	r->conn = NULL;
+	r->next = st->free_rxs;
+	st->free_rxs = r;
+}
+
+/* Hand arrived data to the key table; returns the PUT's result. */
+static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, uint16_t key_len,
+		   struct ferry_buf *buf, uint64_t len, uint32_t flags)
+{
+	struct ferry_engine *e = st->engine;
+	char fullkey[FULLKEY_MAX];
+	int n, rc;
+
+	n = keytable_compose(fullkey, key, key_len, l->peer_name, e->name);
+	rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len,
+					 flags & TCP_FRAME_F_REPLACE ? FERRY_SQE_REPLACE : 0);
+	if (rc)
+		pool_free(buf);
+	return rc;
+}
+
+static bool key_ok(const uint8_t *key, uint16_t key_len)
+{
+	if (key_len == 0 || key_len >= FERRY_KEY_MAX)
+		return false;
+	return memchr(key, '\0', key_len) == NULL;
+}
+
+/* Try to give a waiting offer its block; then answer CTS. */
+static bool rx_try_mem(struct tcp_state *st, struct tcp_rx *r)
+{
+	if (pool_alloc(st->engine->pool, r->len, &r->buf) != 0)
+		return false;
+	r->state = RX_RECEIVING;
+	r->gen++;
+	r->got = 0;
+	if (!ctl_send(st, r->conn, TCP_F_CTS, r->cookie, ((uint64_t)r->gen << 32) | r->id)) {
+		/* No control frame now: give the block back, try again later. */
+		pool_free(r->buf);
+		r->buf = NULL;
+		r->state = RX_WAIT_MEM;
+		return false;
+	}
+	return true;
+}
+
+static void wait_mem_push(struct tcp_state *st, struct tcp_rx *r)
+{
+	r->state = RX_WAIT_MEM;
+	r->next = NULL;
+	if (st->wait_mem_tail)
+		st->wait_mem_tail->next = r;
+	else
+		st->wait_mem_head = r;
+	st->wait_mem_tail = r;
+}
+
+/* Offers waiting for pool room, in order; returns how many moved. */
+static int retry_wait_mem(struct tcp_state *st)
+{
+	int n = 0;
+
+	while (st->wait_mem_head) {
+		struct tcp_rx *r = st->wait_mem_head;
+		bool gone = !r->link || r->link->state == LINK_DEAD;
+
+		if (!gone && !rx_try_mem(st, r))
+			break;
+		st->wait_mem_head = r->next;
+		if (!st->wait_mem_head)
+			st->wait_mem_tail = NULL;
+		r->next = NULL;
+		if (gone)
+			rx_free(st, r);
+		n++;
+	}
+	return n;
+}
+
+static void rx_complete(struct tcp_state *st, struct tcp_rx *r)
+{
+	struct tcp_link *l = r->link;
+	struct tcp_conn *c = r->conn;
+	struct ferry_buf *buf = r->buf;
+	int rc;
+
+	r->buf = NULL;
+	rc = deliver(st, l, r->key, r->key_len, buf, r->len, r->flags);
+	/* A control frame was kept for this answer when the offer came. */
+	if (!ctl_send(st, c, TCP_F_RESULT, r->cookie, (uint64_t)(int64_t)rc))
+		log_warn("tcp: engine %s: no control frame left to answer %s", st->engine->name,
+			 l->peer_name);
+	rx_free(st, r);
+}
+
+static void conn_stall(struct tcp_state *st, struct tcp_conn *c)
+{
+	if (c->rx_stalled)
+		return;
+	c->rx_stalled = true;
+	c->next_stalled = st->stalled;
+	st->stalled = c;
+}
+
+/*
+ * Take one frame from the staging buffer. Returns 1 if taken, 0 if more
+ * bytes (or a resource) are needed first, -1 if the peer broke a rule (its
+ * link is failed).
+ */
+static int take_frame(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct tcp_link *l = c->link;
+	uint32_t avail = c->rx_tail - c->rx_head;
+	const uint8_t *p = c->rx + c->rx_head;
+	struct tcp_frame f;
+	const char *why;
+
+	if (avail < TCP_FRAME_BYTES)
+		return 0;
+	tcp_frame_unpack(p, &f);
+	if (f.magic != TCP_FRAME_MAGIC || f.type == 0 || f.type >= TCP_F__MAX || f.resv ||
+	    (f.flags & ~TCP_FRAME_F_REPLACE)) {
+		why = "bad frame header";
+		goto bad;
+	}
+	switch (f.type) {
+	case TCP_F_PUT: {
+		const uint8_t *key = p + TCP_FRAME_BYTES;
+		struct ferry_buf *buf;
+		int rc;
+
+		if (f.key_len == 0 || f.key_len >= FERRY_KEY_MAX || f.arg > TCP_EAGER_MAX ||
+		    f.len != f.key_len + f.arg) {
+			why = "bad eager frame lengths";
+			goto bad;
+		}
+		if (avail < TCP_FRAME_BYTES + f.len)
+			return 0;
+		if (!key_ok(key, f.key_len)) {
+			why = "bad key";
+			goto bad;
+		}
+		if (!ctl_available(st, 1)) {
+			conn_stall(st, c);
+			return 0;
+		}
+		rc = pool_alloc(st->engine->pool, f.arg, &buf);
+		if (rc == 0) {
+			memcpy(buf->data, key + f.key_len, f.arg);
+			rc = deliver(st, l, (const char *)key, f.key_len, buf, f.arg, f.flags);
+		} else {
+			log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
+				    "eager PUT of %llu bytes from %s", st->engine->name,
+				    (unsigned long long)f.arg, l->peer_name);
+			rc = -ENOBUFS;
+		}
+		ctl_send(st, c, TCP_F_RESULT, f.cookie, (uint64_t)(int64_t)rc);
+		c->rx_head += TCP_FRAME_BYTES + f.len;
+		return 1;
+	}
+	case TCP_F_RTS: {
+		const uint8_t *key = p + TCP_FRAME_BYTES;
+		struct tcp_rx *r;
+
+		if (f.key_len == 0 || f.key_len >= FERRY_KEY_MAX || f.len != f.key_len ||
+		    f.arg == 0) {
+			why = "bad offer lengths";
+			goto bad;
+		}
+		if (avail < TCP_FRAME_BYTES + f.len)
+			return 0;
+		if (!key_ok(key, f.key_len)) {
+			why = "bad key";
+			goto bad;
+		}
+		/* One frame for CTS, one kept for the RESULT. */
+		if (!ctl_available(st, 2)) {
+			conn_stall(st, c);
+			return 0;
+		}
+		c->rx_head += TCP_FRAME_BYTES + f.len;
+		if (f.arg > pool_size(st->engine->pool)) {
+			log_info("tcp: engine %s: %s offers %llu bytes, more than the pool",
+				 st->engine->name, l->peer_name, (unsigned long long)f.arg);
+			ctl_send(st, c, TCP_F_RESULT, f.cookie, (uint64_t)(int64_t)-EMSGSIZE);
+			return 1;
+		}
+		r = st->free_rxs;
+		if (!r) {
+			log_limited(FERRY__LOG_WARN, "tcp: engine %s: %u offers pending, refusing "
+				    "one from %s", st->engine->name, st->nrxs, l->peer_name);
+			ctl_send(st, c, TCP_F_RESULT, f.cookie, (uint64_t)(int64_t)-ENOBUFS);
+			return 1;
+		}
+		st->free_rxs = r->next;
+		r->next = NULL;
+		r->link = l;
+		r->conn = c;
+		r->len = f.arg;
+		r->got = 0;
+		r->cookie = f.cookie;
+		r->flags = f.flags;
+		r->key_len = f.key_len;
+		memcpy(r->key, key, f.key_len);
+		r->key[f.key_len] = '\0';
+		if (st->wait_mem_head || !rx_try_mem(st, r))
+			wait_mem_push(st, r);
+		return 1;
+	}
+	case TCP_F_CTS: {
+		struct tcp_msg *m;
+
+		if (f.len || f.key_len) {
+			why = "bad CTS";
+			goto bad;
+		}
+		c->rx_head += TCP_FRAME_BYTES;
+		m = msg_find(st, l, f.cookie);
+		if (!m || !m->rendezvous || m->cts) {
+			why = "CTS for no offer";
+			goto bad;
+		}
+		m->cts = true;
+		if (m->resulted)
+			return 1;
+		m->rx_slot = f.arg;
+		m->next_off = 0;
+		m->wait_next = NULL;
+		if (l->rdv_tail)
+			l->rdv_tail->wait_next = m;
+		else
+			l->rdv_head = m;
+		l->rdv_tail = m;
+		for (unsigned i = 0; i < l->nconns; i++)
+			if (l->conns[i] && !l->conns[i]->dead)
+				conn_kick(st, l->conns[i]);
+		return 1;
+	}
+	case TCP_F_DATA: {
+		struct tcp_rx *r;
+		uint64_t have, n;
+
+		if (f.key_len || f.len == 0) {
+			why = "bad DATA lengths";
+			goto bad;
+		}
+		r = rx_find(st, l, f.cookie);
+		if (!r || f.arg > r->len || f.len > r->len - f.arg || f.len > r->len - r->got) {
+			why = "DATA outside its offer";
+			goto bad;
+		}
+		c->rx_head += TCP_FRAME_BYTES;
+		have = c->rx_tail - c->rx_head;
+		n = have < f.len ? have : f.len;
+		memcpy((uint8_t *)r->buf->data + f.arg, c->rx + c->rx_head, n);
+		c->rx_head += (uint32_t)n;
+		r->got += n;
+		if (n < f.len) {
+			/* The rest goes straight into the block. */
+			c->direct = r;
+			c->direct_off = f.arg + n;
+			c->direct_left = f.len - n;
+			return 1;
+		}
+		if (r->got == r->len)
+			rx_complete(st, r);
+		return 1;
+	}
+	case TCP_F_RESULT: {
+		struct tcp_msg *m;
+		int64_t res = (int64_t)f.arg;
+
+		if (f.len || f.key_len || res > 0 || res < -4095) {
+			why = "bad RESULT";
+			goto bad;
+		}
+		c->rx_head += TCP_FRAME_BYTES;
+		m = msg_find(st, l, f.cookie);
+		if (!m || m->resulted) {
+			why = "RESULT for no PUT";
+			goto bad;
+		}
+		if (m->rendezvous && res == 0 && (!m->cts || m->next_off < m->len)) {
+			why = "RESULT before the data was sent";
+			goto bad;
+		}
+		/* Chunks not yet queued will not be. */
+		if (m->rendezvous && m->cts && m->next_off < m->len) {
+			struct tcp_msg **pp = &l->rdv_head, *prev = NULL;
+
+			while (*pp && *pp != m) {
+				prev = *pp;
+				pp = &(*pp)->wait_next;
+			}
+			if (*pp) {
+				*pp = m->wait_next;
+				if (l->rdv_tail == m)
+					l->rdv_tail = prev;
+			}
+			m->wait_next = NULL;
+			m->next_off = m->len;
+		}
+		msg_result(st, m, (int)res);
+		return 1;
+	}
+	case TCP_F_PING:
+		if (f.len || f.key_len) {
+			why = "bad PING";
+			goto bad;
+		}
+		if (!ctl_available(st, 1)) {
+			conn_stall(st, c);
+			return 0;
+		}
+		c->rx_head += TCP_FRAME_BYTES;
+		ctl_send(st, c, TCP_F_PONG, f.cookie, 0);
+		return 1;
+	case TCP_F_PONG:
+		if (f.len || f.key_len) {
+			why = "bad PONG";
+			goto bad;
+		}
+		c->rx_head += TCP_FRAME_BYTES;
+		return 1;
+	default:
+		why = "unknown frame";
+		break;
+	}
+bad:
+	log_warn("tcp: engine %s: disconnecting %s: %s (type %u, len %u)", st->engine->name,
+		 l->peer_name, why, f.type, f.len);
+	link_fail(st, l, -ECONNRESET, NULL);
+	return -1;
+}
+
+static void conn_arm_recv(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct io_uring_sqe *sqe;
+
+	if (c->recv_armed || c->dead || c->rx_stalled)
+		return;
+	sqe = get_sqe(st);
+	if (!sqe) {
+		link_fail(st, c->link, -ECONNRESET, "io_uring full");
+		return;
+	}
+	if (c->direct) {
+		io_uring_prep_recv(sqe, c->fd, (uint8_t *)c->direct->buf->data + c->direct_off,
+				   c->direct_left > (1u << 30) ? (1u << 30) : c->direct_left,
+				   MSG_WAITALL);
+	} else {
+		/* Room for the largest frame after what is there. */
+		if (c->rx_head && TCP_RX_STAGE - c->rx_tail < TCP_FRAME_BYTES + FERRY_KEY_MAX +
+								  TCP_EAGER_MAX) {
+			memmove(c->rx, c->rx + c->rx_head, c->rx_tail - c->rx_head);
+			c->rx_tail -= c->rx_head;
+			c->rx_head = 0;
+		}
+		io_uring_prep_recv(sqe, c->fd, c->rx + c->rx_tail, TCP_RX_STAGE - c->rx_tail, 0);
+	}
+	io_uring_sqe_set_data64(sqe, mk_cookie(K_RECV, c->slot, c->gen));
+	c->recv_armed = true;
+}
+
+static void rx_parse(struct tcp_state *st, struct tcp_conn *c)
+{
+	while (!c->dead && !c->direct && !c->rx_stalled && take_frame(st, c) > 0)
+		;
+	if (c->dead)
+		return;
+	if (c->rx_head == c->rx_tail)
+		c->rx_head = c->rx_tail = 0;
+	conn_arm_recv(st, c);
+}
+
+static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
+{
+	struct tcp_link *l = c->link;
+
+	c->recv_armed = false;
+	if (c->dead) {
+		conn_maybe_free(st, c);
+		return;
+	}
+	if (res <= 0) {
+		if (res == -EINTR || res == -EAGAIN) {
+			conn_arm_recv(st, c);
+			return;
+		}
+		if (res == 0)
+			log_info("tcp: engine %s: %s closed the connection", st->engine->name,
+				 l->peer_name);
+		link_fail(st, l, -ECONNRESET, res ? ferry_strerror(res) : NULL);
+		return;
+	}
+	l->last_rx_ns = reactor_now(st->engine);
+	if (c->direct) {
+		struct tcp_rx *r = c->direct;
+
+		c->direct_off += (uint64_t)res;
+		c->direct_left -= (uint64_t)res;
+		r->got += (uint64_t)res;
+		if (c->direct_left) {
+			conn_arm_recv(st, c);
+			return;
+		}
+		c->direct = NULL;
+		if (r->got == r->len)
+			rx_complete(st, r);
+	} else {
+		c->rx_tail += (uint32_t)res;
+	}
+	rx_parse(st, c);
+}
+
+/* Connections that waited for control frames try again. */
+static int retry_stalled(struct tcp_state *st)
+{
+	struct tcp_conn *list = st->stalled;
+	int n = 0;
+
+	if (!st->free_ctls)
+		return 0;
+	st->stalled = NULL;
+	while (list) {
+		struct tcp_conn *c = list;
+
+		list = c->next_stalled;
+		c->next_stalled = NULL;
+		c->rx_stalled = false;
+		rx_parse(st, c);
+		n++;
+	}
+	return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Faults                                                              */
+/* ------------------------------------------------------------------ */
+
+static bool other_live_link(struct tcp_state *st, struct tcp_link *l)
+{
+	for (struct tcp_link *o = st->links; o; o = o->next)
+		if (o != l && o->state != LINK_DEAD && strcmp(o->peer_name, l->peer_name) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * The peer is gone (or broke the protocol, or could not be reached): its
+ * PUTs fail with res, GETs waiting on it give up, every block it held comes
+ * back. why == NULL: already logged (or no error, a peer leaving).
+ */
+static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why)
+{
+	struct ferry_engine *e = st->engine;
+
+	if (!l || l->state == LINK_DEAD)
+		return;
+	l->state = LINK_DEAD;
+	if (why)
+		log_warn("tcp: engine %s: link to %s lost: %s", e->name, l->peer_name, why);
+	l->refs++; /* it must outlive the loops below */
+	for (unsigned i = 0; i < TCP_MAX_CONNS; i++)
+		if (l->conns[i])
+			conn_kill(st, l->conns[i]);
+	l->rdv_head = l->rdv_tail = NULL;
+	while (l->wait_head) {
+		struct tcp_msg *m = l->wait_head;
+
+		l->wait_head = m->wait_next;
+		m->wait_next = NULL;
+	}
+	l->wait_tail = NULL;
+	for (struct tcp_msg *m = l->msgs, *next; m; m = next) {
+		next = m->next;
+		m->next_off = m->len;
+		msg_result(st, m, res);
+	}
+	/* Offers it made us: blocks written by a recv in flight wait for it. */
+	for (uint32_t i = 0; i < st->nrxs; i++) {
+		struct tcp_rx *r = &st->rxs[i];
+
+		if (r->link != l || r->state == RX_FREE)
+			continue;
+		if (r->state == RX_WAIT_MEM)
+			continue; /* retry_wait_mem frees it in order */
+		r->orphan = true;
+		r->link = NULL;
+		r->state = RX_WAIT_MEM; /* not findable any more */
+		{
+			bool pinned = false;
+
+			for (uint32_t s = 0; s < TCP_MAX_SOCKS && !pinned; s++) {
+				struct tcp_conn *c = st->conns[s];
+
+				pinned = c && c->direct == r && c->recv_armed;
+			}
+			if (!pinned) {
+				r->state = RX_FREE;
+				rx_free(st, r);
+			}
+		}
+	}
+	if (!other_live_link(st, l)) {
+		for (uint32_t i = 0; i < e->max_ops; i++) {
+			struct op *op = &e->ops[i];
+
+			if (op->state == OP_PARKED && op->peer &&
+			    strcmp(op->peer->name, l->peer_name) == 0)
+				op_complete(e, op, res == -ECANCELED ? res : -ECONNRESET, 0, NULL);
+		}
+	}
+	link_unref(l);
+}
+
+/* Drop dead links from the table (peers still resolved to one keep it). */
+static void reap_links(struct tcp_state *st)
+{
+	for (struct tcp_link **pp = &st->links, *l; (l = *pp);) {
+		if (l->state == LINK_DEAD) {
+			*pp = l->next;
+			link_unref(l);
+		} else {
+			pp = &l->next;
+		}
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* Handshake                                                           */
+/* ------------------------------------------------------------------ */
+
+static void hello_fill(struct tcp_state *st, struct tcp_hello *h, uint16_t type)
+{
+	memset(h, 0, sizeof(*h));
+	h->magic = TCP_HELLO_MAGIC;
+	h->version = TCP_PROTO_VERSION;
+	h->type = type;
+	h->caps = TCP_CAPS;
+	snprintf(h->ns, sizeof(h->ns), "%s", st->engine->ns);
+	snprintf(h->name, sizeof(h->name), "%s", st->engine->name);
+}
+
+/* Handshake messages are small and the socket fresh: a send is whole or fails. */
+static int hello_send(struct tcp_conn *c, struct tcp_hello *h)
+{
+	ssize_t n;
+
+	tcp_hello_to_wire(h);
+	n = send(c->fd, h, sizeof(*h), MSG_NOSIGNAL | MSG_DONTWAIT);
+	if (n == (ssize_t)sizeof(*h))
+		return 0;
+	return n < 0 ? -errno : -EIO;
+}
+
+/* Read what there is of the next hello. 1: whole, 0: more to come, < 0: error. */
+static int hello_recv(struct tcp_conn *c)
+{
+	ssize_t n = recv(c->fd, (uint8_t *)&c->hin + c->hin_got, sizeof(c->hin) - c->hin_got,
+			 MSG_DONTWAIT);
+
+	if (n < 0)
+		return errno == EAGAIN || errno == EINTR ? 0 : -errno;
+	if (n == 0)
+		return -ECONNRESET;
+	c->hin_got += (uint32_t)n;
+	if (c->hin_got < sizeof(c->hin))
+		return 0;
+	c->hin_got = 0;
+	tcp_hello_from_wire(&c->hin);
+	if (c->hin.magic != TCP_HELLO_MAGIC)
+		return -EPROTO;
+	return 1;
+}
+
+/* The connection is authenticated: from here on io_uring carries it. */
+static void conn_ready(struct tcp_state *st, struct tcp_conn *c)
+{
+	int fl = fcntl(c->fd, F_GETFL);
+
+	/* Blocking mode: io_uring waits on the socket itself instead of -EAGAIN. */
+	if (fl >= 0)
+		fcntl(c->fd, F_SETFL, fl & ~O_NONBLOCK);
+	c->hs = HS_READY;
+	c->link->last_rx_ns = reactor_now(st->engine);
+	conn_arm_recv(st, c);
+}
+
+static void link_up(struct tcp_state *st, struct tcp_link *l);
+
+static void refuse(struct tcp_state *st, struct tcp_conn *c, int err)
+{
+	struct tcp_hello h;
+
+	hello_fill(st, &h, TCP_H_NO);
+	h.status = (uint32_t)err;
+	hello_send(c, &h);
+	conn_kill(st, c);
+}
+
+/* Callee: a HELLO came. */
+static void callee_hello(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct ferry_engine *e = st->engine;
+	struct tcp_hello *in = &c->hin, h;
+	struct tcp_link *l = NULL;
+	char addr[TCP_ADDR_MAX];
+
+	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+	if (in->type != TCP_H_HELLO || in->version != TCP_PROTO_VERSION) {
+		log_warn("tcp: engine %s: refused %s: protocol version %u type %u (we speak %u)",
+			 e->name, addr, in->version, in->type, TCP_PROTO_VERSION);
+		refuse(st, c, EPROTONOSUPPORT);
+		return;
+	}
+	if (strcmp(in->ns, e->ns) != 0 || !in->name[0] || in->nconns == 0 ||
+	    in->nconns > TCP_MAX_CONNS || in->conn_index >= in->nconns) {
+		log_warn("tcp: engine %s: refused %s (\"%s\" in namespace \"%s\", connection "
+			 "%u of %u)", e->name, addr, in->name, in->ns, in->conn_index, in->nconns);
+		refuse(st, c, EPERM);
+		return;
+	}
+	snprintf(c->peer_name, sizeof(c->peer_name), "%s", in->name);
+	c->link_id = in->link_id;
+	c->index = in->conn_index;
+	c->nconns = in->nconns;
+	memcpy(c->nonce_peer, in->nonce, TCP_NONCE_BYTES);
+	if (tcp_nonce(c->nonce_me, TCP_NONCE_BYTES)) {
+		refuse(st, c, EIO);
+		return;
+	}
+	(void)l;
+	hello_fill(st, &h, TCP_H_PROOF);
+	memcpy(h.nonce, c->nonce_me, TCP_NONCE_BYTES);
+	tcp_proof(&st->secret, "ferry-callee", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
+		  e->ns, c->link_id, c->index, h.mac);
+	if (hello_send(c, &h)) {
+		conn_kill(st, c);
+		return;
+	}
+	c->hs = HS_WAIT_AUTH;
+	arm_poll(st, c, POLLIN);
+}
+
+/* Callee: the caller's proof came. */
+static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct ferry_engine *e = st->engine;
+	uint8_t want[TCP_MAC_BYTES];
+	struct tcp_link *l;
+	struct tcp_hello h;
+	char addr[TCP_ADDR_MAX];
+
+	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+	tcp_proof(&st->secret, "ferry-caller", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
+		  e->ns, c->link_id, c->index, want);
+	if (c->hin.type != TCP_H_AUTH || !tcp_proof_equal(want, c->hin.mac)) {
+		log_warn("tcp: engine %s: refused \"%s\" from %s: wrong secret", e->name,
+			 c->peer_name, addr);
+		refuse(st, c, EACCES);
+		return;
+	}
+	/* Join the caller's link, or start it. */
+	for (l = st->links; l; l = l->next)
+		if (!l->caller && l->state != LINK_DEAD && l->link_id == c->link_id &&
+		    strcmp(l->peer_name, c->peer_name) == 0)
+			break;
+	if (!l) {
+		l = link_new(st, c->peer_name, false);
+		if (!l) {
+			refuse(st, c, ENOMEM);
+			return;
+		}
+		l->link_id = c->link_id;
+		l->nconns = c->nconns;
+		l->state = LINK_UP;
+	}
+	if (c->index >= l->nconns || l->conns[c->index]) {
+		log_warn("tcp: engine %s: refused %s: connection %u of its link twice", e->name,
+			 c->peer_name, c->index);
+		refuse(st, c, EPROTO);
+		return;
+	}
+	hello_fill(st, &h, TCP_H_OK);
+	if (hello_send(c, &h)) {
+		conn_kill(st, c);
+		return;
+	}
+	l->conns[c->index] = c;
+	c->link = l;
+	log_debug("tcp: engine %s: %s connected (connection %u of %u)", e->name, c->peer_name,
+		  c->index, l->nconns);
+	conn_ready(st, c);
+}
+
+/* Caller: the callee's proof came. */
+static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct ferry_engine *e = st->engine;
+	struct tcp_link *l = c->link;
+	uint8_t want[TCP_MAC_BYTES];
+	struct tcp_hello h;
+
+	if (c->hin.type == TCP_H_NO) {
+		int err = c->hin.status && c->hin.status < 4096 ? (int)c->hin.status : EPROTO;
+
+		log_warn("tcp: engine %s: %s refused us: %s", e->name, l->peer_name,
+			 ferry_strerror(-err));
+		link_fail(st, l, err == EACCES ? -EACCES : -EHOSTUNREACH, NULL);
+		return;
+	}
+	if (c->hin.type != TCP_H_PROOF || c->hin.version != TCP_PROTO_VERSION) {
+		log_warn("tcp: engine %s: %s answered with version %u type %u", e->name,
+			 l->peer_name, c->hin.version, c->hin.type);
+		link_fail(st, l, -EHOSTUNREACH, NULL);
+		return;
+	}
+	if (strcmp(c->hin.name, l->peer_name) != 0 || strcmp(c->hin.ns, e->ns) != 0) {
+		log_warn("tcp: engine %s: called %s, \"%s\" in namespace \"%s\" answered", e->name,
+			 l->peer_name, c->hin.name, c->hin.ns);
+		link_fail(st, l, -EHOSTUNREACH, NULL);
+		return;
+	}
+	memcpy(c->nonce_peer, c->hin.nonce, TCP_NONCE_BYTES);
+	tcp_proof(&st->secret, "ferry-callee", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
+		  e->ns, l->link_id, c->index, want);
+	if (!tcp_proof_equal(want, c->hin.mac)) {
+		log_warn("tcp: engine %s: %s does not hold our secret: hung up", e->name,
+			 l->peer_name);
+		link_fail(st, l, -EACCES, NULL);
+		return;
+	}
+	hello_fill(st, &h, TCP_H_AUTH);
+	tcp_proof(&st->secret, "ferry-caller", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
+		  e->ns, l->link_id, c->index, h.mac);
+	if (hello_send(c, &h)) {
+		link_fail(st, l, -EHOSTUNREACH, "handshake send failed");
+		return;
+	}
+	c->hs = HS_WAIT_OK;
+	arm_poll(st, c, POLLIN);
+}
+
+static void caller_ok(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct tcp_link *l = c->link;
+
+	if (c->hin.type != TCP_H_OK) {
+		int err = c->hin.type == TCP_H_NO && c->hin.status && c->hin.status < 4096 ?
+				  (int)c->hin.status : EPROTO;
+
+		log_warn("tcp: engine %s: %s refused us: %s", st->engine->name, l->peer_name,
+			 ferry_strerror(-err));
+		link_fail(st, l, err == EACCES ? -EACCES : -EHOSTUNREACH, NULL);
+		return;
+	}
+	conn_ready(st, c);
+	if (l->state == LINK_CONNECTING)
+		link_up(st, l);
+}
+
+static int caller_start(struct tcp_state *st, struct tcp_link *l, uint16_t index);
+
+static void link_up(struct tcp_state *st, struct tcp_link *l)
+{
+	l->state = LINK_UP;
+	log_debug("tcp: engine %s: link to %s up", st->engine->name, l->peer_name);
+	while (l->wait_head && l->state == LINK_UP) {
+		struct tcp_msg *m = l->wait_head;
+
+		l->wait_head = m->wait_next;
+		if (!l->wait_head)
+			l->wait_tail = NULL;
+		m->wait_next = NULL;
+		msg_send(st, l, m);
+	}
+	/* The other connections, for bandwidth. */
+	for (uint16_t i = 1; i < l->nconns && l->state == LINK_UP; i++)
+		if (caller_start(st, l, i))
+			break;
+}
+
+/* Handshake progress on a poll event. */
+static void on_poll(struct tcp_state *st, struct tcp_conn *c, int res)
+{
+	int rc;
+
+	c->poll_armed = false;
+	if (c->dead) {
+		conn_maybe_free(st, c);
+		return;
+	}
+	if (res < 0 && res != -EINTR) {
+		if (c->link)
+			link_fail(st, c->link, -EHOSTUNREACH, ferry_strerror(res));
+		else
+			conn_kill(st, c);
+		return;
+	}
+	if (c->hs == HS_CONNECTING) {
+		int err = 0;
+		socklen_t len = sizeof(err);
+		struct tcp_hello h;
+
+		if (getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+			err = errno;
+		if (err == 0 && !(res & (POLLOUT)))
+			err = ECONNREFUSED;
+		if (err) {
+			log_info("tcp: engine %s: cannot reach %s: %s", st->engine->name,
+				 c->link->peer_name, strerror(err));
+			link_fail(st, c->link, -EHOSTUNREACH, NULL);
+			return;
+		}
+		hello_fill(st, &h, TCP_H_HELLO);
+		h.conn_index = c->index;
+		h.nconns = c->link->nconns;
+		h.link_id = c->link->link_id;
+		memcpy(h.nonce, c->nonce_me, TCP_NONCE_BYTES);
+		if ((rc = hello_send(c, &h))) {
+			link_fail(st, c->link, -EHOSTUNREACH, ferry_strerror(rc));
+			return;
+		}
+		c->hs = HS_WAIT_PROOF;
+		arm_poll(st, c, POLLIN);
+		return;
+	}
+	rc = hello_recv(c);
+	if (rc == 0) {
+		arm_poll(st, c, POLLIN);
+		return;
+	}
+	if (rc < 0) {
+		if (c->link && c->caller) {
+			log_info("tcp: engine %s: handshake with %s: %s", st->engine->name,
+				 c->link->peer_name, ferry_strerror(rc));
+			link_fail(st, c->link, -EHOSTUNREACH, NULL);
+		} else {
+			log_info("tcp: engine %s: a caller left during its handshake: %s",
+				 st->engine->name, ferry_strerror(rc));
+			conn_kill(st, c);
+		}
+		return;
+	}
+	switch (c->hs) {
+	case HS_WAIT_HELLO:
+		callee_hello(st, c);
+		break;
+	case HS_WAIT_AUTH:
+		callee_auth(st, c);
+		break;
+	case HS_WAIT_PROOF:
+		caller_proof(st, c);
+		break;
+	case HS_WAIT_OK:
+		caller_ok(st, c);
+		break;
+	}
+}
+
+static int set_sockopts(int fd)
+{
+	int one = 1, big = 4 << 20;
+
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+	setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof(big));
+	return 0;
+}
+
+/* Open connection index of a link we call. */
+static int caller_start(struct tcp_state *st, struct tcp_link *l, uint16_t index)
+{
+	struct tcp_conn *c;
+	int fd, rc;
+
+	fd = socket(l->addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	set_sockopts(fd);
+	c = conn_new(st, fd, true);
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->link = l;
+	c->index = index;
+	c->hs = HS_CONNECTING;
+	l->conns[index] = c;
+	if ((rc = tcp_nonce(c->nonce_me, TCP_NONCE_BYTES))) {
+		conn_kill(st, c);
+		return rc;
+	}
+	if (connect(fd, (struct sockaddr *)&l->addr, l->addrlen) < 0 && errno != EINPROGRESS) {
+		rc = -errno;
+		log_info("tcp: engine %s: connect to %s: %s", st->engine->name, l->peer_name,
+			 ferry_strerror(rc));
+		conn_kill(st, c);
+		return rc;
+	}
+	arm_poll(st, c, POLLOUT);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Listener                                                            */
+/* ------------------------------------------------------------------ */
+
+static void arm_listen(struct tcp_state *st)
+{
+	struct io_uring_sqe *sqe;
+
+	if (st->lfd < 0)
+		return;
+	sqe = get_sqe(st);
+	if (!sqe)
+		return;
+	io_uring_prep_poll_add(sqe, st->lfd, POLLIN);
+	io_uring_sqe_set_data64(sqe, mk_cookie(K_LISTEN, 0, st->lgen));
+}
+
+static void accept_all(struct tcp_state *st)
+{
+	for (;;) {
+		struct sockaddr_storage sa;
+		socklen_t len = sizeof(sa);
+		struct tcp_conn *c;
+		char addr[TCP_ADDR_MAX];
+		int fd = accept4(st->lfd, (struct sockaddr *)&sa, &len,
+				 SOCK_NONBLOCK | SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+				log_warn("tcp: engine %s: accept: %s", st->engine->name,
+					 strerror(errno));
+			if (errno == EINTR || errno == ECONNABORTED)
+				continue;
+			return;
+		}
+		if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&sa)) {
+			tcp_addr_format((struct sockaddr *)&sa, addr, sizeof(addr));
+			log_warn("tcp: engine %s: refused %s: no cluster secret is set, so only "
+				 "loopback peers are accepted", st->engine->name, addr);
+			close(fd);
+			continue;
+		}
+		set_sockopts(fd);
+		c = conn_new(st, fd, false);
+		if (!c) {
+			close(fd);
+			continue;
+		}
+		memcpy(&c->peer_sa, &sa, sizeof(sa));
+		c->hs = HS_WAIT_HELLO;
+		arm_poll(st, c, POLLIN);
+	}
+}
+
+static int listen_start(struct tcp_state *st)
+{
+	struct ferry_engine *e = st->engine;
+	struct sockaddr_storage ss;
+	socklen_t len;
+	int fd, rc, one = 1;
+
+	rc = tcp_addr_parse(st->listen_text, false, &ss, &len);
+	if (rc)
+		return rc;
+	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss))
+		log_warn("tcp: engine %s listens on %s without a cluster secret: only loopback "
+			 "peers will be accepted (set params.secret, FERRY_SECRET or "
+			 "params.secret_file)", e->name, st->listen_text);
+	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	if (bind(fd, (struct sockaddr *)&ss, len) < 0) {
+		rc = -errno;
+		log_error("tcp: engine %s: cannot listen on %s: %s%s", e->name, st->listen_text,
+			  ferry_strerror(rc),
+			  rc == -EADDRINUSE ? " (another process holds this address; use port 0 "
+					      "and publish ferry_engine_address)" : "");
+		close(fd);
+		return rc;
+	}
+	if (listen(fd, TCP_BACKLOG) < 0) {
+		rc = -errno;
+		log_error("tcp: engine %s: listen on %s: %s", e->name, st->listen_text,
+			  ferry_strerror(rc));
+		close(fd);
+		return rc;
+	}
+	len = sizeof(ss);
+	getsockname(fd, (struct sockaddr *)&ss, &len);
+	tcp_addr_format((struct sockaddr *)&ss, st->bound, sizeof(st->bound));
+	st->lfd = fd;
+	st->lgen++;
+	log_debug("tcp: engine %s listens on %s", e->name, st->bound);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Heartbeats and handshake deadlines                                  */
+/* ------------------------------------------------------------------ */
+
+static int check_time(struct tcp_state *st)
+{
+	uint64_t now = reactor_now(st->engine);
+	int n = 0;
+
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++) {
+		struct tcp_conn *c = st->conns[i];
+
+		if (!c || c->dead || c->hs == HS_READY || now < c->hs_deadline)
+			continue;
+		if (c->link && c->caller) {
+			log_info("tcp: engine %s: handshake with %s timed out", st->engine->name,
+				 c->link->peer_name);
+			link_fail(st, c->link, -EHOSTUNREACH, NULL);
+		} else {
+			log_info("tcp: engine %s: a caller stayed silent: hung up", st->engine->name);
+			conn_kill(st, c);
+		}
+		n++;
+	}
+	for (struct tcp_link *l = st->links; l; l = l->next) {
+		struct tcp_conn *c;
+
+		if (l->state != LINK_UP)
+			continue;
+		if (now - l->last_rx_ns > st->peer_timeout_ns) {
+			log_warn("tcp: engine %s: %s silent for %llu ms: declared dead",
+				 st->engine->name, l->peer_name,
+				 (unsigned long long)((now - l->last_rx_ns) / 1000000));
+			link_fail(st, l, -ECONNRESET, NULL);
+			n++;
+			continue;
+		}
+		if (now - l->last_rx_ns >= st->heartbeat_ns &&
+		    now - l->last_ping_ns >= st->heartbeat_ns && (c = link_primary(l))) {
+			if (ctl_send(st, c, TCP_F_PING, now, 0))
+				l->last_ping_ns = now;
+		}
+	}
+	return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* The backend                                                         */
+/* ------------------------------------------------------------------ */
+
+static void on_ring_cqe(struct tcp_state *st, uint64_t ud, int res)
+{
+	unsigned kind = ud & 0xf;
+	uint32_t slot = (uint32_t)((ud >> 4) & 0xfffff), gen = (uint32_t)(ud >> 24);
+	struct tcp_conn *c;
+
+	st->inflight--;
+	switch (kind) {
+	case K_LISTEN:
+		if (st->lfd < 0 || gen != st->lgen)
+			return;
+		if (res >= 0)
+			accept_all(st);
+		arm_listen(st);
+		return;
+	case K_TICK:
+		st->tick_armed = false;
+		return;
+	case K_POLL:
+	case K_RECV:
+	case K_SEND:
+		c = slot < TCP_MAX_SOCKS ? st->conns[slot] : NULL;
+		if (!c || c->gen != gen)
+			return;
+		if (kind == K_POLL)
+			on_poll(st, c, res);
+		else if (kind == K_RECV)
+			on_recv(st, c, res);
+		else
+			on_send(st, c, res);
+		return;
+	default:
+		return; /* cancels */
+	}
+}
+
+static int reap_own(struct tcp_state *st)
+{
+	struct io_uring_cqe *cqe;
+	int n = 0;
+
+	while (io_uring_peek_cqe(&st->ring, &cqe) == 0) {
+		uint64_t ud = cqe->user_data;
+		int res = cqe->res;
+
+		io_uring_cqe_seen(&st->ring, cqe);
+		on_ring_cqe(st, ud, res);
+		n++;
+	}
+	return n;
+}
+
+static bool links_alive(struct tcp_state *st)
+{
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++)
+		if (st->conns[i])
+			return true;
+	return st->links != NULL;
+}
+
+static int tcp_progress(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+	int n;
+
+	(void)e;
+	if (!st->ready)
+		return 0;
+	n = reap_own(st);
+	if (st->wait_mem_head)
+		n += retry_wait_mem(st);
+	if (st->stalled)
+		n += retry_stalled(st);
+	if (n || !st->tick_armed) {
+		check_time(st);
+		reap_links(st);
+	}
+	if (links_alive(st) || st->wait_mem_head)
+		arm_tick(st);
+	if (io_uring_sq_ready(&st->ring))
+		io_uring_submit(&st->ring);
+	return n;
+}
+
+static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	if (!st->ready)
+		return false;
+	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) ||
+	       (st->stalled && st->free_ctls);
+}
+
+static void tcp_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
+		       uint32_t flags)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	(void)res;
+	if (!st || cookie != K_RINGFD)
+		return;
+	if (!(flags & IORING_CQE_F_MORE)) {
+		st->ringfd_armed = false;
+		if (st->ready)
+			arm_ringfd(st);
+	}
+}
+
+/* A link for peer: a live one, or a new call when it has an address. */
+static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_link **out)
+{
+	struct ferry_engine *e = st->engine;
+	char address[sizeof(peer->address)];
+	struct tcp_link *l;
+	int rc;
+
+	pthread_mutex_lock(&e->lock);
+	memcpy(address, peer->address, sizeof(address));
+	pthread_mutex_unlock(&e->lock);
+	for (l = st->links; l; l = l->next)
+		if (l->state != LINK_DEAD && strcmp(l->peer_name, peer->name) == 0)
+			break;
+	if (l) {
+		*out = l;
+		return 0;
+	}
+	if (!address[0])
+		return -EHOSTUNREACH;
+	if ((rc = state_ready(st)))
+		return rc;
+	l = link_new(st, peer->name, true);
+	if (!l)
+		return -ENOMEM;
+	if ((rc = tcp_addr_parse(address, true, &l->addr, &l->addrlen)) ||
+	    (rc = tcp_nonce((uint8_t *)&l->link_id, sizeof(l->link_id)))) {
+		link_fail(st, l, -EHOSTUNREACH, NULL);
+		return -EHOSTUNREACH;
+	}
+	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&l->addr)) {
+		log_error("tcp: engine %s: not calling %s at %s: no cluster secret is set",
+			  e->name, peer->name, address);
+		link_fail(st, l, -EACCES, NULL);
+		return -EACCES;
+	}
+	l->nconns = st->conns_per_link;
+	rc = caller_start(st, l, 0);
+	if (rc) {
+		link_fail(st, l, -EHOSTUNREACH, NULL);
+		return -EHOSTUNREACH;
+	}
+	*out = l;
+	return 0;
+}
+
+static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	struct tcp_state *st = b->data;
+	struct tcp_link *l;
+	int rc;
+
+	(void)e;
+	if (!peer->address[0] && !st->links)
+		return -EHOSTUNREACH; /* the common case of engines without tcp */
+	rc = link_for(st, peer, &l);
+	if (rc)
+		return rc == -EHOSTUNREACH && !peer->address[0] ? rc : rc;
+	l->refs++;
+	peer->transport = l;
+	return 0;
+}
+
+static void tcp_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	(void)e;
+	(void)b;
+	if (peer->transport)
+		link_unref(peer->transport);
+	peer->transport = NULL;
+}
+
+static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	struct tcp_state *st = b->data;
+	struct tcp_link *l = op->peer->transport;
+	struct tcp_msg *m;
+
+	if (l->state == LINK_DEAD) {
+		/* Lost since: call again (the peer may be back), or give up. */
+		struct tcp_link *nl;
+
+		if (link_for(st, op->peer, &nl))
+			return -ECONNRESET;
+		nl->refs++;
+		link_unref(l);
+		op->peer->transport = l = nl;
+	}
+	m = st->free_msgs;
+	if (!m) {
+		log_limited(FERRY__LOG_WARN, "tcp: engine %s: %u PUTs away at peers that do not "
+			    "answer: refusing more", e->name, st->nmsgs);
+		return -ENOBUFS;
+	}
+	st->free_msgs = m->wait_next;
+	m->wait_next = NULL;
+	m->state = MSG_LIVE;
+	m->gen++;
+	m->op = op;
+	m->op_gen = op->gen;
+	m->buf = op->buf;
+	op->buf = NULL; /* the message owns the block now */
+	m->len = op->len;
+	m->link = l;
+	l->refs++;
+	m->resulted = false;
+	m->tx_busy = false;
+	m->cts = false;
+	m->chunks_out = 0;
+	m->next_off = 0;
+	m->rendezvous = m->len > TCP_EAGER_MAX;
+	m->flags = op->flags & FERRY_SQE_REPLACE ? TCP_FRAME_F_REPLACE : 0;
+	m->key_len = op->key_len;
+	memcpy(m->key, op->key, op->key_len + 1u);
+	m->tx.key = m->key;
+	m->tx.key_len = m->key_len;
+	if (m->rendezvous) {
+		tcp_frame_pack(m->tx.hdr, TCP_F_RTS, (uint8_t)m->flags, m->key_len, m->key_len,
+			       msg_cookie(m), m->len);
+		m->tx.data = NULL;
+		m->tx.data_len = 0;
+	} else {
+		tcp_frame_pack(m->tx.hdr, TCP_F_PUT, (uint8_t)m->flags, m->key_len,
+			       (uint32_t)(m->key_len + m->len), msg_cookie(m), m->len);
+		m->tx.data = m->buf->data;
+		m->tx.data_len = m->len;
+	}
+	m->prev = NULL;
+	m->next = l->msgs;
+	if (l->msgs)
+		l->msgs->prev = m;
+	l->msgs = m;
+	op->state = OP_AWAY;
+	if (l->state == LINK_UP) {
+		msg_send(st, l, m);
+	} else {
+		if (l->wait_tail)
+			l->wait_tail->wait_next = m;
+		else
+			l->wait_head = m;
+		l->wait_tail = m;
+	}
+	return 0;
+}
+
+static void tcp_forget(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	/* The message finishes on its own; its ack is stale (reactor_put_done checks). */
+	(void)e;
+	(void)b;
+	(void)op;
+}
+
+static int tcp_init(struct ferry_engine *e, struct backend *b)
+{
+	const struct ferry_engine_params *p = e->create_params;
+	struct tcp_state *st = calloc(1, sizeof(*st));
+	const char *env;
+	int rc;
+
+	if (!st)
+		return -ENOMEM;
+	st->engine = e;
+	st->b = b;
+	st->lfd = -1;
+	b->data = st;
+	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
+		if (p->listen && strnlen(p->listen, TCP_ADDR_MAX) >= TCP_ADDR_MAX) {
+			log_error("ferry_engine_create: listen endpoint longer than %d bytes",
+				  TCP_ADDR_MAX - 1);
+			rc = -EINVAL;
+			goto fail;
+		}
+		if (p->listen)
+			snprintf(st->listen_text, sizeof(st->listen_text), "%s", p->listen);
+		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
+		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
+		rc = tcp_secret_load(&st->secret, p->secret, p->secret_file);
+	} else {
+		rc = tcp_secret_load(&st->secret, NULL, NULL);
+	}
+	if (rc)
+		goto fail;
+	if (!st->heartbeat_ns)
+		st->heartbeat_ns = TCP_DEFAULT_HEARTBEAT_MS * 1000000ull;
+	if (!st->peer_timeout_ns)
+		st->peer_timeout_ns = TCP_DEFAULT_PEER_TIMEOUT_MS * 1000000ull;
+	if (st->peer_timeout_ns < st->heartbeat_ns) {
+		log_error("ferry_engine_create: peer_timeout_ms is shorter than heartbeat_ms");
+		rc = -EINVAL;
+		goto fail;
+	}
+	st->conns_per_link = TCP_DEFAULT_CONNS;
+	env = getenv("FERRY_TCP_CONNS");
+	if (env && atoi(env) >= 1 && atoi(env) <= TCP_MAX_CONNS)
+		st->conns_per_link = (uint16_t)atoi(env);
+	if (st->listen_text[0]) {
+		if ((rc = listen_start(st)) || (rc = state_ready(st)))
+			goto fail;
+		arm_listen(st);
+		io_uring_submit(&st->ring);
+	}
+	return 0;
+fail:
+	if (st->lfd >= 0)
+		close(st->lfd);
+	if (st->ready)
+		io_uring_queue_exit(&st->ring);
+	tables_free(st);
+	free(st);
+	b->data = NULL;
+	return rc;
+}
+
+static void tcp_fini(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+	uint64_t until;
+
+	if (!st)
+		return;
+	if (st->lfd >= 0) {
+		shutdown(st->lfd, SHUT_RDWR);
+		close(st->lfd);
+		st->lfd = -1;
+	}
+	for (struct tcp_link *l = st->links; l; l = l->next)
+		link_fail(st, l, -ECANCELED, NULL);
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++)
+		if (st->conns[i])
+			conn_kill(st, st->conns[i]);
+	reap_links(st);
+	/* Every op of the ring must end before the memory it uses goes. */
+	if (st->ready) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&st->ring);
+
+		if (sqe) {
+			io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+			io_uring_sqe_set_data64(sqe, 0);
+			st->inflight++;
+		}
+		io_uring_submit(&st->ring);
+		until = ferry__now_ns() + 2000000000ull;
+		while (st->inflight && ferry__now_ns() < until) {
+			struct io_uring_cqe *cqe;
+			struct __kernel_timespec ts = { 0, 10000000 };
+
+			if (io_uring_wait_cqe_timeout(&st->ring, &cqe, &ts) == 0)
+				reap_own(st);
+			io_uring_submit(&st->ring);
+		}
+		if (st->inflight)
+			log_warn("tcp: engine %s: %u socket ops did not end", e->name, st->inflight);
+		for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++)
+			if (st->conns[i])
+				conn_free(st, st->conns[i]);
+		/* What stayed waiting for memory. */
+		while (st->wait_mem_head) {
+			struct tcp_rx *r = st->wait_mem_head;
+
+			st->wait_mem_head = r->next;
+			rx_free(st, r);
+		}
+		io_uring_queue_exit(&st->ring);
+	}
+	reactor_unresolve_all(e, b);
+	tables_free(st);
+	free(st);
+	b->data = NULL;
+}
+
+const struct backend_ops ferry__tcp_backend = {
+	.name = "tcp",
+	.init = tcp_init,
+	.fini = tcp_fini,
+	.resolve = tcp_resolve,
+	.unresolve = tcp_unresolve,
+	.put = tcp_put,
+	.progress = tcp_progress,
+	.has_work = tcp_has_work,
+	.forget = tcp_forget,
+	.on_cqe = tcp_on_cqe,
+};
+
+/* ------------------------------------------------------------------ */
+/* Public calls                                                        */
+/* ------------------------------------------------------------------ */
+
+static struct tcp_state *tcp_of(struct ferry_engine *e)
+{
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if (e->backends[i].ops == &ferry__tcp_backend)
+			return e->backends[i].data;
+	return NULL;
+}
+
+int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len)
+{
+	struct tcp_state *st;
+
+	if (!e || (!buf && len)) {
+		log_error("ferry_engine_address: NULL %s", e ? "buf" : "engine");
+		return -EINVAL;
+	}
+	st = tcp_of(e);
+	if (!st || !st->bound[0])
+		return -ENOTCONN;
+	return snprintf(buf, len, "%s", st->bound);
+}
+
+int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
+{
+	struct sockaddr_storage ss;
+	struct tcp_state *st;
+	char text[TCP_ADDR_MAX];
+	socklen_t len;
+	int rc;
+
+	if (!p || !endpoint) {
+		log_error("ferry_peer_set_address: NULL %s", p ? "endpoint" : "peer");
+		return -EINVAL;
+	}
+	rc = tcp_addr_parse(endpoint, false, &ss, &len);
+	if (rc)
+		return rc;
+	if (((struct sockaddr_in *)&ss)->sin_port == 0) {
+		log_error("ferry_peer_set_address: %s has no port", endpoint);
+		return -EINVAL;
+	}
+	st = tcp_of(p->engine);
+	if (st && !st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+		log_error("ferry_peer_set_address: %s for %s is not a loopback address and engine "
+			  "%s has no cluster secret", endpoint, p->name, p->engine->name);
+		return -EACCES;
+	}
+	if (!st->secret.set)
+		log_warn("tcp: engine %s has no cluster secret: peers prove nothing (loopback "
+			 "only)", p->engine->name);
+	tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
+	pthread_mutex_lock(&p->engine->lock);
+	snprintf(p->address, sizeof(p->address), "%s", text);
+	pthread_mutex_unlock(&p->engine->lock);
+	return 0;
+}
