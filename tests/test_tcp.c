@@ -1,0 +1,1263 @@
+/*
+ * tests/test_tcp.c - the tcp transport between real processes on loopback.
+ *
+ * Every test forks its peers (separate address spaces and engines) before
+ * it creates an engine of its own; a peer learns the other's address
+ * through a pipe (the listener binds port 0). Covered: addresses and
+ * parameters, the order of many small messages, 1 GiB with a checksum,
+ * GET before PUT, deadlines, 3 producers -> 1 consumer, a wrong secret,
+ * malformed frames from a raw socket (after and before the handshake),
+ * SIGKILL of either side in the middle of a transfer and a reconnect to
+ * the restarted peer, a silent (stopped) peer declared dead by the
+ * heartbeat, and 8 concurrent 256 MiB transfers with checksums. Children
+ * report through their exit status; the parent asserts. No test leaves a
+ * pool block behind (checked through the pool statistics).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "helpers.h"
+#include "internal.h"
+#include "tcp_addr.h"
+#include "tcp_auth.h"
+#include "tcp_wire.h"
+
+#define NS "tcptest"
+#define SECRET "test-cluster-secret"
+#define MIB (1024ull * 1024ull)
+
+static char rundir[256];
+
+static int setup(void **state)
+{
+	(void)state;
+	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-tcp-XXXXXX");
+	if (!mkdtemp(rundir))
+		return -1;
+	setenv("FERRY_RUNTIME_DIR", rundir, 1);
+	unsetenv("FERRY_SECRET");
+	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL);
+	alarm(t_under_valgrind() ? 900 : 120);
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	char cmd[300];
+
+	(void)state;
+	alarm(0);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", rundir);
+	if (system(cmd) != 0)
+		return -1;
+	return 0;
+}
+
+/* Sizes: the real ones, or small under valgrind. */
+static uint64_t big(uint64_t real, uint64_t small)
+{
+	return t_under_valgrind() ? small : real;
+}
+
+struct mk {
+	const char *name;
+	const char *listen;  /* NULL: none */
+	const char *secret;  /* NULL: none */
+	size_t pool;
+	uint32_t heartbeat_ms, peer_timeout_ms;
+	uint32_t max_ops;
+	uint32_t max_keys;
+};
+
+static struct ferry_engine *mk_engine(const struct mk *m)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+	int rc;
+
+	p.name = m->name;
+	p.ns = NS;
+	p.pool_size = m->pool ? m->pool : 32 * MIB;
+	p.listen = m->listen;
+	p.secret = m->secret;
+	p.heartbeat_ms = m->heartbeat_ms;
+	p.peer_timeout_ms = m->peer_timeout_ms;
+	p.max_ops = m->max_ops;
+	p.max_keys = m->max_keys;
+	p.spin_ns = 20000;
+	if (p.pool_size > 256 * MIB)
+		p.flags = FERRY_ENGINE_NO_PREFAULT;
+	rc = ferry_engine_create(&p, &e);
+	if (rc) {
+		fprintf(stderr, "engine %s: %s\n", m->name, ferry_strerror(rc));
+		return NULL;
+	}
+	return e;
+}
+
+/* 64-bit words, position-dependent: catches moved, lost or stale bytes. */
+static void fill(void *p, size_t n, uint64_t seed)
+{
+	uint64_t *w = p;
+
+	for (size_t i = 0; i < n / 8; i++)
+		w[i] = (seed + i) * 0x9e3779b97f4a7c15ull;
+	for (size_t i = n / 8 * 8; i < n; i++)
+		((uint8_t *)p)[i] = (uint8_t)(seed + i);
+}
+
+static uint64_t checksum(const void *p, size_t n)
+{
+	const uint64_t *w = p;
+	uint64_t h = 1469598103934665603ull;
+
+	for (size_t i = 0; i < n / 8; i++)
+		h = (h ^ w[i]) * 1099511628211ull + i;
+	for (size_t i = n / 8 * 8; i < n; i++)
+		h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
+	return h;
+}
+
+static uint64_t expected_sum(size_t n, uint64_t seed)
+{
+	void *p = malloc(n ? n : 1);
+	uint64_t h;
+
+	assert_non_null(p);
+	fill(p, n, seed);
+	h = checksum(p, n);
+	free(p);
+	return h;
+}
+
+static uint64_t pool_in_use(struct ferry_engine *e)
+{
+	struct pool_stats ps;
+
+	pool_get_stats(e->pool, &ps);
+	return ps.blocks_in_use;
+}
+
+/* ------------------------------------------------------------------ */
+/* Processes and pipes                                                 */
+/* ------------------------------------------------------------------ */
+
+/* A child forked before any engine, which waits for an address. */
+struct child {
+	pid_t pid;
+	int fd[2]; /* parent writes the address, child reads it */
+};
+
+static int wait_text(int fd, char *buf, size_t len, int ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	ssize_t n;
+
+	if (poll(&p, 1, ms) != 1)
+		return -1;
+	n = read(fd, buf, len - 1);
+	if (n <= 0)
+		return -1;
+	buf[n] = '\0';
+	return 0;
+}
+
+static void spawn(struct child *c, int (*fn)(const char *addr, void *arg), void *arg)
+{
+	assert_int_equal(pipe(c->fd), 0);
+	c->pid = fork();
+	assert_true(c->pid >= 0);
+	if (c->pid == 0) {
+		char addr[TCP_ADDR_MAX];
+
+		alarm(t_under_valgrind() ? 900 : 100);
+		close(c->fd[1]);
+		if (wait_text(c->fd[0], addr, sizeof(addr), 100000))
+			_exit(99);
+		_exit(fn(addr, arg));
+	}
+	close(c->fd[0]);
+}
+
+static void go(struct child *c, const char *addr)
+{
+	if (write(c->fd[1], addr, strlen(addr)) != (ssize_t)strlen(addr))
+		abort();
+	close(c->fd[1]);
+}
+
+static int reap(pid_t pid)
+{
+	int st = 0;
+
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return WEXITSTATUS(st);
+}
+
+static int wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
+{
+	int rc = ferry_cq_wait(ferry_cq_default(e), c, 1, timeout);
+
+	return rc == 1 ? c->res : -ETIME;
+}
+
+static void engine_addr(struct ferry_engine *e, char *buf, size_t len)
+{
+	int n = ferry_engine_address(e, buf, len);
+
+	assert_true(n > 0 && (size_t)n < len);
+}
+
+/* Submit a PUT of a copy of [data, len) (kept alive by the caller). */
+static void put_iov(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+		    struct iovec *v, uint64_t ud, uint64_t timeout)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_put(sqe, to, key, v, 1, ud);
+	if (timeout)
+		ferry_sqe_set_timeout(sqe, timeout);
+	t_submit(e);
+}
+
+static void put_buf(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+		    struct ferry_buf *b, uint64_t ud, uint64_t timeout)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_put_buf(sqe, to, key, b, ud);
+	if (timeout)
+		ferry_sqe_set_timeout(sqe, timeout);
+	t_submit(e);
+}
+
+static void get(struct ferry_engine *e, struct ferry_peer *from, const char *key,
+		struct iovec *v, uint64_t ud, uint64_t timeout, uint32_t flags)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_get(sqe, from, key, v, v ? 1 : 0, ud);
+	if (timeout)
+		ferry_sqe_set_timeout(sqe, timeout);
+	if (flags)
+		ferry_sqe_set_flags(sqe, flags);
+	t_submit(e);
+}
+
+/* ------------------------------------------------------------------ */
+/* Producers (children)                                                */
+/* ------------------------------------------------------------------ */
+
+struct producer {
+	const char *name;
+	const char *secret;
+	unsigned first, count;
+	size_t size;        /* bytes per item */
+	unsigned window;
+	int expect;         /* result every PUT must have */
+	size_t pool;
+};
+
+/* PUT count items "k<i>" (content: fill(seed i)), windowed. */
+static int producer_main(const char *addr, void *arg)
+{
+	struct producer *p = arg;
+	struct mk m = { .name = p->name, .secret = p->secret, .pool = p->pool };
+	struct ferry_engine *e = mk_engine(&m);
+	struct ferry_peer *to;
+	struct ferry_sq *sq;
+	unsigned sent = 0, done = 0, window = p->window ? p->window : 128;
+	uint8_t *data;
+	struct iovec *v;
+	int rc = 0;
+
+	if (!e)
+		return 10;
+	if (ferry_peer_open(e, "cons", &to) || ferry_peer_set_address(to, addr))
+		return 11;
+	ferry_sq_get(e, &sq);
+	data = malloc((size_t)window * (p->size ? p->size : 1));
+	v = calloc(window, sizeof(*v));
+	if (!data || !v)
+		return 12;
+	while (done < p->count) {
+		struct ferry_sqe *sqe;
+		struct ferry_cqe c;
+
+		while (sent < p->count && sent - done < window && (sqe = ferry_sq_get_sqe(sq))) {
+			unsigned i = p->first + sent, slot = sent % window;
+			char key[48];
+
+			v[slot].iov_base = data + (size_t)slot * p->size;
+			v[slot].iov_len = p->size;
+			fill(v[slot].iov_base, p->size, i);
+			snprintf(key, sizeof(key), "k%u", i);
+			ferry_prep_put(sqe, to, key, &v[slot], 1, i);
+			ferry_sqe_set_timeout(sqe, 20 * SEC);
+			sent++;
+		}
+		ferry_sq_submit(sq);
+		if (wait_one(e, &c, 20 * SEC) == -ETIME) {
+			fprintf(stderr, "producer %s: no completion after %u\n", p->name, done);
+			return 13;
+		}
+		if (c.res != p->expect) {
+			fprintf(stderr, "producer %s: PUT %llu: %s (expected %s)\n", p->name,
+				(unsigned long long)c.user_data, ferry_err_name(c.res),
+				ferry_err_name(p->expect));
+			rc = 14;
+			break;
+		}
+		done++;
+	}
+	/* In order completions are not promised: the window holds them. */
+	if (!rc && pool_in_use(e) != 0)
+		rc = 15;
+	ferry_engine_destroy(e);
+	free(data);
+	free(v);
+	return rc;
+}
+
+/* The consumer side: GET k<first..first+count) from peer, check each. */
+static void consume(struct ferry_engine *e, const char *from, unsigned first, unsigned count,
+		    size_t size, unsigned window)
+{
+	struct ferry_peer *pf = t_peer(e, from);
+	unsigned asked = 0, got = 0;
+	uint8_t *want = malloc(size ? size : 1);
+
+	assert_non_null(want);
+	while (got < count) {
+		struct ferry_cqe c;
+
+		while (asked < count && asked - got < window) {
+			char key[48];
+
+			snprintf(key, sizeof(key), "k%u", first + asked);
+			get(e, pf, key, NULL, first + asked, 30 * SEC, 0);
+			asked++;
+		}
+		assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+		assert_int_equal(c.len, size);
+		assert_true(c.flags & FERRY_CQE_F_BUF);
+		fill(want, size, c.user_data);
+		assert_memory_equal(ferry_buf_data(c.buf), want, size);
+		ferry_buf_release(c.buf);
+		got++;
+	}
+	free(want);
+}
+
+/* ------------------------------------------------------------------ */
+/* Tests                                                               */
+/* ------------------------------------------------------------------ */
+
+static void test_tcp_params(void **state)
+{
+	struct mk m = { .name = "a", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct mk m2 = { .name = "b", .secret = SECRET };
+	struct ferry_engine *a, *b, *c;
+	struct ferry_peer *p;
+	char addr[TCP_ADDR_MAX], small[8];
+	int n;
+
+	(void)state;
+	a = mk_engine(&m);
+	assert_non_null(a);
+	engine_addr(a, addr, sizeof(addr));
+	assert_true(strncmp(addr, "tcp://127.0.0.1:", 16) == 0);
+	assert_true(atoi(addr + 16) > 0); /* port 0 became a real one */
+	n = ferry_engine_address(a, small, sizeof(small));
+	assert_int_equal(n, (int)strlen(addr)); /* snprintf-like */
+	assert_int_equal(ferry_engine_address(NULL, addr, sizeof(addr)), -EINVAL);
+
+	/* The same address twice: a clear EADDRINUSE. */
+	m2.listen = addr;
+	assert_int_equal(ferry_engine_create(&(struct ferry_engine_params){
+					 .size = sizeof(struct ferry_engine_params),
+					 .name = "b", .ns = NS, .listen = addr,
+					 .secret = SECRET }, &c),
+			 -EADDRINUSE);
+	m2.listen = NULL;
+	b = mk_engine(&m2);
+	assert_non_null(b);
+	assert_int_equal(ferry_engine_address(b, addr, sizeof(addr)), -ENOTCONN);
+
+	/* Bad endpoints. */
+	assert_int_equal(ferry_engine_create(&(struct ferry_engine_params){
+					 .size = sizeof(struct ferry_engine_params),
+					 .name = "c", .ns = NS, .listen = "udp://1.2.3.4:5" }, &c),
+			 -EINVAL);
+	p = t_peer(b, "a");
+	assert_int_equal(ferry_peer_set_address(p, "127.0.0.1:5"), -EINVAL);
+	assert_int_equal(ferry_peer_set_address(p, "tcp://127.0.0.1"), -EINVAL);
+	assert_int_equal(ferry_peer_set_address(p, "tcp://127.0.0.1:99999"), -EINVAL);
+	assert_int_equal(ferry_peer_set_address(p, "tcp://127.0.0.1:0"), -EINVAL);
+	assert_int_equal(ferry_peer_set_address(NULL, "tcp://127.0.0.1:1"), -EINVAL);
+	assert_int_equal(ferry_peer_set_address(p, "tcp://[::1]:7"), 0);
+	assert_int_equal(ferry_peer_set_address(p, "tcp://10.1.2.3:7"), 0); /* b has a secret */
+
+	/* Without a secret: loopback peers only. */
+	{
+		struct mk m3 = { .name = "c" };
+		struct ferry_engine *e3 = mk_engine(&m3);
+		struct ferry_peer *q;
+
+		assert_non_null(e3);
+		q = t_peer(e3, "a");
+		assert_int_equal(ferry_peer_set_address(q, "tcp://10.1.2.3:7"), -EACCES);
+		assert_int_equal(ferry_peer_set_address(q, "tcp://127.0.0.1:7"), 0);
+		ferry_engine_destroy(e3);
+	}
+
+	/* A peer_timeout shorter than the heartbeat is refused. */
+	assert_int_equal(ferry_engine_create(&(struct ferry_engine_params){
+					 .size = sizeof(struct ferry_engine_params),
+					 .name = "d", .ns = NS, .heartbeat_ms = 500,
+					 .peer_timeout_ms = 100 }, &c),
+			 -EINVAL);
+
+	/* The upstream port scheme. */
+	assert_int_equal(ferry_port_compat(50000, 100, 2, 1), 50000 + 100 + 2 + 16);
+	assert_int_equal(ferry_port_compat(65530, 0, 0, 1), -ERANGE);
+	assert_int_equal(ferry_port_compat(0, 0, 0, 0), -ERANGE);
+
+	/* An older params struct (without the tcp fields) still works. */
+	{
+		struct ferry_engine_params old = { .size = offsetof(struct ferry_engine_params,
+								    flags) + sizeof(uint32_t),
+						   .name = "old", .ns = NS };
+		struct ferry_engine *e4;
+
+		assert_int_equal(ferry_engine_create(&old, &e4), 0);
+		assert_int_equal(ferry_engine_address(e4, addr, sizeof(addr)), -ENOTCONN);
+		ferry_engine_destroy(e4);
+	}
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(a);
+}
+
+static void test_tcp_order_small(void **state)
+{
+	unsigned count = (unsigned)big(100000, 2000);
+	struct producer p = { .name = "prod", .secret = SECRET, .count = count, .size = 64,
+			      .window = 512 };
+	/* Room for every key: the producer may run ahead of the GETs. */
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.max_keys = 1u << 17 };
+	struct child ch;
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+	int64_t t0;
+
+	(void)state;
+	spawn(&ch, producer_main, &p);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	go(&ch, addr);
+	t0 = t_now();
+	consume(e, "prod", 0, count, 64, 128);
+	assert_int_equal(reap(ch.pid), 0);
+	fprintf(stderr, "# %u x 64 B in %.2f s\n", count, (double)(t_now() - t0) / SEC);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+/* Sizes across the eager / rendezvous boundary, each checked. */
+static void test_tcp_sizes(void **state)
+{
+	static const size_t sizes[] = { 1, 63, 4096, 65535, 65536, 65537, 200000, 3 * MIB + 5 };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct producer p[8];
+	struct child ch[8];
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+
+	(void)state;
+	for (unsigned i = 0; i < 8; i++) {
+		p[i] = (struct producer){ .name = "prod", .secret = SECRET, .first = i * 10,
+					  .count = 10, .size = sizes[i], .window = 10 };
+		spawn(&ch[i], producer_main, &p[i]);
+	}
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	for (unsigned i = 0; i < 8; i++) {
+		/* One after the other: they share the name "prod". */
+		go(&ch[i], addr);
+		consume(e, "prod", i * 10, 10, sizes[i], 10);
+		assert_int_equal(reap(ch[i].pid), 0);
+	}
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+struct big_put {
+	uint64_t size;
+	uint64_t seed;
+	unsigned n;        /* PUTs of size each, "b<i>" */
+	unsigned window;   /* in flight at most */
+	size_t pool;
+	int delay_ms;      /* before the first PUT */
+};
+
+/* PUT n pool buffers of size, zero copy, filled with fill(seed + i). */
+static int big_producer(const char *addr, void *arg)
+{
+	struct big_put *bp = arg;
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = bp->pool };
+	struct ferry_engine *e = mk_engine(&m);
+	struct ferry_peer *to;
+	unsigned sent = 0, done = 0;
+	int rc = 0;
+
+	if (!e)
+		return 10;
+	if (ferry_peer_open(e, "cons", &to) || ferry_peer_set_address(to, addr))
+		return 11;
+	if (bp->delay_ms)
+		usleep((useconds_t)bp->delay_ms * 1000);
+	while (done < bp->n) {
+		struct ferry_cqe c;
+
+		while (sent < bp->n && sent - done < bp->window) {
+			struct ferry_buf *b;
+			char key[32];
+
+			if (ferry_buf_alloc(e, bp->size, &b))
+				break; /* pool full: wait for a completion */
+			fill(ferry_buf_data(b), bp->size, bp->seed + sent);
+			snprintf(key, sizeof(key), "b%u", sent);
+			put_buf(e, to, key, b, sent, 60 * SEC);
+			sent++;
+		}
+		if (wait_one(e, &c, 60 * SEC) != 0) {
+			fprintf(stderr, "big producer: PUT %u: %s\n", done, ferry_err_name(c.res));
+			rc = 12;
+			break;
+		}
+		done++;
+	}
+	if (!rc && pool_in_use(e))
+		rc = 13;
+	ferry_engine_destroy(e);
+	return rc;
+}
+
+static void big_consume(struct ferry_engine *e, struct big_put *bp)
+{
+	struct ferry_peer *from = t_peer(e, "prod");
+	uint64_t *want = calloc(bp->n, sizeof(*want));
+
+	assert_non_null(want);
+	for (unsigned i = 0; i < bp->n; i++)
+		want[i] = expected_sum(bp->size, bp->seed + i);
+	/* Every GET is posted at once: all transfers run concurrently. */
+	for (unsigned i = 0; i < bp->n; i++) {
+		char key[32];
+
+		snprintf(key, sizeof(key), "b%u", i);
+		get(e, from, key, NULL, i, 60 * SEC, 0);
+	}
+	for (unsigned i = 0; i < bp->n; i++) {
+		struct ferry_cqe c;
+
+		assert_int_equal(wait_one(e, &c, 60 * SEC), 0);
+		assert_int_equal(c.len, bp->size);
+		assert_true(checksum(ferry_buf_data(c.buf), bp->size) == want[c.user_data]);
+		ferry_buf_release(c.buf);
+	}
+	free(want);
+}
+
+static void test_tcp_one_gib(void **state)
+{
+	struct big_put bp = { .size = big(1024 * MIB, 32 * MIB), .seed = 7, .n = 1, .window = 1,
+			      .pool = big(1024 * MIB, 32 * MIB) + 16 * MIB };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.pool = bp.pool };
+	struct child ch;
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+	int64_t t0;
+
+	(void)state;
+	spawn(&ch, big_producer, &bp);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	go(&ch, addr);
+	t0 = t_now();
+	big_consume(e, &bp);
+	fprintf(stderr, "# 1 x %llu MiB in %.2f s\n", (unsigned long long)(bp.size / MIB),
+		(double)(t_now() - t0) / SEC);
+	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_tcp_eight_concurrent(void **state)
+{
+	/*
+	 * 8 x 256 MiB; each pool holds four at a time, so the rendezvous
+	 * makes the rest wait for room on both sides (bounded memory).
+	 */
+	struct big_put bp = { .size = big(256 * MIB, 4 * MIB), .seed = 100, .n = 8, .window = 8,
+			      .pool = big(1024 * MIB, 16 * MIB) + 16 * MIB };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.pool = bp.pool };
+	struct child ch;
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+
+	(void)state;
+	spawn(&ch, big_producer, &bp);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	go(&ch, addr);
+	big_consume(e, &bp);
+	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_tcp_get_before_put(void **state)
+{
+	struct big_put bp = { .size = 1000, .seed = 3, .n = 1, .window = 1, .delay_ms = 200 };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct child ch;
+	struct ferry_engine *e;
+	struct ferry_peer *from;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+	uint8_t out[1000];
+	struct iovec v = { out, sizeof(out) };
+
+	(void)state;
+	spawn(&ch, big_producer, &bp);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	from = t_peer(e, "prod");
+	get(e, from, "b0", NULL, 1, 0, FERRY_SQE_NOWAIT);
+	assert_int_equal(wait_one(e, &c, 5 * SEC), -EAGAIN);
+	get(e, from, "b0", &v, 2, 20 * SEC, 0); /* parked before the peer even exists */
+	engine_addr(e, addr, sizeof(addr));
+	go(&ch, addr);
+	assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+	assert_int_equal(c.user_data, 2);
+	assert_int_equal(c.len, 1000);
+	assert_true(checksum(out, 1000) == expected_sum(1000, 3));
+	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_tcp_deadlines(void **state)
+{
+	struct mk m = { .name = "a", .secret = SECRET };
+	struct ferry_engine *e;
+	struct ferry_peer *nobody, *silent, *from;
+	struct ferry_cqe c;
+	struct sockaddr_in sa = { .sin_family = AF_INET };
+	socklen_t len = sizeof(sa);
+	char addr[64], data[100] = { 0 };
+	struct iovec v = { data, sizeof(data) };
+	int lfd, closed_port;
+	int64_t t0, dt;
+
+	(void)state;
+	/* A port nobody listens on, and a listener that never answers. */
+	lfd = socket(AF_INET, SOCK_STREAM, 0);
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	getsockname(lfd, (struct sockaddr *)&sa, &len);
+	closed_port = ntohs(sa.sin_port);
+	close(lfd);
+	lfd = socket(AF_INET, SOCK_STREAM, 0);
+	sa.sin_port = 0;
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 8), 0);
+	len = sizeof(sa);
+	getsockname(lfd, (struct sockaddr *)&sa, &len);
+
+	e = mk_engine(&m);
+	assert_non_null(e);
+	nobody = t_peer(e, "nobody");
+	silent = t_peer(e, "silent");
+	from = t_peer(e, "x");
+	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%d", closed_port);
+	assert_int_equal(ferry_peer_set_address(nobody, addr), 0);
+	snprintf(addr, sizeof(addr), "tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+	assert_int_equal(ferry_peer_set_address(silent, addr), 0);
+
+	t0 = t_now();
+	put_iov(e, nobody, "k", &v, 1, 5 * SEC);
+	assert_int_equal(wait_one(e, &c, 5 * SEC), -EHOSTUNREACH);
+	assert_true(t_now() - t0 < 2 * SEC);
+
+	t0 = t_now();
+	put_iov(e, silent, "k", &v, 2, 300 * MS);
+	assert_int_equal(wait_one(e, &c, 5 * SEC), -ETIMEDOUT);
+	dt = t_now() - t0;
+	assert_true(dt >= 250 * MS && dt < 2 * SEC);
+
+	t0 = t_now();
+	get(e, from, "never", NULL, 3, 200 * MS, 0);
+	assert_int_equal(wait_one(e, &c, 5 * SEC), -ETIMEDOUT);
+	dt = t_now() - t0;
+	assert_true(dt >= 150 * MS && dt < 2 * SEC);
+
+	/* The PUT that timed out still holds its block until the link ends. */
+	close(lfd); /* resets the connection waiting in its backlog */
+	for (int i = 0; i < 400 && pool_in_use(e); i++)
+		usleep(10000);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_tcp_three_to_one(void **state)
+{
+	unsigned count = (unsigned)big(3000, 200);
+	const char *names[3] = { "p0", "p1", "p2" };
+	size_t sizes[3] = { 256, 8192, 100000 };
+	struct producer p[3];
+	struct child ch[3];
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.pool = 128 * MIB };
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+	unsigned got[3] = { 0 };
+
+	(void)state;
+	for (int i = 0; i < 3; i++) {
+		p[i] = (struct producer){ .name = names[i], .secret = SECRET, .count = count,
+					  .size = sizes[i], .window = 64 };
+		spawn(&ch[i], producer_main, &p[i]);
+	}
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	for (int i = 0; i < 3; i++)
+		go(&ch[i], addr);
+	/* Interleave: one GET per producer at a time, in order. */
+	{
+		struct ferry_peer *from[3];
+		unsigned asked[3] = { 0 };
+		unsigned total = 0;
+		uint8_t *want = malloc(100000);
+
+		for (int i = 0; i < 3; i++)
+			from[i] = t_peer(e, names[i]);
+		while (total < 3 * count) {
+			struct ferry_cqe c;
+			unsigned who;
+
+			for (int i = 0; i < 3; i++) {
+				while (asked[i] < count && asked[i] - got[i] < 32) {
+					char key[48];
+
+					snprintf(key, sizeof(key), "k%u", asked[i]);
+					get(e, from[i], key, NULL, ((uint64_t)i << 32) | asked[i],
+					    30 * SEC, 0);
+					asked[i]++;
+				}
+			}
+			assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+			who = (unsigned)(c.user_data >> 32);
+			assert_true(who < 3);
+			assert_int_equal(c.len, sizes[who]);
+			fill(want, sizes[who], (uint32_t)c.user_data);
+			assert_memory_equal(ferry_buf_data(c.buf), want, sizes[who]);
+			ferry_buf_release(c.buf);
+			got[who]++;
+			total++;
+		}
+		free(want);
+	}
+	for (int i = 0; i < 3; i++)
+		assert_int_equal(reap(ch[i].pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_tcp_wrong_secret(void **state)
+{
+	struct producer bad = { .name = "prod", .secret = "not-the-secret", .count = 1,
+				.size = 100, .expect = -EACCES };
+	struct producer none = { .name = "prod", .secret = NULL, .count = 1, .size = 100,
+				 .expect = -EACCES };
+	struct producer good = { .name = "prod", .secret = SECRET, .count = 5, .size = 100 };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct child c1, c2, c3;
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+	struct ferry_cqe c;
+
+	(void)state;
+	spawn(&c1, producer_main, &bad);
+	spawn(&c2, producer_main, &none);
+	spawn(&c3, producer_main, &good);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	go(&c1, addr);
+	assert_int_equal(reap(c1.pid), 0); /* its PUT failed with -EACCES */
+	go(&c2, addr);
+	assert_int_equal(reap(c2.pid), 0);
+	/* Nothing of theirs arrived. */
+	get(e, t_peer(e, "prod"), "k0", NULL, 1, 0, FERRY_SQE_NOWAIT);
+	assert_int_equal(wait_one(e, &c, 5 * SEC), -EAGAIN);
+	/* And the engine still serves those who hold the secret. */
+	go(&c3, addr);
+	consume(e, "prod", 0, 5, 100, 5);
+	assert_int_equal(reap(c3.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
+/* A raw client speaking the protocol by hand                          */
+/* ------------------------------------------------------------------ */
+
+static int raw_connect(const char *addr)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	struct timeval tv = { 3, 0 };
+	int fd;
+
+	assert_int_equal(tcp_addr_parse(addr, true, &ss, &len), 0);
+	fd = socket(ss.ss_family, SOCK_STREAM, 0);
+	assert_true(fd >= 0);
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	assert_int_equal(connect(fd, (struct sockaddr *)&ss, len), 0);
+	return fd;
+}
+
+static int read_full(int fd, void *p, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t r = recv(fd, (uint8_t *)p + got, n - got, 0);
+
+		if (r <= 0)
+			return -1;
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* Handshake as "raw" with secret; returns the fd, or -1 when refused. */
+static int raw_handshake(const char *addr, const char *secret)
+{
+	struct tcp_secret s;
+	struct tcp_hello h = { 0 }, in;
+	uint8_t nc[TCP_NONCE_BYTES], ns[TCP_NONCE_BYTES];
+	uint64_t link_id = 42;
+	int fd = raw_connect(addr);
+
+	assert_int_equal(tcp_secret_load(&s, secret, NULL), 0);
+	tcp_nonce(nc, sizeof(nc));
+	h.magic = TCP_HELLO_MAGIC;
+	h.version = TCP_PROTO_VERSION;
+	h.type = TCP_H_HELLO;
+	h.nconns = 1;
+	h.link_id = link_id;
+	memcpy(h.nonce, nc, sizeof(nc));
+	snprintf(h.ns, sizeof(h.ns), NS);
+	snprintf(h.name, sizeof(h.name), "raw");
+	tcp_hello_to_wire(&h);
+	assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
+	assert_int_equal(read_full(fd, &in, sizeof(in)), 0);
+	tcp_hello_from_wire(&in);
+	assert_int_equal(in.type, TCP_H_PROOF);
+	memcpy(ns, in.nonce, sizeof(ns));
+	memset(&h, 0, sizeof(h));
+	h.magic = TCP_HELLO_MAGIC;
+	h.version = TCP_PROTO_VERSION;
+	h.type = TCP_H_AUTH;
+	tcp_proof(&s, "ferry-caller", nc, ns, "raw", "cons", NS, link_id, 0, h.mac);
+	tcp_hello_to_wire(&h);
+	assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
+	if (read_full(fd, &in, sizeof(in))) {
+		close(fd);
+		return -1;
+	}
+	tcp_hello_from_wire(&in);
+	if (in.type != TCP_H_OK) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* After sending something bad: the engine hangs up within a few seconds. */
+static bool hung_up(int fd)
+{
+	uint8_t buf[4096];
+
+	for (;;) {
+		ssize_t r = recv(fd, buf, sizeof(buf), 0);
+
+		if (r == 0 || (r < 0 && errno == ECONNRESET))
+			return true;
+		if (r < 0)
+			return false; /* timed out: still open */
+	}
+}
+
+static void raw_frame(int fd, uint8_t type, uint8_t flags, uint16_t key_len, uint32_t len,
+		      uint64_t cookie, uint64_t arg, const void *body, size_t body_len)
+{
+	uint8_t hdr[TCP_FRAME_BYTES];
+
+	tcp_frame_pack(hdr, type, flags, key_len, len, cookie, arg);
+	assert_int_equal(send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
+	if (body_len)
+		assert_int_equal(send(fd, body, body_len, MSG_NOSIGNAL), (ssize_t)body_len);
+}
+
+static void test_tcp_malformed(void **state)
+{
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct producer good = { .name = "prod", .secret = SECRET, .count = 20, .size = 5000 };
+	struct child ch;
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+	uint8_t body[256];
+	int fd;
+
+	(void)state;
+	spawn(&ch, producer_main, &good);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+
+	/* Garbage instead of a hello. */
+	fd = raw_connect(addr);
+	memset(body, 0xab, sizeof(body));
+	assert_int_equal(send(fd, body, sizeof(body), MSG_NOSIGNAL), sizeof(body));
+	assert_true(hung_up(fd));
+	close(fd);
+
+	/* A wrong proof. */
+	assert_int_equal(raw_handshake(addr, "wrong"), -1);
+
+	/* The raw client is right: a well-formed eager PUT is taken. */
+	fd = raw_handshake(addr, SECRET);
+	assert_true(fd >= 0);
+	memcpy(body, "rawkey", 6);
+	memset(body + 6, 0x5a, 10);
+	raw_frame(fd, TCP_F_PUT, 0, 6, 16, 77, 10, body, 16);
+	{
+		uint8_t hdr[TCP_FRAME_BYTES];
+		struct tcp_frame f;
+		struct ferry_cqe c;
+		uint8_t out[10];
+		struct iovec v = { out, sizeof(out) };
+
+		assert_int_equal(read_full(fd, hdr, sizeof(hdr)), 0);
+		tcp_frame_unpack(hdr, &f);
+		assert_int_equal(f.type, TCP_F_RESULT);
+		assert_int_equal(f.cookie, 77);
+		assert_int_equal((int64_t)f.arg, 0);
+		get(e, t_peer(e, "raw"), "rawkey", &v, 1, 5 * SEC, 0);
+		assert_int_equal(wait_one(e, &c, 5 * SEC), 0);
+		assert_int_equal(c.len, 10);
+		assert_int_equal(out[9], 0x5a);
+	}
+	close(fd);
+
+	/* Each of these costs the raw client its connection, nobody else anything. */
+	struct {
+		uint8_t type, flags;
+		uint16_t key_len;
+		uint32_t len;
+		uint64_t cookie, arg;
+		size_t body;
+	} bad[] = {
+		{ 0, 0, 0, 0, 0, 0, 0 },                           /* type 0 */
+		{ 99, 0, 0, 0, 0, 0, 0 },                          /* unknown type */
+		{ TCP_F_PUT, 0x80, 3, 13, 1, 10, 13 },             /* unknown flag */
+		{ TCP_F_PUT, 0, 3, 12, 1, 10, 13 },                /* len != key + data */
+		{ TCP_F_PUT, 0, 0, 10, 1, 10, 10 },                /* no key */
+		{ TCP_F_PUT, 0, 200, 210, 1, 10, 0 },              /* key too long */
+		{ TCP_F_PUT, 0, 3, 3 + (1u << 30), 1, 1u << 30, 0 }, /* eager too big */
+		{ TCP_F_RTS, 0, 3, 3, 1, 0, 3 },                   /* empty offer */
+		{ TCP_F_DATA, 0, 0, 100, 12345, 0, 100 },          /* data for no offer */
+		{ TCP_F_DATA, 0, 0, 0, 0, 0, 0 },                  /* empty data */
+		{ TCP_F_CTS, 0, 0, 0, 999, 0, 0 },                 /* CTS for no offer */
+		{ TCP_F_RESULT, 0, 0, 0, 5, 0, 0 },                /* RESULT for no PUT */
+		{ TCP_F_RESULT, 0, 0, 0, 5, 1, 0 },                /* positive result */
+		{ TCP_F_PING, 0, 0, 4, 0, 0, 4 },                  /* PING with a body */
+	};
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		fd = raw_handshake(addr, SECRET);
+		assert_true(fd >= 0);
+		memset(body, 'k', sizeof(body));
+		raw_frame(fd, bad[i].type, bad[i].flags, bad[i].key_len, bad[i].len, bad[i].cookie,
+			  bad[i].arg, body, bad[i].body);
+		if (!hung_up(fd))
+			fail_msg("bad frame %u was not refused", i);
+		close(fd);
+	}
+	/* A key with a NUL inside, and bad magic. */
+	fd = raw_handshake(addr, SECRET);
+	memcpy(body, "a\0c", 3);
+	raw_frame(fd, TCP_F_PUT, 0, 3, 4, 1, 1, body, 4);
+	assert_true(hung_up(fd));
+	close(fd);
+	fd = raw_handshake(addr, SECRET);
+	memset(body, 0, 32);
+	assert_int_equal(send(fd, body, 32, MSG_NOSIGNAL), 32);
+	assert_true(hung_up(fd));
+	close(fd);
+	/* An offer, then data beyond it. */
+	fd = raw_handshake(addr, SECRET);
+	raw_frame(fd, TCP_F_RTS, 0, 3, 3, 9, 100000, "abc", 3);
+	{
+		uint8_t hdr[TCP_FRAME_BYTES];
+		struct tcp_frame f;
+
+		assert_int_equal(read_full(fd, hdr, sizeof(hdr)), 0);
+		tcp_frame_unpack(hdr, &f);
+		assert_int_equal(f.type, TCP_F_CTS);
+		assert_int_equal(f.cookie, 9);
+		raw_frame(fd, TCP_F_DATA, 0, 0, 100, f.arg, 99950, body, 0);
+	}
+	assert_true(hung_up(fd));
+	close(fd);
+
+	/* The engine still works for a good peer, and kept nothing. */
+	go(&ch, addr);
+	consume(e, "prod", 0, 20, 5000, 20);
+	assert_int_equal(reap(ch.pid), 0);
+	usleep(100000);
+	ferry_progress(e);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
+/* Faults                                                              */
+/* ------------------------------------------------------------------ */
+
+struct sink {
+	const char *listen;
+	size_t pool;
+	unsigned expect_keys; /* GET these "k<i>" (0: just live until killed) */
+};
+
+/* A consumer child at a fixed address; reports its address on fd 'out'. */
+static int out_fd = -1;
+
+static int sink_main(const char *unused, void *arg)
+{
+	struct sink *s = arg;
+	struct mk m = { .name = "cons", .listen = s->listen, .secret = SECRET, .pool = s->pool };
+	struct ferry_engine *e = mk_engine(&m);
+	char addr[TCP_ADDR_MAX];
+
+	(void)unused;
+	if (!e)
+		return 10;
+	ferry_engine_address(e, addr, sizeof(addr));
+	if (write(out_fd, addr, strlen(addr)) < 0)
+		return 11;
+	for (unsigned i = 0; i < s->expect_keys; i++) {
+		struct ferry_cqe c;
+		char key[32];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		get(e, t_peer(e, "prod"), key, NULL, i, 20 * SEC, 0);
+		if (wait_one(e, &c, 20 * SEC) != 0)
+			return 12;
+		ferry_buf_release(c.buf);
+	}
+	if (!s->expect_keys)
+		pause();
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+static void start_sink(struct child *ch, struct sink *s, char *addr, size_t len)
+{
+	int p[2];
+
+	assert_int_equal(pipe(p), 0);
+	out_fd = p[1];
+	spawn(ch, sink_main, s);
+	close(p[1]);
+	go(ch, "-");
+	assert_int_equal(wait_text(p[0], addr, len, 20000), 0);
+	close(p[0]);
+}
+
+static void test_tcp_kill_receiver(void **state)
+{
+	struct sink s = { .listen = "tcp://127.0.0.1:0", .pool = big(600 * MIB, 64 * MIB) };
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = big(600 * MIB, 64 * MIB) };
+	struct child ch, ch2;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_buf *b;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+	int64_t t0;
+	int rc;
+
+	(void)state;
+	start_sink(&ch, &s, addr, sizeof(addr));
+	e = mk_engine(&m);
+	assert_non_null(e);
+	to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(to, addr), 0);
+	/* A first PUT: the link is up. */
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "first", b, 1, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	/* A large one, and the receiver dies under it. */
+	assert_int_equal(ferry_buf_alloc(e, big(512 * MIB, 48 * MIB), &b), 0);
+	memset(ferry_buf_data(b), 1, ferry_buf_len(b));
+	put_buf(e, to, "big", b, 2, 10 * SEC);
+	usleep(20000);
+	kill(ch.pid, SIGKILL);
+	t0 = t_now();
+	rc = wait_one(e, &c, 10 * SEC);
+	/* It failed (or, rarely, made it before the kill); never hung. */
+	assert_true(rc == -ECONNRESET || rc == 0);
+	assert_true(t_now() - t0 < 5 * SEC);
+	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(pool_in_use(e), 0); /* the block came back */
+
+	/* The peer comes back at the same address: the next PUT reaches it. */
+	s.listen = addr;
+	s.expect_keys = 1;
+	start_sink(&ch2, &s, addr, sizeof(addr));
+	assert_int_equal(ferry_buf_alloc(e, 1000, &b), 0);
+	put_buf(e, to, "k0", b, 3, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(reap(ch2.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_tcp_kill_sender(void **state)
+{
+	struct big_put bp = { .size = big(512 * MIB, 48 * MIB), .seed = 1, .n = 2, .window = 2,
+			      .pool = big(1100 * MIB, 100 * MIB) };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.pool = big(1100 * MIB, 100 * MIB) };
+	struct child ch;
+	struct ferry_engine *e;
+	struct ferry_peer *from;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+	int rc;
+
+	(void)state;
+	spawn(&ch, big_producer, &bp);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	from = t_peer(e, "prod");
+	engine_addr(e, addr, sizeof(addr));
+	go(&ch, addr);
+	/* Wait until data flows, then kill the sender in the middle. */
+	get(e, from, "b1", NULL, 1, 30 * SEC, 0);
+	for (int i = 0; i < 2000 && pool_in_use(e) == 0; i++)
+		usleep(1000);
+	kill(ch.pid, SIGKILL);
+	rc = wait_one(e, &c, 20 * SEC);
+	/* The GET waiting on the dead peer gives up (or had its data). */
+	assert_true(rc == -ECONNRESET || rc == 0);
+	if (rc == 0)
+		ferry_buf_release(c.buf);
+	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	/* b0 may have arrived whole: take it, then nothing may be left. */
+	get(e, from, "b0", NULL, 2, 0, FERRY_SQE_NOWAIT);
+	if (wait_one(e, &c, 5 * SEC) == 0)
+		ferry_buf_release(c.buf);
+	usleep(100000);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+/* A peer that stops answering (SIGSTOP) is declared dead by the heartbeat. */
+static void test_tcp_silent_peer(void **state)
+{
+	struct sink s = { .listen = "tcp://127.0.0.1:0", .pool = 64 * MIB };
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = 64 * MIB, .heartbeat_ms = 100,
+			.peer_timeout_ms = 600 };
+	struct child ch;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_buf *b;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+	int64_t t0, dt;
+
+	(void)state;
+	start_sink(&ch, &s, addr, sizeof(addr));
+	e = mk_engine(&m);
+	assert_non_null(e);
+	to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(to, addr), 0);
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k0", b, 1, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	/* Idle for a few heartbeats: the live peer answers, the link stays. */
+	usleep(400000);
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k1", b, 2, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	/* Now it stops: the next PUT fails once the peer timeout passed. */
+	kill(ch.pid, SIGSTOP);
+	usleep(50000);
+	t0 = t_now();
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k2", b, 3, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), -ECONNRESET);
+	dt = t_now() - t0;
+	assert_true(dt >= 300 * MS && dt < 3 * SEC);
+	kill(ch.pid, SIGKILL);
+	kill(ch.pid, SIGCONT);
+	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_tcp_params, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_order_small, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_sizes, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_get_before_put, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_malformed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_kill_receiver, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_kill_sender, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_one_gib, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_eight_concurrent, setup, teardown),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
