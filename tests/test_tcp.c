@@ -106,21 +106,28 @@ static struct ferry_engine *mk_engine(const struct mk *m)
 /* 64-bit words, position-dependent: catches moved, lost or stale bytes. */
 static void fill(void *p, size_t n, uint64_t seed)
 {
-	uint64_t *w = p;
+	uint8_t *b = p;
 
-	for (size_t i = 0; i < n / 8; i++)
-		w[i] = (seed + i) * 0x9e3779b97f4a7c15ull;
+	for (size_t i = 0; i < n / 8; i++) {
+		uint64_t w = (seed + i) * 0x9e3779b97f4a7c15ull;
+
+		memcpy(b + 8 * i, &w, 8); /* p may be unaligned */
+	}
 	for (size_t i = n / 8 * 8; i < n; i++)
 		((uint8_t *)p)[i] = (uint8_t)(seed + i);
 }
 
 static uint64_t checksum(const void *p, size_t n)
 {
-	const uint64_t *w = p;
+	const uint8_t *b = p;
 	uint64_t h = 1469598103934665603ull;
 
-	for (size_t i = 0; i < n / 8; i++)
-		h = (h ^ w[i]) * 1099511628211ull + i;
+	for (size_t i = 0; i < n / 8; i++) {
+		uint64_t w;
+
+		memcpy(&w, b + 8 * i, 8);
+		h = (h ^ w) * 1099511628211ull + i;
+	}
 	for (size_t i = n / 8 * 8; i < n; i++)
 		h = (h ^ ((const uint8_t *)p)[i]) * 1099511628211ull;
 	return h;

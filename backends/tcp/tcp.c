@@ -251,7 +251,7 @@ struct tcp_state {
 	uint32_t nctls;
 	struct tcp_ctl *free_ctls;
 	struct tcp_conn *stalled;
-	struct tcp_conn *dying; /* dead, waiting for their CQEs */
+	uint32_t ndead;        /* dead connections not yet freed */
 };
 
 static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why);
@@ -444,6 +444,11 @@ static struct tcp_conn *conn_new(struct tcp_state *st, int fd, bool caller)
 
 static void conn_free(struct tcp_state *st, struct tcp_conn *c)
 {
+	if (c->dead)
+		st->ndead--;
+	/* A block kept for the recv that wrote into it. */
+	if (c->direct && c->direct->orphan)
+		rx_free(st, c->direct);
 	st->conns[c->slot] = NULL;
 	if (c->fd >= 0)
 		close(c->fd);
@@ -451,17 +456,15 @@ static void conn_free(struct tcp_state *st, struct tcp_conn *c)
 	free(c);
 }
 
-/* A dead connection goes once no op of the ring still uses it. */
+/*
+ * A dead connection goes once no op of the ring still uses it. Called only
+ * from sweep_dead, at the end of a round: whoever killed it may still be
+ * using it further up the stack.
+ */
 static void conn_maybe_free(struct tcp_state *st, struct tcp_conn *c)
 {
 	if (!c->dead || c->poll_armed || c->recv_armed || c->send_armed)
 		return;
-	if (c->direct) {
-		/* Its block was kept for the recv that wrote into it. */
-		if (c->direct->orphan)
-			rx_free(st, c->direct);
-		c->direct = NULL;
-	}
 	conn_free(st, c);
 }
 
@@ -491,6 +494,7 @@ static void conn_kill(struct tcp_state *st, struct tcp_conn *c)
 	if (c->dead)
 		return;
 	c->dead = true;
+	st->ndead++;
 	shutdown(c->fd, SHUT_RDWR);
 	while (c->txq) {
 		struct tcp_tx *t = c->txq;
@@ -522,7 +526,13 @@ static void conn_kill(struct tcp_state *st, struct tcp_conn *c)
 			io_uring_sqe_set_data64(sqe, 0);
 		}
 	}
-	conn_maybe_free(st, c);
+}
+
+static void sweep_dead(struct tcp_state *st)
+{
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS && st->ndead; i++)
+		if (st->conns[i] && st->conns[i]->dead)
+			conn_maybe_free(st, st->conns[i]);
 }
 
 /* ------------------------------------------------------------------ */
@@ -773,10 +783,8 @@ static void on_send(struct tcp_state *st, struct tcp_conn *c, int res)
 	uint64_t left;
 
 	c->send_armed = false;
-	if (c->dead) {
-		conn_maybe_free(st, c);
+	if (c->dead)
 		return;
-	}
 	if (res <= 0) {
 		if (res == -EINTR || res == -EAGAIN) {
 			conn_kick(st, c);
@@ -1208,10 +1216,8 @@ static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
 	struct tcp_link *l = c->link;
 
 	c->recv_armed = false;
-	if (c->dead) {
-		conn_maybe_free(st, c);
+	if (c->dead)
 		return;
-	}
 	if (res <= 0) {
 		if (res == -EINTR || res == -EAGAIN) {
 			conn_arm_recv(st, c);
@@ -1617,10 +1623,8 @@ static void on_poll(struct tcp_state *st, struct tcp_conn *c, int res)
 	int rc;
 
 	c->poll_armed = false;
-	if (c->dead) {
-		conn_maybe_free(st, c);
+	if (c->dead)
 		return;
-	}
 	if (res < 0 && res != -EINTR) {
 		if (c->link)
 			link_fail(st, c->link, -EHOSTUNREACH, ferry_strerror(res));
@@ -1957,6 +1961,8 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 		check_time(st);
 		reap_links(st);
 	}
+	if (st->ndead)
+		sweep_dead(st);
 	if (links_alive(st) || st->wait_mem_head)
 		arm_tick(st);
 	if (io_uring_sq_ready(&st->ring))
@@ -2240,6 +2246,7 @@ static void tcp_fini(struct ferry_engine *e, struct backend *b)
 
 			if (io_uring_wait_cqe_timeout(&st->ring, &cqe, &ts) == 0)
 				reap_own(st);
+			sweep_dead(st);
 			io_uring_submit(&st->ring);
 		}
 		if (st->inflight)
