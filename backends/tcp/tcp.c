@@ -227,6 +227,8 @@ struct tcp_state {
 	bool ringfd_armed;
 	uint32_t inflight;     /* SQEs whose CQE has not come */
 	bool tick_armed;
+	bool tick_due;         /* the tick fired: deadlines, heartbeats, reaping */
+	uint32_t nconns;       /* connections in the table */
 	struct __kernel_timespec tick_ts;
 	/* Configuration. */
 	struct tcp_secret secret;
@@ -439,6 +441,7 @@ static struct tcp_conn *conn_new(struct tcp_state *st, int fd, bool caller)
 	for (unsigned i = 0; i < TCP_CHUNKS_PER_CONN; i++)
 		c->chunks[i].tx.kind = TX_CHUNK;
 	st->conns[slot] = c;
+	st->nconns++;
 	return c;
 }
 
@@ -450,6 +453,7 @@ static void conn_free(struct tcp_state *st, struct tcp_conn *c)
 	if (c->direct && c->direct->orphan)
 		rx_free(st, c->direct);
 	st->conns[c->slot] = NULL;
+	st->nconns--;
 	if (c->fd >= 0)
 		close(c->fd);
 	free(c->rx);
@@ -1901,6 +1905,7 @@ static void on_ring_cqe(struct tcp_state *st, uint64_t ud, int res)
 		return;
 	case K_TICK:
 		st->tick_armed = false;
+		st->tick_due = true;
 		return;
 	case K_POLL:
 	case K_RECV:
@@ -1938,10 +1943,7 @@ static int reap_own(struct tcp_state *st)
 
 static bool links_alive(struct tcp_state *st)
 {
-	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++)
-		if (st->conns[i])
-			return true;
-	return st->links != NULL;
+	return st->nconns || st->links;
 }
 
 static int tcp_progress(struct ferry_engine *e, struct backend *b)
@@ -1957,7 +1959,8 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 		n += retry_wait_mem(st);
 	if (st->stalled)
 		n += retry_stalled(st);
-	if (n || !st->tick_armed) {
+	if (st->tick_due) {
+		st->tick_due = false;
 		check_time(st);
 		reap_links(st);
 	}
@@ -2054,7 +2057,7 @@ static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 		return -EHOSTUNREACH; /* the common case of engines without tcp */
 	rc = link_for(st, peer, &l);
 	if (rc)
-		return rc == -EHOSTUNREACH && !peer->address[0] ? rc : rc;
+		return rc;
 	l->refs++;
 	peer->transport = l;
 	return 0;
@@ -2328,7 +2331,11 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 		return -EINVAL;
 	}
 	st = tcp_of(p->engine);
-	if (st && !st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+	if (!st) {
+		log_error("ferry_peer_set_address: engine %s has no tcp transport", p->engine->name);
+		return -EINVAL;
+	}
+	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
 		log_error("ferry_peer_set_address: %s for %s is not a loopback address and engine "
 			  "%s has no cluster secret", endpoint, p->name, p->engine->name);
 		return -EACCES;
