@@ -23,10 +23,15 @@
  *   targets     pass / fail / n/a of the issue's targets
  * Every figure is the median (and min/max) over --reps repetitions.
  *
+ *   veth        (--veth, root) the same latency and 64 KiB / 4 MiB streams
+ *               between two network namespaces joined by a veth pair that the
+ *               benchmark creates and removes, and the peers across it
+ *
  * Options: --quick (smoke: fewer samples, no 1 GiB), --reps N (default 3),
- * --no-peers.
+ * --no-peers, --veth, --conns N (only the 4 MiB run with N connections).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -47,10 +52,10 @@
 #define UD_BW (1ull << 61)
 
 static struct {
-	bool quick, peers, main_pair;
+	bool quick, peers, main_pair, veth;
 	int reps;
 	int conns; /* --conns N: only the connections-per-peer runs, N only */
-} opt = { false, true, true, 3, 0 };
+} opt = { false, true, true, false, 3, 0 };
 
 /* Commands the parent sends the child. */
 enum { C_LAT = 1, C_BW = 2, C_QUIT = 3 };
@@ -63,6 +68,23 @@ struct cmd {
 
 static int cmd_fd[2], rep_fd[2];
 static pid_t child_pid;
+/* --veth: the child's namespace and the address it listens on. */
+static char child_ns[64];
+static char child_listen[64] = "tcp://127.0.0.1:0";
+
+static int enter_ns(const char *ns)
+{
+	char path[128];
+	int fd, rc;
+
+	snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	rc = setns(fd, CLONE_NEWNET) ? -errno : 0;
+	close(fd);
+	return rc;
+}
 
 static void xwrite(int fd, const void *p, size_t n)
 {
@@ -209,8 +231,10 @@ static int child_main(void)
 	if (getppid() == 1)
 		return 1;
 	pin_to(1);
+	if (child_ns[0] && enter_ns(child_ns))
+		die("setns", -errno);
 	xread(cmd_fd[0], &pool, sizeof(pool));
-	e = engine("rx", "tcp://127.0.0.1:0", pool);
+	e = engine("rx", child_listen, pool);
 	n = ferry_engine_address(e, addr, sizeof(addr));
 	if (n <= 0)
 		die("ferry_engine_address", n);
@@ -349,7 +373,7 @@ static void pair_close(struct pair *p)
 /* Peers                                                               */
 /* ------------------------------------------------------------------ */
 
-#define PEER_MAX 12
+#define PEER_MAX 24
 
 struct peer_fig {
 	char tool[16], test[16];
@@ -376,9 +400,9 @@ static struct peer_fig *peer_of(const char *tool, const char *test, uint64_t byt
 	return &peers[npeers++];
 }
 
-static void peers_run(void)
+static void peers_run_args(const char *extra, const char *prefix)
 {
-	char script[1024], cmdline[1400], line[512];
+	char script[1024], cmdline[1600], line[512];
 	char *slash;
 	FILE *f;
 
@@ -388,8 +412,8 @@ static void peers_run(void)
 		snprintf(slash + 1, sizeof(script) - (size_t)(slash + 1 - script), "peers_tcp.sh");
 	if (getenv("FERRY_BENCH_DIR"))
 		snprintf(script, sizeof(script), "%s/peers_tcp.sh", getenv("FERRY_BENCH_DIR"));
-	snprintf(cmdline, sizeof(cmdline), "bash '%s' --reps %d %s", script, opt.reps,
-		 opt.quick ? "--quick" : "");
+	snprintf(cmdline, sizeof(cmdline), "bash '%s' --reps %d %s %s", script, opt.reps,
+		 opt.quick ? "--quick" : "", extra);
 	f = popen(cmdline, "r");
 	if (!f)
 		return;
@@ -410,13 +434,23 @@ static void peers_run(void)
 				if (*s == '"' || *s == '\\')
 					*s = '\'';
 		} else if (sscanf(line, "run %15s %15s %llu %d %lf", tool, test, &bytes, &rep,
-				  &v) == 5 && (pf = peer_of(tool, test, bytes)) && pf->n < MAX_REPS) {
-			pf->v[pf->n++] = v;
+				  &v) == 5) {
+			char ptool[16];
+
+			snprintf(ptool, sizeof(ptool), "%s%s", prefix, tool);
+			pf = peer_of(ptool, test, bytes);
+			if (pf && pf->n < MAX_REPS)
+				pf->v[pf->n++] = v;
 		} else {
 			progress("peers: %s", line);
 		}
 	}
 	pclose(f);
+}
+
+static void peers_run(void)
+{
+	peers_run_args("", "");
 }
 
 static double peer_median(const char *tool, const char *test, uint64_t bytes)
@@ -431,6 +465,91 @@ static double peer_median(const char *tool, const char *test, uint64_t bytes)
 /* ------------------------------------------------------------------ */
 /* main                                                                */
 /* ------------------------------------------------------------------ */
+
+/* --veth: the same ping-pong and streams between two namespaces over a veth pair. */
+struct veth_res {
+	bool ran;
+	char why[128];
+	double lat50[2][MAX_REPS], bw[2][MAX_REPS];
+};
+
+static int sh(const char *cmd)
+{
+	int rc = system(cmd);
+
+	return rc == 0 ? 0 : -1;
+}
+
+static void veth_run(struct veth_res *v)
+{
+	char cmd[1024], na[24], nb[24];
+	int net = 200 + getpid() % 50;
+	struct pair p;
+
+	snprintf(na, sizeof(na), "fbench%da", getpid());
+	snprintf(nb, sizeof(nb), "fbench%db", getpid());
+	snprintf(cmd, sizeof(cmd),
+		 "ip netns add %s && ip netns add %s && "
+		 "ip link add vba%d netns %s type veth peer name vbb%d netns %s && "
+		 "ip -n %s addr add 10.%d.1.1/24 dev vba%d && ip -n %s addr add 10.%d.1.2/24 dev vbb%d && "
+		 "ip -n %s link set vba%d up && ip -n %s link set vbb%d up && "
+		 "ip -n %s link set lo up && ip -n %s link set lo up",
+		 na, nb, net, na, net, nb, na, net, net, nb, net, net, na, net, nb, net, na, nb);
+	if (geteuid() != 0 || sh(cmd)) {
+		snprintf(v->why, sizeof(v->why), "%s", geteuid() ? "needs root" :
+			 "cannot create namespaces");
+		goto out;
+	}
+	snprintf(child_ns, sizeof(child_ns), "%s", nb);
+	snprintf(child_listen, sizeof(child_listen), "tcp://10.%d.1.2:0", net);
+	if (pipe(cmd_fd) || pipe(rep_fd))
+		die("pipe", -errno);
+	child_pid = fork();
+	if (child_pid == 0)
+		_exit(child_main());
+	{
+		/* The parent's side in namespace a, for this section only. */
+		int self = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+
+		if (enter_ns(na))
+			die("setns", -errno);
+		pair_open(&p, 256 * MIB, 2);
+		for (int r = 0; r < opt.reps; r++) {
+			uint64_t n = opt.quick ? 2000 : 10000;
+			double p99;
+
+			progress("veth, rep %d", r);
+			lat_once(&p, 64, n, &v->lat50[0][r], &p99);
+			lat_once(&p, 64 * KIB, n / 4, &v->lat50[1][r], &p99);
+			v->bw[0][r] = bw_once(&p, 64 * KIB, opt.quick ? 5000 : 20000, 64);
+			v->bw[1][r] = bw_once(&p, 4 * MIB, opt.quick ? 100 : 300, 16);
+		}
+		pair_close(&p);
+		{
+			struct cmd q = { .kind = C_QUIT };
+
+			run_child_cmd(&q);
+		}
+		waitpid(child_pid, NULL, 0);
+		if (self >= 0) {
+			if (setns(self, CLONE_NEWNET))
+				die("setns back", -errno);
+			close(self);
+		}
+	}
+	v->ran = true;
+	/* The peers across the same pair. */
+	if (opt.peers) {
+		snprintf(cmd, sizeof(cmd), "--veth %s %s 10.%d.1.2", na, nb, net);
+		peers_run_args(cmd, "veth_");
+	}
+out:
+	snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", na,
+		 nb);
+	if (system(cmd) < 0)
+		progress("could not remove namespaces %s %s", na, nb);
+	child_ns[0] = '\0';
+}
 
 static int t_pass, t_fail, t_na;
 
@@ -471,12 +590,15 @@ int main(int argc, char **argv)
 			opt.quick = true;
 		else if (!strcmp(argv[i], "--no-peers"))
 			opt.peers = false;
+		else if (!strcmp(argv[i], "--veth"))
+			opt.veth = true;
 		else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
 			opt.reps = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--conns") && i + 1 < argc)
 			opt.conns = atoi(argv[++i]), opt.main_pair = false;
 		else {
-			fprintf(stderr, "usage: %s [--quick] [--reps N] [--no-peers]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--quick] [--reps N] [--no-peers] [--veth] "
+				"[--conns N]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -539,6 +661,10 @@ int main(int argc, char **argv)
 		progress("peers (ucx_perftest, iperf3, qperf)");
 		peers_run();
 	}
+	struct veth_res vr = { 0 };
+
+	if (opt.veth)
+		veth_run(&vr);
 
 	{
 		char cpu[128] = "unknown";
@@ -585,6 +711,19 @@ int main(int argc, char **argv)
 		jstat(k, stat_of(cbw[ci], opt.reps), 3);
 	}
 	jclose();
+	if (opt.veth) {
+		jopen("veth");
+		jbool("ran", vr.ran);
+		if (!vr.ran)
+			jstr("why", vr.why);
+		else {
+			jstat("latency_64B_one_way_ns_p50", stat_of(vr.lat50[0], opt.reps), 0);
+			jstat("latency_64KiB_one_way_ns_p50", stat_of(vr.lat50[1], opt.reps), 0);
+			jstat("bandwidth_64KiB_GBps", stat_of(vr.bw[0], opt.reps), 3);
+			jstat("bandwidth_4MiB_GBps", stat_of(vr.bw[1], opt.reps), 3);
+		}
+		jclose();
+	}
 	jopen("peers");
 	jstr("info", peer_info);
 	for (int i = 0; i < npeers; i++) {

@@ -5,7 +5,11 @@
 # only the loopback interface up when that is allowed (as root), so that
 # UCX sees loopback only, as ../shared/LIMITS.md describes.
 #
-# Usage: bench/peers_tcp.sh [--reps N] [--quick]
+# Usage: bench/peers_tcp.sh [--reps N] [--quick] [--veth NS_CLIENT NS_SERVER SERVER_IP]
+#
+# With --veth the servers run in namespace NS_SERVER and the clients in
+# NS_CLIENT (`ip netns exec`), the clients calling SERVER_IP across the veth
+# pair that joins them (bench_tcp --veth creates both).
 #
 # Prints machine-readable lines on stdout (bench_tcp parses them):
 #   info <text>
@@ -19,11 +23,22 @@ set -uo pipefail
 REPS=3
 QUICK=0
 INNER=0
+HOST=127.0.0.1
+SRV=()
+CLI=()
 while (($# > 0)); do
 	case $1 in
 	--reps) REPS=$2; shift 2 ;;
 	--quick) QUICK=1; shift ;;
 	--inner) INNER=1; shift ;;
+	--veth)
+		CLI=(ip netns exec "$2")
+		SRV=(ip netns exec "$3")
+		HOST=$4
+		INNER=1
+		echo "info veth: client in $2, server in $3 at $4"
+		shift 4
+		;;
 	*) echo "usage: $0 [--reps N] [--quick]" >&2; exit 2 ;;
 	esac
 done
@@ -40,18 +55,18 @@ if ((INNER == 0)); then
 	echo "info netns: none (unshare -n refused)"
 	exec bash "$0" "${args[@]}"
 fi
-ip link set lo up 2>/dev/null || true
+((${#SRV[@]} == 0)) && { ip link set lo up 2>/dev/null || true; }
 PORT=$((20000 + RANDOM % 20000))
 
 ucx_one() { # test bytes iters rep
 	local test=$1 bytes=$2 iters=$3 rep=$4 out srv line
 	PORT=$((PORT + 1))
-	UCX_TLS=tcp taskset -c "$SRV_CPU" ucx_perftest -p "$PORT" >/dev/null 2>&1 &
+	UCX_TLS=tcp "${SRV[@]}" taskset -c "$SRV_CPU" ucx_perftest -p "$PORT" >/dev/null 2>&1 &
 	srv=$!
 	out=""
 	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		sleep 0.2
-		out=$(UCX_TLS=tcp taskset -c "$CLI_CPU" timeout 60 ucx_perftest 127.0.0.1 -p "$PORT" \
+		out=$(UCX_TLS=tcp "${CLI[@]}" taskset -c "$CLI_CPU" timeout 60 ucx_perftest "$HOST" -p "$PORT" \
 			-t "$test" -s "$bytes" -n "$iters" -w $((iters / 10)) 2>&1) && break
 		grep -q 'Final:' <<<"$out" && break
 		kill -0 "$srv" 2>/dev/null || break
@@ -76,10 +91,10 @@ iperf_one() { # rep
 	local rep=$1 srv out secs=3
 	((QUICK)) && secs=1
 	PORT=$((PORT + 1))
-	taskset -c "$SRV_CPU" iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
+	"${SRV[@]}" taskset -c "$SRV_CPU" iperf3 -s -1 -p "$PORT" >/dev/null 2>&1 &
 	srv=$!
 	sleep 0.3
-	out=$(taskset -c "$CLI_CPU" timeout 30 iperf3 -c 127.0.0.1 -p "$PORT" -P 1 -t "$secs" -J 2>&1)
+	out=$("${CLI[@]}" taskset -c "$CLI_CPU" timeout 30 iperf3 -c "$HOST" -p "$PORT" -P 1 -t "$secs" -J 2>&1)
 	wait "$srv" 2>/dev/null
 	local bps
 	bps=$(python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"])' <<<"$out" 2>/dev/null)
@@ -94,12 +109,12 @@ qperf_one() { # rep
 	local rep=$1 srv out secs=3 bw lat
 	((QUICK)) && secs=1
 	PORT=$((PORT + 1))
-	taskset -c "$SRV_CPU" qperf -lp "$PORT" >/dev/null 2>&1 &
+	"${SRV[@]}" taskset -c "$SRV_CPU" qperf -lp "$PORT" >/dev/null 2>&1 &
 	srv=$!
 	sleep 0.3
-	out=$(taskset -c "$CLI_CPU" timeout 30 qperf -lp "$PORT" -t "$secs" -m 4M 127.0.0.1 tcp_bw 2>&1)
+	out=$("${CLI[@]}" taskset -c "$CLI_CPU" timeout 30 qperf -lp "$PORT" -t "$secs" -m 4M "$HOST" tcp_bw 2>&1)
 	bw=$(awk '/^ *bw/ {v=$3; u=$4; if (u ~ /^GB/) v*=1; else if (u ~ /^MB/) v/=1000; else if (u ~ /^KB/) v/=1e6; printf "%.4f", v}' <<<"$out")
-	out=$(taskset -c "$CLI_CPU" timeout 30 qperf -lp "$PORT" -t "$secs" -m 64 127.0.0.1 tcp_lat 2>&1)
+	out=$("${CLI[@]}" taskset -c "$CLI_CPU" timeout 30 qperf -lp "$PORT" -t "$secs" -m 64 "$HOST" tcp_lat 2>&1)
 	lat=$(awk '/^ *latency/ {v=$3; u=$4; if (u == "ms") v*=1000; else if (u == "ns") v/=1000; printf "%.3f", v}' <<<"$out")
 	kill "$srv" 2>/dev/null
 	wait "$srv" 2>/dev/null
