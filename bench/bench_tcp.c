@@ -143,8 +143,8 @@ static struct ferry_sqe *sqe_of(struct ferry_engine *e, struct ferry_sq *sq)
 	return s;
 }
 
-/* Spin until a CQE comes. */
-static void next_cqe(struct ferry_engine *e, struct ferry_cqe *c)
+/* Spin until a CQE comes; any result. */
+static void next_cqe_any(struct ferry_engine *e, struct ferry_cqe *c)
 {
 	uint64_t t0 = now_ns();
 
@@ -152,9 +152,18 @@ static void next_cqe(struct ferry_engine *e, struct ferry_cqe *c)
 		if (now_ns() - t0 > 60ull * 1000000000ull)
 			die("no completion for 60 s", -ETIMEDOUT);
 	}
+}
+
+/* Spin until a CQE comes; it must have succeeded. */
+static void next_cqe(struct ferry_engine *e, struct ferry_cqe *c)
+{
+	next_cqe_any(e, c);
 	if (c->res < 0)
 		die("op failed", c->res);
 }
+
+/* PUTs the receiver refused for want of pool room or key slots (sent again). */
+static uint64_t refused_total;
 
 /* ------------------------------------------------------------------ */
 /* The child: receives and answers                                     */
@@ -354,9 +363,28 @@ static double bw_once(struct pair *p, size_t size, uint64_t iters, uint64_t wind
 			sent++;
 		}
 		ferry_sq_submit(p->sq);
-		next_cqe(p->e, &q);
-		if ((q.user_data & UD_BW) == UD_BW)
-			done++; /* not a PUT of the latency run completing late */
+		next_cqe_any(p->e, &q);
+		if ((q.user_data & UD_BW) != UD_BW)
+			continue; /* a PUT of the latency run completing late */
+		if (q.res == -ENOBUFS || q.res == -ENOSPC) {
+			/*
+			 * The receiver's pool or key table was full (the stream
+			 * runs ahead of its GETs): the same PUT again, as an
+			 * application would.
+			 */
+			struct ferry_buf *b;
+			uint64_t i = q.user_data & ~UD_BW;
+
+			while (ferry_buf_alloc(p->e, size, &b))
+				ferry_progress(p->e);
+			snprintf(key, sizeof(key), "b%llu", (unsigned long long)(seq + i));
+			ferry_prep_put_buf(sqe_of(p->e, p->sq), p->b, key, b, UD_BW | i);
+			refused_total++;
+			continue;
+		}
+		if (q.res < 0)
+			die("PUT failed", q.res);
+		done++;
 	}
 	seq += iters;
 	wait_child_ok();
@@ -688,6 +716,7 @@ int main(int argc, char **argv)
 	jnum("reps", opt.reps);
 	jbool("quick", opt.quick);
 	jstr("mode", "MANUAL, busy polling; sender on CPU 0, receiver on CPU 1; loopback");
+	jnum("refused_and_resent", (double)refused_total);
 	jopen("latency_one_way_ns");
 	for (int s = 0; s < 2; s++) {
 		jopen(s ? "64KiB" : "64B");

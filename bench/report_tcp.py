@@ -49,6 +49,21 @@ def main():
     print(f"| UCX tcp `tag_bw` | {g('ucx_tag_bw_65536')} | {g('ucx_tag_bw_4194304')} | |")
     print(f"| iperf3, one stream | | {g('iperf3_stream_0')} (stream) | |")
     print(f"| qperf `tcp_bw` 4 MiB messages | | {g('qperf_tcp_bw_4194304')} | |")
+    v = r.get("veth")
+    if v and v.get("ran"):
+        print("\n#### Across a veth pair between two namespaces\n")
+        print("| who | 64 B one way p50 | 64 KiB one way p50 | 64 KiB GB/s | 4 MiB GB/s |\n"
+              "| --- | --- | --- | --- | --- |")
+        print(f"| ferry tcp (MANUAL, busy) | {s3(v['latency_64B_one_way_ns_p50'], '{:.1f}', 1000)} µs | "
+              f"{s3(v['latency_64KiB_one_way_ns_p50'], '{:.1f}', 1000)} µs | "
+              f"{s3(v['bandwidth_64KiB_GBps'], '{:.2f}')} | {s3(v['bandwidth_4MiB_GBps'], '{:.2f}')} |")
+        print(f"| UCX tcp `tag_lat` / `tag_bw` | {g('veth_ucx_tag_lat_64')} µs | | "
+              f"{g('veth_ucx_tag_bw_65536')} | {g('veth_ucx_tag_bw_4194304')} |")
+        print(f"| iperf3, one stream | | | | {g('veth_iperf3_stream_0')} |")
+        print(f"| qperf `tcp_lat` / `tcp_bw` 4 MiB | {g('veth_qperf_tcp_lat_64')} µs (avg) | | | "
+              f"{g('veth_qperf_tcp_bw_4194304')} |")
+    elif v:
+        print(f"\n(veth section not run: {v.get('why', '')})")
     print("\n#### Connections per peer, 4 MiB (GB/s)\n")
     print("| connections | GB/s |\n| --- | --- |")
     for k, v in r["conns_4MiB_GBps"].items():
