@@ -456,7 +456,7 @@ static void peers_run_args(const char *extra, const char *prefix)
 		if (!strncmp(line, "info ", 5)) {
 			size_t l = strlen(peer_info);
 
-			snprintf(peer_info + l, sizeof(peer_info) - l, "%s%.60s", l ? "; " : "",
+			snprintf(peer_info + l, sizeof(peer_info) - l, "%s%.100s", l ? "; " : "",
 				 line + 5);
 			for (char *s = peer_info; *s; s++)
 				if (*s == '"' || *s == '\\')
