@@ -324,7 +324,7 @@ int main(int argc, char **argv)
 	pin(0);
 	e = mk("prod", 128u << 20);
 	CHECK(ferry_peer_open(e, "cons", &to));
-	CHECK(ferry_peer_set_stream_limits(to, WINDOW, 0));
+	CHECK(ferry_peer_set_stream_limits(to, getenv("BS_LIMIT") ? (uint32_t)atoi(getenv("BS_LIMIT")) : WINDOW, 1u << 20));
 	CHECK(ferry_sq_get(e, &sq));
 
 	jheader("bench_stream", started, load0, 2, "");

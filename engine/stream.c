@@ -36,9 +36,10 @@
 #define PEER_DEFAULT_INFLIGHT 1024u
 #define REASON_MAX 1024u
 /*
- * Credits go back lazily: at once when the producer flagged that it nears
+ * Credits go back lazily: at once when the producer flagged that it reached
  * its limit (WIRE_F_WANT on its latest chunk), else once CREDIT_BATCH
- * chunks were released or the oldest release waited CREDIT_DELAY_NS.
+ * chunks were released, or the oldest release waited CREDIT_DELAY_NS (so a
+ * producer blocked by its per-peer limit on another stream is never stuck).
  */
 #define CREDIT_BATCH 8u
 #define CREDIT_DELAY_NS 50000u
@@ -66,6 +67,7 @@ struct stream {
 	uint32_t next;    /* producer: next index to send; consumer: next expected */
 	uint64_t sent, lost, released; /* producer: chunk counts */
 	uint64_t taken, credited;      /* consumer: released so far, last credit sent */
+	uint64_t credit_acked;         /* consumer: the last credit the producer took */
 	uint32_t held;                 /* consumer: chunks the application holds */
 	uint32_t away;    /* producer: chunks at the transport */
 	struct op *q_head, *q_tail;    /* producer: STREAM_PUTs waiting for credit */
@@ -853,9 +855,9 @@ static void send_chunk(struct ferry_engine *e, struct stream *r, struct op *op)
 	r->sent++;
 	r->away++;
 	r->peer->stream_inflight++;
-	if ((r->sent - r->lost - r->released) * 2 >= limit_stream(r->peer) ||
-	    r->peer->stream_inflight * 2 >= limit_peer(r->peer))
-		op->flags |= WIRE_F_WANT; /* credit soon, please */
+	if (r->sent - r->lost - r->released >= limit_stream(r->peer) ||
+	    r->peer->stream_inflight >= limit_peer(r->peer))
+		op->flags |= WIRE_F_WANT; /* at the limit: credit at once, please */
 	op->state = OP_AWAY;
 	rc = reactor_send(e, op);
 	if (rc) {
@@ -1106,7 +1108,11 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 		/* A credit done: send the next one if more were released. */
 		if (r && rec_id(r) == op->user_data) {
 			r->credit_away = false;
-			if (res == 0 && r->taken > r->credited)
+			if (res == 0)
+				r->credit_acked = r->credited;
+			else
+				r->credited = r->credit_acked; /* it did not arrive: send it again */
+			if (r->taken > r->credited && !r->err)
 				mark_dirty(e, r); /* releases since: their credit is due */
 			rec_maybe_free(e, r);
 		}
