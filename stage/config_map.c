@@ -261,6 +261,7 @@ static void take_extra(struct loader *L, struct stage_edge *e, enum kind kind, y
 	e->extras = grown;
 	x = &e->extras[e->nextras];
 	memset(x, 0, sizeof(*x));
+	x->note = "invalid value (see the errors)";
 	x->line = (int)k->start_mark.line + 1;
 	x->column = (int)k->start_mark.column + 1;
 	x->key = dup_or_oom(L, key);
@@ -288,17 +289,18 @@ static void take_extra(struct loader *L, struct stage_edge *e, enum kind kind, y
 				e->host = dup_or_oom(L, s);
 		}
 	} else if (!strcmp(key, "zmq_port") || !strcmp(key, "port")) {
-		if (shm) {
+		if (!config_int(L, v, p, &num)) {
+			x->note = "not a number";
+		} else if (num < 0 || num > 65535) {
+			config_error(L, v, p, "must be a port 0..65535, not %lld", (long long)num);
+			x->note = "out of range";
+		} else if (shm) {
 			x->note = "shm engines meet by name: no port";
-		} else if (config_int(L, v, p, &num)) {
-			if (num < 1 || num > 65535) {
-				config_error(L, v, p, "must be a port 1..65535, not %lld",
-					     (long long)num);
-			} else {
-				x->honoured = true;
-				x->note = "port of the control endpoint";
-				e->port = (uint32_t)num;
-			}
+		} else {
+			x->honoured = true;
+			x->note = num ? "port of the control endpoint"
+				      : "port of the control endpoint: 0, the kernel picks";
+			e->port = (uint32_t)num;
 		}
 	} else if (!strcmp(key, "memory_pool_size")) {
 		if (config_int(L, v, p, &num)) {
