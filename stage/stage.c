@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "internal.h"
+#include "shm_sock.h"
 
 #define STAGE_DEFAULT_TIMEOUT_MS 30000u
 #define STAGE_CQ_ENTRIES 16
@@ -41,6 +42,7 @@ struct stage_link {
 	bool sending;                  /* this stage is the edge's `from` */
 	struct ferry_peer *peer;
 	uint64_t get_timeout_ns;       /* 0: the stage's */
+	_Atomic bool reached;          /* a put got through: the peer stage runs */
 };
 
 struct stage_thread {
@@ -349,11 +351,11 @@ static int submit_wait(struct ferry_stage *s, struct ferry_sq *sq, struct ferry_
 	}
 }
 
-static const struct stage_link *find_link(struct ferry_stage *s, const char *from, const char *to,
+static struct stage_link *find_link(struct ferry_stage *s, const char *from, const char *to,
 					  bool sending, const char *what)
 {
 	for (unsigned i = 0; i < s->nlinks; i++) {
-		const struct stage_link *l = &s->links[i];
+		struct stage_link *l = &s->links[i];
 
 		if (l->sending == sending && !strcmp(l->edge->from, from) &&
 		    !strcmp(l->edge->to, to))
@@ -390,16 +392,45 @@ static uint64_t key_hash(const char *key, const char *from_engine, const char *t
 	return n < 0 ? 0 : keytable_hash(full, (size_t)n);
 }
 
+/*
+ * Stages start in any order: before the first put on an edge, wait (up to
+ * deadline) until the receiving stage's engine holds its name. The probe is
+ * a health request on its shm name (any answer, even a cut or a late one,
+ * says somebody listens); only "nobody holds the name" means wait.
+ */
+static int wait_peer(struct ferry_stage *s, struct stage_link *l, uint64_t deadline)
+{
+	unsigned pause_us = 1000;
+	char probe[64];
+
+	for (;;) {
+		int rc = shm_health_query(s->e->ns, l->peer->name, probe, sizeof(probe), 200);
+
+		if (rc != -EHOSTUNREACH) {
+			atomic_store(&l->reached, true);
+			return 0;
+		}
+		if (ferry__now_ns() + pause_us * 1000ull > deadline) {
+			log_error("stage %s: put on %s->%s: %s is not running", s->id,
+				  l->edge->from, l->edge->to, l->peer->name);
+			return -EHOSTUNREACH;
+		}
+		usleep(pause_us);
+		if (pause_us < 50000)
+			pause_us *= 2;
+	}
+}
+
 static int do_put(struct ferry_stage *s, const char *from, const char *to, const char *key,
 		  const struct iovec *iov, struct ferry_buf *buf, uint64_t *size,
 		  struct ferry_stage_meta *meta)
 {
-	const struct stage_link *l;
+	struct stage_link *l;
 	struct ferry_sqe *sqe;
 	struct ferry_cqe cqe;
 	struct ferry_sq *sq;
 	struct ferry_cq *cq;
-	uint64_t ud;
+	uint64_t ud, deadline;
 	int rc;
 
 	if ((rc = check_call(s, from, to, key, "ferry_stage_put")))
@@ -410,22 +441,37 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 	}
 	if ((rc = thread_cq(s, &cq)))
 		goto fail;
-	if (!(sqe = take_sqe(s, &sq))) {
-		rc = -EBUSY;
-		goto fail;
+	deadline = ferry__now_ns() + s->timeout_ns;
+	for (;;) {
+		uint64_t now = ferry__now_ns();
+
+		if (!atomic_load_explicit(&l->reached, memory_order_relaxed) &&
+		    (rc = wait_peer(s, l, deadline)))
+			goto fail;
+		if (!(sqe = take_sqe(s, &sq))) {
+			rc = -EBUSY;
+			goto fail;
+		}
+		ud = atomic_fetch_add(&s->next_ud, 1);
+		if (buf)
+			ferry_prep_put_buf(sqe, l->peer, key, buf, ud);
+		else
+			ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
+		buf = NULL; /* the SQE owns it now */
+		ferry_sqe_set_cq(sqe, cq);
+		ferry_sqe_set_timeout(sqe, deadline > now ? deadline - now : 1);
+		if ((rc = submit_wait(s, sq, cq, ud, deadline > now ? deadline - now : 1, &cqe)))
+			return rc;
+		/* The peer went away (restarting?): an iovec can be sent again. */
+		if (cqe.res == -EHOSTUNREACH && iov && ferry__now_ns() < deadline) {
+			atomic_store(&l->reached, false);
+			continue;
+		}
+		break;
 	}
-	ud = atomic_fetch_add(&s->next_ud, 1);
-	if (buf)
-		ferry_prep_put_buf(sqe, l->peer, key, buf, ud);
-	else
-		ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
-	buf = NULL; /* the SQE owns it now */
-	ferry_sqe_set_cq(sqe, cq);
-	ferry_sqe_set_timeout(sqe, s->timeout_ns);
-	if ((rc = submit_wait(s, sq, cq, ud, s->timeout_ns, &cqe)))
-		return rc;
 	if (cqe.res < 0)
 		return cqe.res;
+	atomic_store_explicit(&l->reached, true, memory_order_relaxed);
 	if (size)
 		*size = cqe.len;
 	if (meta) {
