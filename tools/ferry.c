@@ -19,7 +19,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -149,7 +148,7 @@ static int cmd_health(const char *ns, const char *name, int timeout_ms)
 	return 0;
 }
 
-static int cmd_list(const char *ns)
+static int cmd_list(const char *ns, int timeout_ms)
 {
 	char dir[SHM_PATH_MAX], path[SHM_PATH_MAX * 2];
 	struct dirent *d;
@@ -168,21 +167,21 @@ static int cmd_list(const char *ns)
 		return 0;
 	while ((d = readdir(D))) {
 		size_t l = strlen(d->d_name);
-		char lock[SHM_PATH_MAX * 3];
-		int fd;
+		char name[FERRY_NAME_MAX], probe[64];
 
-		if (l < 6 || strcmp(d->d_name + l - 5, ".sock"))
+		if (l < 6 || l - 5 >= sizeof(name) || strcmp(d->d_name + l - 5, ".sock"))
 			continue;
-		/* Live while someone holds the lock file (see shm_sock.h). */
-		snprintf(lock, sizeof(lock), "%s/%.*s.lock", path, (int)(l - 5), d->d_name);
-		fd = open(lock, O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			continue;
-		if (flock(fd, LOCK_SH | LOCK_NB) < 0 && errno == EWOULDBLOCK) {
-			printf("%.*s\n", (int)(l - 5), d->d_name);
+		memcpy(name, d->d_name, l - 5);
+		name[l - 5] = '\0';
+		/*
+		 * Live if it answers: a health request (cut short) rather than
+		 * a peek at its lock, which could make an engine taking the
+		 * name at that instant believe it is taken.
+		 */
+		if (shm_health_query(ns, name, probe, sizeof(probe), timeout_ms) != -EHOSTUNREACH) {
+			printf("%s\n", name);
 			n++;
 		}
-		close(fd);
 	}
 	closedir(D);
 	return 0;
@@ -213,6 +212,6 @@ int main(int argc, char **argv)
 	if (!strcmp(argv[1], "health"))
 		return i + 1 == argc ? cmd_health(ns, argv[i], timeout_ms) : usage(stderr);
 	if (!strcmp(argv[1], "list"))
-		return i == argc ? cmd_list(ns) : usage(stderr);
+		return i == argc ? cmd_list(ns, timeout_ms) : usage(stderr);
 	return usage(stderr);
 }
