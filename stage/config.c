@@ -612,8 +612,8 @@ static void edge_connect(struct loader *L, const char *from, const char *to, yam
 		return;
 	name = config_map_get(L, spec, "name", NULL);
 	if (!name) {
-		config_error(L, spec, ref ? L->connectors_path : path,
-			     "connector spec%s%s has no name", ref ? " " : "", ref ? ref : "");
+		if (!ref) /* a defined spec was reported with its definition */
+			config_error(L, spec, path, "connector spec has no name");
 		return;
 	}
 	if (!config_str(L, name, path_join(p, ref ? L->connectors_path : path, "%s%s.name",
