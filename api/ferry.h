@@ -191,6 +191,16 @@ FERRY_API int ferry_peer_open(struct ferry_engine *e, const char *name,
 /* The name a peer handle was opened with. */
 FERRY_API const char *ferry_peer_name(const struct ferry_peer *p);
 
+/*
+ * Credits of the streams this engine sends to peer p: at most per_stream
+ * chunks of one stream, and per_peer chunks of all its streams together,
+ * sent and not yet released by the consumer (0 keeps the current value;
+ * defaults 16 and 1024). Applies to chunks sent from now on. Returns 0 or
+ * -EINVAL.
+ */
+FERRY_API int ferry_peer_set_stream_limits(struct ferry_peer *p, uint32_t per_stream,
+					   uint32_t per_peer);
+
 /* ------------------------------------------------------------------ */
 /* Buffers                                                             */
 /* ------------------------------------------------------------------ */
@@ -318,7 +328,11 @@ enum ferry_op {
 	FERRY_OP_PUT = 1,    /* send data under a key to a peer */
 	FERRY_OP_GET = 2,    /* receive the data a peer put under a key */
 	FERRY_OP_CANCEL = 3, /* cancel the op whose user_data is given */
-	FERRY_OP_CLEANUP = 4, /* drop what this engine holds for one request */
+	FERRY_OP_STREAM_PUT = 4,    /* send the next chunk of a stream */
+	FERRY_OP_STREAM_GET = 5,    /* multishot: receive every chunk of a stream */
+	FERRY_OP_STREAM_ABORT = 6,  /* producer gives up a stream, with a reason */
+	FERRY_OP_STREAM_ACCEPT = 7, /* multishot: learn of new streams from a peer */
+	FERRY_OP_CLEANUP = 8,       /* drop what this engine holds for one request */
 	FERRY_OP__MAX
 };
 
@@ -326,7 +340,9 @@ enum ferry_op {
 #define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
 #define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
-#define FERRY_SQE__ALL ((1u << 3) - 1)
+#define FERRY_SQE_STREAM_END (1u << 3) /* STREAM_PUT: this is the stream's last chunk */
+#define FERRY_SQE_STREAM_WHOLE (1u << 4) /* STREAM_GET: one CQE with the whole stream */
+#define FERRY_SQE__ALL ((1u << 5) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the
@@ -349,7 +365,8 @@ struct ferry_sqe {
 	uint32_t resv1;
 	struct ferry_buf *buf;    /* PUT of a pool buffer (zero copy) */
 	uint64_t cancel_user_data; /* CANCEL: whose op */
-	uint64_t resv2[2];
+	const char *reason;       /* STREAM_ABORT: why (text, may be NULL) */
+	uint64_t resv2;
 	char key[FERRY_KEY_MAX];
 };
 
@@ -503,6 +520,115 @@ static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *
 	ferry__sqe_init(sqe, FERRY_OP_CLEANUP, user_data);
 	sqe->peer = from;
 	ferry__sqe_key(sqe, request_id);
+}
+
+/* ------------------------------------------------------------------ */
+/* Streams                                                             */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A stream is an ordered run of chunks under one stream key, from this
+ * engine to a peer. Chunk n travels under the key "{stream}_{n}" (n from 0):
+ * with stream = "{request}_{stage}" that is the upstream chunk key
+ * "{request}_{stage}_{n}", so a plain GET of one chunk works too. A stream
+ * opens with its first STREAM_PUT and ends with the chunk flagged
+ * FERRY_SQE_STREAM_END (which may be empty), or an abort. The same key may
+ * start a new stream once the consumer released every chunk of the old one
+ * (before that a STREAM_PUT under it gets -EPIPE): use a key per request.
+ * Stream keys are at most FERRY_STREAM_KEY_MAX bytes.
+ *
+ * Flow control (credits): at most max_inflight chunks of a stream (and
+ * max_inflight_peer chunks of all streams to one peer) are sent and not yet
+ * released by the consumer, see ferry_peer_set_stream_limits. Past that a
+ * STREAM_PUT waits in the engine, its data not yet copied, and is sent once
+ * the consumer releases a chunk: memory stays bounded however slow the
+ * consumer is. A chunk is released when the consumer releases the buffer
+ * its STREAM_GET CQE handed over (or, for a chunk taken by a plain GET,
+ * when the GET takes it).
+ */
+#define FERRY_STREAM_KEY_MAX (FERRY_KEY_MAX - 12)
+
+/*
+ * STREAM_PUT of an iovec (copied once into the pool when the chunk is
+ * sent; iov and its memory must stay valid until the CQE). Set
+ * FERRY_SQE_STREAM_END on the last chunk. Completes with res = the chunk's
+ * index and len = its bytes once the peer holds it; -EPIPE for a chunk
+ * after the END; -ECONNRESET if the peer went away (later chunks of the
+ * stream then fail at once); the errors of a PUT otherwise. A deadline
+ * counts the wait for credit too.
+ */
+static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+					 const char *stream, const struct iovec *iov,
+					 unsigned iovcnt, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_PUT, user_data);
+	sqe->peer = to;
+	sqe->iov = iov;
+	sqe->iovcnt = iovcnt;
+	ferry__sqe_key(sqe, stream);
+}
+
+/* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */
+static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+					     const char *stream, struct ferry_buf *buf,
+					     uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_PUT, user_data);
+	sqe->peer = to;
+	sqe->buf = buf;
+	ferry__sqe_key(sqe, stream);
+}
+
+/*
+ * STREAM_GET, multishot: one SQE, one CQE per chunk, in order. Each chunk
+ * CQE has res = the chunk's index, len = its bytes, cqe->buf = the chunk
+ * (zero copy, FERRY_CQE_F_BUF; release it to return its credit) and
+ * FERRY_CQE_F_MORE set, except on the last CQE of the op. The last CQE is
+ * the END chunk, or an error: -ETIMEDOUT when the op's timeout passes
+ * between two chunks (the timeout is a gap, re-armed at every chunk),
+ * -ECANCELED when the producer aborted (cqe->buf then holds its reason as
+ * text, which the caller releases), -ECONNRESET when the producer died,
+ * -ECANCELED after a CANCEL. Chunks taken before a failure stay valid.
+ * With FERRY_SQE_STREAM_WHOLE: one CQE at the END with the whole stream in
+ * one contiguous buffer, res = the number of chunks (window_size -1).
+ * One STREAM_GET per stream at a time (-EBUSY otherwise).
+ */
+static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+					 const char *stream, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_GET, user_data);
+	sqe->peer = from;
+	ferry__sqe_key(sqe, stream);
+}
+
+/*
+ * Abort a stream this engine produces: chunks still waiting for credit
+ * complete with -ECANCELED, and the consumer's STREAM_GET completes with
+ * -ECANCELED and the reason (copied; at most 1 KiB is kept). Completes
+ * with 0 once the peer knows.
+ */
+static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
+					   const char *stream, const char *reason,
+					   uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_ABORT, user_data);
+	sqe->peer = to;
+	sqe->reason = reason;
+	ferry__sqe_key(sqe, stream);
+}
+
+/*
+ * STREAM_ACCEPT, multishot: one CQE (FERRY_CQE_F_MORE) for every new stream
+ * whose first chunk arrives from peer `from` (NULL: from any peer), so a
+ * scheduler learns of new requests without polling. cqe->buf holds the
+ * stream key as text (NUL-terminated, len bytes without the NUL); release
+ * it. The op lasts until cancelled (-ECANCELED) or the engine goes.
+ */
+static inline void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
+					    uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_ACCEPT, user_data);
+	sqe->peer = from;
 }
 
 static inline void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
