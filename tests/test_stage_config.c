@@ -394,6 +394,71 @@ static void test_stage_config_err_documents(void **state)
 	stage_graph_free(NULL);
 }
 
+/*
+ * Hostile files: every prefix of each fixture (a file cut anywhere) and
+ * copies with one byte changed. Each load returns 0, or an error with its
+ * reasons in the graph; never a crash (ASan, valgrind), never a leak.
+ */
+static void test_stage_config_truncated_and_garbled(void **state)
+{
+	static const char *const names[] = { "legacy_ref.yaml", "deploy.yaml",
+					     "legacy_inline.yaml", "autofill.yaml" };
+	static const char garble[] = { ':', '-', '[', '{', '&', '*', '\n', '"', '\0', 'x' };
+	unsigned step = t_under_valgrind() ? 29 : 3, loads = 0;
+	char path[] = "/tmp/ferry-yaml-XXXXXX";
+	int fd = mkstemp(path);
+
+	(void)state;
+	assert_true(fd >= 0);
+	close(fd);
+	for (unsigned f = 0; f < 4; f++) {
+		char src[512], *text;
+		FILE *in;
+		long len;
+
+		snprintf(src, sizeof(src), FIX "%s", names[f]);
+		in = fopen(src, "rb");
+		assert_non_null(in);
+		fseek(in, 0, SEEK_END);
+		len = ftell(in);
+		rewind(in);
+		text = malloc((size_t)len + 1);
+		assert_int_equal(fread(text, 1, (size_t)len, in), (size_t)len);
+		fclose(in);
+		for (long cut = 0; cut <= len; cut += step) {
+			for (int g = -1; g < (int)sizeof(garble); g++) {
+				struct stage_graph *gr = NULL;
+				char keep = cut < len ? text[cut] : 0;
+				FILE *out = fopen(path, "wb");
+				int rc;
+
+				assert_non_null(out);
+				if (g >= 0) {
+					if (cut >= len)
+						break;
+					text[cut] = garble[g]; /* one byte changed */
+					fwrite(text, 1, (size_t)len, out);
+					text[cut] = keep;
+				} else {
+					fwrite(text, 1, (size_t)cut, out); /* cut here */
+				}
+				fclose(out);
+				rc = stage_graph_load(path, &gr);
+				assert_non_null(gr);
+				if (rc)
+					assert_true(gr->nerrors > 0);
+				else
+					assert_int_equal(gr->nerrors, 0);
+				stage_graph_free(gr);
+				loads++;
+			}
+		}
+		free(text);
+	}
+	unlink(path);
+	assert_true(loads > 40);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -410,6 +475,7 @@ int main(void)
 		cmocka_unit_test(test_stage_config_err_undefined_stage),
 		cmocka_unit_test(test_stage_config_err_values),
 		cmocka_unit_test(test_stage_config_err_documents),
+		cmocka_unit_test(test_stage_config_truncated_and_garbled),
 	};
 
 	/* These tests expect errors: keep the log quiet unless asked. */
