@@ -535,6 +535,56 @@ static void test_stage_cleanup_wakes_get(void **state)
 	assert_int_equal(ferry_stage_close(&s1), 0);
 }
 
+/* MANUAL progress: each call drives its own stage's engine. */
+struct manual_get {
+	struct ferry_stage *s;
+	int rc;
+	char data[16];
+};
+
+static void *manual_getter(void *arg)
+{
+	struct manual_get *m = arg;
+	struct ferry_buf *b = NULL;
+
+	m->rc = ferry_stage_get(m->s, "0", "1", "m_0_0", NULL, 5 * SEC, 0, &b);
+	if (!m->rc) {
+		snprintf(m->data, sizeof(m->data), "%.*s", (int)ferry_buf_len(b),
+			 (char *)ferry_buf_data(b));
+		ferry_buf_release(b);
+	}
+	return NULL;
+}
+
+static void test_stage_manual_progress(void **state)
+{
+	struct ferry_stage_params p = FERRY_STAGE_PARAMS_INIT;
+	struct ferry_stage *s0 = NULL, *s1 = NULL;
+	struct manual_get m = { 0 };
+	pthread_t th;
+
+	(void)state;
+	p.config_path = FIX "pipeline3.yaml";
+	p.ns = "manual";
+	p.progress = FERRY_PROGRESS_MANUAL;
+	p.pool_size = 1u << 20;
+	p.timeout_ms = 5000;
+	p.stage_id = "0";
+	assert_int_equal(ferry_stage_open(&p, &s0), 0);
+	p.stage_id = "1";
+	assert_int_equal(ferry_stage_open(&p, &s1), 0);
+	m.s = s1;
+	assert_int_equal(pthread_create(&th, NULL, manual_getter, &m), 0);
+	assert_int_equal(ferry_stage_put(s0, "0", "1", "m_0_0", "manual", 6, NULL, NULL), 0);
+	pthread_join(th, NULL);
+	assert_int_equal(m.rc, 0);
+	assert_string_equal(m.data, "manual");
+	assert_int_equal(ferry_stage_get(s1, "0", "1", "m_0_1", NULL, 0, FERRY_STAGE_NOWAIT,
+					 &(struct ferry_buf *){ NULL }), -EAGAIN);
+	assert_int_equal(ferry_stage_close(&s0), 0);
+	assert_int_equal(ferry_stage_close(&s1), 0);
+}
+
 /* ------------------------------------------------------------------ */
 /* Three processes                                                     */
 /* ------------------------------------------------------------------ */
@@ -772,6 +822,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_stage_check_command, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_api, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_cleanup_wakes_get, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_manual_progress, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
