@@ -310,23 +310,125 @@ const char *config_scalar(const yaml_node_t *n)
 	return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
 }
 
-/* The value of key in mapping m (and its key node), or NULL. */
-yaml_node_t *config_map_get(struct loader *L, yaml_node_t *m, const char *key,
-			    yaml_node_t **key_node)
+static bool is_merge_key(const yaml_node_t *k)
 {
-	if (!m || m->type != YAML_MAPPING_NODE)
+	const char *ks = config_scalar(k);
+
+	return ks && !strcmp(ks, "<<") && k->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+}
+
+/* Merge keys nest at most this deep (an alias may point back at its own mapping). */
+#define MERGE_DEPTH 8
+
+static yaml_node_t *map_get(struct loader *L, yaml_node_t *m, const char *key,
+			    yaml_node_t **key_node, int depth)
+{
+	if (!m || m->type != YAML_MAPPING_NODE || depth > MERGE_DEPTH)
 		return NULL;
 	for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
 		yaml_node_t *k = node_at(L, p->key);
 		const char *ks = config_scalar(k);
 
-		if (ks && strcmp(ks, key) == 0) {
+		if (ks && strcmp(ks, key) == 0 && !is_merge_key(k)) {
 			if (key_node)
 				*key_node = k;
 			return node_at(L, p->value);
 		}
 	}
+	/* YAML merge keys: `<<: *defaults` or `<<: [*a, *b]` (earlier wins). */
+	for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
+		yaml_node_t *v = node_at(L, p->value), *got = NULL;
+
+		if (!is_merge_key(node_at(L, p->key)) || !v)
+			continue;
+		if (v->type == YAML_MAPPING_NODE) {
+			got = map_get(L, v, key, key_node, depth + 1);
+		} else if (v->type == YAML_SEQUENCE_NODE) {
+			for (yaml_node_item_t *it = v->data.sequence.items.start;
+			     !got && it < v->data.sequence.items.top; it++)
+				got = map_get(L, node_at(L, *it), key, key_node, depth + 1);
+		}
+		if (got)
+			return got;
+	}
 	return NULL;
+}
+
+/* The value of key in mapping m (and its key node), or NULL. Merge keys apply. */
+yaml_node_t *config_map_get(struct loader *L, yaml_node_t *m, const char *key,
+			    yaml_node_t **key_node)
+{
+	return map_get(L, m, key, key_node, 0);
+}
+
+static bool pairs_have(const struct config_pair *p, unsigned n, const char *key)
+{
+	for (unsigned i = 0; i < n; i++) {
+		const char *ks = config_scalar(p[i].key);
+
+		if (ks && !strcmp(ks, key))
+			return true;
+	}
+	return false;
+}
+
+static bool collect_pairs(struct loader *L, yaml_node_t *m, struct config_pair **out, unsigned *n,
+			  unsigned *cap, int depth, bool merged)
+{
+	if (!m || m->type != YAML_MAPPING_NODE || depth > MERGE_DEPTH)
+		return true;
+	for (int pass = 0; pass < 2; pass++) {
+		for (yaml_node_pair_t *p = m->data.mapping.pairs.start;
+		     p < m->data.mapping.pairs.top; p++) {
+			yaml_node_t *k = node_at(L, p->key), *v = node_at(L, p->value);
+			const char *ks = config_scalar(k);
+
+			if (is_merge_key(k) != (pass == 1))
+				continue;
+			if (pass == 1) {
+				if (v && v->type == YAML_SEQUENCE_NODE) {
+					for (yaml_node_item_t *it = v->data.sequence.items.start;
+					     it < v->data.sequence.items.top; it++)
+						if (!collect_pairs(L, node_at(L, *it), out, n, cap,
+								   depth + 1, true))
+							return false;
+				} else if (!collect_pairs(L, v, out, n, cap, depth + 1, true)) {
+					return false;
+				}
+				continue;
+			}
+			/* Keys of a merged mapping give way to those already there. */
+			if (merged && (!ks || pairs_have(*out, *n, ks)))
+				continue;
+			if (*n == *cap) {
+				struct config_pair *grown;
+
+				*cap = *cap ? *cap * 2 : 8;
+				grown = realloc(*out, *cap * sizeof(*grown));
+				if (!grown)
+					return false;
+				*out = grown;
+			}
+			(*out)[*n].key = k;
+			(*out)[(*n)++].value = v;
+		}
+	}
+	return true;
+}
+
+struct config_pair *config_map_pairs(struct loader *L, yaml_node_t *m, unsigned *n)
+{
+	struct config_pair *out = NULL;
+	unsigned cap = 0;
+
+	*n = 0;
+	if (!collect_pairs(L, m, &out, n, &cap, 0, false)) {
+		free(out);
+		*n = 0;
+		L->oom = true;
+		return NULL;
+	}
+	return out;
 }
 
 bool config_want(struct loader *L, yaml_node_t *n, yaml_node_type_t type, const char *key)
@@ -689,7 +791,9 @@ static void read_stage_connectors(struct loader *L, yaml_node_t *s, const char *
 	const char *field = input ? "input_connectors" : "output_connectors";
 	const char *prefix = input ? "from_stage_" : "to_stage_";
 	char p[PATH_MAX_LEN], q[PATH_MAX_LEN], self[STAGE_ID_MAX], other[STAGE_ID_MAX];
+	struct config_pair *pairs;
 	yaml_node_t *m, *id;
+	unsigned npairs;
 
 	m = config_map_get(L, s, field, NULL);
 	path_join(p, spath, ".%s", field);
@@ -699,9 +803,9 @@ static void read_stage_connectors(struct loader *L, yaml_node_t *s, const char *
 	if (!config_scalar(id) || strlen(config_scalar(id)) >= STAGE_ID_MAX)
 		return; /* reported with the stage */
 	strcpy(self, config_scalar(id));
-	for (yaml_node_pair_t *pr = m->data.mapping.pairs.start; pr < m->data.mapping.pairs.top;
-	     pr++) {
-		yaml_node_t *k = node_at(L, pr->key), *v = node_at(L, pr->value);
+	pairs = config_map_pairs(L, m, &npairs);
+	for (unsigned pi = 0; pi < npairs; pi++) {
+		yaml_node_t *k = pairs[pi].key, *v = pairs[pi].value;
 		const char *ks = config_scalar(k);
 
 		path_join(q, p, ".%s", ks ? ks : "?");
@@ -716,6 +820,7 @@ static void read_stage_connectors(struct loader *L, yaml_node_t *s, const char *
 		else
 			edge_connect(L, self, other, v, q);
 	}
+	free(pairs);
 }
 
 /* An edge that must exist: create it (auto-filled) if no connector named it. */
@@ -874,9 +979,11 @@ static void read_document(struct loader *L, yaml_node_t *root)
 		L->connectors = v;
 	if (L->connectors) {
 		/* Check every definition, used or not. */
-		for (yaml_node_pair_t *pr = L->connectors->data.mapping.pairs.start;
-		     pr < L->connectors->data.mapping.pairs.top; pr++) {
-			yaml_node_t *k = node_at(L, pr->key), *spec = node_at(L, pr->value), *n;
+		unsigned npairs;
+		struct config_pair *pairs = config_map_pairs(L, L->connectors, &npairs);
+
+		for (unsigned pi = 0; pi < npairs; pi++) {
+			yaml_node_t *k = pairs[pi].key, *spec = pairs[pi].value, *n;
 			const char *ks = config_scalar(k), *type;
 
 			path_join(p, L->connectors_path, ".%s", ks ? ks : "?");
@@ -901,6 +1008,7 @@ static void read_document(struct loader *L, yaml_node_t *root)
 				config_want(L, n, YAML_MAPPING_NODE,
 					    path_join(p, L->connectors_path, ".%s.extra", ks));
 		}
+		free(pairs);
 	}
 
 	/* Defaults and async_chunk. */

@@ -422,9 +422,14 @@ void config_resolve_spec(struct loader *L, struct stage_edge *e, yaml_node_t *sp
 	choose_transport(L, e, kind, extra, p, rdma_present);
 	if (!extra)
 		return;
-	for (yaml_node_pair_t *pr = extra->data.mapping.pairs.start;
-	     pr < extra->data.mapping.pairs.top; pr++)
-		take_extra(L, e, kind, config_node(L, pr->key), config_node(L, pr->value), p);
+	{
+		unsigned n;
+		struct config_pair *pairs = config_map_pairs(L, extra, &n);
+
+		for (unsigned i = 0; i < n; i++)
+			take_extra(L, e, kind, pairs[i].key, pairs[i].value, p);
+		free(pairs);
+	}
 }
 
 void config_autofill(struct loader *L, struct stage_edge *e)

@@ -29,6 +29,15 @@ const char *config_scalar(const yaml_node_t *n);
 yaml_node_t *config_map_get(struct loader *L, yaml_node_t *m, const char *key,
 			    yaml_node_t **key_node);
 yaml_node_t *config_node(struct loader *L, int index);
+/*
+ * The pairs of mapping m with YAML merge keys applied (`<<: *anchor` or a
+ * sequence of them; keys written in m win, then earlier merges): an array
+ * of *n pairs to free(), NULL when empty (or out of memory, noted in L).
+ */
+struct config_pair {
+	yaml_node_t *key, *value;
+};
+struct config_pair *config_map_pairs(struct loader *L, yaml_node_t *m, unsigned *n);
 bool config_want(struct loader *L, yaml_node_t *n, yaml_node_type_t type, const char *key);
 bool config_int(struct loader *L, yaml_node_t *n, const char *key, int64_t *out);
 bool config_bool(struct loader *L, yaml_node_t *n, const char *key, bool *out);
