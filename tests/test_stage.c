@@ -285,6 +285,13 @@ static void test_stage_health_query(void **state)
 	buf[n] = '\0';
 	assert_int_equal(pclose(f), 0);
 	assert_non_null(strstr(buf, "{\"engine\":\"hq\""));
+	snprintf(cmd, sizeof(cmd), "%s/tools/ferry health test/hq", FERRY_TEST_BINDIR);
+	f = popen(cmd, "r");
+	assert_non_null(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	buf[n] = '\0';
+	assert_int_equal(pclose(f), 0);
+	assert_non_null(strstr(buf, "{\"engine\":\"hq\",\"namespace\":\"test\""));
 	snprintf(cmd, sizeof(cmd), "%s/tools/ferry list -n test", FERRY_TEST_BINDIR);
 	f = popen(cmd, "r");
 	assert_non_null(f);

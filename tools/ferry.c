@@ -6,6 +6,7 @@
  *                                    filled in, extra keys honoured or
  *                                    ignored), or the errors; exit 1 on errors
  *   ferry health [-n NS] ENGINE      print the health JSON of a running
+ *   ferry health NS/ENGINE           (the same)
  *                                    engine of this host (asked through its
  *                                    shm name); exit 1 if it cannot be asked
  *   ferry list [-n NS]               the live engines of a namespace
@@ -28,7 +29,7 @@
 static int usage(FILE *f)
 {
 	fprintf(f, "usage: ferry check STAGES.yaml\n"
-		   "       ferry health [-n NAMESPACE] [-t TIMEOUT_MS] ENGINE\n"
+		   "       ferry health [-n NAMESPACE] [-t TIMEOUT_MS] ENGINE | NAMESPACE/ENGINE\n"
 		   "       ferry list [-n NAMESPACE]\n");
 	return f == stderr ? 2 : 0;
 }
@@ -209,8 +210,19 @@ int main(int argc, char **argv)
 		else
 			return usage(stderr);
 	}
-	if (!strcmp(argv[1], "health"))
-		return i + 1 == argc ? cmd_health(ns, argv[i], timeout_ms) : usage(stderr);
+	if (!strcmp(argv[1], "health")) {
+		char both[2 * FERRY_NAME_MAX], *slash;
+
+		if (i + 1 != argc)
+			return usage(stderr);
+		/* NS/NAME names both at once. */
+		snprintf(both, sizeof(both), "%s", argv[i]);
+		slash = strchr(both, '/');
+		if (!slash)
+			return cmd_health(ns, argv[i], timeout_ms);
+		*slash = '\0';
+		return cmd_health(both, slash + 1, timeout_ms);
+	}
 	if (!strcmp(argv[1], "list"))
 		return i == argc ? cmd_list(ns, timeout_ms) : usage(stderr);
 	return usage(stderr);
