@@ -168,7 +168,9 @@ static inline bool op_state_pending(uint8_t state)
 #define WIRE_F_END (1u << 17)    /* ... its last one */
 #define WIRE_F_ABORT (1u << 18)  /* ... the producer gave up; data = reason */
 #define WIRE_F_CREDIT (1u << 19) /* consumer -> producer: key "{stream}", data = u64 released */
-#define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT)
+#define WIRE_F_WANT (1u << 20)   /* chunk: the producer nears its credit limit, credit soon */
+#define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT | \
+		     WIRE_F_WANT)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 

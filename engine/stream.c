@@ -35,6 +35,14 @@
 #define STREAM_DEFAULT_INFLIGHT 16u
 #define PEER_DEFAULT_INFLIGHT 1024u
 #define REASON_MAX 1024u
+/*
+ * Credits go back lazily: at once when the producer flagged that it nears
+ * its limit (WIRE_F_WANT on its latest chunk), else once CREDIT_BATCH
+ * chunks were released or the oldest release waited CREDIT_DELAY_NS.
+ */
+#define CREDIT_BATCH 8u
+#define CREDIT_DELAY_NS 50000u
+#define CREDIT_SCAN 64u
 #define NO_SLOT UINT32_MAX
 
 enum { ROLE_PRODUCER = 1, ROLE_CONSUMER = 2 };
@@ -51,6 +59,8 @@ struct stream {
 	bool announce;    /* consumer: subscribers still to be told */
 	bool blocked;     /* producer: on its peer's blocked list */
 	bool credit_away; /* consumer: a CREDIT is on its way */
+	bool want;        /* consumer: the latest chunk asked for credit soon */
+	uint64_t dirty_since; /* consumer: when the oldest uncredited release happened */
 	int err;          /* producer: the peer went away (sticky) */
 	struct ferry_peer *peer; /* producer: destination; consumer: source */
 	uint32_t next;    /* producer: next index to send; consumer: next expected */
@@ -89,6 +99,8 @@ struct stream_table {
 	struct stream *free;
 	uint32_t capacity, used;
 	struct stream *dirty, *stalled;
+	bool credit_urgent;        /* a dirty record may send now: scan this round */
+	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
 	struct op *acceptors;       /* STREAM_ACCEPT ops */
 	struct stream_sink *sink;
 	uint64_t opened, closed_count;
@@ -270,6 +282,28 @@ static int split_chunk_key(const char *key, size_t len, size_t *stream_len, uint
 	return 0;
 }
 
+/* out = "{stream}_{n}{suffix}"; returns its length (out has FULLKEY_MAX bytes). */
+static size_t chunk_key(char *out, const char *stream, size_t slen, uint32_t n, const char *suffix,
+			size_t sfx_len)
+{
+	char digits[10];
+	size_t nd = 0, len;
+
+	do {
+		digits[nd++] = (char)('0' + n % 10);
+		n /= 10;
+	} while (n);
+	memcpy(out, stream, slen);
+	len = slen;
+	out[len++] = '_';
+	while (nd)
+		out[len++] = digits[--nd];
+	memcpy(out + len, suffix, sfx_len);
+	len += sfx_len;
+	out[len] = '\0';
+	return len;
+}
+
 static struct ferry_peer *peer_by_name(struct ferry_engine *e, const char *name)
 {
 	struct ferry_peer *p = NULL;
@@ -373,13 +407,18 @@ static void stall(struct stream_table *t, struct stream *r)
 	}
 }
 
-static void mark_dirty(struct stream_table *t, struct stream *r)
+static void mark_dirty(struct ferry_engine *e, struct stream *r)
 {
+	struct stream_table *t = e->streams;
+
 	if (!r->dirty) {
 		r->dirty = true;
+		r->dirty_since = 0; /* stamped at the first scan that defers it */
 		r->next_dirty = t->dirty;
 		t->dirty = r;
 	}
+	if (r->want || r->ended || r->taken - r->credited >= CREDIT_BATCH)
+		t->credit_urgent = true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -421,6 +460,13 @@ static void release_hook(struct ferry_buf *w, void *ctx)
 	atomic_fetch_sub(&s->users, 1);
 }
 
+/* A chunk was released (or taken inside the engine): its credit is due. */
+static void credit_due(struct ferry_engine *e, struct stream *r)
+{
+	r->taken++;
+	mark_dirty(e, r);
+}
+
 /* Released chunks: free them, count the credit. */
 static int take_releases(struct ferry_engine *e)
 {
@@ -434,9 +480,8 @@ static int take_releases(struct ferry_engine *e)
 		struct stream *r = rec_by_id(t, w->offset);
 
 		if (r && r->role == ROLE_CONSUMER) {
-			r->taken++;
 			r->held--;
-			mark_dirty(t, r);
+			credit_due(e, r);
 		}
 		finish_release(t->sink, w);
 		w = next;
@@ -519,104 +564,114 @@ static void whole_finish(struct ferry_engine *e, struct stream *r, struct op *g)
 	op_complete(e, g, (int)(nchunks > INT32_MAX ? INT32_MAX : nchunks), total, out);
 }
 
-/* Feed the STREAM_GET of r from the key table, in order. */
-static void pump_consumer(struct ferry_engine *e, struct stream *r)
+/*
+ * Hand the chunk in ke, chunk r->next, to r's STREAM_GET. Returns false
+ * when pumping must stop (the op ended, or no room for its CQE).
+ */
+static bool feed_one(struct ferry_engine *e, struct stream *r, struct key_entry *ke)
 {
 	struct stream_table *t = e->streams;
-	char key[FULLKEY_MAX];
-	const char *names = r->full + r->key_len; /* "@{from}_{me}" */
+	struct op *g = r->getter;
+	bool whole = g->flags & FERRY_SQE_STREAM_WHOLE;
+	uint32_t wflags = ke->wflags;
+	struct ferry_buf *buf, *w;
+	uint64_t len;
+	int n;
 
-	while (r->getter && !r->ended) {
-		struct op *g = r->getter;
-		bool whole = g->flags & FERRY_SQE_STREAM_WHOLE;
-		struct key_entry *ke;
-		struct ferry_buf *buf, *w;
-		uint32_t wflags;
-		uint64_t len;
-		int n;
+	if (!whole && !(wflags & (WIRE_F_END | WIRE_F_ABORT)) && !can_post_more(e, g)) {
+		stall(t, r);
+		return false;
+	}
+	buf = ke->buf;
+	len = ke->len;
+	ke->buf = NULL;
+	ke->present = false;
+	e->keys.present--;
+	keytable_put(&e->keys, ke);
+	buf->len = len;
 
-		n = snprintf(key, sizeof(key), "%.*s_%u%s", (int)r->key_len, r->full, r->next, names);
-		if (n < 0 || (size_t)n >= sizeof(key))
-			break;
-		ke = keytable_find(&e->keys, key, (size_t)n, keytable_hash(key, (size_t)n));
-		if (!ke || !ke->present)
-			break;
-		wflags = ke->wflags;
-		if (!whole && !(wflags & (WIRE_F_END | WIRE_F_ABORT)) && !can_post_more(e, g)) {
-			stall(t, r);
-			break;
-		}
-		buf = ke->buf;
-		len = ke->len;
-		ke->buf = NULL;
-		ke->present = false;
-		e->keys.present--;
-		keytable_put(&e->keys, ke);
-
-		if (wflags & WIRE_F_ABORT) {
-			r->ended = true;
-			r->getter = NULL;
-			g->stream = NULL;
-			buf->len = len;
-			op_complete(e, g, -ECANCELED, len, buf);
-			break;
-		}
-		if (whole) {
-			buf->len = len;
-			atomic_store_explicit(&buf->release_next, NULL, memory_order_relaxed);
-			if (r->whole_tail)
-				atomic_store_explicit(&r->whole_tail->release_next, buf,
-						      memory_order_relaxed);
-			else
-				r->whole_head = buf;
-			r->whole_tail = buf;
-			r->whole_len += len;
-			r->whole_n++;
-			r->next++;
-			r->taken++; /* held inside the engine: the producer may go on */
-			mark_dirty(t, r);
-			if (wflags & WIRE_F_END) {
-				r->ended = true;
-				r->getter = NULL;
-				g->stream = NULL;
-				whole_finish(e, r, g);
-				whole_free(r);
-				break;
-			}
-			continue;
-		}
-		if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
-			w->remote_cookie = (uint64_t)(uintptr_t)buf;
-			atomic_fetch_add(&t->sink->refs, 1);
-			r->held++;
-		} else {
-			/* No handle for the wrap: hand the chunk itself, credit it now. */
-			log_limited(FERRY__LOG_WARN, "engine %s: no buffer handle to track a chunk "
-				    "release; its credit returns at once", e->name);
-			w = buf;
-			w->len = len;
-			r->taken++;
-			mark_dirty(t, r);
-		}
-		n = (int)r->next++;
-		STAT_ADD(e->stats.zero_copies, 1);
+	if (wflags & WIRE_F_ABORT) {
+		r->ended = true;
+		r->getter = NULL;
+		g->stream = NULL;
+		op_complete(e, g, -ECANCELED, len, buf);
+		return false;
+	}
+	if (whole) {
+		atomic_store_explicit(&buf->release_next, NULL, memory_order_relaxed);
+		if (r->whole_tail)
+			atomic_store_explicit(&r->whole_tail->release_next, buf, memory_order_relaxed);
+		else
+			r->whole_head = buf;
+		r->whole_tail = buf;
+		r->whole_len += len;
+		r->whole_n++;
+		r->next++;
+		credit_due(e, r); /* held inside the engine: the producer may go on */
 		if (wflags & WIRE_F_END) {
 			r->ended = true;
 			r->getter = NULL;
 			g->stream = NULL;
-			op_complete(e, g, n, len, w);
+			whole_finish(e, r, g);
+			whole_free(r);
+			return false;
+		}
+		return true;
+	}
+	if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
+		w->remote_cookie = (uint64_t)(uintptr_t)buf;
+		atomic_fetch_add_explicit(&t->sink->refs, 1, memory_order_relaxed);
+		r->held++;
+	} else {
+		/* No handle for the wrap: hand the chunk itself, credit it now. */
+		log_limited(FERRY__LOG_WARN, "engine %s: no buffer handle to track a chunk "
+			    "release; its credit returns at once", e->name);
+		w = buf;
+		credit_due(e, r);
+	}
+	n = (int)r->next++;
+	STAT_ADD(e->stats.zero_copies, 1);
+	if (wflags & WIRE_F_END) {
+		r->ended = true;
+		r->getter = NULL;
+		g->stream = NULL;
+		op_complete(e, g, n, len, w);
+		return false;
+	}
+	STAT_ADD(e->stats.gets, 1);
+	STAT_ADD(e->stats.bytes_got, len);
+	STAT_ADD(r->peer->stats.gets, 1);
+	STAT_ADD(r->peer->stats.bytes_in, len);
+	post_more(e, g, n, len, w);
+	if (g->interval) {
+		if (g->heap_idx != NO_SLOT)
+			timer_del(&e->timers, g);
+		op_arm_deadline(e, g, g->interval);
+	}
+	return true;
+}
+
+/*
+ * Feed the STREAM_GET of r from the key table, in order. first: the entry
+ * of chunk r->next when the caller has it already (an arrival), or NULL.
+ */
+static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_entry *first)
+{
+	const char *names = r->full + r->key_len; /* "@{from}_{me}" */
+	size_t names_len = r->full_len - r->key_len;
+	char key[FULLKEY_MAX];
+
+	while (r->getter && !r->ended) {
+		struct key_entry *ke = first;
+
+		first = NULL;
+		if (!ke) {
+			size_t n = chunk_key(key, r->full, r->key_len, r->next, names, names_len);
+
+			ke = keytable_find(&e->keys, key, n, keytable_hash(key, n));
+		}
+		if (!ke || !ke->present || !feed_one(e, r, ke))
 			break;
-		}
-		STAT_ADD(e->stats.gets, 1);
-		STAT_ADD(e->stats.bytes_got, len);
-		STAT_ADD(r->peer->stats.gets, 1);
-		STAT_ADD(r->peer->stats.bytes_in, len);
-		post_more(e, g, n, len, w);
-		if (g->interval) {
-			if (g->heap_idx != NO_SLOT)
-				timer_del(&e->timers, g);
-			op_arm_deadline(e, g, g->interval);
-		}
 	}
 	rec_maybe_free(e, r);
 }
@@ -664,8 +719,11 @@ void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke)
 		if (e->streams->acceptors)
 			notify_acceptors(e, r);
 	}
+	r->want = ke->wflags & WIRE_F_WANT;
+	if (r->want && r->taken > r->credited)
+		mark_dirty(e, r); /* releases that waited for a reason to go back */
 	if (r->getter)
-		pump_consumer(e, r);
+		pump_consumer(e, r, n == r->next ? ke : NULL);
 }
 
 void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len, uint32_t wflags)
@@ -692,8 +750,8 @@ void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len,
 		r->next++;
 	if (wflags & (WIRE_F_END | WIRE_F_ABORT))
 		r->ended = true;
-	r->taken++;
-	mark_dirty(e->streams, r);
+	r->want = wflags & WIRE_F_WANT;
+	credit_due(e, r);
 }
 
 void stream_do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
@@ -734,7 +792,7 @@ void stream_do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->state = OP_STREAMING;
 	r->getter = op;
 	op_arm_deadline(e, op, sqe->timeout_ns);
-	pump_consumer(e, r);
+	pump_consumer(e, r, NULL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -783,20 +841,21 @@ static void send_credit(struct ferry_engine *e, struct stream *r)
 static void send_chunk(struct ferry_engine *e, struct stream *r, struct op *op)
 {
 	int rc = op_fill(e, op, op->iov, op->iovcnt);
-	int n;
 
 	if (rc) {
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
-	n = snprintf(op->key, sizeof(op->key), "%.*s_%u", (int)r->key_len, r->full, r->next);
-	op->key_len = (uint16_t)n;
+	op->key_len = (uint16_t)chunk_key(op->key, r->full, r->key_len, r->next, "", 0);
 	op->chunk = r->next++;
 	op->flags |= WIRE_F_CHUNK | OP_F_SENT |
 		     ((op->flags & FERRY_SQE_STREAM_END) ? WIRE_F_END : 0);
 	r->sent++;
 	r->away++;
 	r->peer->stream_inflight++;
+	if ((r->sent - r->lost - r->released) * 2 >= limit_stream(r->peer) ||
+	    r->peer->stream_inflight * 2 >= limit_peer(r->peer))
+		op->flags |= WIRE_F_WANT; /* credit soon, please */
 	op->state = OP_AWAY;
 	rc = reactor_send(e, op);
 	if (rc) {
@@ -1048,7 +1107,7 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 		if (r && rec_id(r) == op->user_data) {
 			r->credit_away = false;
 			if (res == 0 && r->taken > r->credited)
-				mark_dirty(t, r);
+				mark_dirty(e, r); /* releases since: their credit is due */
 			rec_maybe_free(e, r);
 		}
 		op->stream = NULL;
@@ -1121,19 +1180,28 @@ int stream_round(struct ferry_engine *e)
 
 	if (atomic_load_explicit(&t->sink->releases, memory_order_relaxed))
 		n += take_releases(e);
-	if (t->dirty) {
+	if (t->dirty && (t->credit_urgent || ++t->rounds_since_scan >= CREDIT_SCAN)) {
 		list = t->dirty;
 		t->dirty = NULL;
+		t->credit_urgent = false;
+		t->rounds_since_scan = 0;
 		while (list) {
 			struct stream *r = list;
+			uint64_t since = r->dirty_since;
 
 			list = r->next_dirty;
 			r->dirty = false;
-			if (!r->err && !r->credit_away && r->taken > r->credited) {
+			if (r->err || r->credit_away || r->taken <= r->credited) {
+				/* nothing to send (one credit at a time, cumulative) */
+			} else if (r->want || r->ended || r->taken - r->credited >= CREDIT_BATCH ||
+				   (since && reactor_now(e) - since >= CREDIT_DELAY_NS)) {
 				send_credit(e, r);
 				if (!r->credit_away)
-					mark_dirty(t, r); /* no op or buffer free: next round */
+					mark_dirty(e, r); /* no op or buffer free: next round */
 				n++;
+			} else {
+				mark_dirty(e, r); /* not yet: batch it */
+				r->dirty_since = since ? since : reactor_now(e);
 			}
 			rec_maybe_free(e, r);
 		}
@@ -1149,7 +1217,7 @@ int stream_round(struct ferry_engine *e)
 			if (r->announce)
 				notify_acceptors(e, r);
 			if (r->getter)
-				pump_consumer(e, r);
+				pump_consumer(e, r, NULL);
 			else
 				rec_maybe_free(e, r);
 		}
