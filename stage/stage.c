@@ -115,6 +115,16 @@ static int link_edges(struct ferry_stage *s)
 		l->edge = edge;
 		l->sending = !strcmp(edge->from, s->id);
 		other = stage_graph_stage(g, l->sending ? edge->to : edge->from);
+		/*
+		 * TODO(lead): tcp, once merged. The receiving stage's engine
+		 * listens on "tcp://<edge->host>:<edge->port>" (engine params
+		 * `listen`, set before ferry_engine_create above: collect it
+		 * from the tcp edges this stage receives on); the sending side
+		 * calls ferry_peer_set_address(l->peer, the same endpoint).
+		 * Port 0 (the kernel picks) needs the real port to reach the
+		 * sender (ferry_engine_address): a fixed port in the YAML is
+		 * the simple case. eager_max and key_lookup are on the edge too.
+		 */
 		if (edge->transport != STAGE_TRANSPORT_SHM) {
 			log_error("stage %s rank %u: edge %s->%s (%s, %s:%d:%d %s) needs the %s "
 				  "transport, which this build does not have yet", s->id, s->rank,
