@@ -137,6 +137,12 @@ static int link_edges(struct ferry_stage *s)
 		if (rc || (rc = ferry_peer_open(s->e, name, &l->peer)))
 			return rc;
 		l->get_timeout_ns = (uint64_t)edge->get_timeout_ms * 1000000ull;
+		/*
+		 * TODO(lead): streams. edge->window_size / max_inflight (-1 =
+		 * no limit) are the edge's flow control; on a sending link
+		 * they become ferry_peer_set_stream_limits(l->peer, ...) once
+		 * the mapping to per-stream / per-peer credits is decided.
+		 */
 		log_debug("stage %s rank %u: edge %s->%s: %s %s over %s", s->id, s->rank,
 			  edge->from, edge->to, l->sending ? "sends to" : "receives from", name,
 			  stage_transport_name(edge->transport));
