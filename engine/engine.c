@@ -68,7 +68,9 @@ static int take_params(const struct ferry_engine_params *in, struct ferry_engine
 	if ((rc = check_name("namespace", p->ns)))
 		return rc;
 	if (p->config_path) {
-		log_error("ferry_engine_create: config_path is reserved for the stage API");
+		log_error("ferry_engine_create: config_path is not read here: open a stage of a "
+			  "YAML with ferry_stage_open(), which creates the engine and wires its "
+			  "edges");
 		return -EOPNOTSUPP;
 	}
 	if ((unsigned)p->progress >= FERRY_PROGRESS__MAX) {

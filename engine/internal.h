@@ -539,4 +539,7 @@ void sq_free_all(struct ferry_engine *e);
 
 void ferry__op_free(struct ferry_engine *e, struct op *op);
 
+/* FERRY_OP_CLEANUP (cleanup.c): run by the reactor; completes op. */
+void ferry__do_cleanup(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+
 #endif

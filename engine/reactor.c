@@ -707,6 +707,9 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	case FERRY_OP_STREAM_ACCEPT:
 		stream_do_accept(e, op, sqe);
 		return true;
+	case FERRY_OP_CLEANUP:
+		ferry__do_cleanup(e, op, sqe);
+		return true;
 	default:
 		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
 			  sqe->opcode);

@@ -768,6 +768,11 @@ static void accept_one(struct ferry_engine *e, struct backend *b, int fd)
 		close(fd);
 		return;
 	}
+	if ((h.caps & SHM_CAP_HEALTH) && nfds == 0) {
+		shm_health_answer(e, fd); /* `ferry health`: one answer, then hang up */
+		close(fd);
+		return;
+	}
 	{
 		struct shm_hello me;
 
