@@ -718,6 +718,17 @@ FERRY_API int ferry_stage_open(const struct ferry_stage_params *params,
 FERRY_API struct ferry_engine *ferry_stage_engine(struct ferry_stage *s);
 
 /*
+ * The edge from -> to of this stage (it is one end of it), for streams: the
+ * peer to STREAM_PUT to (a sending edge: its credits are the edge's
+ * max_inflight when the file sets one) or to STREAM_GET from, and in
+ * *stream_get_flags (may be NULL) the SQE flags the edge asks of a
+ * STREAM_GET: FERRY_SQE_STREAM_WHOLE when the file says window_size: -1.
+ * Returns 0, -EINVAL, or -ENOENT when the stage is no end of from -> to.
+ */
+FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const char *to,
+			       struct ferry_peer **peer, uint32_t *stream_get_flags);
+
+/*
  * Put len bytes of data under key on edge from -> to (stage ids; from must
  * be this stage). Waits until the receiving stage holds the key (or the
  * stage's timeout: -ETIMEDOUT). On success returns 0, writes the payload

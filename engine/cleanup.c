@@ -5,7 +5,8 @@
  * Owns: matching the keys of a request in the key table and freeing them:
  * data that arrived and was never taken (its buffer goes back to its pool,
  * or its RELEASE goes to the peer that lent it) and GETs parked on such
- * keys (completed with -ECANCELED). Runs on the reactor like every op, so
+ * keys (completed with -ECANCELED), and the streams of the request
+ * (stream.c: stream_cleanup). Runs on the reactor like every op, so
  * it needs no lock. It walks the bucket array (two pointers per key slot)
  * and only the chains hanging from it: a cleanup is per request, not per
  * chunk, so this is not on the hot path.
@@ -20,6 +21,13 @@
 #include "internal.h"
 
 #define REQUEST_SEPARATORS "_:/#"
+
+bool request_owns_key(const char *k, size_t n, const char *r, size_t rl)
+{
+	if (n < rl || memcmp(k, r, rl) != 0)
+		return false;
+	return n == rl || strchr(REQUEST_SEPARATORS, k[rl]);
+}
 
 /* Does stored key k (len n) belong to request r (len rl) from peer `from`? */
 static bool key_matches(const struct ferry_engine *e, const char *k, size_t n, const char *r,
@@ -37,9 +45,7 @@ static bool key_matches(const struct ferry_engine *e, const char *k, size_t n, c
 	if (!at)
 		return false;
 	user_len = (size_t)(at - k);
-	if (user_len < rl || memcmp(k, r, rl) != 0)
-		return false;
-	if (user_len > rl && !strchr(REQUEST_SEPARATORS, k[rl]))
+	if (!request_owns_key(k, user_len, r, rl))
 		return false;
 	if (from) {
 		/* "@{from}_{to}": the part between '@' and "_{to}" */
@@ -96,6 +102,7 @@ void ferry__do_cleanup(struct ferry_engine *e, struct op *op, const struct ferry
 			}
 		}
 	}
+	dropped += stream_cleanup(e, sqe->key, sqe->key_len, from);
 	log_debug("engine %s: cleanup of request %s dropped %d", e->name, sqe->key, dropped);
 	op_complete(e, op, dropped, 0, NULL);
 }

@@ -405,6 +405,14 @@ bool stream_has_work(struct ferry_engine *e);
 /* Streams open now (health). */
 uint32_t stream_count(struct ferry_engine *e);
 void stream_peer_lost(struct ferry_engine *e, const char *name, int res);
+/*
+ * Drop the streams of request r (from peer `from`, or any): their STREAM_GETs
+ * and queued STREAM_PUTs complete with -ECANCELED. Returns how many.
+ */
+int stream_cleanup(struct ferry_engine *e, const char *r, size_t rl,
+		   const struct ferry_peer *from);
+/* Is the application key k (n bytes) request r's: r itself or r + one of "_:/#"? */
+bool request_owns_key(const char *k, size_t n, const char *r, size_t rl);
 /* Data handed to a STREAM_GET, or the key's data when none waits: op_fill. */
 int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt);
 /* Hand a PUT-like op (data in op->buf, key in op->key) to its transport. */

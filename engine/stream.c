@@ -1269,6 +1269,38 @@ void stream_peer_lost(struct ferry_engine *e, const char *name, int res)
 	}
 }
 
+int stream_cleanup(struct ferry_engine *e, const char *req, size_t rl,
+		   const struct ferry_peer *from)
+{
+	struct stream_table *t = e->streams;
+	int n = 0;
+
+	for (uint32_t i = 0; i < t->capacity; i++) {
+		struct stream *r = &t->recs[i];
+
+		if (!r->used || (from && r->peer != from) ||
+		    !request_owns_key(r->full, r->key_len, req, rl))
+			continue;
+		n++;
+		r->err = -ECANCELED; /* over: credits no longer matter */
+		if (r->role == ROLE_PRODUCER) {
+			fail_queue(e, r, -ECANCELED);
+			if (r->blocked) { /* off its peer's blocked list */
+				struct stream **pp = &r->peer->blocked;
+
+				while (*pp != r)
+					pp = &(*pp)->next_blocked;
+				*pp = r->next_blocked;
+				r->blocked = false;
+			}
+		} else if (r->getter) {
+			op_complete(e, r->getter, -ECANCELED, 0, NULL);
+		}
+		rec_maybe_free(e, r);
+	}
+	return n;
+}
+
 void stream_shutdown(struct ferry_engine *e)
 {
 	struct stream_table *t = e->streams;

@@ -10,15 +10,18 @@
  * a stage from it; tools/ferry.c prints it.
  *
  * For streams: an edge's flow-control numbers are in struct stage_edge:
- *   window_size   chunks a producer may have put that the consumer has not
- *                 taken yet; -1 = no limit (upstream's default).
- *   max_inflight  requests (streams) open at once on the edge; -1 = no
- *                 limit. Upstream's default is 1.
+ *   window_size   -1: a consumer takes each stream whole, in one
+ *                 completion (FERRY_SQE_STREAM_WHOLE); otherwise chunk by
+ *                 chunk. Upstream's default is -1.
+ *   max_inflight  chunks of one stream sent and not yet released by the
+ *                 consumer (the stream's credits). Upstream's default is 1.
  * Both come from the edge itself, else from the file's defaults
  * (runtime.defaults, or top-level defaults in the deploy schema), else
  * STAGE_DEFAULT_WINDOW_SIZE / STAGE_DEFAULT_MAX_INFLIGHT; `ferry check`
- * prints where each came from. Nothing in the engine enforces them yet:
- * streams will, through stage_graph_edge()/the stage's edge list.
+ * prints where each came from. stage.c applies them only when the file
+ * gives them (window_from / inflight_from not STAGE_FROM_BUILTIN): the
+ * built-in upstream values would make every stream whole and
+ * stop-and-wait, so without them ferry's stream defaults hold.
  */
 #ifndef FERRY_STAGE_CONFIG_H
 #define FERRY_STAGE_CONFIG_H

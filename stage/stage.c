@@ -138,11 +138,20 @@ static int link_edges(struct ferry_stage *s)
 			return rc;
 		l->get_timeout_ns = (uint64_t)edge->get_timeout_ms * 1000000ull;
 		/*
-		 * TODO(lead): streams. edge->window_size / max_inflight (-1 =
-		 * no limit) are the edge's flow control; on a sending link
-		 * they become ferry_peer_set_stream_limits(l->peer, ...) once
-		 * the mapping to per-stream / per-peer credits is decided.
+		 * Streams: max_inflight, when the file gives it, is the credit
+		 * of each stream on the edge (chunks sent and not yet released);
+		 * upstream's built-in 1 would make every stream stop-and-wait,
+		 * so without it the engine's default holds. window_size -1
+		 * asks a consumer for the whole stream at once: see
+		 * ferry_stage_edge.
 		 */
+		if (l->sending && edge->inflight_from != STAGE_FROM_BUILTIN &&
+		    edge->max_inflight > 0)
+			ferry_peer_set_stream_limits(l->peer,
+						     edge->max_inflight > UINT32_MAX
+							     ? UINT32_MAX
+							     : (uint32_t)edge->max_inflight,
+						     0);
 		log_debug("stage %s rank %u: edge %s->%s: %s %s over %s", s->id, s->rank,
 			  edge->from, edge->to, l->sending ? "sends to" : "receives from", name,
 			  stage_transport_name(edge->transport));
@@ -380,6 +389,31 @@ static struct stage_link *find_link(struct ferry_stage *s, const char *from, con
 	log_error("stage %s: %s on %s->%s: not an %s edge of this stage", s->id, what, from, to,
 		  sending ? "outgoing" : "incoming");
 	return NULL;
+}
+
+int ferry_stage_edge(struct ferry_stage *s, const char *from, const char *to,
+		     struct ferry_peer **peer, uint32_t *stream_get_flags)
+{
+	const struct stage_link *l = NULL;
+
+	if (!s || !from || !to || !peer) {
+		log_error("ferry_stage_edge: NULL %s", !s ? "stage" : !from ? "from" : !to ? "to"
+										: "peer");
+		return -EINVAL;
+	}
+	for (unsigned i = 0; i < s->nlinks && !l; i++)
+		if (!strcmp(s->links[i].edge->from, from) && !strcmp(s->links[i].edge->to, to))
+			l = &s->links[i];
+	if (!l) {
+		log_error("stage %s: %s->%s is not an edge of this stage", s->id, from, to);
+		return -ENOENT;
+	}
+	*peer = l->peer;
+	if (stream_get_flags)
+		*stream_get_flags = l->edge->window_size < 0 && l->edge->window_from != STAGE_FROM_BUILTIN
+					    ? FERRY_SQE_STREAM_WHOLE
+					    : 0;
+	return 0;
 }
 
 static int check_call(struct ferry_stage *s, const char *from, const char *to, const char *key,

@@ -624,6 +624,57 @@ static void test_bad_input(void **state)
 	rmpair(&p);
 }
 
+/* Cleaning up a request ends its streams on both sides. */
+static void test_cleanup(void **state)
+{
+	struct pair p = mkpair(state, 0);
+	static uint64_t v[4];
+	static struct iovec iov[4];
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	unsigned cancelled = 0, sent = 0;
+
+	assert_int_equal(ferry_peer_set_stream_limits(p.to_b, 1, 0), 0);
+	for (unsigned i = 0; i < 4; i++) {
+		iov[i].iov_base = &v[i];
+		iov[i].iov_len = sizeof(v[i]);
+		sput(p.a, p.to_b, "req9_0", &iov[i], 1, i, 0, 0);
+	}
+	sget(p.b, p.from_a, "req9_0", 100, 0, 0);
+	sget(p.b, p.from_a, "req10_0", 101, 0, 0); /* another request: untouched */
+	c = next_cqe(&p, p.b);
+	assert_int_equal(c.user_data, 100);
+	assert_int_equal(c.res, 0);
+	ferry_buf_release(c.buf);
+	/* The consumer drops the request: its STREAM_GET ends. */
+	sqe = sqe_of(p.b);
+	ferry_prep_cleanup(sqe, NULL, "req9", 102);
+	t_submit(p.b);
+	for (unsigned i = 0; i < 2; i++) {
+		c = next_cqe(&p, p.b);
+		if (c.user_data == 100)
+			assert_int_equal(c.res, -ECANCELED);
+		else
+			assert_int_equal(c.user_data, 102);
+	}
+	t_expect_none(p.b, p.manual ? p.a : NULL, 50); /* req10's GET still waits */
+	/* The producer drops it too: the chunks waiting for credit end. */
+	sqe = sqe_of(p.a);
+	ferry_prep_cleanup(sqe, NULL, "req9", 200);
+	t_submit(p.a);
+	for (unsigned i = 0; i < 5; i++) {
+		c = next_cqe(&p, p.a);
+		if (c.user_data == 200)
+			continue;
+		if (c.res == -ECANCELED)
+			cancelled++;
+		else if (c.res >= 0)
+			sent++;
+	}
+	assert_true(sent >= 1 && sent + cancelled == 4);
+	rmpair(&p);
+}
+
 static int count_fds(void)
 {
 	DIR *d = opendir("/proc/self/fd");
@@ -725,6 +776,7 @@ int main(void)
 		cmocka_unit_test_prestate(test_many_streams_order, &THREAD),
 		cmocka_unit_test_prestate(test_random_sizes, &THREAD),
 		cmocka_unit_test_prestate(test_bad_input, &THREAD),
+		cmocka_unit_test_prestate(test_cleanup, &THREAD),
 		cmocka_unit_test_prestate(test_100k_streams, &MANUAL),
 	};
 
