@@ -286,6 +286,7 @@ static void one_case(struct ferry_engine *e, struct ferry_sq *sq, struct ferry_p
 		jfix("p99", p99, 3);
 		jfix("time_per_byte", bw, 3); /* raw bandwidth / stream bandwidth */
 		jclose();
+		jclose();
 		progress("%-14s raw p50 %.0f ns p99 %.0f ns %.2f GB/s | stream p50 %.0f ns p99 %.0f "
 			 "ns %.2f GB/s | stream/raw p50 %.3f p99 %.3f time %.3f",
 			 name, stat_of(v[0][0], REPS).median, stat_of(v[0][1], REPS).median,
@@ -328,6 +329,8 @@ int main(int argc, char **argv)
 	CHECK(ferry_sq_get(e, &sq));
 
 	jheader("bench_stream", started, load0, 2, "");
+	jnum("reps", REPS);
+	jnum("window", WINDOW);
 	jopen("cases");
 	one_case(e, sq, to, "lat_4k", 4096, quick ? 2000 : 20000, true);
 	one_case(e, sq, to, "lat_1m", 1u << 20, quick ? 200 : 2000, true);

@@ -566,7 +566,7 @@ static double pct(uint32_t *v, uint32_t n, double p)
 
 static bool wait_all(pid_t *pids, int n, const char *phase)
 {
-	bool ok = true;
+	bool ok = true, tty = isatty(STDOUT_FILENO);
 	int left = n;
 	uint64_t last = 0;
 
@@ -587,23 +587,24 @@ static bool wait_all(pid_t *pids, int n, const char *phase)
 			for (int i = 0; i < n; i++)
 				kill(pids[i], SIGKILL);
 		}
-		if (!cfg.quiet && now_ns() - last > SEC / 2) {
+		if (!cfg.quiet && now_ns() - last > (tty ? SEC / 4 : SEC)) {
 			struct edge_stats *a = &cfg.sh->edge[0], *b = &cfg.sh->edge[1];
 
 			last = now_ns();
 			if (n == 3)
-				printf("\r  %s: thinker->talker %" PRIu64 "/%d chunks, "
-				       "talker->code2wav %" PRIu64 "/%d chunks ",
+				printf("%s  %s: thinker->talker %" PRIu64 "/%d chunks, "
+				       "talker->code2wav %" PRIu64 "/%d chunks %s", tty ? "\r" : "",
 				       phase, atomic_load(&a->chunks), cfg.requests * cfg.chunks,
 				       atomic_load(&b->chunks),
-				       cfg.requests * cfg.chunks * CODEC_PER_HIDDEN);
+				       cfg.requests * cfg.chunks * CODEC_PER_HIDDEN, tty ? "" : "\n");
 			else
-				printf("\r  %s: %s ", phase, "moving the KV set");
+				printf("%s  %s: moving the KV set %s", tty ? "\r" : "", phase,
+				       tty ? "" : "\n");
 			fflush(stdout);
 		}
 		usleep(20000);
 	}
-	if (!cfg.quiet)
+	if (!cfg.quiet && tty)
 		printf("\n");
 	return ok;
 }
