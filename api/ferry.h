@@ -605,7 +605,11 @@ static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_pee
  * Abort a stream this engine produces: chunks still waiting for credit
  * complete with -ECANCELED, and the consumer's STREAM_GET completes with
  * -ECANCELED and the reason (copied; at most 1 KiB is kept). Completes
- * with 0 once the peer knows.
+ * with 0 once the peer knows; -EPIPE when the stream's END already left
+ * (nothing is sent). An abort before the first chunk tells the consumer
+ * too (it arrives as chunk 0); so does one of a stream that ended and was
+ * fully released long ago, which then poisons that key: keys are per
+ * request.
  */
 static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
 					   const char *stream, const char *reason,

@@ -352,8 +352,9 @@ extern const struct backend_ops ferry__loop_backend;
 extern const struct backend_ops ferry__shm_backend;
 
 /*
- * A PUT arrived for this engine: fullkey, data in buf (ownership moves to
- * the engine whatever the result). Returns 0, -EEXIST, -ENOSPC.
+ * A PUT arrived for this engine: fullkey, data in buf. On 0 the engine owns
+ * buf; on an error (-EEXIST, -ENOSPC, -EINVAL for a malformed stream credit)
+ * it stays the caller's, who frees it and reports the error to the sender.
  */
 int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
 		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
@@ -402,6 +403,8 @@ void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len,
 /* Once per round: releases, credits, stalled streams. Returns events. */
 int stream_round(struct ferry_engine *e);
 bool stream_has_work(struct ferry_engine *e);
+/* When a batched credit falls due (0: none waits): the reactor's sleep ends by then. */
+uint64_t stream_next_due(struct ferry_engine *e);
 /* Streams open now (health). */
 uint32_t stream_count(struct ferry_engine *e);
 void stream_peer_lost(struct ferry_engine *e, const char *name, int res);

@@ -612,8 +612,8 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 	for (uint32_t i = 0; i < e->max_ops; i++) {
 		struct op *t = &e->ops[i];
 
-		if (t == op || t->user_data != target)
-			continue;
+		if (t == op || t->user_data != target || (t->flags & OP_F_INTERNAL))
+			continue; /* the engine's own ops are not the application's to cancel */
 		if (op_state_pending(t->state)) {
 			op_complete(e, t, -ECANCELED, 0, NULL);
 			res = 0;
@@ -891,6 +891,14 @@ int reactor_run_once(struct ferry_engine *e)
 	return n;
 }
 
+/* The earliest of the op deadlines and a batched stream credit falling due. */
+static uint64_t next_deadline(struct ferry_engine *e)
+{
+	uint64_t t = timer_next(&e->timers), s = stream_next_due(e);
+
+	return !t ? s : !s ? t : t < s ? t : s;
+}
+
 bool reactor_has_work(struct ferry_engine *e)
 {
 	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
@@ -909,13 +917,13 @@ bool reactor_has_work(struct ferry_engine *e)
 		return true;
 	if (stream_has_work(e))
 		return true;
-	return timer_next(&e->timers) && timer_next(&e->timers) <= ferry__now_ns();
+	return next_deadline(e) && next_deadline(e) <= ferry__now_ns();
 }
 
 /* How long the sleeper may sleep: the next deadline or timeout_ns. */
 static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
 {
-	uint64_t next = timer_next(&e->timers);
+	uint64_t next = next_deadline(e);
 
 	if (next) {
 		uint64_t now = ferry__now_ns();
@@ -1005,7 +1013,7 @@ void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic ui
  */
 int reactor_arm_manual(struct ferry_engine *e)
 {
-	uint64_t next = timer_next(&e->timers);
+	uint64_t next = next_deadline(e);
 
 	arm_doorbell(e);
 	/*

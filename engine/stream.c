@@ -54,6 +54,7 @@ struct stream {
 	uint32_t index, gen;
 	uint8_t role;
 	bool used;
+	bool hashed;      /* findable by its key (a retired record settles unhashed) */
 	bool ended;       /* producer: END or abort taken; consumer: END/abort reached */
 	bool dirty;       /* consumer: on the credit list */
 	bool stalled;     /* consumer: on the stalled list (CQ full, no op) */
@@ -102,6 +103,8 @@ struct stream_table {
 	uint32_t capacity, used;
 	struct stream *dirty, *stalled;
 	bool credit_urgent;        /* a dirty record may send now: scan this round */
+	bool peer_credit_freed;    /* per-peer credit came back outside a credit: re-pump */
+	uint32_t nblocked;         /* producer records on a peer's blocked list */
 	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
 	struct op *acceptors;       /* STREAM_ACCEPT ops */
 	struct stream_sink *sink;
@@ -189,17 +192,33 @@ static struct stream *rec_new(struct ferry_engine *e, uint8_t role, const char *
 	r->full[len] = '\0';
 	r->chain = t->buckets[h & t->mask];
 	t->buckets[h & t->mask] = r;
+	r->hashed = true;
 	t->used++;
 	t->opened++;
 	return r;
+}
+
+/*
+ * Take an ended record off its hash chain: the key may start a new stream
+ * (a new record) while this one settles its last credits.
+ */
+static void rec_unhash(struct stream_table *t, struct stream *r)
+{
+	struct stream **pp;
+
+	if (!r->hashed)
+		return;
+	for (pp = &t->buckets[r->hash & t->mask]; *pp != r; pp = &(*pp)->chain)
+		;
+	*pp = r->chain;
+	r->chain = NULL;
+	r->hashed = false;
 }
 
 /* Free a record nothing refers to any more. */
 static void rec_maybe_free(struct ferry_engine *e, struct stream *r)
 {
 	struct stream_table *t = e->streams;
-	struct stream **pp;
-
 	if (!r->used || r->dirty || r->stalled || r->blocked || r->credit_away || r->getter)
 		return;
 	if (r->role == ROLE_PRODUCER) {
@@ -207,13 +226,14 @@ static void rec_maybe_free(struct ferry_engine *e, struct stream *r)
 		if (r->q_head || r->away || (!r->ended && !r->err) ||
 		    (!r->err && r->sent - r->lost - r->released))
 			return;
-		r->peer->stream_inflight -= (uint32_t)(r->sent - r->lost - r->released);
+		if (r->sent - r->lost - r->released) {
+			r->peer->stream_inflight -= (uint32_t)(r->sent - r->lost - r->released);
+			t->peer_credit_freed = true; /* streams blocked on the peer may go */
+		}
 	} else if ((!r->ended && !r->err) || (r->held && !r->err)) {
 		return; /* credits still to return */
 	}
-	for (pp = &t->buckets[r->hash & t->mask]; *pp != r; pp = &(*pp)->chain)
-		;
-	*pp = r->chain;
+	rec_unhash(t, r);
 	r->used = false;
 	r->gen++;
 	r->chain = t->free;
@@ -402,7 +422,7 @@ static void post_more(struct ferry_engine *e, struct op *op, int res, uint64_t l
 
 static void stall(struct stream_table *t, struct stream *r)
 {
-	if (!r->stalled) {
+	if (r->used && !r->stalled) {
 		r->stalled = true;
 		r->next_stalled = t->stalled;
 		t->stalled = r;
@@ -413,6 +433,8 @@ static void mark_dirty(struct ferry_engine *e, struct stream *r)
 {
 	struct stream_table *t = e->streams;
 
+	if (!r->used || r->err)
+		return; /* over: no credit goes back any more */
 	if (!r->dirty) {
 		r->dirty = true;
 		r->dirty_since = 0; /* stamped at the first scan that defers it */
@@ -458,6 +480,7 @@ static void release_hook(struct ferry_buf *w, void *ctx)
 		atomic_store_explicit(&w->release_next, head, memory_order_relaxed);
 	} while (!atomic_compare_exchange_weak_explicit(&s->releases, &head, w,
 							memory_order_release, memory_order_relaxed));
+	atomic_thread_fence(memory_order_seq_cst); /* the push before the sleep check */
 	reactor_wake(s->e);
 	atomic_fetch_sub(&s->users, 1);
 }
@@ -566,6 +589,16 @@ static void whole_finish(struct ferry_engine *e, struct stream *r, struct op *g)
 	op_complete(e, g, (int)(nchunks > INT32_MAX ? INT32_MAX : nchunks), total, out);
 }
 
+/* The STREAM_GET's timeout is the gap between two chunks: start it again. */
+static void rearm_gap(struct ferry_engine *e, struct op *g)
+{
+	if (g->interval) {
+		if (g->heap_idx != NO_SLOT)
+			timer_del(&e->timers, g);
+		op_arm_deadline(e, g, g->interval);
+	}
+}
+
 /*
  * Hand the chunk in ke, chunk r->next, to r's STREAM_GET. Returns false
  * when pumping must stop (the op ended, or no room for its CQE).
@@ -596,6 +629,7 @@ static bool feed_one(struct ferry_engine *e, struct stream *r, struct key_entry 
 		r->ended = true;
 		r->getter = NULL;
 		g->stream = NULL;
+		whole_free(r); /* chunks a STREAM_WHOLE kept */
 		op_complete(e, g, -ECANCELED, len, buf);
 		return false;
 	}
@@ -618,6 +652,7 @@ static bool feed_one(struct ferry_engine *e, struct stream *r, struct key_entry 
 			whole_free(r);
 			return false;
 		}
+		rearm_gap(e, g);
 		return true;
 	}
 	if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
@@ -645,11 +680,7 @@ static bool feed_one(struct ferry_engine *e, struct stream *r, struct key_entry 
 	STAT_ADD(r->peer->stats.gets, 1);
 	STAT_ADD(r->peer->stats.bytes_in, len);
 	post_more(e, g, n, len, w);
-	if (g->interval) {
-		if (g->heap_idx != NO_SLOT)
-			timer_del(&e->timers, g);
-		op_arm_deadline(e, g, g->interval);
-	}
+	rearm_gap(e, g);
 	return true;
 }
 
@@ -686,6 +717,12 @@ static struct stream *consumer_get(struct ferry_engine *e, const char *full, siz
 	struct stream *r = rec_find(e->streams, ROLE_CONSUMER, full, full_len);
 
 	*created = false;
+	if (r && (r->ended || r->err)) {
+		/* The key's last stream is over: this is a new one. */
+		rec_unhash(e->streams, r);
+		rec_maybe_free(e, r);
+		r = NULL;
+	}
 	if (r)
 		return r;
 	if (!peer && !(peer = peer_by_name(e, from)))
@@ -869,9 +906,10 @@ static void send_chunk(struct ferry_engine *e, struct stream *r, struct op *op)
 		op_arm_deadline(e, op, op->interval);
 }
 
-static void block_on_peer(struct stream *r)
+static void block_on_peer(struct stream_table *t, struct stream *r)
 {
 	if (!r->blocked) {
+		t->nblocked++;
 		r->blocked = true;
 		r->next_blocked = r->peer->blocked;
 		r->peer->blocked = r;
@@ -891,7 +929,7 @@ static void pump_producer(struct ferry_engine *e, struct stream *r)
 		send_chunk(e, r, op);
 	}
 	if (r->q_head && r->peer->stream_inflight >= limit_peer(r->peer))
-		block_on_peer(r);
+		block_on_peer(e->streams, r);
 }
 
 /* Credit came back for peer: streams held by its limit go first. */
@@ -905,6 +943,7 @@ static void pump_blocked(struct ferry_engine *e, struct ferry_peer *p)
 
 		list = r->next_blocked;
 		r->blocked = false;
+		e->streams->nblocked--;
 		pump_producer(e, r);
 		rec_maybe_free(e, r);
 	}
@@ -998,7 +1037,15 @@ void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_s
 	}
 	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
 	if (r) {
-		fail_queue(e, r, -ECANCELED);
+		fail_queue(e, r, -ECANCELED); /* an END still queued goes too */
+		if (r->ended) {
+			/* The END (or an abort) left already: the consumer has it all. */
+			log_info("op %llx: abort of stream %s after its END", (unsigned long long)op->user_data,
+				 full);
+			op_complete(e, op, -EPIPE, 0, NULL);
+			rec_maybe_free(e, r);
+			return;
+		}
 		n = r->next++;
 		r->ended = true;
 	}
@@ -1037,8 +1084,7 @@ int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t le
 	if (blen != sizeof(v) || split_fullkey(e, fullkey, len, &key_len, from)) {
 		log_limited(FERRY__LOG_WARN, "engine %s: malformed stream credit (%" PRIu64
 			    " bytes) refused", e->name, blen);
-		pool_free(buf);
-		return -EINVAL;
+		return -EINVAL; /* buf stays the transport's, as for any refused arrival */
 	}
 	memcpy(&v, buf->data, sizeof(v));
 	pool_free(buf);
@@ -1108,10 +1154,13 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 		/* A credit done: send the next one if more were released. */
 		if (r && rec_id(r) == op->user_data) {
 			r->credit_away = false;
-			if (res == 0)
+			if (res == 0) {
 				r->credit_acked = r->credited;
-			else
+			} else {
 				r->credited = r->credit_acked; /* it did not arrive: send it again */
+				if (res == -ECONNRESET || res == -EHOSTUNREACH || res == -EPIPE)
+					r->err = res; /* the producer is gone: nobody to credit */
+			}
 			if (r->taken > r->credited && !r->err)
 				mark_dirty(e, r); /* releases since: their credit is due */
 			rec_maybe_free(e, r);
@@ -1138,19 +1187,25 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 			op->next = op->prev = NULL;
 		} else if (op->flags & OP_F_SENT) {
 			r->away--;
-			if (res < 0 && op->state != OP_AWAY) {
-				/* The transport says it never arrived: no credit will come. */
+			if (res < 0) {
+				/*
+				 * It never arrived (the transport said so), or we stop
+				 * waiting for it (deadline, cancel): no credit will come
+				 * for it either way. Should it arrive after all, its
+				 * credit is clamped away (stream_credit_arrived).
+				 */
 				r->lost++;
 				r->peer->stream_inflight--;
+				t->peer_credit_freed = true;
 				if (res == -ECONNRESET || res == -EHOSTUNREACH || res == -EPIPE) {
 					r->err = res;
 					fail_queue(e, r, res);
+				} else {
+					stall(t, r); /* its queue may go now: next round */
 				}
-			}
-			if (res >= 0)
+			} else {
 				res = (int)(op->chunk > INT32_MAX ? INT32_MAX : op->chunk);
-			if (r->peer->blocked && res >= 0)
-				pump_blocked(e, r->peer);
+			}
 		}
 		rec_maybe_free(e, r);
 		return res;
@@ -1184,6 +1239,18 @@ int stream_round(struct ferry_engine *e)
 	struct stream *list;
 	int n = 0;
 
+	if (t->peer_credit_freed) {
+		/* Per-peer credit came back without a credit message: re-pump. */
+		t->peer_credit_freed = false;
+		if (t->nblocked) {
+			pthread_mutex_lock(&e->lock);
+			for (struct ferry_peer *p = e->peers; p; p = p->next)
+				if (p->blocked && p->stream_inflight < limit_peer(p))
+					pump_blocked(e, p);
+			pthread_mutex_unlock(&e->lock);
+		}
+	}
+
 	if (atomic_load_explicit(&t->sink->releases, memory_order_relaxed))
 		n += take_releases(e);
 	if (t->dirty && (t->credit_urgent || ++t->rounds_since_scan >= CREDIT_SCAN)) {
@@ -1202,7 +1269,7 @@ int stream_round(struct ferry_engine *e)
 			} else if (r->want || r->ended || r->taken - r->credited >= CREDIT_BATCH ||
 				   (since && reactor_now(e) - since >= CREDIT_DELAY_NS)) {
 				send_credit(e, r);
-				if (!r->credit_away)
+				if (r->used && !r->credit_away)
 					mark_dirty(e, r); /* no op or buffer free: next round */
 				n++;
 			} else {
@@ -1220,6 +1287,12 @@ int stream_round(struct ferry_engine *e)
 
 			list = r->next_stalled;
 			r->stalled = false;
+			if (r->role == ROLE_PRODUCER) {
+				if (!r->err)
+					pump_producer(e, r);
+				rec_maybe_free(e, r);
+				continue;
+			}
 			if (r->announce)
 				notify_acceptors(e, r);
 			if (r->getter)
@@ -1235,8 +1308,23 @@ bool stream_has_work(struct ferry_engine *e)
 {
 	struct stream_table *t = e->streams;
 
+	/* Credits that may wait (batched) are not work: stream_next_due says when. */
 	return atomic_load_explicit(&t->sink->releases, memory_order_relaxed) ||
-	       ((t->dirty || t->stalled) && e->free_ops);
+	       t->peer_credit_freed || ((t->credit_urgent || t->stalled) && e->free_ops);
+}
+
+uint64_t stream_next_due(struct ferry_engine *e)
+{
+	struct stream_table *t = e->streams;
+	uint64_t due = 0;
+
+	for (struct stream *r = t->dirty; r; r = r->next_dirty) {
+		uint64_t d = (r->dirty_since ? r->dirty_since : ferry__now_ns()) + CREDIT_DELAY_NS;
+
+		if (!due || d < due)
+			due = d;
+	}
+	return due;
 }
 
 void stream_peer_lost(struct ferry_engine *e, const char *name, int res)
@@ -1248,8 +1336,10 @@ void stream_peer_lost(struct ferry_engine *e, const char *name, int res)
 	for (struct ferry_peer *p = e->peers; p; p = p->next) {
 		if (strcmp(p->name, name) != 0)
 			continue;
-		for (struct stream *r = p->blocked; r; r = r->next_blocked)
+		for (struct stream *r = p->blocked; r; r = r->next_blocked) {
 			r->blocked = false;
+			t->nblocked--;
+		}
 		p->blocked = NULL;
 	}
 	for (uint32_t i = 0; i < t->capacity; i++) {
@@ -1292,6 +1382,7 @@ int stream_cleanup(struct ferry_engine *e, const char *req, size_t rl,
 					pp = &(*pp)->next_blocked;
 				*pp = r->next_blocked;
 				r->blocked = false;
+				t->nblocked--;
 			}
 		} else if (r->getter) {
 			op_complete(e, r->getter, -ECANCELED, 0, NULL);
