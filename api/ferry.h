@@ -109,7 +109,7 @@ struct ferry_engine_params {
 	size_t size;           /* sizeof(struct ferry_engine_params) */
 	const char *name;      /* this engine's name, e.g. "stage1.rank0" (required) */
 	const char *ns;        /* namespace isolating a pipeline; NULL = "default" */
-	const char *config_path; /* stage YAML (reserved for the stage API; NULL) */
+	const char *config_path; /* must be NULL: open stages with ferry_stage_open() */
 	size_t pool_size;      /* bytes of the registered pool (0 = 64 MiB) */
 	enum ferry_progress_mode progress;
 	uint64_t spin_ns;      /* THREAD mode: spin this long before sleeping (0 = 50 us) */
@@ -230,6 +230,16 @@ FERRY_API int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len
  */
 FERRY_API int ferry_port_compat(uint32_t base, uint32_t purpose_offset, uint32_t stage,
 				uint32_t rank);
+
+/*
+ * Credits of the streams this engine sends to peer p: at most per_stream
+ * chunks of one stream, and per_peer chunks of all its streams together,
+ * sent and not yet released by the consumer (0 keeps the current value;
+ * defaults 16 and 1024). Applies to chunks sent from now on. Returns 0 or
+ * -EINVAL.
+ */
+FERRY_API int ferry_peer_set_stream_limits(struct ferry_peer *p, uint32_t per_stream,
+					   uint32_t per_peer);
 
 /* ------------------------------------------------------------------ */
 /* Buffers                                                             */
@@ -358,6 +368,11 @@ enum ferry_op {
 	FERRY_OP_PUT = 1,    /* send data under a key to a peer */
 	FERRY_OP_GET = 2,    /* receive the data a peer put under a key */
 	FERRY_OP_CANCEL = 3, /* cancel the op whose user_data is given */
+	FERRY_OP_STREAM_PUT = 4,    /* send the next chunk of a stream */
+	FERRY_OP_STREAM_GET = 5,    /* multishot: receive every chunk of a stream */
+	FERRY_OP_STREAM_ABORT = 6,  /* producer gives up a stream, with a reason */
+	FERRY_OP_STREAM_ACCEPT = 7, /* multishot: learn of new streams from a peer */
+	FERRY_OP_CLEANUP = 8,       /* drop what this engine holds for one request */
 	FERRY_OP__MAX
 };
 
@@ -365,7 +380,9 @@ enum ferry_op {
 #define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
 #define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
-#define FERRY_SQE__ALL ((1u << 3) - 1)
+#define FERRY_SQE_STREAM_END (1u << 3) /* STREAM_PUT: this is the stream's last chunk */
+#define FERRY_SQE_STREAM_WHOLE (1u << 4) /* STREAM_GET: one CQE with the whole stream */
+#define FERRY_SQE__ALL ((1u << 5) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the
@@ -388,7 +405,8 @@ struct ferry_sqe {
 	uint32_t resv1;
 	struct ferry_buf *buf;    /* PUT of a pool buffer (zero copy) */
 	uint64_t cancel_user_data; /* CANCEL: whose op */
-	uint64_t resv2[2];
+	const char *reason;       /* STREAM_ABORT: why (text, may be NULL) */
+	uint64_t resv2;
 	char key[FERRY_KEY_MAX];
 };
 
@@ -525,6 +543,138 @@ static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
 	sqe->cancel_user_data = target;
 }
 
+/*
+ * Free everything this engine holds for one request: data that arrived
+ * under a key of the request and was never taken (its buffer goes back to
+ * its pool, or to the peer that lent it), and GETs still waiting for such a
+ * key (they complete with -ECANCELED). A key belongs to the request when it
+ * equals request_id or starts with request_id followed by '_', ':', '/'
+ * or '#' (upstream's chunk keys are "{request}_{stage}_{n}"). With from
+ * set, only keys from that peer; NULL: from any peer. Completes with res =
+ * the number of keys and GETs dropped (0 when there were none); -EINVAL
+ * for an empty request_id, -ENAMETOOLONG for one of FERRY_KEY_MAX or more.
+ */
+static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *from,
+				      const char *request_id, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_CLEANUP, user_data);
+	sqe->peer = from;
+	ferry__sqe_key(sqe, request_id);
+}
+
+/* ------------------------------------------------------------------ */
+/* Streams                                                             */
+/* ------------------------------------------------------------------ */
+
+/*
+ * A stream is an ordered run of chunks under one stream key, from this
+ * engine to a peer. Chunk n travels under the key "{stream}_{n}" (n from 0):
+ * with stream = "{request}_{stage}" that is the upstream chunk key
+ * "{request}_{stage}_{n}", so a plain GET of one chunk works too. A stream
+ * opens with its first STREAM_PUT and ends with the chunk flagged
+ * FERRY_SQE_STREAM_END (which may be empty), or an abort. The same key may
+ * start a new stream once the consumer released every chunk of the old one
+ * (before that a STREAM_PUT under it gets -EPIPE): use a key per request.
+ * Stream keys are at most FERRY_STREAM_KEY_MAX bytes.
+ *
+ * Flow control (credits): at most max_inflight chunks of a stream (and
+ * max_inflight_peer chunks of all streams to one peer) are sent and not yet
+ * released by the consumer, see ferry_peer_set_stream_limits. Past that a
+ * STREAM_PUT waits in the engine, its data not yet copied, and is sent once
+ * the consumer releases a chunk: memory stays bounded however slow the
+ * consumer is. A chunk is released when the consumer releases the buffer
+ * its STREAM_GET CQE handed over (or, for a chunk taken by a plain GET,
+ * when the GET takes it).
+ */
+#define FERRY_STREAM_KEY_MAX (FERRY_KEY_MAX - 12)
+
+/*
+ * STREAM_PUT of an iovec (copied once into the pool when the chunk is
+ * sent; iov and its memory must stay valid until the CQE). Set
+ * FERRY_SQE_STREAM_END on the last chunk. Completes with res = the chunk's
+ * index and len = its bytes once the peer holds it; -EPIPE for a chunk
+ * after the END; -ECONNRESET if the peer went away (later chunks of the
+ * stream then fail at once); the errors of a PUT otherwise. A deadline
+ * counts the wait for credit too.
+ */
+static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+					 const char *stream, const struct iovec *iov,
+					 unsigned iovcnt, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_PUT, user_data);
+	sqe->peer = to;
+	sqe->iov = iov;
+	sqe->iovcnt = iovcnt;
+	ferry__sqe_key(sqe, stream);
+}
+
+/* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */
+static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+					     const char *stream, struct ferry_buf *buf,
+					     uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_PUT, user_data);
+	sqe->peer = to;
+	sqe->buf = buf;
+	ferry__sqe_key(sqe, stream);
+}
+
+/*
+ * STREAM_GET, multishot: one SQE, one CQE per chunk, in order. Each chunk
+ * CQE has res = the chunk's index, len = its bytes, cqe->buf = the chunk
+ * (zero copy, FERRY_CQE_F_BUF; release it to return its credit) and
+ * FERRY_CQE_F_MORE set, except on the last CQE of the op. The last CQE is
+ * the END chunk, or an error: -ETIMEDOUT when the op's timeout passes
+ * between two chunks (the timeout is a gap, re-armed at every chunk),
+ * -ECANCELED when the producer aborted (cqe->buf then holds its reason as
+ * text, which the caller releases), -ECONNRESET when the producer died,
+ * -ECANCELED after a CANCEL. Chunks taken before a failure stay valid.
+ * With FERRY_SQE_STREAM_WHOLE: one CQE at the END with the whole stream in
+ * one contiguous buffer, res = the number of chunks (window_size -1).
+ * One STREAM_GET per stream at a time (-EBUSY otherwise).
+ */
+static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+					 const char *stream, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_GET, user_data);
+	sqe->peer = from;
+	ferry__sqe_key(sqe, stream);
+}
+
+/*
+ * Abort a stream this engine produces: chunks still waiting for credit
+ * complete with -ECANCELED, and the consumer's STREAM_GET completes with
+ * -ECANCELED and the reason (copied; at most 1 KiB is kept). Completes
+ * with 0 once the peer knows; -EPIPE when the stream's END already left
+ * (nothing is sent). An abort before the first chunk tells the consumer
+ * too (it arrives as chunk 0); so does one of a stream that ended and was
+ * fully released long ago, which then poisons that key: keys are per
+ * request.
+ */
+static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
+					   const char *stream, const char *reason,
+					   uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_ABORT, user_data);
+	sqe->peer = to;
+	sqe->reason = reason;
+	ferry__sqe_key(sqe, stream);
+}
+
+/*
+ * STREAM_ACCEPT, multishot: one CQE (FERRY_CQE_F_MORE) for every new stream
+ * whose first chunk arrives from peer `from` (NULL: from any peer), so a
+ * scheduler learns of new requests without polling. cqe->buf holds the
+ * stream key as text (NUL-terminated, len bytes without the NUL); release
+ * it. The op lasts until cancelled (-ECANCELED) or the engine goes.
+ */
+static inline void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
+					    uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_STREAM_ACCEPT, user_data);
+	sqe->peer = from;
+}
+
 static inline void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
 {
 	sqe->flags |= flags;
@@ -553,6 +703,135 @@ static inline void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
 {
 	sqe->cq = cq;
 }
+
+/* ------------------------------------------------------------------ */
+/* Stages: a pipeline stage opened from the stage YAML                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The OmniConnector-style surface. A stage YAML (vLLM-Omni's, either
+ * schema) describes stages and the edges between them; ferry_stage_open
+ * makes the engine of one rank of one stage and wires its edges: a peer per
+ * edge, the transport the edge's connector maps to, the role (the `from`
+ * stage sends, the `to` stage receives). Engine names are
+ * "stage<id>.rank<r>"; keys are stored as "{key}@{from engine}_{to engine}".
+ * put/get are synchronous calls in upstream's shape (put reports the size
+ * and an opaque metadata blob, get works with or without it); under them
+ * are ordinary PUT and GET ops, so the engine (ferry_stage_engine) can be
+ * used with the SQ/CQ API at the same time. docs/api.md has a walk-through.
+ */
+struct ferry_stage;
+
+struct ferry_stage_params {
+	size_t size;             /* sizeof(struct ferry_stage_params) */
+	const char *config_path; /* the stage YAML (required) */
+	const char *stage_id;    /* this stage, as its stage_id is written ("1") */
+	uint32_t rank;           /* this rank of the stage (< its tensor_parallel_size) */
+	const char *ns;          /* namespace; NULL = "default" */
+	enum ferry_progress_mode progress; /* THREAD (default) or MANUAL */
+	size_t pool_size;        /* 0: the largest memory_pool_size of its edges, else 64 MiB */
+	uint32_t timeout_ms;     /* bound of put and of a get without its own (0 = 30000) */
+	uint32_t flags;          /* none yet: must be 0 */
+};
+
+#define FERRY_STAGE_PARAMS_INIT { .size = sizeof(struct ferry_stage_params) }
+
+/* The metadata put hands back: opaque, fixed size, safe to copy as bytes. */
+#define FERRY_STAGE_META_SIZE 64
+struct ferry_stage_meta {
+	uint8_t opaque[FERRY_STAGE_META_SIZE];
+};
+
+/* ferry_stage_get flags. */
+#define FERRY_STAGE_NOWAIT (1u << 0) /* -EAGAIN at once when the key is not there yet */
+
+/*
+ * Load the YAML, check it (any error: -EINVAL, every problem logged as
+ * "file:line:column: key: what", nothing started), create the engine
+ * "stage<stage_id>.rank<rank>" and wire the edges of this stage. An edge
+ * whose transport this build does not have (tcp, rdma today) fails the
+ * open with -EPROTONOSUPPORT and a log line naming the edge. Returns 0 and
+ * *out, or -EINVAL (params, config, unknown stage_id or rank),
+ * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), the errors
+ * of ferry_engine_create, -ENOMEM.
+ */
+FERRY_API int ferry_stage_open(const struct ferry_stage_params *params,
+			       struct ferry_stage **out);
+
+/* The stage's engine (valid until ferry_stage_close), for the SQ/CQ API. */
+FERRY_API struct ferry_engine *ferry_stage_engine(struct ferry_stage *s);
+
+/*
+ * The edge from -> to of this stage (it is one end of it), for streams: the
+ * peer to STREAM_PUT to (a sending edge: its credits are the edge's
+ * max_inflight when the file sets one) or to STREAM_GET from, and in
+ * *stream_get_flags (may be NULL) the SQE flags the edge asks of a
+ * STREAM_GET: FERRY_SQE_STREAM_WHOLE when the file says window_size: -1.
+ * Returns 0, -EINVAL, or -ENOENT when the stage is no end of from -> to.
+ */
+FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const char *to,
+			       struct ferry_peer **peer, uint32_t *stream_get_flags);
+
+/*
+ * Put len bytes of data under key on edge from -> to (stage ids; from must
+ * be this stage). Waits until the receiving stage holds the key (or the
+ * stage's timeout: -ETIMEDOUT). On success returns 0, writes the payload
+ * size to *size and the metadata to *meta (each may be NULL); the
+ * metadata travels to the consumer by whatever control path the
+ * application has, and may be handed to ferry_stage_get. Errors: -EINVAL
+ * (arguments, or no such edge of this stage: logged), -EEXIST (key live at
+ * the receiver), the PUT errors of ferry_prep_put. Thread-safe; data is
+ * copied once into the pool.
+ */
+FERRY_API int ferry_stage_put(struct ferry_stage *s, const char *from, const char *to,
+			      const char *key, const void *data, size_t len, uint64_t *size,
+			      struct ferry_stage_meta *meta);
+
+/* The same with a pool buffer (zero copy; ownership moves, whatever the result). */
+FERRY_API int ferry_stage_put_buf(struct ferry_stage *s, const char *from, const char *to,
+				  const char *key, struct ferry_buf *buf, uint64_t *size,
+				  struct ferry_stage_meta *meta);
+
+/*
+ * Get the data put under key on edge from -> to (to must be this stage).
+ * meta is what the producer's put returned, or NULL (the key alone finds
+ * the data); a meta that is not ferry's or was made for another key or
+ * edge is refused with -EINVAL. Waits up to timeout_ns (0: the edge's
+ * get_sub_timeout_ms, else the stage's timeout; < 0: forever) and returns
+ * -ETIMEDOUT; with FERRY_STAGE_NOWAIT returns -EAGAIN at once when the key
+ * is not there yet (upstream's "None: poll again"). On success returns 0
+ * and *out, a buffer holding the data (zero copy: ferry_buf_data,
+ * ferry_buf_len; release it with ferry_buf_release). A get consumes the
+ * key. -ECANCELED when ferry_stage_cleanup dropped the request meanwhile.
+ * Thread-safe.
+ */
+FERRY_API int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to,
+			      const char *key, const struct ferry_stage_meta *meta,
+			      int64_t timeout_ns, uint32_t flags, struct ferry_buf **out);
+
+/*
+ * Free everything of one request on this stage's edges: data that arrived
+ * for it and was never taken, and gets still waiting for it (they return
+ * -ECANCELED). Keys match as for ferry_prep_cleanup. Returns the number of
+ * keys and gets dropped, or -EINVAL / -ENAMETOOLONG / -ESHUTDOWN.
+ */
+FERRY_API int ferry_stage_cleanup(struct ferry_stage *s, const char *request_id);
+
+/*
+ * The stage's health as one JSON object: stage id, rank, its edges
+ * (peer, transport, connector, role, window_size, max_inflight) and the
+ * engine's health (see ferry_engine_health). Same length contract as
+ * ferry_engine_health.
+ */
+FERRY_API int ferry_stage_health(struct ferry_stage *s, char *buf, size_t len);
+
+/*
+ * Close the stage: destroy its engine (pending gets return -ECANCELED),
+ * free the handle and set *s to NULL. Safe to call twice with the same
+ * variable (the second call finds NULL and returns 0). Must not race with
+ * other calls on the stage.
+ */
+FERRY_API int ferry_stage_close(struct ferry_stage **s);
 
 #ifdef __cplusplus
 }

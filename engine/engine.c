@@ -68,7 +68,9 @@ static int take_params(const struct ferry_engine_params *in, struct ferry_engine
 	if ((rc = check_name("namespace", p->ns)))
 		return rc;
 	if (p->config_path) {
-		log_error("ferry_engine_create: config_path is reserved for the stage API");
+		log_error("ferry_engine_create: config_path is not read here: open a stage of a "
+			  "YAML with ferry_stage_open(), which creates the engine and wires its "
+			  "edges");
 		return -EOPNOTSUPP;
 	}
 	if ((unsigned)p->progress >= FERRY_PROGRESS__MAX) {
@@ -413,8 +415,8 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	J(gets); J(bytes_put); J(bytes_got); J(copies); J(zero_copies); J(deliveries);
 	J(refused);
 #undef J
-	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"threads\":%u},", e->ops_in_use,
-		e->keys.present, atomic_load(&e->nsqs));
+	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"streams_open\":%u,\"threads\":%u},",
+		e->ops_in_use, e->keys.present, stream_count(e), atomic_load(&e->nsqs));
 	jprintf(&j, "\"latency_ns\":{");
 	jhist(&j, "put", s->lat_put);
 	jprintf(&j, ",");

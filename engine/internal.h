@@ -146,7 +146,33 @@ enum op_state {
 	OP_PARKED,   /* GET waiting for its key */
 	OP_AWAY,     /* PUT handed to a transport, waiting for its ack */
 	OP_OVERFLOW, /* completed, waiting for room in its CQ */
+	OP_QUEUED,   /* STREAM_PUT waiting for credit (stream.c) */
+	OP_STREAMING, /* STREAM_GET / STREAM_ACCEPT between two CQEs (stream.c) */
 };
+
+/* Waiting for something: a CANCEL, a deadline or the destroy can end it. */
+static inline bool op_state_pending(uint8_t state)
+{
+	return state == OP_PARKED || state == OP_AWAY || state == OP_QUEUED ||
+	       state == OP_STREAMING;
+}
+
+/*
+ * op->flags above the SQE flags. The WIRE_F_* ones travel with a PUT to its
+ * destination (transports carry op->flags & WIRE_F__ALL verbatim and refuse
+ * anything else on arrival); OP_F_INTERNAL marks an op the engine made for
+ * itself (no CQE).
+ */
+#define WIRE_F_REPLACE FERRY_SQE_REPLACE
+#define WIRE_F_CHUNK (1u << 16)  /* a stream chunk: key "{stream}_{n}" */
+#define WIRE_F_END (1u << 17)    /* ... its last one */
+#define WIRE_F_ABORT (1u << 18)  /* ... the producer gave up; data = reason */
+#define WIRE_F_CREDIT (1u << 19) /* consumer -> producer: key "{stream}", data = u64 released */
+#define WIRE_F_WANT (1u << 20)   /* chunk: the producer nears its credit limit, credit soon */
+#define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT | \
+		     WIRE_F_WANT)
+#define OP_F_INTERNAL (1u << 24)
+#define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 
 struct key_entry;
 
@@ -171,6 +197,9 @@ struct op {
 	struct key_entry *entry;     /* PARKED: the key it waits on */
 	struct op *next, *prev;      /* PARKED list / overflow list */
 	struct ferry_cqe cqe;        /* OVERFLOW: the completion to post */
+	struct stream *stream;       /* STREAM_*: its stream (stream.c) */
+	uint64_t interval;           /* STREAM_*: the op's timeout (STREAM_GET: per gap) */
+	uint32_t chunk;              /* STREAM_PUT: the index it was sent as */
 	uint16_t key_len;            /* PUT: the key, for the transport */
 	char key[FERRY_KEY_MAX];
 };
@@ -212,6 +241,7 @@ struct key_entry {
 	struct ferry_buf *buf;     /* arrived data (NULL if none) */
 	uint64_t len;
 	struct ferry_peer *from;   /* for per-peer stats */
+	uint32_t wflags;           /* WIRE_F_* the data arrived with */
 	bool present;
 	uint16_t key_len;
 	char key[FULLKEY_MAX];
@@ -256,6 +286,10 @@ struct ferry_peer {
 	struct backend *backend;   /* the transport that reaches it, once resolved */
 	void *transport;           /* that backend's state for this peer */
 	struct peer_stats stats;
+	/* Streams to this peer (stream.c; progress side only). */
+	uint32_t stream_max_inflight, peer_max_inflight;
+	uint32_t stream_inflight;        /* chunks sent, not yet released, all streams */
+	struct stream *blocked;          /* producer streams waiting for peer credit */
 	struct ferry_peer *next;
 	char address[128];         /* tcp endpoint set by ferry_peer_set_address ("" = none) */
 };
@@ -320,8 +354,9 @@ extern const struct backend_ops ferry__shm_backend;
 extern const struct backend_ops ferry__tcp_backend;
 
 /*
- * A PUT arrived for this engine: fullkey, data in buf (ownership moves to
- * the engine whatever the result). Returns 0, -EEXIST, -ENOSPC.
+ * A PUT arrived for this engine: fullkey, data in buf. On 0 the engine owns
+ * buf; on an error (-EEXIST, -ENOSPC, -EINVAL for a malformed stream credit)
+ * it stays the caller's, who frees it and reports the error to the sender.
  */
 int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
 		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
@@ -333,6 +368,65 @@ void reactor_unresolve_all(struct ferry_engine *e, struct backend *b);
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
 /* Ring the engine's doorbell if its progress side sleeps. Any thread. */
 void reactor_wake(struct ferry_engine *e);
+/*
+ * A transport lost the engine called name (it died or hung up): streams
+ * from it fail with res, streams to it stop. Progress side only.
+ */
+void reactor_peer_lost(struct ferry_engine *e, const char *name, int res);
+
+/* ------------------------------------------------------------------ */
+/* Streams (stream.c)                                                  */
+/* ------------------------------------------------------------------ */
+
+struct stream;
+struct stream_table;
+
+int stream_init(struct ferry_engine *e);
+/* At destroy: fail what waits, free what is held (progress held). */
+void stream_shutdown(struct ferry_engine *e);
+void stream_fini(struct ferry_engine *e);
+void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+void stream_do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+void stream_do_accept(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+/*
+ * An op of the stream layer completes (called first thing by op_complete);
+ * returns the res its CQE reports.
+ */
+int stream_op_ending(struct ferry_engine *e, struct op *op, int res);
+/* A CREDIT arrived (reactor_deliver). Takes buf. */
+int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t len,
+			  struct ferry_buf *buf, uint64_t blen);
+/* A chunk entry now holds data: feed its stream (reactor_deliver). */
+void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke);
+/* A plain GET took a chunk: its credit goes back at once. */
+void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len,
+			uint32_t wflags);
+/* Once per round: releases, credits, stalled streams. Returns events. */
+int stream_round(struct ferry_engine *e);
+bool stream_has_work(struct ferry_engine *e);
+/* When a batched credit falls due (0: none waits): the reactor's sleep ends by then. */
+uint64_t stream_next_due(struct ferry_engine *e);
+/* Streams open now (health). */
+uint32_t stream_count(struct ferry_engine *e);
+void stream_peer_lost(struct ferry_engine *e, const char *name, int res);
+/*
+ * Drop the streams of request r (from peer `from`, or any): their STREAM_GETs
+ * and queued STREAM_PUTs complete with -ECANCELED. Returns how many.
+ */
+int stream_cleanup(struct ferry_engine *e, const char *r, size_t rl,
+		   const struct ferry_peer *from);
+/* Is the application key k (n bytes) request r's: r itself or r + one of "_:/#"? */
+bool request_owns_key(const char *k, size_t n, const char *r, size_t rl);
+/* Data handed to a STREAM_GET, or the key's data when none waits: op_fill. */
+int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt);
+/* Hand a PUT-like op (data in op->buf, key in op->key) to its transport. */
+int reactor_send(struct ferry_engine *e, struct op *op);
+void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns);
+/* Check a PUT-like SQE and take its buffer: 0, or the op was completed. */
+int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+/* A free op for the engine's own use, or NULL. */
+struct op *op_alloc_internal(struct ferry_engine *e);
 
 /* ------------------------------------------------------------------ */
 /* The engine                                                          */
@@ -396,6 +490,7 @@ struct ferry_engine {
 
 	struct pool *pool;
 	struct ferry_cq default_cq;
+	struct stream_table *streams;
 
 	pthread_mutex_t lock; /* slow paths: peers, CQ lists, SQ creation */
 	struct ferry_peer *peers;
@@ -458,5 +553,8 @@ void sq_advance(struct ferry_sq *sq, uint32_t n);
 void sq_free_all(struct ferry_engine *e);
 
 void ferry__op_free(struct ferry_engine *e, struct op *op);
+
+/* FERRY_OP_CLEANUP (cleanup.c): run by the reactor; completes op. */
+void ferry__do_cleanup(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 
 #endif

@@ -94,6 +94,25 @@ static struct op *op_alloc(struct ferry_engine *e)
 	op->buf = NULL;
 	op->len = 0;
 	op->deadline = 0;
+	op->stream = NULL;
+	op->interval = 0;
+	return op;
+}
+
+struct op *op_alloc_internal(struct ferry_engine *e)
+{
+	struct op *op = op_alloc(e);
+
+	if (op) {
+		op->flags = OP_F_INTERNAL;
+		op->cq = NULL;
+		op->cb = NULL;
+		op->cb_arg = NULL;
+		op->start = 0;
+		op->iov = NULL;
+		op->iovcnt = 0;
+		op->user_data = 0;
+	}
 	return op;
 }
 
@@ -139,6 +158,8 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 
 	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op);
+	if (op->opcode >= FERRY_OP_STREAM_PUT || (op->flags & OP_F_INTERNAL))
+		res = stream_op_ending(e, op, res);
 	if (op->state == OP_PARKED)
 		unpark(e, op);
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
@@ -146,10 +167,15 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
 	op->state = OP_FREE;
 
-	if (op->opcode == FERRY_OP_PUT && op->buf) {
+	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
+	     op->opcode == FERRY_OP_STREAM_ABORT) && op->buf) {
 		/* Still ours: the PUT never handed its data over. */
 		pool_free(op->buf);
 		op->buf = NULL;
+	}
+	if (op->flags & OP_F_INTERNAL) {
+		ferry__op_free(e, op);
+		return;
 	}
 
 	STAT_ADD(e->stats.completed, 1);
@@ -161,14 +187,14 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 			STAT_ADD(e->stats.cancelled, 1);
 		if (op->peer && op->opcode != FERRY_OP_CANCEL)
 			STAT_ADD(op->peer->stats.errors, 1);
-	} else if (op->opcode == FERRY_OP_PUT) {
+	} else if (op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT) {
 		STAT_ADD(e->stats.puts, 1);
 		STAT_ADD(e->stats.bytes_put, len);
 		if (op->start)
 			STAT_ADD(e->stats.lat_put[lat_bucket(reactor_now(e) - op->start)], 1);
 		STAT_ADD(op->peer->stats.puts, 1);
 		STAT_ADD(op->peer->stats.bytes_out, len);
-	} else if (op->opcode == FERRY_OP_GET) {
+	} else if (op->opcode == FERRY_OP_GET || op->opcode == FERRY_OP_STREAM_GET) {
 		STAT_ADD(e->stats.gets, 1);
 		STAT_ADD(e->stats.bytes_got, len);
 		if (op->start)
@@ -223,8 +249,14 @@ static void scatter(const struct iovec *iov, uint32_t n, const char *src, uint64
  * On true, ownership of buf has moved (to the caller's CQE, or freed after
  * the copy).
  */
-static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len)
+static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len,
+			uint32_t wflags)
 {
+	if (unlikely(wflags & WIRE_F_ABORT)) {
+		/* A plain GET of an aborted stream's chunk: the reason, and an error. */
+		op_complete(e, op, -ECANCELED, len, buf);
+		return true;
+	}
 	if (op->iovcnt) {
 		if (len > op->len) {
 			log_info("GET %llx: %llu bytes do not fit its %llu-byte iovec",
@@ -247,8 +279,13 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
 		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags)
 {
-	uint64_t h = keytable_hash(fullkey, fullkey_len);
-	struct key_entry *ke = keytable_find(&e->keys, fullkey, fullkey_len, h);
+	uint64_t h;
+	struct key_entry *ke;
+
+	if (unlikely(flags & WIRE_F_CREDIT))
+		return stream_credit_arrived(e, fullkey, fullkey_len, buf, len);
+	h = keytable_hash(fullkey, fullkey_len);
+	ke = keytable_find(&e->keys, fullkey, fullkey_len, h);
 
 	if (ke && ke->present) {
 		if (!(flags & FERRY_SQE_REPLACE)) {
@@ -282,8 +319,10 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 		op->next = op->prev = NULL;
 		op->entry = NULL;
 		op->state = OP_FREE;
-		if (give_to_get(e, op, buf, len)) {
+		if (give_to_get(e, op, buf, len, flags)) {
 			keytable_put(&e->keys, ke);
+			if (flags & WIRE_F_CHUNK)
+				stream_chunk_taken(e, fullkey, fullkey_len, flags);
 			return 0;
 		}
 	}
@@ -295,8 +334,11 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	ke->buf = buf;
 	ke->len = len;
 	ke->from = from;
+	ke->wflags = flags & WIRE_F__ALL;
 	ke->present = true;
 	e->keys.present++;
+	if (flags & WIRE_F_CHUNK)
+		stream_chunk_arrived(e, ke);
 	return 0;
 }
 
@@ -306,6 +348,11 @@ void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int r
 		return; /* completed meanwhile (deadline, cancel): a stale ack */
 	op->state = OP_FREE;
 	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
+}
+
+void reactor_peer_lost(struct ferry_engine *e, const char *name, int res)
+{
+	stream_peer_lost(e, name, res);
 }
 
 /* ------------------------------------------------------------------ */
@@ -354,7 +401,7 @@ static int check_iov(const struct ferry_sqe *sqe)
 	return 0;
 }
 
-static void arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
+void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
 {
 	if (timeout_ns) {
 		op->deadline = reactor_now(e) + timeout_ns;
@@ -384,7 +431,7 @@ void reactor_unresolve_all(struct ferry_engine *e, struct backend *b)
 }
 
 /* Find the transport that reaches op->peer and hand it the PUT. */
-static int backend_put(struct ferry_engine *e, struct op *op)
+int reactor_send(struct ferry_engine *e, struct op *op)
 {
 	struct ferry_peer *peer = op->peer;
 	int rc;
@@ -406,72 +453,97 @@ static int backend_put(struct ferry_engine *e, struct op *op)
 	return rc;
 }
 
-static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+/*
+ * Put the data of a PUT-like op into a pool buffer of ours: a buffer the
+ * caller gave (op->buf, zero copy; a peer's block is copied), or a copy of
+ * the iovec. Returns 0 or a negative errno (op->buf then NULL or still
+ * ours, freed by op_complete).
+ */
+int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt)
+{
+	int rc;
+
+	if (op->buf && (op->buf->flags & POOL_BUF_F_FOREIGN)) {
+		/* A peer's block, mapped here: ship a copy, give the block back. */
+		struct ferry_buf *own;
+
+		rc = pool_alloc(e->pool, op->buf->len, &own);
+		if (rc)
+			return rc; /* op_complete frees the foreign one */
+		memcpy(own->data, op->buf->data, op->buf->len);
+		pool_free(op->buf);
+		op->buf = own;
+		op->len = own->len;
+		STAT_ADD(e->stats.copies, 1);
+	} else if (op->buf) {
+		op->len = op->buf->len;
+		STAT_ADD(e->stats.zero_copies, 1);
+	} else {
+		uint64_t total = iov_total(iov, iovcnt);
+		char *dst;
+
+		rc = pool_alloc(e->pool, total, &op->buf);
+		if (rc) {
+			log_info("op %llx: pool exhausted for %llu bytes",
+				 (unsigned long long)op->user_data, (unsigned long long)total);
+			return rc;
+		}
+		dst = op->buf->data;
+		for (uint32_t i = 0; i < iovcnt; i++) {
+			memcpy(dst, iov[i].iov_base, iov[i].iov_len);
+			dst += iov[i].iov_len;
+		}
+		op->len = total;
+		STAT_ADD(e->stats.copies, 1);
+	}
+	return 0;
+}
+
+/* Check a PUT-like SQE and take its buffer. 0, or the op is completed. */
+int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
 {
 	int rc;
 
 	if (sqe->buf) {
 		op->buf = sqe->buf; /* ownership moved at submission */
 		if (atomic_load(&op->buf->state) != POOL_BUF_LIVE) {
-			log_error("PUT %llx: buffer is not live (released twice?)",
+			log_error("op %llx: buffer is not live (released twice?)",
 				  (unsigned long long)op->user_data);
 			op->buf = NULL;
 			op_complete(e, op, -EINVAL, 0, NULL);
-			return;
+			return -EINVAL;
 		}
 	}
 	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
 	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL))) {
 		op_complete(e, op, rc, 0, NULL);
-		return;
+		return rc;
 	}
-	if (sqe->buf && (op->buf->flags & POOL_BUF_F_FOREIGN)) {
-		/* A peer's block, mapped here: ship a copy, give the block back. */
-		struct ferry_buf *own;
+	return 0;
+}
 
-		rc = pool_alloc(e->pool, op->buf->len, &own);
-		if (rc) {
-			op_complete(e, op, rc, 0, NULL); /* frees the foreign one */
-			return;
-		}
-		memcpy(own->data, op->buf->data, op->buf->len);
-		pool_free(op->buf);
-		op->buf = own;
-		op->len = own->len;
-		STAT_ADD(e->stats.copies, 1);
-	} else if (sqe->buf) {
-		op->len = op->buf->len;
-		STAT_ADD(e->stats.zero_copies, 1);
-	} else {
-		uint64_t total = iov_total(sqe->iov, sqe->iovcnt);
-		char *dst;
+static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	int rc;
 
-		rc = pool_alloc(e->pool, total, &op->buf);
-		if (rc) {
-			log_info("PUT %llx: pool exhausted for %llu bytes",
-				 (unsigned long long)op->user_data, (unsigned long long)total);
-			op_complete(e, op, rc, 0, NULL);
-			return;
-		}
-		dst = op->buf->data;
-		for (uint32_t i = 0; i < sqe->iovcnt; i++) {
-			memcpy(dst, sqe->iov[i].iov_base, sqe->iov[i].iov_len);
-			dst += sqe->iov[i].iov_len;
-		}
-		op->len = total;
-		STAT_ADD(e->stats.copies, 1);
+	if (op_take_put(e, op, sqe))
+		return;
+	rc = op_fill(e, op, sqe->iov, sqe->iovcnt);
+	if (rc) {
+		op_complete(e, op, rc, 0, NULL);
+		return;
 	}
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
 	op->state = OP_AWAY;
-	rc = backend_put(e, op);
+	rc = reactor_send(e, op);
 	if (rc) {
 		op->state = OP_FREE;
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
 	if (op->state == OP_AWAY)
-		arm_deadline(e, op, sqe->timeout_ns);
+		op_arm_deadline(e, op, sqe->timeout_ns);
 }
 
 static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
@@ -501,11 +573,15 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			op_complete(e, op, -EMSGSIZE, len, NULL);
 			return;
 		}
+		uint32_t wflags = ke->wflags;
+
 		ke->buf = NULL;
 		ke->present = false;
 		e->keys.present--;
 		keytable_put(&e->keys, ke);
-		give_to_get(e, op, buf, len);
+		give_to_get(e, op, buf, len, wflags);
+		if (wflags & WIRE_F_CHUNK)
+			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
 		return;
 	}
 	if (sqe->flags & FERRY_SQE_NOWAIT) {
@@ -526,7 +602,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	else
 		ke->waiters = op;
 	ke->waiters_tail = op;
-	arm_deadline(e, op, sqe->timeout_ns);
+	op_arm_deadline(e, op, sqe->timeout_ns);
 }
 
 static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
@@ -536,9 +612,9 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 	for (uint32_t i = 0; i < e->max_ops; i++) {
 		struct op *t = &e->ops[i];
 
-		if (t == op || t->user_data != target)
-			continue;
-		if (t->state == OP_PARKED || t->state == OP_AWAY) {
+		if (t == op || t->user_data != target || (t->flags & OP_F_INTERNAL))
+			continue; /* the engine's own ops are not the application's to cancel */
+		if (op_state_pending(t->state)) {
 			op_complete(e, t, -ECANCELED, 0, NULL);
 			res = 0;
 			break;
@@ -602,7 +678,7 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		op->flags &= FERRY_SQE__ALL;
 		goto invalid;
 	}
-	if (sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_GET)
+	if (sqe->opcode != FERRY_OP_NOP && sqe->opcode != FERRY_OP_CANCEL)
 		op->peer = sqe->peer && sqe->peer->engine == e ? sqe->peer : NULL;
 
 	switch (sqe->opcode) {
@@ -619,13 +695,28 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	case FERRY_OP_CANCEL:
 		do_cancel(e, op, sqe->cancel_user_data);
 		return true;
+	case FERRY_OP_STREAM_PUT:
+		stream_do_put(e, op, sqe);
+		return true;
+	case FERRY_OP_STREAM_GET:
+		stream_do_get(e, op, sqe);
+		return true;
+	case FERRY_OP_STREAM_ABORT:
+		stream_do_abort(e, op, sqe);
+		return true;
+	case FERRY_OP_STREAM_ACCEPT:
+		stream_do_accept(e, op, sqe);
+		return true;
+	case FERRY_OP_CLEANUP:
+		ferry__do_cleanup(e, op, sqe);
+		return true;
 	default:
 		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
 			  sqe->opcode);
 		break;
 	}
 invalid:
-	if (sqe->opcode == FERRY_OP_PUT && sqe->buf &&
+	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) && sqe->buf &&
 	    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
 		op->buf = sqe->buf; /* ownership moved at submission: free it */
 	op_complete(e, op, -EINVAL, 0, NULL);
@@ -790,6 +881,7 @@ int reactor_run_once(struct ferry_engine *e)
 	for (unsigned i = 0; i < e->nbackends; i++)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
 	drained = drain_sqs(e, &n);
+	n += stream_round(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
@@ -797,6 +889,14 @@ int reactor_run_once(struct ferry_engine *e)
 	cq_flush_wakeups(e);
 	reap_dead_cqs(e, drained);
 	return n;
+}
+
+/* The earliest of the op deadlines and a batched stream credit falling due. */
+static uint64_t next_deadline(struct ferry_engine *e)
+{
+	uint64_t t = timer_next(&e->timers), s = stream_next_due(e);
+
+	return !t ? s : !s ? t : t < s ? t : s;
 }
 
 bool reactor_has_work(struct ferry_engine *e)
@@ -815,13 +915,15 @@ bool reactor_has_work(struct ferry_engine *e)
 			return true;
 	if (overflow_can_move(e)) /* only worth a round if a consumer made room */
 		return true;
-	return timer_next(&e->timers) && timer_next(&e->timers) <= ferry__now_ns();
+	if (stream_has_work(e))
+		return true;
+	return next_deadline(e) && next_deadline(e) <= ferry__now_ns();
 }
 
 /* How long the sleeper may sleep: the next deadline or timeout_ns. */
 static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
 {
-	uint64_t next = timer_next(&e->timers);
+	uint64_t next = next_deadline(e);
 
 	if (next) {
 		uint64_t now = ferry__now_ns();
@@ -911,7 +1013,7 @@ void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic ui
  */
 int reactor_arm_manual(struct ferry_engine *e)
 {
-	uint64_t next = timer_next(&e->timers);
+	uint64_t next = next_deadline(e);
 
 	arm_doorbell(e);
 	/*
@@ -1054,6 +1156,8 @@ int reactor_init(struct ferry_engine *e)
 	rc = timer_init(&e->timers, e->max_ops);
 	if (!rc)
 		rc = keytable_init(&e->keys, e->max_keys, e->max_ops);
+	if (!rc)
+		rc = stream_init(e);
 	return rc;
 }
 
@@ -1076,8 +1180,8 @@ void reactor_shutdown(struct ferry_engine *e)
 			struct ferry_cqe cqe = { .user_data = sqe->user_data, .res = -ECANCELED,
 						 .opcode = sqe->opcode };
 
-			if (sqe->opcode == FERRY_OP_PUT && sqe->buf &&
-			    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
+			if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) &&
+			    sqe->buf && atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
 				pool_free(sqe->buf);
 			STAT_ADD(e->stats.cancelled, 1);
 			if (sqe->cb)
@@ -1089,9 +1193,10 @@ void reactor_shutdown(struct ferry_engine *e)
 	for (uint32_t i = 0; i < e->max_ops; i++) {
 		struct op *op = &e->ops[i];
 
-		if (op->state == OP_PARKED || op->state == OP_AWAY)
+		if (op_state_pending(op->state))
 			op_complete(e, op, -ECANCELED, 0, NULL);
 	}
+	stream_shutdown(e);
 	/* Data that arrived and was never consumed. */
 	for (uint32_t i = 0; i < e->keys.capacity; i++) {
 		struct key_entry *ke = &e->keys.entries[i];
@@ -1106,6 +1211,7 @@ void reactor_shutdown(struct ferry_engine *e)
 
 void reactor_fini(struct ferry_engine *e)
 {
+	stream_fini(e);
 	keytable_fini(&e->keys);
 	timer_fini(&e->timers);
 	free(e->ops);

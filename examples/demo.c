@@ -1,341 +1,137 @@
 /*
- * examples/demo.c - `./run demo`: an in-process producer -> consumer.
+ * examples/demo.c - `./run demo`: a three-stage pipeline in three processes,
+ * shaped like Qwen-Omni, and a Bagel-like KV-cache handoff.
  *
- * Two engines in THREAD mode (a reactor thread each) in one process:
- * "producer" and "consumer". A producer thread puts N items (4 KiB to
- * 4 MiB, log-spaced) under the keys "item-<i>": three in four as pool
- * buffers (zero copy), one in four from an ordinary iovec (one copy into the
- * pool). Every item carries a header with its index, its length and a
- * checksum of the payload. PUT completions arrive as callbacks on the
- * producer thread.
+ *   thinker --(hidden states, ~1 MiB chunks)--> talker --(codec, 25 frames
+ *   per chunk, a few KiB)--> code2wav
  *
- * The consumer posts the GETs of the first quarter of the items before the
- * producer even starts (they wait for their data), and the GET of each
- * later item only once its PUT has completed (the data waits for the GET).
- * Every GET is zero copy: the consumer checks the checksum in place and
- * releases the buffer. At the end it prints what moved (items, bytes, MB/s,
- * latency p50/p99) and the consumer's health JSON.
+ * N requests run at once. For each request the thinker opens a stream to
+ * the talker ("{req}_0", chunks "{req}_0_{n}" like upstream) and sends its
+ * hidden-state chunks from pool buffers (zero copy). The talker learns of
+ * new requests with STREAM_ACCEPT (no polling), reads each with one
+ * multishot STREAM_GET, checks every chunk, and turns each hidden chunk
+ * into codec chunks on its own stream to code2wav ("{req}_1"); code2wav
+ * does the same and checks everything. Credits bound what is in flight per
+ * stream (--inflight). Then two more processes, "ar" and "dit", hand over
+ * a 190 MB KV set: 2 x 28 layer buffers in one vectored PUT, received
+ * scattered into the DiT's own layer buffers, checksummed.
  *
- * Exit status: 0 if every item arrived intact, 1 otherwise, 2 for bad usage.
+ * Every chunk carries a header (request, index, send time, checksum of the
+ * payload); CLOCK_MONOTONIC is shared by the processes, so each receiver
+ * measures chunk latency (send -> received) and time to first chunk (stream
+ * opened -> first chunk received). A line of progress is printed while it
+ * runs, and a table per edge at the end.
+ *
+ * Usage: demo [--requests N] [--chunks M] [--inflight K] [--transport shm|tcp]
+ *             [--kv-mib S] [--pace-us U] [--quiet]
+ * --pace-us: the thinker makes one hidden chunk per request every U us
+ * (default 2000), like a model decoding; 0 sends as fast as credits allow.
+ * Exit status: 0 if every byte arrived intact, 1 otherwise, 2 for bad usage.
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ferry.h>
 
-#define MIN_SIZE (4u << 10)
-#define MAX_SIZE (4u << 20)
-#define HDR_MAGIC 0x79727265666f6d64ull /* "dmoferry" */
-#define DEADLINE_NS (30ull * 1000000000ull)
+#define HIDDEN_BYTES (1u << 20)     /* one hidden-state chunk */
+#define FRAMES_PER_CODEC 25
+#define FRAME_BYTES 96              /* 16 codebooks x 3 bytes x 2 */
+#define CODEC_PER_HIDDEN 4          /* codec chunks made from one hidden chunk */
+#define KV_LAYERS 28
+#define MAGIC 0x6f6d6e6966657272ull /* "omniferr" */
+#define SEC 1000000000ull
+#define MAX_REQ 256
+#define MAX_SAMPLES 65536
 
-struct item_hdr {
+struct chunk_hdr {
 	uint64_t magic;
-	uint64_t index;
-	uint64_t len;   /* whole item, header included */
-	uint64_t sum;   /* FNV-1a of the bytes after the header */
+	uint32_t req, index;
+	uint64_t len;        /* payload bytes after the header */
+	uint64_t sent_ns;    /* when the producer submitted it */
+	uint64_t opened_ns;  /* when the producer opened the stream */
+	uint64_t sum;        /* of the payload */
 };
 
-struct item {
-	size_t size;
-	bool copy_path;             /* PUT from an iovec instead of a pool buffer */
-	void *heap;                 /* copy path: the iovec's memory */
-	struct iovec iov;
-	_Atomic uint64_t put_submit_ns;
-	_Atomic int put_res;        /* 1 until the PUT completed */
-	uint64_t get_submit_ns;
-	uint64_t get_done_ns;
-	int get_res;
-	bool waited;                /* GET posted before the PUT */
-	bool ok;
+/* What one edge saw at its receiving end. */
+struct edge_stats {
+	_Atomic uint64_t chunks, bytes;
+	uint64_t first_send_ns, last_recv_ns;
+	uint32_t nlat, nttfc;
+	uint32_t lat_us[MAX_SAMPLES];     /* chunk latency samples */
+	uint32_t ttfc_us[MAX_REQ];        /* time to first chunk, per request */
+	_Atomic uint32_t bad;
+	_Atomic uint32_t streams_done;
+};
+
+/* Shared by every process of the demo (an anonymous shared mapping). */
+struct shared {
+	struct edge_stats edge[2];        /* thinker->talker, talker->code2wav */
+	_Atomic uint32_t failures;
+	char fail_msg[256];
+	/* KV handoff. */
+	uint64_t kv_bytes, kv_put_ns, kv_done_ns;
+	_Atomic uint32_t kv_ok;
 };
 
 static struct {
-	int n;
-	struct item *items;
-	struct ferry_engine *prod, *cons;
-	int put_failures;
-	int gets_done, get_failures, bad_sums;
-	uint64_t t_start;
-} demo;
+	int requests, chunks, inflight, kv_mib, pace_us;
+	bool quiet, tcp;
+	char ns[64];
+	struct shared *sh;
+} cfg = { .requests = 8, .chunks = 16, .inflight = 4, .kv_mib = 190, .pace_us = 2000 };
 
 static uint64_t now_ns(void)
 {
 	struct timespec ts;
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return (uint64_t)ts.tv_sec * SEC + (uint64_t)ts.tv_nsec;
 }
 
-static uint64_t fnv1a(const unsigned char *p, size_t n)
+/* A word-at-a-time checksum (the payload sizes are multiples of 8). */
+static uint64_t checksum(const void *p, size_t n)
 {
+	const uint64_t *w = p;
 	uint64_t h = 0xcbf29ce484222325ull;
 
-	for (size_t i = 0; i < n; i++)
-		h = (h ^ p[i]) * 0x100000001b3ull;
+	for (size_t i = 0; i < n / 8; i++)
+		h = (h ^ w[i]) * 0x100000001b3ull;
 	return h;
 }
 
-/* 2^x for 0 <= x <= 10, without libm: 2^int(x) * e^(frac(x) ln 2). */
-static double pow2(double x)
+static void fill_payload(void *p, size_t n, uint64_t seed)
 {
-	double r = 1, e = 1, term = 1, y = x - (int)x;
+	uint64_t *w = p, x = seed * 0x9e3779b97f4a7c15ull + 1;
 
-	for (int k = 0; k < (int)x; k++)
-		r *= 2;
-	for (int k = 1; k < 20; k++) {
-		term *= y * 0.6931471805599453 / k;
-		e += term;
-	}
-	return r * e;
-}
-
-/* Item i's size: log-spaced from 4 KiB (first) to 4 MiB (last), 64 B multiple. */
-static size_t item_size(int i, int n)
-{
-	double f = n > 1 ? (double)i / (n - 1) : 1.0;
-	size_t s = (size_t)((double)MIN_SIZE * pow2(10.0 * f));
-
-	s &= ~(size_t)63;
-	return s < MIN_SIZE ? MIN_SIZE : s > MAX_SIZE ? MAX_SIZE : s;
-}
-
-/* Fill an item: header + pseudo-random payload (xorshift, seeded by i). */
-static void fill(void *data, size_t size, int i)
-{
-	struct item_hdr *h = data;
-	unsigned char *p = (unsigned char *)data + sizeof(*h);
-	uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t)(i + 1);
-	size_t n = size - sizeof(*h);
-
-	for (size_t k = 0; k < n; k += 8) {
+	for (size_t i = 0; i < n / 8; i++) {
 		x ^= x << 13;
 		x ^= x >> 7;
 		x ^= x << 17;
-		memcpy(p + k, &x, n - k < 8 ? n - k : 8);
+		w[i] = x;
 	}
-	h->magic = HDR_MAGIC;
-	h->index = (uint64_t)i;
-	h->len = size;
-	h->sum = fnv1a(p, n);
 }
 
-/* ------------------------------------------------------------------ */
-/* Producer                                                            */
-/* ------------------------------------------------------------------ */
-
-static int puts_done; /* producer thread only */
-
-/* Runs on the producer thread, inside its ferry_cq_wait. */
-static void on_put(const struct ferry_cqe *cqe, void *arg)
+static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void fail(const char *fmt, ...)
 {
-	struct item *it = arg;
+	va_list ap;
 
-	puts_done++;
-	if (cqe->res < 0) {
-		demo.put_failures++;
-		fprintf(stderr, "demo: PUT item-%" PRIu64 ": %s\n", cqe->user_data,
-			ferry_strerror(cqe->res));
+	if (atomic_fetch_add(&cfg.sh->failures, 1) == 0) {
+		va_start(ap, fmt);
+		vsnprintf(cfg.sh->fail_msg, sizeof(cfg.sh->fail_msg), fmt, ap);
+		va_end(ap);
 	}
-	free(it->heap); /* copy path: the iovec may go once the PUT completed */
-	it->heap = NULL;
-	atomic_store_explicit(&it->put_res, cqe->res < 0 ? cqe->res : 0, memory_order_release);
-}
-
-static void *producer_main(void *arg)
-{
-	struct ferry_engine *e = demo.prod;
-	struct ferry_cq *cq = ferry_cq_default(e);
-	struct ferry_cqe cqes[16];
-	struct ferry_peer *to;
-	struct ferry_sq *sq;
-	int rc;
-
-	(void)arg;
-	if ((rc = ferry_peer_open(e, "consumer", &to)) < 0 || (rc = ferry_sq_get(e, &sq)) < 0) {
-		fprintf(stderr, "demo: producer setup: %s\n", ferry_strerror(rc));
-		demo.put_failures = demo.n;
-		for (int i = 0; i < demo.n; i++)
-			atomic_store(&demo.items[i].put_res, rc);
-		return NULL;
-	}
-	for (int i = 0; i < demo.n; i++) {
-		struct item *it = &demo.items[i];
-		struct ferry_buf *buf = NULL;
-		struct ferry_sqe *sqe;
-		char key[32];
-
-		if (it->copy_path) {
-			it->heap = malloc(it->size);
-			if (!it->heap) {
-				rc = -ENOMEM;
-				goto failed;
-			}
-			fill(it->heap, it->size, i);
-			it->iov.iov_base = it->heap;
-			it->iov.iov_len = it->size;
-		} else {
-			/* Backpressure: the pool is full until the consumer releases. */
-			while ((rc = ferry_buf_alloc(e, it->size, &buf)) == -ENOMEM)
-				ferry_cq_wait(cq, cqes, 16, 1000000);
-			if (rc < 0)
-				goto failed;
-			fill(ferry_buf_data(buf), it->size, i);
-		}
-		while (!(sqe = ferry_sq_get_sqe(sq)))
-			ferry_cq_wait(cq, cqes, 16, 1000000);
-		snprintf(key, sizeof(key), "item-%d", i);
-		if (it->copy_path)
-			ferry_prep_put(sqe, to, key, &it->iov, 1, (uint64_t)i);
-		else
-			ferry_prep_put_buf(sqe, to, key, buf, (uint64_t)i);
-		ferry_sqe_set_callback(sqe, on_put, it);
-		ferry_sqe_set_timeout(sqe, DEADLINE_NS);
-		atomic_store(&it->put_submit_ns, now_ns());
-		ferry_sq_submit(sq);
-		/* Completions so far run their callbacks now, without waiting. */
-		ferry_cq_poll(cq, cqes, 16);
-		continue;
-failed:
-		fprintf(stderr, "demo: item-%d not sent: %s\n", i, ferry_strerror(rc));
-		demo.put_failures++;
-		puts_done++;
-		atomic_store(&it->put_res, rc);
-	}
-	while (puts_done < demo.n)
-		if (ferry_cq_wait(cq, cqes, 16, DEADLINE_NS) == -ETIMEDOUT)
-			break;
-	ferry_sq_put(sq);
-	return NULL;
-}
-
-/* ------------------------------------------------------------------ */
-/* Consumer                                                            */
-/* ------------------------------------------------------------------ */
-
-/* Runs on the main thread, inside its ferry_cq_wait / ferry_cq_poll. */
-static void on_get(const struct ferry_cqe *cqe, void *arg)
-{
-	struct item *it = arg;
-	const struct item_hdr *h;
-
-	it->get_done_ns = now_ns();
-	it->get_res = cqe->res;
-	demo.gets_done++;
-	if (cqe->res < 0) {
-		demo.get_failures++;
-		fprintf(stderr, "demo: GET item-%" PRIu64 ": %s\n", cqe->user_data,
-			ferry_strerror(cqe->res));
-		return;
-	}
-	h = ferry_buf_data(cqe->buf);
-	it->ok = cqe->len == it->size && ferry_buf_len(cqe->buf) == it->size &&
-		 h->magic == HDR_MAGIC && h->index == cqe->user_data && h->len == it->size &&
-		 h->sum == fnv1a((const unsigned char *)(h + 1), it->size - sizeof(*h));
-	if (!it->ok) {
-		demo.bad_sums++;
-		fprintf(stderr, "demo: item-%" PRIu64 " arrived damaged (%" PRIu64 " bytes)\n",
-			cqe->user_data, cqe->len);
-	}
-	ferry_buf_release(cqe->buf); /* zero copy: the buffer is ours to release */
-}
-
-static int post_get(struct ferry_sq *sq, struct ferry_peer *from, int i)
-{
-	struct ferry_cqe cqes[16];
-	struct ferry_sqe *sqe;
-	char key[32];
-
-	while (!(sqe = ferry_sq_get_sqe(sq)))
-		ferry_cq_wait(ferry_cq_default(demo.cons), cqes, 16, 1000000);
-	snprintf(key, sizeof(key), "item-%d", i);
-	ferry_prep_get(sqe, from, key, NULL, 0, (uint64_t)i); /* no iovec: zero copy */
-	ferry_sqe_set_callback(sqe, on_get, &demo.items[i]);
-	ferry_sqe_set_timeout(sqe, DEADLINE_NS);
-	demo.items[i].get_submit_ns = now_ns();
-	return 0;
-}
-
-/* ------------------------------------------------------------------ */
-/* Report                                                              */
-/* ------------------------------------------------------------------ */
-
-static int cmp_u64(const void *a, const void *b)
-{
-	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-static uint64_t pct(uint64_t *v, int n, int p)
-{
-	int i = (p * (n - 1) + 50) / 100;
-
-	qsort(v, (size_t)n, sizeof(*v), cmp_u64);
-	return v[i];
-}
-
-static void fmt_bytes(char *out, size_t len, uint64_t b)
-{
-	if (b >= (1u << 20))
-		snprintf(out, len, "%.1f MiB", (double)b / (1 << 20));
-	else
-		snprintf(out, len, "%.1f KiB", (double)b / (1 << 10));
-}
-
-/*
- * One row: latency of an item is PUT submit -> GET completion when the GET
- * waited, GET submit -> GET completion when the data was already there.
- * MB/s is the row's bytes over the sum of its latencies (items one after
- * the other); the "all" row gives bytes over the wall time of the run.
- */
-static void row(const char *label, int which, uint64_t wall_ns)
-{
-	uint64_t *lat = malloc(sizeof(uint64_t) * (size_t)demo.n), bytes = 0, sum = 0;
-	char b[32];
-	int n = 0;
-
-	for (int i = 0; i < demo.n; i++) {
-		struct item *it = &demo.items[i];
-		uint64_t from;
-
-		if (it->get_res < 0 || !it->get_done_ns || (which == 0 && !it->waited) ||
-		    (which == 1 && it->waited))
-			continue;
-		from = it->waited ? atomic_load(&it->put_submit_ns) : it->get_submit_ns;
-		lat[n] = it->get_done_ns > from ? it->get_done_ns - from : 0;
-		sum += lat[n];
-		bytes += it->size;
-		n++;
-	}
-	fmt_bytes(b, sizeof(b), bytes);
-	if (n == 0) {
-		printf("  %-26s %5d %11s %9s %10s %10s\n", label, 0, "-", "-", "-", "-");
-	} else {
-		double mbs = (double)bytes / 1e6 / ((double)(which == 2 ? wall_ns : sum) / 1e9);
-
-		printf("  %-26s %5d %11s %9.0f %10.1f %10.1f\n", label, n, b, mbs,
-		       (double)pct(lat, n, 50) / 1e3, (double)pct(lat, n, 99) / 1e3);
-	}
-	free(lat);
-}
-
-static void print_health(struct ferry_engine *e)
-{
-	int len = ferry_engine_health(e, NULL, 0);
-	char *buf;
-
-	if (len < 0 || !(buf = malloc((size_t)len + 1)))
-		return;
-	ferry_engine_health(e, buf, (size_t)len + 1);
-	printf("consumer health: %s\n", buf);
-	free(buf);
 }
 
 static struct ferry_engine *make_engine(const char *name, size_t pool)
@@ -345,134 +141,584 @@ static struct ferry_engine *make_engine(const char *name, size_t pool)
 	int rc;
 
 	p.name = name;
-	p.ns = "demo";
-	p.progress = FERRY_PROGRESS_THREAD;
+	p.ns = cfg.ns;
 	p.pool_size = pool;
 	rc = ferry_engine_create(&p, &e);
-	if (rc < 0)
-		fprintf(stderr, "demo: engine %s: %s\n", name, ferry_strerror(rc));
+	if (rc) {
+		fail("%s: ferry_engine_create: %s", name, ferry_strerror(rc));
+		return NULL;
+	}
 	return e;
 }
 
-static void usage(FILE *f)
+static struct ferry_peer *open_peer(struct ferry_engine *e, const char *name)
 {
-	fprintf(f, "usage: demo [--items N] [--help]\n"
-		   "  --items N  items to move, 1..100000 (default 64); sizes 4 KiB .. 4 MiB\n"
-		   "An in-process producer engine puts N checksummed items, a consumer engine\n"
-		   "gets them (some GETs before their PUT); prints what moved and the\n"
-		   "consumer's health JSON. Exit status 1 if any item failed or was damaged.\n");
+	struct ferry_peer *p = NULL;
+
+	if (ferry_peer_open(e, name, &p)) {
+		fail("%s: peer %s", ferry_engine_name(e), name);
+		return NULL;
+	}
+	ferry_peer_set_stream_limits(p, (uint32_t)cfg.inflight, 0);
+	return p;
+}
+
+/* An SQE, waiting for room while completions are handled by cb. */
+static struct ferry_sqe *get_sqe(struct ferry_engine *e)
+{
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+
+	if (ferry_sq_get(e, &sq)) {
+		fprintf(stderr, "demo: no submission queue\n");
+		exit(1);
+	}
+	while (!(sqe = ferry_sq_get_sqe(sq))) {
+		ferry_sq_submit(sq); /* the reactor thread takes them */
+		usleep(50);
+	}
+	return sqe;
+}
+
+static void submit(struct ferry_engine *e)
+{
+	struct ferry_sq *sq;
+
+	if (ferry_sq_get(e, &sq) == 0)
+		ferry_sq_submit(sq);
+}
+
+/* ------------------------------------------------------------------ */
+/* Receiving side bookkeeping                                          */
+/* ------------------------------------------------------------------ */
+
+struct rx_req {
+	uint32_t next;     /* expected chunk index */
+	bool seen_first;
+	bool done;
+};
+
+/* Check a chunk, count it on edge ei. Returns its header or NULL. */
+static const struct chunk_hdr *rx_chunk(int ei, struct rx_req *rq, uint32_t req,
+					const struct ferry_cqe *c)
+{
+	struct edge_stats *es = &cfg.sh->edge[ei];
+	const struct chunk_hdr *h = ferry_buf_data(c->buf);
+	uint64_t now = now_ns();
+
+	if (c->len < sizeof(*h) || h->magic != MAGIC || h->req != req ||
+	    h->index != rq->next || c->len != sizeof(*h) + h->len ||
+	    checksum(h + 1, h->len) != h->sum) {
+		atomic_fetch_add(&es->bad, 1);
+		fail("edge %d: request %u chunk %u arrived damaged or out of order", ei, req,
+		     rq->next);
+		return NULL;
+	}
+	rq->next++;
+	if (!rq->seen_first) {
+		rq->seen_first = true;
+		if (es->nttfc < MAX_REQ)
+			es->ttfc_us[es->nttfc++] = (uint32_t)((now - h->opened_ns) / 1000);
+		if (!es->first_send_ns || h->opened_ns < es->first_send_ns)
+			es->first_send_ns = h->opened_ns;
+	}
+	if (es->nlat < MAX_SAMPLES)
+		es->lat_us[es->nlat++] = (uint32_t)((now - h->sent_ns) / 1000);
+	es->last_recv_ns = now;
+	atomic_fetch_add(&es->bytes, c->len);
+	atomic_fetch_add(&es->chunks, 1);
+	return h;
+}
+
+static int parse_req(const struct ferry_cqe *c, uint32_t *req)
+{
+	const char *key = ferry_buf_data(c->buf);
+
+	return sscanf(key, "req%u_", req) == 1 && *req < MAX_REQ ? 0 : -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stage producers                                                     */
+/* ------------------------------------------------------------------ */
+
+/* Send one chunk of stream `stream` (payload n bytes seeded by seed). */
+static int send_chunk(struct ferry_engine *e, struct ferry_peer *to, const char *stream,
+		      uint32_t req, uint32_t index, size_t n, uint64_t seed, uint64_t opened,
+		      bool end)
+{
+	struct ferry_buf *b;
+	struct chunk_hdr *h;
+	struct ferry_sqe *sqe;
+	int rc;
+
+	/* The pool is full while the consumer holds chunks: wait for its releases. */
+	for (int tries = 0; (rc = ferry_buf_alloc(e, sizeof(*h) + n, &b)) == -ENOMEM; tries++) {
+		if (tries > 300000 || atomic_load(&cfg.sh->failures))
+			return rc;
+		usleep(100);
+	}
+	if (rc)
+		return rc;
+	h = ferry_buf_data(b);
+	fill_payload(h + 1, n, seed);
+	h->magic = MAGIC;
+	h->req = req;
+	h->index = index;
+	h->len = n;
+	h->opened_ns = opened;
+	h->sum = checksum(h + 1, n);
+	h->sent_ns = now_ns();
+	sqe = get_sqe(e);
+	ferry_prep_stream_put_buf(sqe, to, stream, b, ((uint64_t)req << 32) | index);
+	ferry_sqe_set_flags(sqe, end ? FERRY_SQE_STREAM_END : 0);
+	ferry_sqe_set_timeout(sqe, 60 * SEC);
+	submit(e);
+	return 0;
+}
+
+/* Completions of our STREAM_PUTs (waiting up to wait_ns): only failures matter. */
+static void drain_puts(struct ferry_engine *e, const char *who, unsigned *done, int64_t wait_ns)
+{
+	struct ferry_cqe c[64];
+	int n;
+
+	while ((n = wait_ns ? ferry_cq_wait(ferry_cq_default(e), c, 64, wait_ns)
+			    : ferry_cq_poll(ferry_cq_default(e), c, 64)) > 0) {
+		wait_ns = 0;
+		for (int i = 0; i < n; i++) {
+			if (c[i].res < 0)
+				fail("%s: chunk %" PRIu64 " of request %" PRIu64 ": %s", who,
+				     c[i].user_data & 0xffffffff, c[i].user_data >> 32,
+				     ferry_strerror(c[i].res));
+			(*done)++;
+		}
+	}
+}
+
+static int run_thinker(void)
+{
+	struct ferry_engine *e = make_engine("thinker", 64u << 20);
+	struct ferry_peer *to = e ? open_peer(e, "talker") : NULL;
+	uint64_t opened[MAX_REQ];
+	unsigned done = 0, total = (unsigned)(cfg.requests * cfg.chunks);
+	char stream[32];
+
+	if (!to)
+		return 1;
+	for (int r = 0; r < cfg.requests; r++)
+		opened[r] = now_ns();
+	/* Round robin over the requests: they all run at once. */
+	for (int n = 0; n < cfg.chunks; n++) {
+		for (int r = 0; r < cfg.requests; r++) {
+			snprintf(stream, sizeof(stream), "req%d_0", r);
+			if (send_chunk(e, to, stream, (uint32_t)r, (uint32_t)n, HIDDEN_BYTES,
+				       ((uint64_t)r << 20) | (uint64_t)n, opened[r],
+				       n == cfg.chunks - 1))
+				fail("thinker: pool allocation failed");
+			drain_puts(e, "thinker", &done, 0);
+		}
+		if (cfg.pace_us) /* a model makes its hidden states at its own pace */
+			usleep((useconds_t)cfg.pace_us);
+	}
+	while (done < total && !atomic_load(&cfg.sh->failures))
+		drain_puts(e, "thinker", &done, 10000000);
+	/* Stay until the talker released every chunk: they live in our pool. */
+	while (atomic_load(&cfg.sh->edge[0].streams_done) < (uint32_t)cfg.requests &&
+	       !atomic_load(&cfg.sh->failures))
+		usleep(1000);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/*
+ * A stage that receives streams from `from` on edge ei and, if `to` is
+ * set, sends CODEC_PER_HIDDEN codec chunks per chunk received to `to`.
+ */
+static int run_receiver(const char *name, const char *from_name, const char *to_name, int ei)
+{
+	struct ferry_engine *e = make_engine(name, 32u << 20);
+	struct ferry_peer *from = e ? open_peer(e, from_name) : NULL;
+	struct ferry_peer *to = e && to_name ? open_peer(e, to_name) : NULL;
+	static struct rx_req rq[MAX_REQ];
+	uint64_t opened[MAX_REQ] = { 0 };
+	uint32_t out_next[MAX_REQ] = { 0 };
+	struct ferry_sqe *sqe;
+	unsigned finished = 0, puts_done = 0, puts_sent = 0;
+	char stream[32];
+
+	if (!from || (to_name && !to))
+		return 1;
+	sqe = get_sqe(e);
+	ferry_prep_stream_accept(sqe, from, 1ull << 63);
+	submit(e);
+	while (finished < (unsigned)cfg.requests && !atomic_load(&cfg.sh->failures)) {
+		struct ferry_cqe c[32];
+		int n = ferry_cq_wait(ferry_cq_default(e), c, 32, 30 * SEC);
+
+		if (n == -ETIMEDOUT) {
+			fail("%s: nothing arrived for 30 s", name);
+			break;
+		}
+		for (int i = 0; i < n; i++) {
+			uint32_t req = (uint32_t)(c[i].user_data & 0xffffffff);
+
+			if (c[i].user_data == (1ull << 63)) { /* a new request */
+				if (c[i].res < 0 || parse_req(&c[i], &req)) {
+					fail("%s: STREAM_ACCEPT: %s", name, ferry_strerror(c[i].res));
+					continue;
+				}
+				sqe = get_sqe(e);
+				ferry_prep_stream_get(sqe, from, ferry_buf_data(c[i].buf),
+						      (1ull << 62) | req);
+				ferry_sqe_set_timeout(sqe, 30 * SEC); /* gap between chunks */
+				submit(e);
+				ferry_buf_release(c[i].buf);
+				opened[req] = now_ns();
+				continue;
+			}
+			if (!(c[i].user_data & (1ull << 62))) { /* our own STREAM_PUT */
+				if (c[i].res < 0)
+					fail("%s: put: %s", name, ferry_strerror(c[i].res));
+				puts_done++;
+				continue;
+			}
+			if (c[i].res < 0) {
+				fail("%s: request %u: %s", name, req, ferry_strerror(c[i].res));
+				if (c[i].buf)
+					ferry_buf_release(c[i].buf);
+				continue;
+			}
+			if (!rx_chunk(ei, &rq[req], req, &c[i])) {
+				ferry_buf_release(c[i].buf);
+				continue;
+			}
+			if (to) {
+				bool last = !(c[i].flags & FERRY_CQE_F_MORE);
+
+				snprintf(stream, sizeof(stream), "req%u_1", req);
+				for (int k = 0; k < CODEC_PER_HIDDEN; k++) {
+					bool end = last && k == CODEC_PER_HIDDEN - 1;
+
+					if (send_chunk(e, to, stream, req, out_next[req],
+						       FRAMES_PER_CODEC * FRAME_BYTES,
+						       ((uint64_t)req << 24) | out_next[req], opened[req],
+						       end))
+						fail("%s: pool allocation failed", name);
+					out_next[req]++;
+					puts_sent++;
+				}
+			}
+			ferry_buf_release(c[i].buf); /* its credit goes back to the producer */
+			if (!(c[i].flags & FERRY_CQE_F_MORE)) {
+				finished++;
+				atomic_fetch_add(&cfg.sh->edge[ei].streams_done, 1);
+			}
+		}
+	}
+	while (to && puts_done < puts_sent && !atomic_load(&cfg.sh->failures)) {
+		struct ferry_cqe c;
+
+		if (ferry_cq_wait(ferry_cq_default(e), &c, 1, 30 * SEC) != 1) {
+			fail("%s: puts did not complete", name);
+			break;
+		}
+		if (c.res < 0)
+			fail("%s: put: %s", name, ferry_strerror(c.res));
+		if (!(c.user_data >> 62))
+			puts_done++;
+	}
+	while (to && atomic_load(&cfg.sh->edge[ei + 1].streams_done) < (uint32_t)cfg.requests &&
+	       !atomic_load(&cfg.sh->failures))
+		usleep(1000);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Bagel-like AR -> DiT KV handoff                                     */
+/* ------------------------------------------------------------------ */
+
+static size_t kv_layer_bytes(void)
+{
+	return ((size_t)cfg.kv_mib << 20) / (2 * KV_LAYERS) & ~(size_t)63;
+}
+
+static int run_ar(void)
+{
+	size_t lb = kv_layer_bytes();
+	struct ferry_engine *e = make_engine("ar", 2 * KV_LAYERS * lb + (16u << 20));
+	struct ferry_peer *to = e ? open_peer(e, "dit") : NULL;
+	struct iovec iov[2 * KV_LAYERS];
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+
+	if (!to)
+		return 1;
+	for (int i = 0; i < 2 * KV_LAYERS; i++) {
+		iov[i].iov_base = malloc(lb);
+		if (!iov[i].iov_base)
+			return 1;
+		fill_payload(iov[i].iov_base, lb, 0x4b560000u + (unsigned)i);
+		iov[i].iov_len = lb;
+	}
+	sqe = get_sqe(e);
+	ferry_prep_put(sqe, to, "req0_kv", iov, 2 * KV_LAYERS, 1); /* no packing copy */
+	ferry_sqe_set_timeout(sqe, 60 * SEC);
+	cfg.sh->kv_put_ns = now_ns();
+	submit(e);
+	if (ferry_cq_wait(ferry_cq_default(e), &c, 1, 60 * SEC) != 1 || c.res < 0)
+		fail("ar: KV put failed: %s", ferry_strerror(c.res));
+	while (!atomic_load(&cfg.sh->kv_ok) && !atomic_load(&cfg.sh->failures))
+		usleep(1000);
+	for (int i = 0; i < 2 * KV_LAYERS; i++)
+		free(iov[i].iov_base);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+static int run_dit(void)
+{
+	size_t lb = kv_layer_bytes();
+	struct ferry_engine *e = make_engine("dit", 16u << 20);
+	struct ferry_peer *from = e ? open_peer(e, "ar") : NULL;
+	struct iovec iov[2 * KV_LAYERS];
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+
+	if (!from)
+		return 1;
+	for (int i = 0; i < 2 * KV_LAYERS; i++) {
+		iov[i].iov_base = malloc(lb);
+		if (!iov[i].iov_base)
+			return 1;
+		memset(iov[i].iov_base, 0, lb); /* the DiT's own layer buffers, touched */
+		iov[i].iov_len = lb;
+	}
+	sqe = get_sqe(e);
+	ferry_prep_get(sqe, from, "req0_kv", iov, 2 * KV_LAYERS, 1); /* scattered */
+	ferry_sqe_set_timeout(sqe, 60 * SEC);
+	submit(e);
+	if (ferry_cq_wait(ferry_cq_default(e), &c, 1, 60 * SEC) != 1 || c.res < 0) {
+		fail("dit: KV get failed: %s", ferry_strerror(c.res));
+	} else {
+		cfg.sh->kv_done_ns = now_ns();
+		cfg.sh->kv_bytes = c.len;
+		for (int i = 0; i < 2 * KV_LAYERS; i++) {
+			uint64_t want;
+			void *ref = malloc(lb);
+
+			if (!ref)
+				return 1;
+			fill_payload(ref, lb, 0x4b560000u + (unsigned)i);
+			want = checksum(ref, lb);
+			free(ref);
+			if (checksum(iov[i].iov_base, lb) != want)
+				fail("dit: KV layer %d damaged", i);
+		}
+		if (!atomic_load(&cfg.sh->failures))
+			atomic_store(&cfg.sh->kv_ok, 1);
+	}
+	for (int i = 0; i < 2 * KV_LAYERS; i++)
+		free(iov[i].iov_base);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Main: fork, watch, report                                           */
+/* ------------------------------------------------------------------ */
+
+static pid_t spawn(int (*fn)(void))
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		alarm(300);
+		_exit(fn());
+	}
+	return pid;
+}
+
+static int run_talker(void)
+{
+	return run_receiver("talker", "thinker", "code2wav", 0);
+}
+
+static int run_code2wav(void)
+{
+	return run_receiver("code2wav", "talker", NULL, 1);
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+	uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static double pct(uint32_t *v, uint32_t n, double p)
+{
+	if (!n)
+		return 0;
+	qsort(v, n, sizeof(*v), cmp_u32);
+	return v[(uint32_t)((n - 1) * p + 0.5)];
+}
+
+static bool wait_all(pid_t *pids, int n, const char *phase)
+{
+	bool ok = true, tty = isatty(STDOUT_FILENO);
+	int left = n;
+	uint64_t last = 0;
+
+	while (left > 0) {
+		int st;
+		pid_t p = waitpid(-1, &st, WNOHANG);
+
+		if (p > 0) {
+			for (int i = 0; i < n; i++)
+				if (pids[i] == p && (!WIFEXITED(st) || WEXITSTATUS(st) != 0)) {
+					ok = false;
+					fail("a %s process ended with status %d", phase, st);
+				}
+			left--;
+			continue;
+		}
+		if (atomic_load(&cfg.sh->failures)) {
+			for (int i = 0; i < n; i++)
+				kill(pids[i], SIGKILL);
+		}
+		if (!cfg.quiet && now_ns() - last > (tty ? SEC / 4 : SEC)) {
+			struct edge_stats *a = &cfg.sh->edge[0], *b = &cfg.sh->edge[1];
+
+			last = now_ns();
+			if (n == 3)
+				printf("%s  %s: thinker->talker %" PRIu64 "/%d chunks, "
+				       "talker->code2wav %" PRIu64 "/%d chunks %s", tty ? "\r" : "",
+				       phase, atomic_load(&a->chunks), cfg.requests * cfg.chunks,
+				       atomic_load(&b->chunks),
+				       cfg.requests * cfg.chunks * CODEC_PER_HIDDEN, tty ? "" : "\n");
+			else
+				printf("%s  %s: moving the KV set %s", tty ? "\r" : "", phase,
+				       tty ? "" : "\n");
+			fflush(stdout);
+		}
+		usleep(20000);
+	}
+	if (!cfg.quiet && tty)
+		printf("\n");
+	return ok;
+}
+
+static void print_edge(const char *name, struct edge_stats *es)
+{
+	double secs = es->last_recv_ns > es->first_send_ns
+			      ? (double)(es->last_recv_ns - es->first_send_ns) / 1e9
+			      : 0;
+	uint64_t chunks = atomic_load(&es->chunks), bytes = atomic_load(&es->bytes);
+
+	printf("  %-18s %8" PRIu64 " %10.1f %10.1f %9.0f %9.0f %9.0f %9.0f\n", name, chunks,
+	       (double)bytes / 1e6, secs > 0 ? (double)bytes / 1e6 / secs : 0,
+	       pct(es->lat_us, es->nlat, 0.5), pct(es->lat_us, es->nlat, 0.99),
+	       pct(es->ttfc_us, es->nttfc, 0.5), pct(es->ttfc_us, es->nttfc, 0.99));
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: demo [--requests N (1-%d)] [--chunks M] [--inflight K] "
+			"[--transport shm|tcp] [--kv-mib S] [--pace-us U] [--quiet]\n", MAX_REQ);
 }
 
 int main(int argc, char **argv)
 {
-	struct ferry_cqe cqes[16];
-	struct ferry_peer *from;
-	struct ferry_sq *sq;
-	pthread_t thr;
-	int early, rc, waited = 0, zc = 0, ok = 0;
-	uint64_t wall, total = 0;
-	char b[32];
+	pid_t pids[3];
+	bool ok;
 
-	demo.n = 64;
 	for (int i = 1; i < argc; i++) {
-		if (!strcmp(argv[i], "--items") && i + 1 < argc) {
-			char *end;
-			long v = strtol(argv[++i], &end, 10);
+		const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 
-			if (*end || v < 1 || v > 100000) {
-				fprintf(stderr, "demo: --items takes 1..100000\n");
-				return 2;
-			}
-			demo.n = (int)v;
-		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-			usage(stdout);
-			return 0;
-		} else {
-			usage(stderr);
+		if (!strcmp(a, "--quiet")) {
+			cfg.quiet = true;
+			continue;
+		}
+		if (!v) {
+			usage();
+			return 2;
+		}
+		i++;
+		if (!strcmp(a, "--requests"))
+			cfg.requests = atoi(v);
+		else if (!strcmp(a, "--chunks"))
+			cfg.chunks = atoi(v);
+		else if (!strcmp(a, "--inflight"))
+			cfg.inflight = atoi(v);
+		else if (!strcmp(a, "--pace-us"))
+			cfg.pace_us = atoi(v);
+		else if (!strcmp(a, "--kv-mib"))
+			cfg.kv_mib = atoi(v);
+		else if (!strcmp(a, "--transport") && (!strcmp(v, "shm") || !strcmp(v, "tcp")))
+			cfg.tcp = !strcmp(v, "tcp");
+		else {
+			usage();
 			return 2;
 		}
 	}
-	demo.items = calloc((size_t)demo.n, sizeof(*demo.items));
-	if (!demo.items)
-		return 1;
-	for (int i = 0; i < demo.n; i++) {
-		demo.items[i].size = item_size(i, demo.n);
-		demo.items[i].copy_path = i % 4 == 3;
-		atomic_init(&demo.items[i].put_res, 1);
-		total += demo.items[i].size;
+	if (cfg.requests < 1 || cfg.requests > MAX_REQ || cfg.chunks < 1 ||
+	    (long)cfg.requests * cfg.chunks * CODEC_PER_HIDDEN > MAX_SAMPLES || cfg.inflight < 1 ||
+	    cfg.kv_mib < 1 || cfg.kv_mib > 4096 || cfg.pace_us < 0) {
+		usage();
+		return 2;
 	}
-	fmt_bytes(b, sizeof(b), total);
-	printf("ferry demo: producer -> consumer in one process, THREAD mode, %d items "
-	       "(4 KiB .. 4 MiB, %s)\n", demo.n, b);
-
-	/* The producer's pool holds what is in flight; 64 MiB makes it wait at times. */
-	demo.prod = make_engine("producer", 64u << 20);
-	demo.cons = make_engine("consumer", 4u << 20);
-	if (!demo.prod || !demo.cons)
-		return 1;
-	if ((rc = ferry_peer_open(demo.cons, "producer", &from)) < 0 ||
-	    (rc = ferry_sq_get(demo.cons, &sq)) < 0) {
-		fprintf(stderr, "demo: consumer setup: %s\n", ferry_strerror(rc));
+	if (cfg.tcp) {
+		fprintf(stderr, "demo: --transport tcp needs the TCP transport, not built yet\n");
+		return 2;
+	}
+	snprintf(cfg.ns, sizeof(cfg.ns), "demo-%d", (int)getpid());
+	cfg.sh = mmap(NULL, sizeof(*cfg.sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+		      -1, 0);
+	if (cfg.sh == MAP_FAILED) {
+		perror("mmap");
 		return 1;
 	}
+	printf("ferry demo: Qwen-Omni-like pipeline, %d requests x %d hidden chunks of %u KiB, "
+	       "%d codec chunks of %d frames each per hidden chunk, credits %d per stream, "
+	       "transport %s\n", cfg.requests, cfg.chunks, HIDDEN_BYTES >> 10, CODEC_PER_HIDDEN,
+	       FRAMES_PER_CODEC, cfg.inflight, cfg.tcp ? "tcp" : "shm");
+	fflush(stdout);
+	/* Consumers first: they subscribe before the producers start. */
+	pids[0] = spawn(run_code2wav);
+	pids[1] = spawn(run_talker);
+	usleep(50000);
+	pids[2] = spawn(run_thinker);
+	ok = wait_all(pids, 3, "omni");
 
-	/* A quarter of the GETs go first: they wait for data not yet put. */
-	early = demo.n / 4 > 0 ? demo.n / 4 : 1;
-	for (int i = 0; i < early; i++) {
-		post_get(sq, from, i);
-		demo.items[i].waited = true;
+	if (ok && !atomic_load(&cfg.sh->failures)) {
+		printf("Bagel-like handoff: AR -> DiT, %d MiB KV set as %d layer buffers\n",
+		       cfg.kv_mib, 2 * KV_LAYERS);
+		fflush(stdout);
+		pids[0] = spawn(run_dit);
+		usleep(20000);
+		pids[1] = spawn(run_ar);
+		ok = wait_all(pids, 2, "bagel");
 	}
-	ferry_sq_submit(sq);
-	printf("consumer: %d GETs posted before any PUT; they wait for their data\n", early);
 
-	demo.t_start = now_ns();
-	if ((rc = pthread_create(&thr, NULL, producer_main, NULL)) != 0) {
-		fprintf(stderr, "demo: producer thread: %s\n", strerror(rc));
+	printf("\n  %-18s %8s %10s %10s %9s %9s %9s %9s\n", "edge", "chunks", "MB", "MB/s",
+	       "lat p50", "lat p99", "ttfc p50", "ttfc p99");
+	printf("  %-18s %8s %10s %10s %9s %9s %9s %9s\n", "", "", "", "", "us", "us", "us", "us");
+	print_edge("thinker->talker", &cfg.sh->edge[0]);
+	print_edge("talker->code2wav", &cfg.sh->edge[1]);
+	if (cfg.sh->kv_bytes) {
+		double ns = (double)(cfg.sh->kv_done_ns - cfg.sh->kv_put_ns);
+
+		printf("  %-18s %8d %10.1f %10.1f %9.0f   (PUT submitted -> scattered GET done)\n",
+		       "ar->dit (KV)", 1, (double)cfg.sh->kv_bytes / 1e6,
+		       (double)cfg.sh->kv_bytes / 1e6 / (ns / 1e9), ns / 1e3);
+	}
+	if (atomic_load(&cfg.sh->failures) || !ok) {
+		printf("\nFAILED: %s\n", cfg.sh->fail_msg[0] ? cfg.sh->fail_msg : "see above");
 		return 1;
 	}
-	/* The rest: GET each item once its PUT completed (the data waits). */
-	for (int i = early; i < demo.n; i++) {
-		struct item *it = &demo.items[i];
-
-		/* Meanwhile, completions of earlier GETs run their callbacks. */
-		while (atomic_load_explicit(&it->put_res, memory_order_acquire) == 1)
-			ferry_cq_wait(ferry_cq_default(demo.cons), cqes, 16, 100000);
-		if (atomic_load(&it->put_res) < 0) {
-			it->get_res = atomic_load(&it->put_res);
-			demo.gets_done++;
-			demo.get_failures++;
-			continue;
-		}
-		post_get(sq, from, i);
-		ferry_sq_submit(sq);
-	}
-	while (demo.gets_done < demo.n)
-		if (ferry_cq_wait(ferry_cq_default(demo.cons), cqes, 16, DEADLINE_NS) == -ETIMEDOUT)
-			break;
-	wall = now_ns() - demo.t_start;
-	pthread_join(thr, NULL);
-
-	for (int i = 0; i < demo.n; i++) {
-		waited += demo.items[i].waited;
-		zc += !demo.items[i].copy_path;
-		ok += demo.items[i].ok;
-	}
-	printf("\n  %-26s %5s %11s %9s %10s %10s\n", "GET", "items", "bytes", "MB/s",
-	       "p50 us", "p99 us");
-	row("posted before its PUT", 0, wall);
-	row("posted after its PUT", 1, wall);
-	row("all", 2, wall);
-	printf("\n  latency: PUT submit -> GET done if the GET waited, GET submit -> done "
-	       "otherwise;\n  MB/s: bytes / sum of latencies per row, bytes / wall time "
-	       "(%.1f ms) for all\n", (double)wall / 1e6);
-	printf("  PUTs: %d zero-copy (pool buffers), %d copy (iovec); GETs: all zero-copy\n",
-	       zc, demo.n - zc);
-	printf("  checksums: %d/%d ok, %d damaged, %d PUT and %d GET failures\n\n", ok, demo.n,
-	       demo.bad_sums, demo.put_failures, demo.get_failures);
-	print_health(demo.cons);
-
-	ferry_engine_destroy(demo.cons);
-	ferry_engine_destroy(demo.prod);
-	free(demo.items);
-	return ok == demo.n ? 0 : 1;
+	printf("\nOK: every chunk arrived in order with a good checksum (%" PRIu64
+	       " + %" PRIu64 " chunks), and the KV set intact.\n",
+	       atomic_load(&cfg.sh->edge[0].chunks), atomic_load(&cfg.sh->edge[1].chunks));
+	return 0;
 }

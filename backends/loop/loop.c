@@ -265,7 +265,7 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->res = 0;
 	m->op = op;
 	m->gen = op->gen;
-	m->flags = op->flags;
+	m->flags = op->flags & WIRE_F__ALL;
 	m->buf = op->buf;
 	m->len = op->len;
 	m->key_len = op->key_len;

@@ -237,7 +237,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
 	d = &c->tx->puts[tail % SHM_PUT_ENTRIES];
 	d->type = SHM_D_PUT;
-	d->flags = op->flags & FERRY_SQE_REPLACE;
+	d->flags = op->flags & WIRE_F__ALL;
 	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
 	d->buf_cookie = buf->index;
 	d->offset = buf->offset;
@@ -443,7 +443,7 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	int n, rc;
 
 	if (d->type != SHM_D_PUT || d->key_len == 0 || d->key_len >= FERRY_KEY_MAX ||
-	    strnlen(d->key, FERRY_KEY_MAX) != d->key_len || (d->flags & ~FERRY_SQE_REPLACE) ||
+	    strnlen(d->key, FERRY_KEY_MAX) != d->key_len || (d->flags & ~WIRE_F__ALL) ||
 	    d->offset > c->peer_pool_size || d->len > c->peer_pool_size - d->offset)
 		return false;
 	n = keytable_compose(fullkey, d->key, d->key_len, c->peer_name, e->name);
@@ -572,6 +572,8 @@ static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *wh
 			op_complete(e, op, res, 0, NULL);
 		}
 	}
+	if (!others)
+		reactor_peer_lost(e, c->peer_name, res); /* its streams */
 	for (uint32_t i = 0; i < st->max_bufs; i++)
 		if (st->lent_conn[i] == c->id + 1)
 			free_lent(st, i);
@@ -763,6 +765,11 @@ static void accept_one(struct ferry_engine *e, struct backend *b, int fd)
 	rc = shm_sock_recv_hello(fd, &h, fds, &nfds, SHM_ACCEPT_HELLO_MS);
 	if (rc) {
 		log_warn("shm: engine %s: refused a caller: %s", e->name, ferry_strerror(rc));
+		close(fd);
+		return;
+	}
+	if ((h.caps & SHM_CAP_HEALTH) && nfds == 0) {
+		shm_health_answer(e, fd); /* `ferry health`: one answer, then hang up */
 		close(fd);
 		return;
 	}

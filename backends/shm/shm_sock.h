@@ -46,6 +46,15 @@
 #define SHM_VERSION 1
 #define SHM_MAX_FDS 4
 
+/*
+ * caps bit of a hello that asks for the engine's health instead of a
+ * connection (no fds attached): the engine answers with one message, its
+ * health JSON (ferry_engine_health), and hangs up. See shm_health.c.
+ */
+#define SHM_CAP_HEALTH (1u << 0)
+/* Largest health answer sent (a SOCK_SEQPACKET message). */
+#define SHM_HEALTH_MAX (128u * 1024u)
+
 /* Default bound of shm_sock_connect's wait for a full accept backlog. */
 #define SHM_CONNECT_TIMEOUT_MS 5000
 
@@ -180,5 +189,22 @@ int shm_sock_send_hello(int fd, const struct shm_hello *h, const int *fds, unsig
  * 0 and *h is zeroed; nothing is written outside *h and fds[0..room).
  */
 int shm_sock_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, int timeout_ms);
+
+/*
+ * Ask the engine (ns, name) on this host for its health JSON (shm_health.c).
+ * Writes at most len bytes including the NUL into buf and returns the
+ * length of the answer, or -EHOSTUNREACH (nobody holds the name),
+ * -ETIMEDOUT (no answer within timeout_ms), -ECONNRESET (it hung up without
+ * answering: an engine without health requests), -EMSGSIZE (the answer
+ * does not fit buf), -EINVAL, -EPERM, or another negative errno.
+ */
+int shm_health_query(const char *ns, const char *name, char *buf, size_t len, int timeout_ms);
+
+struct ferry_engine;
+/*
+ * Answer a health request on fd (the engine side; reactor). Sends one
+ * message and returns 0 or a negative errno (logged). Does not close fd.
+ */
+int shm_health_answer(struct ferry_engine *e, int fd);
 
 #endif
