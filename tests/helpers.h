@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <cmocka.h>
 
 #include "ferry.h"
@@ -34,6 +35,36 @@ static inline int64_t t_now(void)
 static inline int t_under_valgrind(void)
 {
 	return getenv("FERRY_TEST_VALGRIND") != NULL;
+}
+
+/*
+ * Every test program gets a private runtime directory (where engines
+ * publish their names on the host), unless FERRY_RUNTIME_DIR is set: test
+ * programs run in parallel (ctest -j, other checkouts) and name their
+ * engines alike. Children inherit it; the creating process removes it at
+ * exit when its engines left it empty.
+ */
+static char t_rundir[64];
+static pid_t t_rundir_owner;
+
+static void t_rundir_remove(void)
+{
+	if (t_rundir[0] && getpid() == t_rundir_owner)
+		rmdir(t_rundir); /* fails, harmlessly, if something is left */
+}
+
+__attribute__((constructor)) static void t_private_rundir(void)
+{
+	if (getenv("FERRY_RUNTIME_DIR"))
+		return;
+	snprintf(t_rundir, sizeof(t_rundir), "/tmp/ferry-t-XXXXXX");
+	if (!mkdtemp(t_rundir)) {
+		t_rundir[0] = '\0';
+		return;
+	}
+	t_rundir_owner = getpid();
+	setenv("FERRY_RUNTIME_DIR", t_rundir, 1);
+	atexit(t_rundir_remove);
 }
 
 static inline struct ferry_engine *t_engine(const char *name, enum ferry_progress_mode mode,

@@ -851,6 +851,36 @@ static void rx_free(struct tcp_state *st, struct tcp_rx *r)
 	st->free_rxs = r;
 }
 
+/* The WIRE_F_* flags of a PUT <-> the byte a frame carries. */
+static const struct {
+	uint32_t wire;
+	uint8_t frame;
+} flag_map[] = {
+	{ WIRE_F_REPLACE, TCP_FRAME_F_REPLACE }, { WIRE_F_CHUNK, TCP_FRAME_F_CHUNK },
+	{ WIRE_F_END, TCP_FRAME_F_END },         { WIRE_F_ABORT, TCP_FRAME_F_ABORT },
+	{ WIRE_F_CREDIT, TCP_FRAME_F_CREDIT },   { WIRE_F_WANT, TCP_FRAME_F_WANT },
+};
+
+static uint8_t frame_flags(uint32_t wire)
+{
+	uint8_t f = 0;
+
+	for (size_t i = 0; i < sizeof(flag_map) / sizeof(flag_map[0]); i++)
+		if (wire & flag_map[i].wire)
+			f |= flag_map[i].frame;
+	return f;
+}
+
+static uint32_t wire_flags(uint8_t frame)
+{
+	uint32_t w = 0;
+
+	for (size_t i = 0; i < sizeof(flag_map) / sizeof(flag_map[0]); i++)
+		if (frame & flag_map[i].frame)
+			w |= flag_map[i].wire;
+	return w;
+}
+
 /* Hand arrived data to the key table; returns the PUT's result. */
 static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, uint16_t key_len,
 		   struct ferry_buf *buf, uint64_t len, uint32_t flags)
@@ -861,7 +891,7 @@ static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, ui
 
 	n = keytable_compose(fullkey, key, key_len, l->peer_name, e->name);
 	rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len,
-					 flags & TCP_FRAME_F_REPLACE ? FERRY_SQE_REPLACE : 0);
+					 wire_flags((uint8_t)flags));
 	if (rc)
 		pool_free(buf);
 	return rc;
@@ -967,7 +997,7 @@ static int take_frame(struct tcp_state *st, struct tcp_conn *c)
 		return 0;
 	tcp_frame_unpack(p, &f);
 	if (f.magic != TCP_FRAME_MAGIC || f.type == 0 || f.type >= TCP_F__MAX || f.resv ||
-	    (f.flags & ~TCP_FRAME_F_REPLACE)) {
+	    (f.flags & ~TCP_FRAME_F__ALL)) {
 		why = "bad frame header";
 		goto bad;
 	}
@@ -1361,6 +1391,8 @@ static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const c
 			    strcmp(op->peer->name, l->peer_name) == 0)
 				op_complete(e, op, res == -ECANCELED ? res : -ECONNRESET, 0, NULL);
 		}
+		/* Its streams: STREAM_GETs end, chunks waiting for credit fail. */
+		reactor_peer_lost(e, l->peer_name, res == -ECANCELED ? res : -ECONNRESET);
 	}
 	link_unref(l);
 }
@@ -2122,7 +2154,7 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->chunks_out = 0;
 	m->next_off = 0;
 	m->rendezvous = m->len > TCP_EAGER_MAX;
-	m->flags = op->flags & FERRY_SQE_REPLACE ? TCP_FRAME_F_REPLACE : 0;
+	m->flags = frame_flags(op->flags & WIRE_F__ALL);
 	m->key_len = op->key_len;
 	memcpy(m->key, op->key, op->key_len + 1u);
 	m->tx.key = m->key;

@@ -72,8 +72,14 @@ enum tcp_frame_type {
 	TCP_F__MAX
 };
 
-/* Frame flags: the PUT's SQE flags that travel (FERRY_SQE_REPLACE). */
+/* Frame flags: the WIRE_F_* flags of a PUT, one byte on the wire. */
 #define TCP_FRAME_F_REPLACE (1u << 0)
+#define TCP_FRAME_F_CHUNK (1u << 1)  /* a stream chunk */
+#define TCP_FRAME_F_END (1u << 2)    /* its last */
+#define TCP_FRAME_F_ABORT (1u << 3)  /* an abort, the data is the reason */
+#define TCP_FRAME_F_CREDIT (1u << 4) /* a stream credit */
+#define TCP_FRAME_F_WANT (1u << 5)   /* the producer reached its credit limit */
+#define TCP_FRAME_F__ALL ((1u << 6) - 1)
 
 #define TCP_FRAME_BYTES 32
 
