@@ -92,6 +92,73 @@ static __thread unsigned tls_cq_next;
 /* Open and close                                                      */
 /* ------------------------------------------------------------------ */
 
+/*
+ * Where the receiving rank `rank` of stage `to` listens for a tcp edge:
+ * "tcp://HOST:PORT" with HOST the edge's `host` (127.0.0.1 when absent or
+ * "auto") and PORT upstream's scheme, zmq_port + stage + 16 * rank (the
+ * stage's number when its id is one, else 0), so that edges sharing a base
+ * port and ranks of one stage do not collide. Both ends compute the same.
+ * listen != 0 gives the address to bind instead ("*" for an "auto" host).
+ */
+static int tcp_endpoint(const struct stage_edge *edge, const char *to, unsigned rank,
+			char *out, size_t len)
+{
+	const char *host = edge->host && *edge->host && strcmp(edge->host, "auto") ? edge->host
+										   : NULL;
+	char *end;
+	unsigned long stage = strtoul(to, &end, 10);
+	int port;
+
+	if (*end || stage > 65535)
+		stage = 0;
+	if (!edge->port) {
+		log_error("edge %s->%s: a tcp edge needs a port (zmq_port/port in its connector's "
+			  "extra): the sending stage could not find port 0", edge->from, edge->to);
+		return -EINVAL;
+	}
+	port = ferry_port_compat(edge->port, 0, (uint32_t)stage, rank);
+	if (port < 0) {
+		log_error("edge %s->%s: port %u + stage %lu + 16 * rank %u is not a port",
+			  edge->from, edge->to, edge->port, stage, rank);
+		return port;
+	}
+	snprintf(out, len, "tcp://%s:%d", host ? host : "127.0.0.1", port);
+	return 0;
+}
+
+/*
+ * The endpoint this stage's engine listens on: every tcp edge it receives
+ * on must agree on it (an engine has one). "" when it receives no tcp edge.
+ */
+static int stage_listen(const struct stage_graph *g, const char *id, unsigned rank, char *out,
+			size_t len)
+{
+	const struct stage_edge *first = NULL;
+
+	out[0] = '\0';
+	for (unsigned i = 0; i < g->nedges; i++) {
+		const struct stage_edge *edge = &g->edges[i];
+		char ep[128];
+		int rc;
+
+		if (strcmp(edge->to, id) || edge->transport != STAGE_TRANSPORT_TCP)
+			continue;
+		if ((rc = tcp_endpoint(edge, id, rank, ep, sizeof(ep))))
+			return rc;
+		if (!first) {
+			first = edge;
+			snprintf(out, len, "%s", ep);
+		} else if (strcmp(out, ep)) {
+			log_error("stage %s rank %u: tcp edges %s->%s (%s:%d:%d) and %s->%s (%s:%d:%d) "
+				  "ask it to listen on %s and %s; an engine listens on one",
+				  id, rank, first->from, first->to, g->file, first->line, first->column,
+				  edge->from, edge->to, g->file, edge->line, edge->column, out, ep);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
 static int link_edges(struct ferry_stage *s)
 {
 	const struct stage_graph *g = s->graph;
@@ -115,17 +182,7 @@ static int link_edges(struct ferry_stage *s)
 		l->edge = edge;
 		l->sending = !strcmp(edge->from, s->id);
 		other = stage_graph_stage(g, l->sending ? edge->to : edge->from);
-		/*
-		 * TODO(lead): tcp, once merged. The receiving stage's engine
-		 * listens on "tcp://<edge->host>:<edge->port>" (engine params
-		 * `listen`, set before ferry_engine_create above: collect it
-		 * from the tcp edges this stage receives on); the sending side
-		 * calls ferry_peer_set_address(l->peer, the same endpoint).
-		 * Port 0 (the kernel picks) needs the real port to reach the
-		 * sender (ferry_engine_address): a fixed port in the YAML is
-		 * the simple case. eager_max and key_lookup are on the edge too.
-		 */
-		if (edge->transport != STAGE_TRANSPORT_SHM) {
+		if (edge->transport == STAGE_TRANSPORT_RDMA) {
 			log_error("stage %s rank %u: edge %s->%s (%s, %s:%d:%d %s) needs the %s "
 				  "transport, which this build does not have yet", s->id, s->rank,
 				  edge->from, edge->to, edge->connector_type, g->file, edge->line,
@@ -136,6 +193,18 @@ static int link_edges(struct ferry_stage *s)
 				       sizeof(name));
 		if (rc || (rc = ferry_peer_open(s->e, name, &l->peer)))
 			return rc;
+		if (edge->transport == STAGE_TRANSPORT_TCP && l->sending) {
+			/* We push to the receiving stage, which listens; its credits
+			 * and results come back on our connection. */
+			char ep[128];
+
+			rc = tcp_endpoint(edge, other->id,
+					  stage_peer_rank(s->rank, other->ranks), ep,
+					  sizeof(ep));
+			if (rc || (rc = ferry_peer_set_address(l->peer, ep)))
+				return rc;
+			atomic_store(&l->reached, true); /* no probe over tcp: puts retry */
+		}
 		l->get_timeout_ns = (uint64_t)edge->get_timeout_ms * 1000000ull;
 		/*
 		 * Streams: max_inflight, when the file gives it, is the credit
@@ -183,7 +252,7 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	struct ferry_stage_params p;
 	const struct stage_def *def;
 	struct ferry_stage *s;
-	char name[FERRY_NAME_MAX];
+	char name[FERRY_NAME_MAX], listen[128];
 	uint64_t pool = 0;
 	int rc;
 
@@ -248,6 +317,9 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	ep.ns = p.ns;
 	ep.progress = p.progress;
 	ep.pool_size = p.pool_size ? p.pool_size : (size_t)pool;
+	if ((rc = stage_listen(s->graph, s->id, s->rank, listen, sizeof(listen))))
+		goto fail;
+	ep.listen = listen[0] ? listen : NULL;
 	if ((rc = ferry_engine_create(&ep, &s->e)) || (rc = link_edges(s)))
 		goto fail;
 	log_info("stage %s rank %u open as %s (%u edge(s))", s->id, s->rank, name, s->nlinks);
@@ -513,8 +585,16 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 		if ((rc = submit_wait(s, sq, cq, ud, deadline > now ? deadline - now : 1, &cqe)))
 			return rc;
 		/* The peer went away (restarting?): an iovec can be sent again. */
-		if (cqe.res == -EHOSTUNREACH && iov && ferry__now_ns() < deadline) {
+		if (cqe.res == -EHOSTUNREACH && iov && ferry__now_ns() < deadline &&
+		    l->edge->transport != STAGE_TRANSPORT_TCP) {
 			atomic_store(&l->reached, false);
+			continue;
+		}
+		/* Over tcp nothing can be probed: a stage not up yet refuses; retry. */
+		if ((cqe.res == -ECONNREFUSED || cqe.res == -EHOSTUNREACH ||
+		     cqe.res == -ECONNRESET) && iov && l->edge->transport == STAGE_TRANSPORT_TCP &&
+		    ferry__now_ns() + 20000000ull < deadline) {
+			usleep(20000);
 			continue;
 		}
 		break;

@@ -11,6 +11,9 @@
  * stage 2 checks every byte. Children report through their exit status.
  */
 #include <errno.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -390,8 +393,9 @@ static void test_stage_api(void **state)
 	open_stage("pipeline3.yaml", "7", 0, -EINVAL);
 	open_stage("pipeline3.yaml", "0", 1, -EINVAL);
 	open_stage("no-such.yaml", "0", 0, -ENOENT);
-	open_stage("pipeline3_tcp.yaml", "1", 0, -EPROTONOSUPPORT);
-	open_stage("pipeline3_tcp.yaml", "2", 0, -EPROTONOSUPPORT);
+	/* Its tcp edge has zmq_port 0: the sending stage could not find it. */
+	open_stage("pipeline3_tcp.yaml", "1", 0, -EINVAL);
+	open_stage("pipeline3_tcp.yaml", "2", 0, -EINVAL);
 	{
 		struct ferry_stage_params p = FERRY_STAGE_PARAMS_INIT;
 		struct ferry_stage *s = NULL;
@@ -623,7 +627,7 @@ static int stage_child(struct pipeline *pl, const char *id)
 	char path[512], key[64];
 	int rc;
 
-	snprintf(path, sizeof(path), FIX "%s", pl->yaml);
+	snprintf(path, sizeof(path), "%s%s", pl->yaml[0] == '/' ? "" : FIX, pl->yaml);
 	p.config_path = path;
 	p.stage_id = id;
 	p.ns = pl->ns;
@@ -746,8 +750,10 @@ static int stage_child(struct pipeline *pl, const char *id)
 		if (rc != -EAGAIN)
 			return 32;
 		ferry_stage_health(s, health, sizeof(health));
-		if (!strstr(health, "\"gets\":32,") || !strstr(health, "\"transport\":\"shm\""))
-			return 33;
+		if (!strstr(health, "\"gets\":32,") ||
+		    !strstr(health, strstr(pl->yaml, "tcp") ? "\"transport\":\"tcp\""
+							    : "\"transport\":\"shm\""))
+			return 33; /* the edge 1 -> 2 ran on the transport it asked for */
 		close(pl->done_pipe[1]);
 	}
 	/* Stay until stage 2 is done: its data may be our pool's blocks. */
@@ -803,18 +809,49 @@ static void test_stage_three_processes_shm(void **state)
 	run_pipeline("pipeline3.yaml", "pipe-shm");
 }
 
+/* A port nobody listens on now, on loopback. */
+static int free_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
+	port = ntohs(a.sin_port);
+	close(fd);
+	return port;
+}
+
 /*
- * The same pipeline with 1 -> 2 on tcp (pipeline3_tcp.yaml). The tcp
- * transport lives on another branch: until it is merged, stages 1 and 2
- * refuse to open with -EPROTONOSUPPORT, which is what this checks.
- * TODO(lead): once tcp is wired into ferry_stage_open, replace the body
- * with run_pipeline("pipeline3_tcp.yaml", "pipe-tcp").
+ * The same pipeline with 1 -> 2 on tcp (pipeline3_tcp.yaml, with a port
+ * free right now written in): three processes, one edge on shm, one on tcp.
  */
 static void test_stage_three_processes_tcp(void **state)
 {
+	char path[] = "/tmp/ferry-test-pipeline3-tcp-XXXXXX.yaml", text[4096];
+	FILE *in = fopen(FIX "pipeline3_tcp.yaml", "r");
+	size_t n;
+	int fd, port;
+	char *at;
+
 	(void)state;
-	open_stage("pipeline3_tcp.yaml", "1", 0, -EPROTONOSUPPORT);
-	open_stage("pipeline3_tcp.yaml", "2", 0, -EPROTONOSUPPORT);
+	assert_non_null(in);
+	n = fread(text, 1, sizeof(text) - 64, in);
+	fclose(in);
+	text[n] = '\0';
+	/* Stage 2 rank 0 listens on zmq_port + 2 (upstream's scheme). */
+	port = free_port() - 2;
+	at = strstr(text, "zmq_port: 0");
+	assert_non_null(at);
+	fd = mkstemps(path, 5);
+	assert_true(fd >= 0);
+	assert_true(dprintf(fd, "%.*szmq_port: %d%s", (int)(at - text), text, port,
+			    at + strlen("zmq_port: 0")) > 0);
+	close(fd);
+	run_pipeline(path, "pipe-tcp");
+	unlink(path);
 }
 
 int main(void)
