@@ -753,11 +753,8 @@ void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke)
 	r = consumer_get(e, full, (size_t)fl, stream_len, from, NULL, &created);
 	if (!r)
 		return; /* the data stays under its key */
-	if (created) {
-		r->next = n; /* normally 0; later if an older record was dropped */
-		if (e->streams->acceptors)
-			notify_acceptors(e, r);
-	}
+	if (created && e->streams->acceptors)
+		notify_acceptors(e, r); /* a new stream starts at chunk 0, whichever came first */
 	r->want = ke->wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
 		mark_dirty(e, r); /* releases that waited for a reason to go back */
@@ -783,10 +780,9 @@ void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len,
 	r = consumer_get(e, full, (size_t)fl, stream_len, from, NULL, &created);
 	if (!r)
 		return;
-	if (created)
-		r->next = n;
+	(void)created;
 	if (r->next == n)
-		r->next++;
+		r->next++; /* a STREAM_GET posted later goes on after it */
 	if (wflags & (WIRE_F_END | WIRE_F_ABORT))
 		r->ended = true;
 	r->want = wflags & WIRE_F_WANT;

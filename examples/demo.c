@@ -72,6 +72,7 @@ struct edge_stats {
 	uint32_t ttfc_us[MAX_REQ];        /* time to first chunk, per request */
 	_Atomic uint32_t bad;
 	_Atomic uint32_t streams_done;
+	_Atomic int sender_done; /* every put of the sender completed (its results came back) */
 };
 
 /* Shared by every process of the demo (an anonymous shared mapping). */
@@ -81,6 +82,9 @@ struct shared {
 	char fail_msg[256];
 	/* KV handoff. */
 	uint64_t kv_bytes, kv_put_ns, kv_done_ns;
+	/* --transport tcp: where each receiving engine listens (talker, code2wav, dit). */
+	char addr[3][128];
+	_Atomic int addr_ready[3];
 	_Atomic uint32_t kv_ok;
 };
 
@@ -134,19 +138,40 @@ static void fail(const char *fmt, ...)
 	}
 }
 
+/* The receiving engines, by the slot of their address in struct shared. */
+static int addr_slot(const char *name)
+{
+	return !strcmp(name, "talker") ? 0 : !strcmp(name, "code2wav") ? 1 : !strcmp(name, "dit") ? 2
+														 : -1;
+}
+
 static struct ferry_engine *make_engine(const char *name, size_t pool)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_engine *e = NULL;
-	int rc;
+	int slot = addr_slot(name), rc;
 
 	p.name = name;
 	p.ns = cfg.ns;
 	p.pool_size = pool;
+	if (cfg.tcp) {
+		/* Receivers listen (the kernel picks the port); everyone proves the secret. */
+		p.listen = slot >= 0 ? "tcp://127.0.0.1:0" : NULL;
+		p.secret = "ferry-demo-cluster-secret";
+	}
 	rc = ferry_engine_create(&p, &e);
 	if (rc) {
 		fail("%s: ferry_engine_create: %s", name, ferry_strerror(rc));
 		return NULL;
+	}
+	if (cfg.tcp && slot >= 0) {
+		rc = ferry_engine_address(e, cfg.sh->addr[slot], sizeof(cfg.sh->addr[slot]));
+		if (rc < 0 || (size_t)rc >= sizeof(cfg.sh->addr[slot])) {
+			fail("%s: ferry_engine_address: %s", name, ferry_strerror(rc));
+			ferry_engine_destroy(e);
+			return NULL;
+		}
+		atomic_store(&cfg.sh->addr_ready[slot], 1);
 	}
 	return e;
 }
@@ -154,12 +179,23 @@ static struct ferry_engine *make_engine(const char *name, size_t pool)
 static struct ferry_peer *open_peer(struct ferry_engine *e, const char *name)
 {
 	struct ferry_peer *p = NULL;
+	int slot = addr_slot(name), rc;
 
 	if (ferry_peer_open(e, name, &p)) {
 		fail("%s: peer %s", ferry_engine_name(e), name);
 		return NULL;
 	}
 	ferry_peer_set_stream_limits(p, (uint32_t)cfg.inflight, 0);
+	if (cfg.tcp && slot >= 0) {
+		/* Reach a receiver at the address it published (10 s at most). */
+		for (int i = 0; i < 10000 && !atomic_load(&cfg.sh->addr_ready[slot]); i++)
+			usleep(1000);
+		if (!atomic_load(&cfg.sh->addr_ready[slot]) ||
+		    (rc = ferry_peer_set_address(p, cfg.sh->addr[slot])) < 0) {
+			fail("%s: no tcp address for %s", ferry_engine_name(e), name);
+			return NULL;
+		}
+	}
 	return p;
 }
 
@@ -210,8 +246,13 @@ static const struct chunk_hdr *rx_chunk(int ei, struct rx_req *rq, uint32_t req,
 	    h->index != rq->next || c->len != sizeof(*h) + h->len ||
 	    checksum(h + 1, h->len) != h->sum) {
 		atomic_fetch_add(&es->bad, 1);
-		fail("edge %d: request %u chunk %u arrived damaged or out of order", ei, req,
-		     rq->next);
+		fail("edge %d: request %u chunk %u (CQE res %d) arrived %s", ei, req, rq->next,
+		     c->res,
+		     c->len < sizeof(*h) || h->magic != MAGIC ? "without its header"
+		     : h->req != req                          ? "under another request"
+		     : h->index != rq->next                   ? "out of order"
+		     : c->len != sizeof(*h) + h->len          ? "with a wrong length"
+							      : "damaged (checksum)");
 		return NULL;
 	}
 	rq->next++;
@@ -322,6 +363,7 @@ static int run_thinker(void)
 	}
 	while (done < total && !atomic_load(&cfg.sh->failures))
 		drain_puts(e, "thinker", &done, 10000000);
+	atomic_store(&cfg.sh->edge[0].sender_done, 1);
 	/* Stay until the talker released every chunk: they live in our pool. */
 	while (atomic_load(&cfg.sh->edge[0].streams_done) < (uint32_t)cfg.requests &&
 	       !atomic_load(&cfg.sh->failures))
@@ -427,8 +469,17 @@ static int run_receiver(const char *name, const char *from_name, const char *to_
 		if (!(c.user_data >> 62))
 			puts_done++;
 	}
+	if (to)
+		atomic_store(&cfg.sh->edge[ei + 1].sender_done, 1);
 	while (to && atomic_load(&cfg.sh->edge[ei + 1].streams_done) < (uint32_t)cfg.requests &&
 	       !atomic_load(&cfg.sh->failures))
+		usleep(1000);
+	/*
+	 * Stay until our sender has every result: over tcp the last results
+	 * (and credits) may still be on their way when the last chunk is read.
+	 */
+	for (int i = 0; i < 30000 && !atomic_load(&cfg.sh->edge[ei].sender_done) &&
+			!atomic_load(&cfg.sh->failures); i++)
 		usleep(1000);
 	ferry_engine_destroy(e);
 	return 0;
@@ -479,7 +530,9 @@ static int run_ar(void)
 static int run_dit(void)
 {
 	size_t lb = kv_layer_bytes();
-	struct ferry_engine *e = make_engine("dit", 16u << 20);
+	/* Over tcp the KV set lands in our pool (over shm we read the AR's in place). */
+	struct ferry_engine *e = make_engine("dit", cfg.tcp ? 2 * KV_LAYERS * lb + (16u << 20)
+							    : 16u << 20);
 	struct ferry_peer *from = e ? open_peer(e, "ar") : NULL;
 	struct iovec iov[2 * KV_LAYERS];
 	struct ferry_sqe *sqe;
@@ -666,10 +719,6 @@ int main(int argc, char **argv)
 	    (long)cfg.requests * cfg.chunks * CODEC_PER_HIDDEN > MAX_SAMPLES || cfg.inflight < 1 ||
 	    cfg.kv_mib < 1 || cfg.kv_mib > 4096 || cfg.pace_us < 0) {
 		usage();
-		return 2;
-	}
-	if (cfg.tcp) {
-		fprintf(stderr, "demo: --transport tcp needs the TCP transport, not built yet\n");
 		return 2;
 	}
 	snprintf(cfg.ns, sizeof(cfg.ns), "demo-%d", (int)getpid());

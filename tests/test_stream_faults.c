@@ -6,7 +6,8 @@
  * abort of a whole-stream read frees what it kept; a credit that cannot go
  * back does not keep the reactor awake; a chunk refused or timed out
  * returns its credit, so the chunks behind it go; per-peer credit freed by
- * a cleanup lets blocked streams go; a whole-stream read's timeout is a gap.
+ * a cleanup lets blocked streams go; a whole-stream read's timeout is a gap;
+ * chunks that arrive out of order are still read from chunk 0 on.
  * In-process engines (loopback transport); MANUAL mode where the order of
  * events matters.
  */
@@ -345,6 +346,62 @@ static void test_whole_gap_timeout(void **state)
 	rm();
 }
 
+/* Send chunk `key` by hand, as a transport that reorders would deliver it. */
+static void raw_chunk(const char *key, uint32_t flags)
+{
+	struct op *op = op_alloc_internal(A);
+
+	assert_non_null(op);
+	assert_int_equal(pool_alloc(A->pool, 8, &op->buf), 0);
+	memcpy(op->buf->data, &v8, 8);
+	op->buf->len = 8;
+	op->len = 8;
+	op->opcode = FERRY_OP_PUT;
+	op->flags |= WIRE_F_CHUNK | flags;
+	op->peer = toB;
+	op->key_len = (uint16_t)strlen(key);
+	strcpy(op->key, key);
+	op->state = OP_AWAY;
+	assert_int_equal(reactor_send(A, op), 0);
+}
+
+/* Chunks that arrive out of order (tcp stripes over connections) are read in order. */
+static void test_reordered_arrival(void **state)
+{
+	struct ferry_cqe c;
+	struct ferry_sqe *q;
+
+	(void)state;
+	mk(FERRY_PROGRESS_MANUAL);
+	q = t_sqe(B);
+	ferry_prep_stream_accept(q, fromA, 7); /* creation by arrival must not skip chunk 0 */
+	t_submit(B);
+	ferry_progress(B);
+	raw_chunk("r_1", 0);
+	raw_chunk("r_2", WIRE_F_END);
+	for (int i = 0; i < 4; i++) {
+		ferry_progress(A);
+		ferry_progress(B);
+	}
+	raw_chunk("r_0", 0);
+	sget(B, fromA, "r", 100, 0, 0);
+	for (int i = 0; i < 4; i++) {
+		ferry_progress(A);
+		ferry_progress(B);
+	}
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(B), &c, 1), 1);
+	assert_int_equal(c.user_data, 7); /* the new stream, announced */
+	ferry_buf_release(c.buf);
+	for (int k = 0; k < 3; k++) {
+		assert_int_equal(ferry_cq_poll(ferry_cq_default(B), &c, 1), 1);
+		assert_int_equal(c.user_data, 100);
+		assert_int_equal(c.res, k);
+		assert_int_equal(!!(c.flags & FERRY_CQE_F_MORE), k < 2);
+		ferry_buf_release(c.buf);
+	}
+	rm();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -357,6 +414,7 @@ int main(void)
 		cmocka_unit_test(test_timed_out_chunk_frees_credit),
 		cmocka_unit_test(test_cleanup_unblocks_peer),
 		cmocka_unit_test(test_whole_gap_timeout),
+		cmocka_unit_test(test_reordered_arrival),
 	};
 
 	alarm(t_under_valgrind() ? 900 : 120);
