@@ -17,7 +17,9 @@
  * runs raw and stream alternately, REPS times, and reports medians and the
  * ratio stream / raw. Target (issue 6): streaming adds <= 10 %.
  *
- * Usage: bench_stream [--quick]   JSON on stdout, progress on stderr.
+ * Usage: bench_stream [--quick] [--tcp]   JSON on stdout, progress on stderr.
+ * --tcp: the same over the tcp transport on loopback (the consumer listens on
+ * a port the kernel picks; a cluster secret on both sides).
  */
 #include <errno.h>
 #include <sched.h>
@@ -53,10 +55,12 @@ struct shared {
 	uint64_t lat[MAX_N];
 	_Atomic uint32_t received; /* paced mode: the producer waits for each */
 	int err;
+	char addr[128]; /* --tcp: where the consumer listens */
 };
 
 static struct shared *sh;
 static char ns[64];
+static bool tcp;
 
 static void pin(int cpu)
 {
@@ -76,6 +80,10 @@ static struct ferry_engine *mk(const char *name, size_t pool)
 	p.ns = ns;
 	p.progress = FERRY_PROGRESS_MANUAL;
 	p.pool_size = pool;
+	if (tcp) {
+		p.listen = strcmp(name, "cons") ? NULL : "tcp://127.0.0.1:0";
+		p.secret = "bench-stream-secret";
+	}
 	CHECK(ferry_engine_create(&p, &e));
 	return e;
 }
@@ -155,7 +163,9 @@ static int consumer_main(void)
 	int seen = 0;
 
 	pin(1);
-	e = mk("cons", 64u << 20);
+	e = mk("cons", tcp ? (256u << 20) : (64u << 20));
+	if (tcp)
+		CHECK(ferry_engine_address(e, sh->addr, sizeof(sh->addr)));
 	CHECK(ferry_peer_open(e, "prod", &from));
 	CHECK(ferry_sq_get(e, &sq));
 	atomic_store(&sh->ack, -1); /* up */
@@ -298,7 +308,7 @@ static void one_case(struct ferry_engine *e, struct ferry_sq *sq, struct ferry_p
 
 int main(int argc, char **argv)
 {
-	bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+	bool quick = false;
 	time_t started = time(NULL);
 	double load0 = loadavg1();
 	struct ferry_engine *e;
@@ -309,6 +319,16 @@ int main(int argc, char **argv)
 	char rundir[] = "/tmp/ferry-bench-stream-XXXXXX";
 
 	who = "bench_stream";
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--quick"))
+			quick = true;
+		else if (!strcmp(argv[i], "--tcp"))
+			tcp = true;
+		else {
+			fprintf(stderr, "usage: bench_stream [--quick] [--tcp]\n");
+			return 2;
+		}
+	}
 	if (!mkdtemp(rundir))
 		die("mkdtemp", -errno);
 	setenv("FERRY_RUNTIME_DIR", rundir, 1);
@@ -325,10 +345,13 @@ int main(int argc, char **argv)
 	pin(0);
 	e = mk("prod", 128u << 20);
 	CHECK(ferry_peer_open(e, "cons", &to));
+	if (tcp)
+		CHECK(ferry_peer_set_address(to, sh->addr));
 	CHECK(ferry_peer_set_stream_limits(to, getenv("BS_LIMIT") ? (uint32_t)atoi(getenv("BS_LIMIT")) : WINDOW, 1u << 20));
 	CHECK(ferry_sq_get(e, &sq));
 
 	jheader("bench_stream", started, load0, 2, "");
+	jstr("transport", tcp ? "tcp" : "shm");
 	jnum("reps", REPS);
 	jnum("window", WINDOW);
 	jopen("cases");

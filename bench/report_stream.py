@@ -20,7 +20,7 @@ def main():
     with open(path) as fh:
         r = json.load(fh)
     m = r["machine"]
-    print(f"Run of {r['date']} — {m['cpus']} vCPU, kernel `{m['kernel']}`; load average "
+    print(f"Run of {r['date']} over {r.get('transport', 'shm')} — {m['cpus']} vCPU, kernel `{m['kernel']}`; load average "
           f"{m['loadavg1_start']} at the start, {m['loadavg1_end']} at the end; medians of "
           f"{r['reps']} alternating reps [min–max].\n")
     print("| case | raw p50 / p99 | stream p50 / p99 | raw chunks/s | stream chunks/s "
@@ -32,7 +32,9 @@ def main():
                          f"{x['p50_ns']['max']:.0f}] / {x['p99_ns']['median']:.0f} ns")
         worst = q["p50"] if k.startswith("lat") else q["time_per_byte"]
         verdict = "**pass**" if worst <= 1.10 else "**FAIL**"
-        rate = lambda x: f"{x['gbps']['median'] * 1e9 / c['size'] / 1e6:.2f} M"
+        def rate(x):
+            v = x["gbps"]["median"] * 1e9 / c["size"]
+            return f"{v / 1e6:.2f} M" if v >= 1e5 else f"{v / 1e3:.1f} k"
         print(f"| {NAMES.get(k, k)} | {lat(raw)} | {lat(st)} | {rate(raw)} "
               f"| {rate(st)} | {q['p50']:.3f} | {q['p99']:.3f} "
               f"| {q['time_per_byte']:.3f} | {verdict} |")
