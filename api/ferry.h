@@ -631,7 +631,9 @@ static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry
  * -ECANCELED after a CANCEL. Chunks taken before a failure stay valid.
  * With FERRY_SQE_STREAM_WHOLE: one CQE at the END with the whole stream in
  * one contiguous buffer, res = the number of chunks (window_size -1).
- * One STREAM_GET per stream at a time (-EBUSY otherwise).
+ * One STREAM_GET per stream at a time (-EBUSY otherwise). While one reads
+ * a stream it takes each chunk as it arrives: a plain GET of a chunk key is
+ * for streams nobody reads with a STREAM_GET.
  */
 static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 					 const char *stream, uint64_t user_data)

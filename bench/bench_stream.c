@@ -26,6 +26,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -338,10 +339,15 @@ int main(int argc, char **argv)
 		die("mmap", -errno);
 	atomic_store(&sh->ack, 0);
 	child = fork();
-	if (child == 0)
+	if (child == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive the producer */
+		if (getppid() == 1)
+			_exit(1);
 		_exit(consumer_main());
+	}
 	while (atomic_load(&sh->ack) != -1)
 		usleep(1000);
+	alarm(quick ? 300 : 900); /* a hang is a failure with a name, not a stuck job */
 	pin(0);
 	e = mk("prod", 128u << 20);
 	CHECK(ferry_peer_open(e, "cons", &to));

@@ -397,6 +397,9 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res);
 /* A CREDIT arrived (reactor_deliver). Takes buf. */
 int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t len,
 			  struct ferry_buf *buf, uint64_t blen);
+/* A chunk arrived that a STREAM_GET waits for exactly: true if it took buf. */
+bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len,
+			 struct ferry_buf *buf, uint64_t blen, uint32_t wflags);
 /* A chunk entry now holds data: feed its stream (reactor_deliver). */
 void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke);
 /* A plain GET took a chunk: its credit goes back at once. */

@@ -284,6 +284,11 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 
 	if (unlikely(flags & WIRE_F_CREDIT))
 		return stream_credit_arrived(e, fullkey, fullkey_len, buf, len);
+	if ((flags & WIRE_F_CHUNK) && stream_chunk_direct(e, fullkey, fullkey_len, buf, len,
+							   flags & WIRE_F__ALL)) {
+		STAT_ADD(e->stats.deliveries, 1);
+		return 0;
+	}
 	h = keytable_hash(fullkey, fullkey_len);
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, h);
 

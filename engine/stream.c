@@ -599,30 +599,32 @@ static void rearm_gap(struct ferry_engine *e, struct op *g)
 	}
 }
 
+/* Can r's STREAM_GET take a chunk with these flags now? Else r stalls. */
+static bool feed_ready(struct ferry_engine *e, struct stream *r, uint32_t wflags)
+{
+	struct op *g = r->getter;
+
+	if ((g->flags & FERRY_SQE_STREAM_WHOLE) || (wflags & (WIRE_F_END | WIRE_F_ABORT)) ||
+	    can_post_more(e, g))
+		return true;
+	stall(e->streams, r);
+	return false;
+}
+
 /*
- * Hand the chunk in ke, chunk r->next, to r's STREAM_GET. Returns false
- * when pumping must stop (the op ended, or no room for its CQE).
+ * Hand chunk r->next (buf, len bytes, its wire flags; ours now) to r's
+ * STREAM_GET, which feed_ready said can take it. Returns false when
+ * pumping must stop (the op ended).
  */
-static bool feed_one(struct ferry_engine *e, struct stream *r, struct key_entry *ke)
+static bool feed_one(struct ferry_engine *e, struct stream *r, struct ferry_buf *buf,
+		     uint64_t len, uint32_t wflags)
 {
 	struct stream_table *t = e->streams;
 	struct op *g = r->getter;
 	bool whole = g->flags & FERRY_SQE_STREAM_WHOLE;
-	uint32_t wflags = ke->wflags;
-	struct ferry_buf *buf, *w;
-	uint64_t len;
+	struct ferry_buf *w;
 	int n;
 
-	if (!whole && !(wflags & (WIRE_F_END | WIRE_F_ABORT)) && !can_post_more(e, g)) {
-		stall(t, r);
-		return false;
-	}
-	buf = ke->buf;
-	len = ke->len;
-	ke->buf = NULL;
-	ke->present = false;
-	e->keys.present--;
-	keytable_put(&e->keys, ke);
 	buf->len = len;
 
 	if (wflags & WIRE_F_ABORT) {
@@ -703,10 +705,53 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
 
 			ke = keytable_find(&e->keys, key, n, keytable_hash(key, n));
 		}
-		if (!ke || !ke->present || !feed_one(e, r, ke))
+		if (!ke || !ke->present || !feed_ready(e, r, ke->wflags))
 			break;
+		{
+			struct ferry_buf *buf = ke->buf;
+			uint64_t len = ke->len;
+			uint32_t wflags = ke->wflags;
+
+			ke->buf = NULL;
+			ke->present = false;
+			e->keys.present--;
+			keytable_put(&e->keys, ke);
+			if (!feed_one(e, r, buf, len, wflags))
+				break;
+		}
 	}
 	rec_maybe_free(e, r);
+}
+
+/*
+ * An arrival that a STREAM_GET waits for exactly: hand it over without
+ * passing through the key table (the common case of a stream being read).
+ * Returns true when it took buf.
+ */
+bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len,
+			 struct ferry_buf *buf, uint64_t blen, uint32_t wflags)
+{
+	char from[FERRY_NAME_MAX], full[FULLKEY_MAX];
+	size_t key_len, stream_len;
+	struct stream *r;
+	uint32_t n;
+	int fl;
+
+	if (split_fullkey(e, fullkey, len, &key_len, from) ||
+	    split_chunk_key(fullkey, key_len, &stream_len, &n))
+		return false; /* the key table path logs it */
+	fl = keytable_compose(full, fullkey, stream_len, from, e->name);
+	if (fl < 0 || !(r = rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)) || !r->getter ||
+	    r->ended || r->err || r->stalled || n != r->next || !feed_ready(e, r, wflags))
+		return false;
+	r->want = wflags & WIRE_F_WANT;
+	if (r->want && r->taken > r->credited)
+		mark_dirty(e, r);
+	if (feed_one(e, r, buf, blen, wflags))
+		pump_consumer(e, r, NULL); /* later chunks may be waiting already */
+	else
+		rec_maybe_free(e, r);
+	return true;
 }
 
 /* The consumer record of "{stream}@{from}_{me}", created if need be. */
