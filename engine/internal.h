@@ -204,6 +204,31 @@ struct op {
 	char key[FERRY_KEY_MAX];
 };
 
+/* A FIFO of ops linked through next/prev (parked GETs, queued STREAM_PUTs). */
+static inline void op_list_append(struct op **head, struct op **tail, struct op *op)
+{
+	op->next = NULL;
+	op->prev = *tail;
+	if (*tail)
+		(*tail)->next = op;
+	else
+		*head = op;
+	*tail = op;
+}
+
+static inline void op_list_remove(struct op **head, struct op **tail, struct op *op)
+{
+	if (op->prev)
+		op->prev->next = op->next;
+	else
+		*head = op->next;
+	if (op->next)
+		op->next->prev = op->prev;
+	else
+		*tail = op->prev;
+	op->next = op->prev = NULL;
+}
+
 /* Complete an op: unpark, drop its deadline, post, free. Reactor only. */
 void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		 struct ferry_buf *buf);

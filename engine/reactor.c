@@ -138,15 +138,7 @@ static void unpark(struct ferry_engine *e, struct op *op)
 {
 	struct key_entry *ke = op->entry;
 
-	if (op->prev)
-		op->prev->next = op->next;
-	else
-		ke->waiters = op->next;
-	if (op->next)
-		op->next->prev = op->prev;
-	else
-		ke->waiters_tail = op->prev;
-	op->next = op->prev = NULL;
+	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
 	op->entry = NULL;
 	keytable_put(&e->keys, ke);
 }
@@ -600,13 +592,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	op->state = OP_PARKED;
 	op->entry = ke;
-	op->next = NULL;
-	op->prev = ke->waiters_tail;
-	if (ke->waiters_tail)
-		ke->waiters_tail->next = op;
-	else
-		ke->waiters = op;
-	ke->waiters_tail = op;
+	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
 }
 

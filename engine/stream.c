@@ -376,6 +376,31 @@ static int check_stream_key(const struct ferry_sqe *sqe)
 	return 0;
 }
 
+/*
+ * The checks every stream op starts with: a peer of this engine, a stream
+ * key that fits. Writes the record identity "{stream}@{from}_{to}" (this
+ * engine is `from` for a producer) into full and returns its length, or
+ * completes the op and returns a negative errno.
+ */
+static int stream_op_key(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe,
+			 bool producer, char full[FULLKEY_MAX])
+{
+	int rc;
+
+	if (!op->peer) {
+		log_error("op %llx: a stream op needs a peer of this engine",
+			  (unsigned long long)op->user_data);
+		rc = -EINVAL;
+	} else if (!(rc = check_stream_key(sqe))) {
+		rc = producer ? keytable_compose(full, sqe->key, sqe->key_len, e->name, op->peer->name)
+			      : keytable_compose(full, sqe->key, sqe->key_len, op->peer->name, e->name);
+		if (rc > 0)
+			return rc;
+	}
+	op_complete(e, op, rc, 0, NULL);
+	return rc;
+}
+
 /* ------------------------------------------------------------------ */
 /* Multishot completions                                               */
 /* ------------------------------------------------------------------ */
@@ -839,23 +864,10 @@ void stream_do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	char full[FULLKEY_MAX];
 	struct stream *r;
 	bool created;
-	int rc, fl;
+	int fl;
 
-	if (!op->peer) {
-		log_error("op %llx: STREAM_GET needs a peer of this engine",
-			  (unsigned long long)op->user_data);
-		op_complete(e, op, -EINVAL, 0, NULL);
+	if ((fl = stream_op_key(e, op, sqe, false, full)) < 0)
 		return;
-	}
-	if ((rc = check_stream_key(sqe))) {
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	fl = keytable_compose(full, sqe->key, sqe->key_len, op->peer->name, e->name);
-	if (fl < 0) {
-		op_complete(e, op, fl, 0, NULL);
-		return;
-	}
 	r = consumer_get(e, full, (size_t)fl, sqe->key_len, NULL, op->peer, &created);
 	if (!r) {
 		op_complete(e, op, -ENOSPC, 0, NULL);
@@ -962,10 +974,7 @@ static void pump_producer(struct ferry_engine *e, struct stream *r)
 	while (r->q_head && !r->err && has_credit(r)) {
 		struct op *op = r->q_head;
 
-		r->q_head = op->next;
-		if (!r->q_head)
-			r->q_tail = NULL;
-		op->next = op->prev = NULL;
+		op_list_remove(&r->q_head, &r->q_tail, op);
 		op->state = OP_FREE;
 		send_chunk(e, r, op);
 	}
@@ -1003,19 +1012,10 @@ void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 {
 	char full[FULLKEY_MAX];
 	struct stream *r;
-	int rc, fl;
+	int fl;
 
-	if (op_take_put(e, op, sqe))
+	if (op_take_put(e, op, sqe) || (fl = stream_op_key(e, op, sqe, true, full)) < 0)
 		return;
-	if ((rc = check_stream_key(sqe))) {
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	fl = keytable_compose(full, sqe->key, sqe->key_len, e->name, op->peer->name);
-	if (fl < 0) {
-		op_complete(e, op, fl, 0, NULL);
-		return;
-	}
 	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
 	if (!r && !(r = rec_new(e, ROLE_PRODUCER, full, (size_t)fl, sqe->key_len, op->peer))) {
 		op_complete(e, op, -ENOSPC, 0, NULL);
@@ -1041,13 +1041,7 @@ void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		return;
 	}
 	op->state = OP_QUEUED;
-	op->next = NULL;
-	op->prev = r->q_tail;
-	if (r->q_tail)
-		r->q_tail->next = op;
-	else
-		r->q_head = op;
-	r->q_tail = op;
+	op_list_append(&r->q_head, &r->q_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
 	pump_producer(e, r); /* registers the peer block if that is the limit */
 }
@@ -1061,21 +1055,8 @@ void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_s
 	uint32_t n = 0;
 	int rc, fl;
 
-	if (!op->peer) {
-		log_error("op %llx: STREAM_ABORT needs a peer of this engine",
-			  (unsigned long long)op->user_data);
-		op_complete(e, op, -EINVAL, 0, NULL);
+	if ((fl = stream_op_key(e, op, sqe, true, full)) < 0)
 		return;
-	}
-	if ((rc = check_stream_key(sqe))) {
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	fl = keytable_compose(full, sqe->key, sqe->key_len, e->name, op->peer->name);
-	if (fl < 0) {
-		op_complete(e, op, fl, 0, NULL);
-		return;
-	}
 	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
 	if (r) {
 		fail_queue(e, r, -ECANCELED); /* an END still queued goes too */
@@ -1217,15 +1198,7 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 		if (!(op->flags & OP_F_SENT) && (op->flags & FERRY_SQE_STREAM_END))
 			r->ended = false; /* the END never left: the stream may go on */
 		if (op->state == OP_QUEUED) {
-			if (op->prev)
-				op->prev->next = op->next;
-			else
-				r->q_head = op->next;
-			if (op->next)
-				op->next->prev = op->prev;
-			else
-				r->q_tail = op->prev;
-			op->next = op->prev = NULL;
+			op_list_remove(&r->q_head, &r->q_tail, op);
 		} else if (op->flags & OP_F_SENT) {
 			r->away--;
 			if (res < 0) {

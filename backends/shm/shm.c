@@ -256,15 +256,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 
 static void pending_unlink(struct shm_conn *c, struct op *op)
 {
-	if (op->prev)
-		op->prev->next = op->next;
-	else
-		c->pending_head = op->next;
-	if (op->next)
-		op->next->prev = op->prev;
-	else
-		c->pending_tail = op->prev;
-	op->next = op->prev = NULL;
+	op_list_remove(&c->pending_head, &c->pending_tail, op);
 }
 
 static int flush_pending(struct ferry_engine *e, struct shm_conn *c)
@@ -314,13 +306,7 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 		return -ECONNRESET;
 	op->state = OP_AWAY;
 	/* No room: wait in order behind the others. */
-	op->next = NULL;
-	op->prev = c->pending_tail;
-	if (c->pending_tail)
-		c->pending_tail->next = op;
-	else
-		c->pending_head = op;
-	c->pending_tail = op;
+	op_list_append(&c->pending_head, &c->pending_tail, op);
 	return 0;
 }
 
