@@ -557,30 +557,6 @@ static void usage(FILE *f)
 		   "Prints one JSON object on stdout; progress on stderr.\n");
 }
 
-static void read_cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[256];
-
-	snprintf(out, len, "unknown");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *c = strchr(line, ':');
-
-		if (strncmp(line, "model name", 10) == 0 && c) {
-			c += 2;
-			c[strcspn(c, "\n")] = '\0';
-			for (char *q = c; *q; q++)
-				if (*q == '"' || *q == '\\')
-					*q = ' ';
-			snprintf(out, len, "%s", c);
-			break;
-		}
-	}
-	fclose(f);
-}
-
 int main(int argc, char **argv)
 {
 	uint64_t t_start = now_ns(), seq = 0;

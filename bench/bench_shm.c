@@ -1047,13 +1047,6 @@ struct ucx_result {
 	int fails;
 };
 
-static void json_safe(char *s)
-{
-	for (; *s; s++)
-		if (*s == '"' || *s == '\\' || (unsigned char)*s < 0x20)
-			*s = ' ';
-}
-
 static void ucx_run(struct ucx_result *u)
 {
 	char script[1024], cmdline[1400], line[512];
@@ -1127,28 +1120,6 @@ static void ucx_run(struct ucx_result *u)
 /* main                                                                */
 /* ------------------------------------------------------------------ */
 
-
-static void read_cpu_model(char *out, size_t len)
-{
-	FILE *f = fopen("/proc/cpuinfo", "r");
-	char line[256];
-
-	snprintf(out, len, "unknown");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *c = strchr(line, ':');
-
-		if (strncmp(line, "model name", 10) == 0 && c) {
-			c += 2;
-			c[strcspn(c, "\n")] = '\0';
-			json_safe(c);
-			snprintf(out, len, "%s", c);
-			break;
-		}
-	}
-	fclose(f);
-}
 
 static void usage(FILE *f)
 {

@@ -317,7 +317,7 @@ int main(int argc, char **argv)
 	struct ferry_sq *sq;
 	pid_t child;
 	int st;
-	char rundir[] = "/tmp/ferry-bench-stream-XXXXXX";
+	char rundir[] = "/tmp/ferry-bench-stream-XXXXXX", cpu[128];
 
 	who = "bench_stream";
 	for (int i = 1; i < argc; i++) {
@@ -356,7 +356,8 @@ int main(int argc, char **argv)
 	CHECK(ferry_peer_set_stream_limits(to, getenv("BS_LIMIT") ? (uint32_t)atoi(getenv("BS_LIMIT")) : WINDOW, 1u << 20));
 	CHECK(ferry_sq_get(e, &sq));
 
-	jheader("bench_stream", started, load0, 2, "");
+	read_cpu_model(cpu, sizeof(cpu));
+	jheader("bench_stream", started, load0, (double)sysconf(_SC_NPROCESSORS_ONLN), cpu);
 	jstr("transport", tcp ? "tcp" : "shm");
 	jnum("reps", REPS);
 	jnum("window", WINDOW);

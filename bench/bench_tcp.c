@@ -695,22 +695,9 @@ int main(int argc, char **argv)
 		veth_run(&vr);
 
 	{
-		char cpu[128] = "unknown";
-		FILE *f = fopen("/proc/cpuinfo", "r");
-		char line[256];
+		char cpu[128];
 
-		while (f && fgets(line, sizeof(line), f)) {
-			if (!strncmp(line, "model name", 10)) {
-				char *c = strchr(line, ':');
-
-				if (c)
-					snprintf(cpu, sizeof(cpu), "%s", c + 2);
-				cpu[strcspn(cpu, "\n\"")] = '\0';
-				break;
-			}
-		}
-		if (f)
-			fclose(f);
+		read_cpu_model(cpu, sizeof(cpu));
 		jheader("bench_tcp", started, load0, (double)sysconf(_SC_NPROCESSORS_ONLN), cpu);
 	}
 	jnum("reps", opt.reps);

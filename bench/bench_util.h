@@ -215,6 +215,37 @@ static void jstat(const char *k, struct stat3 s, int decimals)
 	jclose();
 }
 
+/* Make text safe inside a JSON string: quotes, backslashes, controls -> ' '. */
+static void json_safe(char *s)
+{
+	for (; *s; s++)
+		if (*s == '"' || *s == '\\' || (unsigned char)*s < 0x20)
+			*s = ' ';
+}
+
+/* The CPU's model name from /proc/cpuinfo ("unknown" if there is none). */
+static void read_cpu_model(char *out, size_t len)
+{
+	FILE *f = fopen("/proc/cpuinfo", "r");
+	char line[256];
+
+	snprintf(out, len, "unknown");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *c = strchr(line, ':');
+
+		if (strncmp(line, "model name", 10) == 0 && c) {
+			c += 2;
+			c[strcspn(c, "\n")] = '\0';
+			json_safe(c);
+			snprintf(out, len, "%s", c);
+			break;
+		}
+	}
+	fclose(f);
+}
+
 /*
  * Open the document and write what every benchmark records first: its name,
  * ferry's version, the date, and the machine (kernel, CPUs, CPU model, the
