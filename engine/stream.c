@@ -108,7 +108,6 @@ struct stream_table {
 	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
 	struct op *acceptors;       /* STREAM_ACCEPT ops */
 	struct stream_sink *sink;
-	uint64_t opened, closed_count;
 };
 
 /* ------------------------------------------------------------------ */
@@ -194,7 +193,6 @@ static struct stream *rec_new(struct ferry_engine *e, uint8_t role, const char *
 	t->buckets[h & t->mask] = r;
 	r->hashed = true;
 	t->used++;
-	t->opened++;
 	return r;
 }
 
@@ -239,7 +237,6 @@ static void rec_maybe_free(struct ferry_engine *e, struct stream *r)
 	r->chain = t->free;
 	t->free = r;
 	t->used--;
-	t->closed_count++;
 }
 
 static uint64_t rec_id(const struct stream *r)
