@@ -385,6 +385,15 @@ extern const struct backend_ops ferry__tcp_backend;
  */
 int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
 		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
+/*
+ * A PUT arrived whose data the transport can read in place (src, len):
+ * if a GET into an iovec already waits for fullkey, copy into it and
+ * complete it, and return true (the transport keeps its block, which may go
+ * back to its owner at once). false: nothing was done; reactor_deliver
+ * takes it. Stream traffic always goes through reactor_deliver.
+ */
+bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			  const void *src, uint64_t len, uint32_t flags);
 /* Drop the transport state of a peer (so the next PUT resolves it again). */
 void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
 /* The same for every peer that transport b carries (at its shutdown). */

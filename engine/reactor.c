@@ -339,6 +339,29 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	return 0;
 }
 
+bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			  const void *src, uint64_t len, uint32_t flags)
+{
+	struct key_entry *ke;
+	struct op *op;
+
+	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT))
+		return false;
+	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
+	if (!ke || !(op = ke->waiters) || op->opcode != FERRY_OP_GET || !op->iovcnt ||
+	    len > op->len)
+		return false; /* no GET, a zero-copy one, or one that is too small */
+	STAT_ADD(e->stats.deliveries, 1);
+	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
+	op->entry = NULL;
+	op->state = OP_FREE;
+	keytable_put(&e->keys, ke);
+	scatter(op->iov, op->iovcnt, src, len);
+	STAT_ADD(e->stats.copies, 1);
+	op_complete(e, op, 0, len, NULL);
+	return true;
+}
+
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res)
 {
 	if (op->gen != gen || op->state != OP_AWAY)

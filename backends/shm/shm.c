@@ -15,16 +15,20 @@
  * what rules out a deadlock when both sides push PUTs at each other.
  *
  * Data path: a PUT's data is always a block of the sender's pool (the
- * reactor copied an iovec into one). The receiver wraps the block, read in
- * place through its read-only mapping, into a foreign handle
- * (pool_wrap) and hands it to its key table. The sender keeps the block
+ * reactor copied an iovec into one). When a GET into an iovec already waits
+ * for its key, the receiver copies the block out through its read-only
+ * mapping at once and answers RESULT_FREE (the block is the sender's again).
+ * Otherwise it wraps the block, read in place, into a foreign handle
+ * (pool_wrap) and hands it to its key table; the sender keeps the block
  * "lent" until the receiver's RELEASE (when the application releases the
- * buffer, or after a GET copied it out) or until the receiver dies.
+ * buffer, or after a later GET copied it out) or until the receiver dies.
  *
- * Sleep and wake: every ring entry is published with a release store of
- * the tail; the producer then reads the consumer engine's `sleeping` word
- * (its wake page, mapped from the peer) and writes its doorbell eventfd
- * only if it sleeps. While both sides are busy, no syscall per message.
+ * Sleep and wake: a PUT is published with a release store of the tail;
+ * control entries (RESULTs, RELEASEs) are written as they come and
+ * published once per round and connection. The producer then reads the
+ * consumer engine's `sleeping` word (its wake page, mapped from the peer)
+ * and writes its doorbell eventfd only if it sleeps. While both sides are
+ * busy, no syscall per message.
  *
  * Trust: everything read from shared memory is copied, then checked
  * (indices, lengths, offsets against the mapped size, key termination); a
@@ -77,6 +81,17 @@ struct shm_conn {
 	struct wake_page *peer_wake;
 	struct op *pending_head, *pending_tail; /* PUTs waiting for ring room */
 	uint64_t puts_sent, puts_taken;
+	/*
+	 * Our ends of the rings, kept here: the shared indices are only read
+	 * where the peer writes them (its heads of our rings, its tails of
+	 * its rings), so what it scribbles over ours cannot mislead us. The
+	 * peer's heads are read again only when the copy says a ring is full.
+	 */
+	uint32_t put_tail, put_head_seen;   /* tx PUT ring */
+	uint32_t ctrl_tail, ctrl_head_seen; /* tx control ring */
+	uint32_t ctrl_published;            /* ctrl_tail as last stored in the ring */
+	uint32_t rx_put_head, rx_ctrl_head; /* rx rings */
+	bool peer_takes_result_free;        /* its hello had SHM_CAP_RESULT_FREE */
 };
 
 struct shm_state {
@@ -170,37 +185,54 @@ static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t
 /* ------------------------------------------------------------------ */
 
 /*
- * Room in a ring we produce into; -1 if the consumer's head is nonsense
- * (a peer that writes garbage).
+ * Room in a ring we produce into, from our tail and the consumer's head
+ * last seen (read again only when that says full); -1 if the consumer's
+ * head is nonsense (a peer that writes garbage).
  */
-static int64_t ring_room(struct shm_ring_ctl *r, uint32_t entries)
+static int64_t ring_room(struct shm_ring_ctl *r, uint32_t entries, uint32_t tail,
+			 uint32_t *head_seen)
 {
-	uint32_t head = atomic_load_explicit(&r->head, memory_order_acquire);
-	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
+	uint32_t head;
 
+	if (tail - *head_seen < entries)
+		return (int64_t)(entries - (tail - *head_seen));
+	head = atomic_load_explicit(&r->head, memory_order_acquire);
 	if (tail - head > entries)
 		return -1;
+	*head_seen = head;
 	return (int64_t)(entries - (tail - head));
 }
 
-/* Entries ready in a ring we consume; -1 if the producer's tail is nonsense. */
-static int64_t ring_ready(struct shm_ring_ctl *r, uint32_t entries)
+/* Entries ready in a ring we consume from head; -1 if the producer's tail is nonsense. */
+static int64_t ring_ready(struct shm_ring_ctl *r, uint32_t entries, uint32_t head)
 {
 	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
-	uint32_t head = atomic_load_explicit(&r->head, memory_order_relaxed);
 
 	if (tail - head > entries)
 		return -1;
 	return (int64_t)(tail - head);
 }
 
+static int64_t ctrl_room(struct shm_conn *c)
+{
+	return ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES, c->ctrl_tail, &c->ctrl_head_seen);
+}
+
+static int64_t put_room(struct shm_conn *c)
+{
+	return ring_room(&c->tx->put, SHM_PUT_ENTRIES, c->put_tail, &c->put_head_seen);
+}
+
 static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res);
 
+/*
+ * Queue a control entry. It is written now and published (tail, doorbell)
+ * once for all of a round's entries, by ctrl_publish at the end of
+ * conn_progress, which every round runs for every live connection.
+ */
 static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl_desc *d)
 {
-	struct shm_ring_ctl *r = &c->tx->ctrl;
-	int64_t room = ring_room(r, SHM_CTRL_ENTRIES);
-	uint32_t tail;
+	int64_t room = ctrl_room(c);
 
 	if (room < 0) {
 		conn_fail(e, c, "control ring head out of range", -ECONNRESET);
@@ -208,10 +240,18 @@ static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 	}
 	if (room == 0)
 		return false;
-	tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-	c->tx->ctrls[tail % SHM_CTRL_ENTRIES] = *d;
-	atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
-	wake_peer(c);
+	c->tx->ctrls[c->ctrl_tail % SHM_CTRL_ENTRIES] = *d;
+	c->ctrl_tail++;
+	return true;
+}
+
+/* Publish the queued control entries; true if there were any. */
+static bool ctrl_publish(struct shm_conn *c)
+{
+	if (c->ctrl_tail == c->ctrl_published)
+		return false;
+	atomic_store_explicit(&c->tx->ctrl.tail, c->ctrl_tail, memory_order_release);
+	c->ctrl_published = c->ctrl_tail;
 	return true;
 }
 
@@ -222,11 +262,9 @@ static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 {
 	struct shm_state *st = c->st;
-	struct shm_ring_ctl *r = &c->tx->put;
-	int64_t room = ring_room(r, SHM_PUT_ENTRIES);
+	int64_t room = put_room(c);
 	struct shm_put_desc *d;
 	struct ferry_buf *buf = op->buf;
-	uint32_t tail;
 
 	if (room < 0) {
 		conn_fail(e, c, "PUT ring head out of range", -ECONNRESET);
@@ -234,8 +272,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	}
 	if (room == 0)
 		return false;
-	tail = atomic_load_explicit(&r->tail, memory_order_relaxed);
-	d = &c->tx->puts[tail % SHM_PUT_ENTRIES];
+	d = &c->tx->puts[c->put_tail % SHM_PUT_ENTRIES];
 	d->type = SHM_D_PUT;
 	d->flags = op->flags & WIRE_F__ALL;
 	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
@@ -244,7 +281,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	d->len = op->len;
 	d->key_len = op->key_len;
 	memcpy(d->key, op->key, op->key_len + 1u);
-	atomic_store_explicit(&r->tail, tail + 1, memory_order_release);
+	atomic_store_explicit(&c->tx->put.tail, ++c->put_tail, memory_order_release);
 	/* The block is lent until the peer's RESULT (error) or RELEASE. */
 	st->lent[buf->index] = buf;
 	st->lent_conn[buf->index] = (uint16_t)(c->id + 1);
@@ -410,6 +447,17 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 			reactor_put_done(e, &e->ops[oi], (uint32_t)d->op_cookie, d->res);
 		return true;
 	}
+	case SHM_C_RESULT_FREE: {
+		uint64_t oi = d->op_cookie >> 32;
+
+		if (!lent_here || d->res != 0)
+			return false;
+		free_lent(st, idx); /* taken by a copy: the block is ours again */
+		c->puts_taken++;
+		if (oi < e->max_ops)
+			reactor_put_done(e, &e->ops[oi], (uint32_t)d->op_cookie, 0);
+		return true;
+	}
 	case SHM_C_RELEASE:
 		if (!lent_here)
 			return false;
@@ -433,6 +481,15 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	    d->offset > c->peer_pool_size || d->len > c->peer_pool_size - d->offset)
 		return false;
 	n = keytable_compose(fullkey, d->key, d->key_len, c->peer_name, e->name);
+	if (n >= 0 && c->peer_takes_result_free &&
+	    reactor_deliver_copy(e, fullkey, (size_t)n, c->peer_pool + d->offset, d->len,
+				 d->flags)) {
+		/* A GET into an iovec took a copy: the block goes back with the RESULT. */
+		res.type = SHM_C_RESULT_FREE;
+		res.res = 0;
+		send_ctrl(e, c, &res); /* room was checked by the caller */
+		return true;
+	}
 	rc = n < 0 ? n : pool_wrap(e->pool, (void *)(c->peer_pool + d->offset), d->len, d->offset,
 				   release_hook, c, &buf);
 	if (rc == 0) {
@@ -449,45 +506,55 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	return true;
 }
 
+/*
+ * One connection's share of a round: its control entries, then its PUTs
+ * (each needs control room for its RESULT), then what waits for PUT room.
+ * The heads and the control entries written are published once at the end,
+ * with one fence before the peer's sleep word is read.
+ */
 static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 {
+	uint32_t ctrl_head = c->rx_ctrl_head, put_head = c->rx_put_head;
+	bool published;
 	int64_t ready;
 	int n = 0;
 
 	/* Control first: it never needs room anywhere. */
-	ready = ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES);
+	ready = ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES, ctrl_head);
 	if (ready < 0) {
 		conn_fail(e, c, "control ring tail out of range", -ECONNRESET);
 		return 1;
 	}
 	for (int64_t i = 0; i < ready && i < SHM_PER_ROUND; i++) {
-		uint32_t head = atomic_load_explicit(&c->rx->ctrl.head, memory_order_relaxed);
-		struct shm_ctrl_desc d = c->rx->ctrls[head % SHM_CTRL_ENTRIES];
+		struct shm_ctrl_desc d = c->rx->ctrls[ctrl_head % SHM_CTRL_ENTRIES];
 
-		atomic_store_explicit(&c->rx->ctrl.head, head + 1, memory_order_release);
+		ctrl_head++;
 		if (!take_ctrl(e, c, &d)) {
 			conn_fail(e, c, "malformed control descriptor", -ECONNRESET);
 			return n + 1;
 		}
 		n++;
 	}
-	ready = ring_ready(&c->rx->put, SHM_PUT_ENTRIES);
+	if (ctrl_head != c->rx_ctrl_head) {
+		c->rx_ctrl_head = ctrl_head;
+		atomic_store_explicit(&c->rx->ctrl.head, ctrl_head, memory_order_release);
+	}
+	ready = ring_ready(&c->rx->put, SHM_PUT_ENTRIES, put_head);
 	if (ready < 0) {
 		conn_fail(e, c, "PUT ring tail out of range", -ECONNRESET);
 		return n + 1;
 	}
 	for (int64_t i = 0; i < ready && i < SHM_PER_ROUND; i++) {
-		uint32_t head = atomic_load_explicit(&c->rx->put.head, memory_order_relaxed);
 		struct shm_put_desc d;
-		int64_t room = ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES);
+		int64_t room = ctrl_room(c);
 
 		if (room <= 0) {
 			if (room < 0)
 				conn_fail(e, c, "control ring head out of range", -ECONNRESET);
 			break; /* its RESULT needs room: later */
 		}
-		d = c->rx->puts[head % SHM_PUT_ENTRIES];
-		atomic_store_explicit(&c->rx->put.head, head + 1, memory_order_release);
+		d = c->rx->puts[put_head % SHM_PUT_ENTRIES];
+		put_head++;
 		if (!take_put(e, c, &d)) {
 			conn_fail(e, c, "malformed PUT descriptor", -ECONNRESET);
 			return n + 1;
@@ -496,14 +563,28 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		if (c->dead)
 			return n; /* its control ring went bad under us */
 	}
-	if (n) {
-		/* It may sleep until we make room (pairs with want_room()). */
+	if (put_head != c->rx_put_head) {
+		c->rx_put_head = put_head;
+		atomic_store_explicit(&c->rx->put.head, put_head, memory_order_release);
+	}
+	published = ctrl_publish(c);
+	if (n || published) {
+		/*
+		 * The peer may sleep: until our control entries come (it said so
+		 * in its wake page), or until we make room (want_room). The fence
+		 * pairs with its announcement before it looks at the rings.
+		 */
+		bool wake = published;
+
 		atomic_thread_fence(memory_order_seq_cst);
-		if ((atomic_load_explicit(&c->rx->put.want_room, memory_order_relaxed) &&
-		     atomic_exchange(&c->rx->put.want_room, 0)) |
-		    (atomic_load_explicit(&c->rx->ctrl.want_room, memory_order_relaxed) &&
-		     atomic_exchange(&c->rx->ctrl.want_room, 0)))
-			wake_peer(c);
+		if (n && ((atomic_load_explicit(&c->rx->put.want_room, memory_order_relaxed) &&
+			   atomic_exchange(&c->rx->put.want_room, 0)) |
+			  (atomic_load_explicit(&c->rx->ctrl.want_room, memory_order_relaxed) &&
+			   atomic_exchange(&c->rx->ctrl.want_room, 0))))
+			wake = true;
+		if (wake && atomic_load_explicit(&c->peer_wake->sleeping, memory_order_relaxed) &&
+		    !atomic_exchange(&c->peer_wake->doorbell_rung, 1))
+			ring_peer(c);
 	}
 	n += flush_pending(e, c);
 	return n;
@@ -630,6 +711,7 @@ static void fill_hello(struct ferry_engine *e, struct shm_hello *h)
 	snprintf(h->name, sizeof(h->name), "%s", e->name);
 	h->pool_size = pool_size(e->pool);
 	h->ring_entries = SHM_PUT_ENTRIES;
+	h->caps = SHM_CAP_RESULT_FREE;
 	h->ring_bytes = (uint32_t)SHM_RINGS_BYTES;
 }
 
@@ -677,6 +759,7 @@ static int conn_create(struct ferry_engine *e, struct backend *b, int sock,
 	c->peer_doorbell = fds[1];
 	fds[1] = -1;
 	snprintf(c->peer_name, sizeof(c->peer_name), "%s", h->name);
+	c->peer_takes_result_free = (h->caps & SHM_CAP_RESULT_FREE) != 0;
 	if ((rc = fd_size(fds[0], &sz)) || sz < h->pool_size || h->pool_size == 0) {
 		log_error("shm: pool of %s: %llu bytes, announced %llu", h->name,
 			  (unsigned long long)sz, (unsigned long long)h->pool_size);
@@ -927,7 +1010,18 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
  * Before sleeping with work that waits for room in a ring the peer drains:
  * say so, then look again (the peer rings us when it sees want_room).
  */
-static bool room_appeared(struct shm_ring_ctl *r, uint32_t entries);
+static bool room_appeared(struct shm_ring_ctl *r, uint32_t entries, uint32_t tail,
+			  uint32_t *head_seen)
+{
+	atomic_store(&r->want_room, 1);
+	atomic_thread_fence(memory_order_seq_cst);
+	return ring_room(r, entries, tail, head_seen) != 0;
+}
+
+static bool ctrl_room_appeared(struct shm_conn *c)
+{
+	return room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES, c->ctrl_tail, &c->ctrl_head_seen);
+}
 
 /* Some queued release can be sent (its peer's control ring has room, or is gone). */
 static bool releases_can_move(struct shm_state *st)
@@ -937,18 +1031,10 @@ static bool releases_can_move(struct shm_state *st)
 	for (uint32_t i = 0; i < st->nlive; i++) {
 		struct shm_conn *c = st->live[i];
 
-		if (c->dead || ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES) != 0 ||
-		    room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES))
+		if (c->dead || ctrl_room(c) != 0 || ctrl_room_appeared(c))
 			return true;
 	}
 	return false;
-}
-
-static bool room_appeared(struct shm_ring_ctl *r, uint32_t entries)
-{
-	atomic_store(&r->want_room, 1);
-	atomic_thread_fence(memory_order_seq_cst);
-	return ring_room(r, entries) != 0;
 }
 
 static bool shm_has_work(struct ferry_engine *e, struct backend *b)
@@ -961,15 +1047,15 @@ static bool shm_has_work(struct ferry_engine *e, struct backend *b)
 
 		if (c->dead)
 			return true; /* to be reaped */
-		if (ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES) != 0)
+		if (ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES, c->rx_ctrl_head) != 0)
 			return true;
 		/* PUTs to take need control room for their RESULT. */
-		if (ring_ready(&c->rx->put, SHM_PUT_ENTRIES) != 0 &&
-		    (ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES) != 0 ||
-		     room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES)))
+		if (ring_ready(&c->rx->put, SHM_PUT_ENTRIES, c->rx_put_head) != 0 &&
+		    (ctrl_room(c) != 0 || ctrl_room_appeared(c)))
 			return true;
-		if (c->pending_head && (ring_room(&c->tx->put, SHM_PUT_ENTRIES) != 0 ||
-					room_appeared(&c->tx->put, SHM_PUT_ENTRIES)))
+		if (c->pending_head &&
+		    (put_room(c) != 0 ||
+		     room_appeared(&c->tx->put, SHM_PUT_ENTRIES, c->put_tail, &c->put_head_seen)))
 			return true;
 	}
 	/* Releases wait for control room, which the loop above asked for. */

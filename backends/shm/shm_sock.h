@@ -52,6 +52,11 @@
  * health JSON (ferry_engine_health), and hangs up. See shm_health.c.
  */
 #define SHM_CAP_HEALTH (1u << 0)
+/*
+ * caps bit of a hello with fds: this engine takes SHM_C_RESULT_FREE (a
+ * PUT taken by a copy, its block free again) in its control ring.
+ */
+#define SHM_CAP_RESULT_FREE (1u << 1)
 /* Largest health answer sent (a SOCK_SEQPACKET message). */
 #define SHM_HEALTH_MAX (128u * 1024u)
 

@@ -22,7 +22,12 @@
 #define SHM_PUT_ENTRIES 1024u
 #define SHM_CTRL_ENTRIES 4096u
 
-enum { SHM_D_PUT = 1, SHM_C_RESULT = 2, SHM_C_RELEASE = 3 };
+/*
+ * SHM_C_RESULT_FREE: a RESULT (res 0) and a RELEASE in one entry, for a PUT
+ * the receiver copied out at once; sent only to a peer whose hello had
+ * SHM_CAP_RESULT_FREE.
+ */
+enum { SHM_D_PUT = 1, SHM_C_RESULT = 2, SHM_C_RELEASE = 3, SHM_C_RESULT_FREE = 4 };
 
 struct shm_put_desc {
 	uint32_t type;
