@@ -323,19 +323,12 @@ struct cbpp {
 static void cbpp_put_cb(const struct ferry_cqe *c, void *arg);
 static void cbpp_get_cb(const struct ferry_cqe *c, void *arg);
 
-/* Submit GET (in key) and PUT (out key) of round i from the current thread. */
+/* Submit PUT (out key) and GET (in key) of round i from the current thread. */
 static void cbpp_send(struct cbpp *s, struct ferry_sq *sq, uint64_t i, bool with_get, bool with_put)
 {
 	char key[32];
 	struct ferry_sqe *sqe;
 
-	if (with_get) {
-		key_of(key, s->initiator ? 'r' : 'k', i);
-		sqe = sqe_of(s->e, sq);
-		ferry_prep_get(sqe, s->to, key, s->zc ? NULL : &s->in_iov, s->zc ? 0 : 1, UD_GET | i);
-		ferry_sqe_set_callback(sqe, cbpp_get_cb, s);
-		ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
-	}
 	if (with_put) {
 		key_of(key, s->initiator ? 'k' : 'r', i);
 		sqe = sqe_of(s->e, sq);
@@ -350,6 +343,13 @@ static void cbpp_send(struct cbpp *s, struct ferry_sq *sq, uint64_t i, bool with
 			ferry_prep_put(sqe, s->to, key, &s->out_iov, 1, UD_PUT | i);
 		}
 		ferry_sqe_set_callback(sqe, cbpp_put_cb, s);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
+	}
+	if (with_get) { /* after the PUT: it is posted while the PUT travels */
+		key_of(key, s->initiator ? 'r' : 'k', i);
+		sqe = sqe_of(s->e, sq);
+		ferry_prep_get(sqe, s->to, key, s->zc ? NULL : &s->in_iov, s->zc ? 0 : 1, UD_GET | i);
+		ferry_sqe_set_callback(sqe, cbpp_get_cb, s);
 		ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
 	}
 	ferry_sq_submit(sq);
@@ -743,8 +743,10 @@ static void pair_close(struct pair *p)
 }
 
 /*
- * Ping-pong of 64 B: per round trip the parent posts GET r_i and PUT k_i in
- * one submit and stops the clock at the GET's completion. variant 0: PUT of
+ * Ping-pong of 64 B: per round trip the parent posts PUT k_i and GET r_i in
+ * one submit (the PUT first: the GET is posted while the PUT travels, as an
+ * application that expects an answer would) and stops the clock at the
+ * GET's completion. variant 0: PUT of
  * an iovec (one 64 B copy into the pool), GET into an iovec (one copy out);
  * variant 1: PUT of a pool buffer, zero-copy GET + release. pause_ns > 0
  * sleeps between round trips (adaptive mode). One-way = RTT / 2.
@@ -783,9 +785,6 @@ static struct lat_result lat_bench(struct pair *p, int variant, bool cb, uint64_
 			if (pause_ns)
 				nanosleep(&pause, NULL);
 			t0 = now_ns();
-			key_of(key, 'r', i);
-			ferry_prep_get(sqe_of(p->e, p->sq), p->to, key, zc ? NULL : &in_iov, zc ? 0 : 1,
-				       UD_GET | i);
 			key_of(key, 'k', i);
 			if (zc) {
 				struct ferry_buf *b;
@@ -799,6 +798,9 @@ static struct lat_result lat_bench(struct pair *p, int variant, bool cb, uint64_
 			} else {
 				ferry_prep_put(sqe_of(p->e, p->sq), p->to, key, &out_iov, 1, UD_PUT | i);
 			}
+			key_of(key, 'r', i);
+			ferry_prep_get(sqe_of(p->e, p->sq), p->to, key, zc ? NULL : &in_iov, zc ? 0 : 1,
+				       UD_GET | i);
 			ferry_sq_submit(p->sq);
 			while (!got) {
 				struct ferry_cqe cq[8];
@@ -1482,8 +1484,8 @@ int main(int argc, char **argv)
 	jclose();
 
 	jopen("latency_64B");
-	jstr("measures", "ping-pong A->B->A between the two processes: A posts GET r_i and PUTs "
-			 "k_i, B GETs k_i and PUTs r_i; one-way = (PUT k_i submit -> GET r_i "
+	jstr("measures", "ping-pong A->B->A between the two processes: A PUTs k_i and posts "
+			 "GET r_i (one submit), B GETs k_i and PUTs r_i; one-way = (PUT k_i submit -> GET r_i "
 			 "complete) / 2");
 	jstr("copy", "PUT of a 64 B iovec (copied into the sender's pool), GET into a 64 B iovec");
 	jstr("zero_copy", "ferry_buf_alloc(64) + PUT of the pool buffer, GET zero-copy + release");
