@@ -291,6 +291,7 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 {
 	struct ferry_engine *e;
 	uint64_t start, deadline = 0, spin_until;
+	bool watching = false; /* THREAD mode: we poll for the sleeping reactor */
 	uint32_t intr;
 
 	if (unlikely(!cq || !cqes || !max)) {
@@ -312,25 +313,33 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		int n;
 
 		manual_progress(e);
+		reactor_watch(e, &watching);
 		n = cq_reap(cq, cqes, max, &handled);
-		if (handled)
+		if (handled) {
+			reactor_unwatch(e, &watching);
 			return n;
+		}
 		if (atomic_load(&cq->interrupts) != intr) {
+			reactor_unwatch(e, &watching);
 			atomic_store(&cq->interrupts_seen, atomic_load(&cq->interrupts));
 			return -EINTR;
 		}
 		now = ferry__now_ns();
 		if (deadline) {
-			if (now >= deadline)
+			if (now >= deadline) {
+				reactor_unwatch(e, &watching);
 				return -ETIMEDOUT;
+			}
 			left = (int64_t)(deadline - now);
 		} else if (timeout_ns == 0) {
+			reactor_unwatch(e, &watching);
 			return -ETIMEDOUT;
 		}
 		if (now < spin_until) {
 			ferry__spin_step(now - start);
 			continue;
 		}
+		reactor_unwatch(e, &watching);
 		if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {
 			/* We drive progress: sleep where the engine sleeps. */
 			if (!cq_has_entries(cq))

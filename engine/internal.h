@@ -173,6 +173,7 @@ static inline bool op_state_pending(uint8_t state)
 		     WIRE_F_WANT)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
+#define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */
 
 struct key_entry;
 
@@ -482,6 +483,13 @@ struct ferry_engine {
 	int wake_fd;
 	/* Progress ownership (MANUAL mode, and the reactor thread). */
 	_Atomic int progress_busy cacheline_aligned;
+	/*
+	 * THREAD mode: the reactor thread lets go progress while it sleeps
+	 * (REACTOR_ASLEEP) or yields its CPU in its spin (REACTOR_YIELDING),
+	 * so that a caller may run rounds in its place (reactor_stand_in).
+	 */
+	_Atomic int reactor_parked;
+	_Atomic int watcher;     /* a waiting caller polls in its place (reactor_watch) */
 	/* CQ waiters sleep on this futex word. */
 	_Atomic uint32_t cq_seq cacheline_aligned;
 	_Atomic uint32_t cq_waiters;
@@ -512,6 +520,11 @@ struct ferry_engine {
 	struct ferry_cq *dirty_cqs;
 	uint64_t now;   /* the clock, read at most once per round (reactor_now) */
 	bool now_valid;
+	/* Stand-in rounds (reactor.c): a caller runs a round for the parked reactor. */
+	bool standing_in;
+	bool stand_in_needs_reactor; /* it left work only the reactor thread may do */
+	uint64_t parked_until;       /* when the parked reactor wakes by itself (UINT64_MAX: never) */
+	uint32_t reactor_cb_ops;     /* pending ops whose callback runs on the reactor thread */
 
 	/* The reactor's io_uring: doorbell reads and the sleep. */
 	struct io_uring ring;
@@ -579,6 +592,25 @@ static inline bool progress_try_lock(struct ferry_engine *e)
 }
 
 void progress_unlock(struct ferry_engine *e);
+
+/*
+ * THREAD mode, called by a submitter or a waiter: if the reactor thread is
+ * parked in its sleep, run one round in its place (no CB_REACTOR callback
+ * runs, the io_uring is left to the reactor) and wake it only if the round
+ * left it something to do. Returns true if a round ran.
+ */
+enum { REACTOR_RUNNING = 0, REACTOR_ASLEEP = 1, REACTOR_YIELDING = 2 };
+bool reactor_stand_in(struct ferry_engine *e);
+/*
+ * THREAD mode, for a caller spinning in ferry_cq_wait: while the reactor
+ * is parked, keep watch in its place: its sleep is suspended (peers and
+ * submitters see it awake and ring no doorbell) and every call runs a
+ * stand-in round. *watching says whether this caller keeps the watch;
+ * reactor_unwatch ends it, announcing the reactor's sleep again (and
+ * waking it if work is left), before the caller returns or sleeps.
+ */
+void reactor_watch(struct ferry_engine *e, bool *watching);
+void reactor_unwatch(struct ferry_engine *e, bool *watching);
 
 /* futex helpers */
 int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns);

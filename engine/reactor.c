@@ -62,9 +62,12 @@ int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
 	return 0;
 }
 
+/* How long an idle spin pauses before it starts to yield its CPU. */
+#define SPIN_PAUSE_NS 2000
+
 void ferry__spin_step(uint64_t spun_ns)
 {
-	if (spun_ns < 2000)
+	if (spun_ns < SPIN_PAUSE_NS)
 		cpu_relax();
 	else
 		sched_yield();
@@ -120,6 +123,8 @@ void ferry__op_free(struct ferry_engine *e, struct op *op)
 {
 	if (op->cq)
 		STAT_ADD(op->cq->inflight, (uint64_t)-1);
+	if (op->flags & OP_F_REACTOR_CB)
+		e->reactor_cb_ops--;
 	op->state = OP_FREE;
 	op->gen++;
 	op->next = e->free_ops;
@@ -694,6 +699,10 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	}
 	if (sqe->opcode != FERRY_OP_NOP && sqe->opcode != FERRY_OP_CANCEL)
 		op->peer = sqe->peer && sqe->peer->engine == e ? sqe->peer : NULL;
+	if (op->flags & FERRY_SQE_CB_REACTOR) {
+		op->flags |= OP_F_REACTOR_CB; /* no stand-in round while it is pending */
+		e->reactor_cb_ops++;
+	}
 
 	switch (sqe->opcode) {
 	case FERRY_OP_NOP:
@@ -761,6 +770,12 @@ static bool drain_sqs(struct ferry_engine *e, int *count)
 			if (unlikely(!e->free_ops)) {
 				drained = false;
 				break; /* no free op: leave the rest in the ring */
+			}
+			if (unlikely(e->standing_in && (slot->flags & FERRY_SQE_CB_REACTOR))) {
+				/* Its callback is the reactor thread's: leave it (and what follows). */
+				e->stand_in_needs_reactor = true;
+				drained = false;
+				break;
 			}
 			memcpy(&local, slot, offsetof(struct ferry_sqe, key));
 			memcpy(local.key, slot->key, klen);
@@ -884,10 +899,16 @@ int reactor_run_once(struct ferry_engine *e)
 	int n = 0;
 
 	e->now_valid = false;
-	if (atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
-		atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
-	if (io_uring_cq_ready(&e->ring))
-		reap_ring(e);
+	/*
+	 * A stand-in leaves the parked reactor's state alone: its sleep stays
+	 * announced and its io_uring completions stay for it (they end its wait).
+	 */
+	if (!e->standing_in) {
+		if (atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
+			atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
+		if (io_uring_cq_ready(&e->ring))
+			reap_ring(e);
+	}
 	atomic_store_explicit(&e->rounds, e->rounds + 1, memory_order_relaxed);
 	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed) ||
 	    atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed))
@@ -1094,6 +1115,229 @@ int ferry_progress(struct ferry_engine *e)
 	return n;
 }
 
+/*
+ * The reactor thread's wait for a completion (the doorbell read, a backend's
+ * I/O) or budget_ns (< 0: none), entered without holding progress. It does
+ * not touch the ring's memory, which the holder of progress may be using.
+ */
+static void wait_ring_unlocked(struct ferry_engine *e, int64_t budget_ns)
+{
+	struct __kernel_timespec ts;
+	struct io_uring_getevents_arg arg = { .ts = (uint64_t)(uintptr_t)&ts };
+	unsigned flags = IORING_ENTER_GETEVENTS;
+	void *argp = NULL;
+	size_t argsz = 0;
+
+	if (budget_ns >= 0) {
+		ts.tv_sec = budget_ns / 1000000000;
+		ts.tv_nsec = budget_ns % 1000000000;
+		flags |= IORING_ENTER_EXT_ARG;
+		argp = &arg;
+		argsz = sizeof(arg);
+	}
+	if (syscall(__NR_io_uring_enter, e->ring.ring_fd, 0, 1, flags, argp, argsz) < 0 &&
+	    errno != ETIME && errno != EINTR && errno != EAGAIN && errno != EBUSY)
+		log_debug("engine %s: io_uring wait: %s", e->name, ferry_strerror(-errno));
+}
+
+/*
+ * THREAD mode: sleep like reactor_sleep, but park: progress is let go for
+ * the wait, so that a caller that submits or waits meanwhile can run rounds
+ * itself (reactor_stand_in) instead of waking this thread. Taken back after.
+ */
+static void reactor_thread_sleep(struct ferry_engine *e)
+{
+	/* Under valgrind: ppoll on the doorbell and the ring (see sleep_in_ppoll). */
+	struct pollfd fds[2] = {
+		{ .fd = e->doorbell_fd, .events = POLLIN },
+		{ .fd = e->ring.ring_fd, .events = POLLIN },
+	};
+	int64_t budget;
+	uint64_t spun = 0, t0 = 0;
+
+	if (!e->sleep_in_ppoll)
+		arm_doorbell(e);
+	announce_sleep(e);
+	if (reactor_has_work(e) || atomic_load(&e->stop)) {
+		atomic_store(&e->wake->sleeping, 0);
+		io_uring_submit(&e->ring);
+		return;
+	}
+	budget = sleep_budget(e, -1);
+	io_uring_submit(&e->ring);
+	if (budget == 0) {
+		atomic_store(&e->wake->sleeping, 0);
+		reap_ring(e);
+		return;
+	}
+	e->parked_until = budget < 0 ? UINT64_MAX : ferry__now_ns() + (uint64_t)budget;
+	atomic_store_explicit(&e->reactor_parked, REACTOR_ASLEEP, memory_order_relaxed);
+	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+	if (e->sleep_in_ppoll) {
+		struct timespec ts, *tsp = NULL;
+
+		if (budget >= 0) {
+			ts.tv_sec = budget / 1000000000;
+			ts.tv_nsec = budget % 1000000000;
+			tsp = &ts;
+		}
+		if (ppoll(fds, 2, tsp, NULL) < 0)
+			fds[0].revents = 0;
+	} else {
+		wait_ring_unlocked(e, budget);
+	}
+	/* A stand-in round may be running: it is short (it never sleeps). */
+	while (!progress_try_lock(e)) {
+		if (!t0)
+			t0 = ferry__now_ns();
+		else
+			spun = ferry__now_ns() - t0;
+		ferry__spin_step(spun);
+	}
+	atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING, memory_order_relaxed);
+	atomic_store(&e->wake->sleeping, 0);
+	if (e->sleep_in_ppoll && (fds[0].revents & POLLIN) && !e->doorbell_armed) {
+		uint64_t v;
+
+		/* ppoll saw it readable, and stand-ins never read it: no block. */
+		if (read(e->doorbell_fd, &v, sizeof(v)) < 0)
+			log_debug("doorbell read: %s", ferry_strerror(-errno));
+	}
+	reap_ring(e);
+}
+
+/* Ring our own doorbell for the parked reactor, unless someone already did. */
+static void ring_parked(struct ferry_engine *e)
+{
+	uint64_t one = 1;
+
+	if (!atomic_exchange(&e->wake->doorbell_rung, 1) &&
+	    write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
+}
+
+/*
+ * Take progress from a parked reactor: true with progress held and the
+ * reactor still parked with no CB_REACTOR op pending.
+ */
+static bool stand_in_lock(struct ferry_engine *e)
+{
+	if (e->mode != FERRY_PROGRESS_THREAD ||
+	    !atomic_load_explicit(&e->reactor_parked, memory_order_acquire) ||
+	    !progress_try_lock(e))
+		return false;
+	if (!atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) || e->reactor_cb_ops) {
+		/* The reactor is back, or a callback of its own is pending. */
+		progress_unlock(e);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * One round in the parked reactor's place, progress held. Returns true if
+ * the reactor must be woken for something a stand-in does not do: a
+ * CB_REACTOR op, a deadline before its sleep ends.
+ */
+static bool stand_in_round(struct ferry_engine *e)
+{
+	uint64_t next;
+
+	e->standing_in = true;
+	e->stand_in_needs_reactor = false;
+	reactor_run_once(e);
+	e->standing_in = false;
+	next = next_deadline(e);
+	return e->stand_in_needs_reactor || e->reactor_cb_ops || (next && next < e->parked_until);
+}
+
+bool reactor_stand_in(struct ferry_engine *e)
+{
+	bool wake;
+
+	if (!stand_in_lock(e))
+		return false;
+	wake = stand_in_round(e);
+	/* Only a reactor asleep needs its doorbell; a yielding one comes back soon. */
+	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP)
+		wake = wake || reactor_has_work(e);
+	else
+		wake = false;
+	progress_unlock(e);
+	if (wake)
+		ring_parked(e); /* its sleep is still announced */
+	return true;
+}
+
+void reactor_watch(struct ferry_engine *e, bool *watching)
+{
+	bool wake;
+
+	if (!*watching) {
+		if (e->mode != FERRY_PROGRESS_THREAD ||
+		    atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP)
+			return;
+		if (atomic_exchange(&e->watcher, 1)) {
+			reactor_stand_in(e); /* another caller keeps watch */
+			return;
+		}
+		if (!stand_in_lock(e)) {
+			atomic_store(&e->watcher, 0);
+			return;
+		}
+		if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP) {
+			progress_unlock(e);
+			atomic_store(&e->watcher, 0);
+			return;
+		}
+		/* Suspend its announced sleep: we poll, nobody need ring. */
+		atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
+		*watching = true;
+	} else if (!stand_in_lock(e)) {
+		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP) {
+			/* The reactor woke and took over (its sleep ended). */
+			*watching = false;
+			atomic_store(&e->watcher, 0);
+		}
+		return;
+	}
+	wake = stand_in_round(e) &&
+	       atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP;
+	progress_unlock(e);
+	if (wake) {
+		reactor_unwatch(e, watching);
+		ring_parked(e);
+	}
+}
+
+void reactor_unwatch(struct ferry_engine *e, bool *watching)
+{
+	bool wake = false;
+
+	if (!*watching)
+		return;
+	*watching = false;
+	for (uint64_t t0 = ferry__now_ns();;) {
+		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP)
+			break; /* awake again: it announces its own sleeps */
+		if (progress_try_lock(e)) {
+			if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) ==
+			    REACTOR_ASLEEP) {
+				/* Announce its sleep again, then look (pairs with wake_peer). */
+				atomic_store(&e->wake->sleeping, 1);
+				atomic_thread_fence(memory_order_seq_cst);
+				wake = reactor_has_work(e);
+			}
+			progress_unlock(e);
+			break;
+		}
+		ferry__spin_step(ferry__now_ns() - t0); /* a submitter's stand-in round */
+	}
+	atomic_store(&e->watcher, 0);
+	if (wake)
+		ring_parked(e);
+}
+
 void *reactor_thread_main(void *arg)
 {
 	struct ferry_engine *e = arg;
@@ -1105,10 +1349,25 @@ void *reactor_thread_main(void *arg)
 			continue;
 		}
 		if (reactor_now(e) - last_work < e->spin_ns) {
-			ferry__spin_step(e->now - last_work);
+			if (e->now - last_work < SPIN_PAUSE_NS) {
+				cpu_relax();
+				continue;
+			}
+			/*
+			 * The spin yields its CPU now: let go progress meanwhile,
+			 * so that a caller on this CPU that submits runs the round
+			 * itself instead of waiting for us to be scheduled again.
+			 */
+			e->parked_until = 0;
+			atomic_store_explicit(&e->reactor_parked, REACTOR_YIELDING, memory_order_relaxed);
+			atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+			sched_yield();
+			while (!progress_try_lock(e))
+				sched_yield(); /* a stand-in round: short */
+			atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING, memory_order_relaxed);
 			continue;
 		}
-		reactor_sleep(e, -1);
+		reactor_thread_sleep(e);
 		last_work = ferry__now_ns();
 	}
 	return NULL;
