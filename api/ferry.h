@@ -434,7 +434,11 @@ FERRY_API struct ferry_sqe *ferry_sq_get_sqe(struct ferry_sq *sq);
 
 /*
  * Make every entry taken since the last submit visible to the reactor,
- * ringing its doorbell only if it said it sleeps. Entries are checked when
+ * ringing its doorbell only if it said it sleeps. In THREAD mode, when the
+ * reactor thread sleeps or yields its CPU, one round of the engine runs here
+ * on the calling thread instead (it takes the entries, and may complete
+ * ops; a FERRY_SQE_CB_REACTOR callback still runs only on the reactor
+ * thread, which is then woken). Entries are checked when
  * the reactor takes them: a malformed entry completes with a negative errno
  * in its CQE (-EINVAL, -ENAMETOOLONG, ...), never silently. Returns the
  * number of entries submitted, or -EINVAL.

@@ -29,6 +29,7 @@ struct submitter {
 	struct ferry_peer *to_b;
 	unsigned id;
 	unsigned sent;
+	pthread_barrier_t *all_have_sq; /* the 4 SQs exist at once, none reused */
 };
 
 static void *put_thread(void *arg)
@@ -44,6 +45,7 @@ static void *put_thread(void *arg)
 	assert_non_null(vals);
 	assert_int_equal(ferry_cq_create(s->a, &cp, &cq), 0);
 	assert_int_equal(ferry_sq_get(s->a, &sq), 0);
+	pthread_barrier_wait(s->all_have_sq);
 	while (done < n) {
 		struct ferry_sqe *sqe;
 
@@ -84,16 +86,19 @@ static void test_four_threads_submit(void **state)
 	struct ferry_peer *from_a = t_peer(b, "a");
 	struct submitter s[NTHREADS];
 	pthread_t th[NTHREADS];
+	pthread_barrier_t all_have_sq;
 	unsigned n = per_thread();
 	char h[4096];
 
 	(void)state;
+	assert_int_equal(pthread_barrier_init(&all_have_sq, NULL, NTHREADS), 0);
 	for (unsigned i = 0; i < NTHREADS; i++) {
-		s[i] = (struct submitter){ a, t_peer(a, "b"), i + 1, 0 };
+		s[i] = (struct submitter){ a, t_peer(a, "b"), i + 1, 0, &all_have_sq };
 		assert_int_equal(pthread_create(&th[i], NULL, put_thread, &s[i]), 0);
 	}
 	for (unsigned i = 0; i < NTHREADS; i++)
 		pthread_join(th[i], NULL);
+	pthread_barrier_destroy(&all_have_sq);
 	/* Every value is there exactly once, under its own key. */
 	for (unsigned t = 1; t <= NTHREADS; t++) {
 		for (unsigned i = 0; i < n; i += (t_under_valgrind() ? 1 : 7)) {
