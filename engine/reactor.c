@@ -1155,6 +1155,10 @@ static void reactor_thread_sleep(struct ferry_engine *e)
 	int64_t budget;
 	uint64_t spun = 0, t0 = 0;
 
+	if (!e->sleep_in_ppoll && !(e->ring.features & IORING_FEAT_EXT_ARG)) {
+		reactor_sleep(e, -1); /* an old kernel: no timed wait outside liburing, no parking */
+		return;
+	}
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	announce_sleep(e);
