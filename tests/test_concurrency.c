@@ -4,7 +4,8 @@
  * callbacks and CQEs side by side (and where callbacks run), ferry_cq_fd +
  * ferry_cq_arm inside a real epoll loop, cq_wait timeouts and wake-ups, a
  * MANUAL-mode sleeper woken by another thread's submission, queue reuse,
- * and destroying an engine with ops in flight.
+ * destroying an engine with ops in flight, and the rounds a THREAD-mode
+ * caller runs while its reactor sleeps (stand-ins).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -714,6 +715,77 @@ static void test_wake_never_lost(void **state)
 	}
 }
 
+/* ------------------------------------------------------------------ */
+
+struct thread_seen {
+	pthread_t thread;
+	_Atomic int calls;
+};
+
+static void note_thread(const struct ferry_cqe *cqe, void *arg)
+{
+	struct thread_seen *t = arg;
+
+	(void)cqe;
+	t->thread = pthread_self();
+	atomic_fetch_add(&t->calls, 1);
+}
+
+/* Poll (which runs no round in THREAD mode) until one CQE comes. */
+static int poll_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
+{
+	int64_t end = t_now() + timeout * (t_under_valgrind() ? 10 : 1);
+
+	while (t_now() < end) {
+		if (ferry_cq_poll(ferry_cq_default(e), c, 1) == 1)
+			return 1;
+		usleep(100);
+	}
+	return 0;
+}
+
+/*
+ * THREAD mode with the reactor asleep: a submit runs the round itself, but a
+ * CB_REACTOR callback still runs on the reactor thread, and a deadline the
+ * stand-in round armed still fires (the reactor is woken for it).
+ */
+static void test_stand_in_rounds(void **state)
+{
+	struct ferry_engine *e = t_engine("si", FERRY_PROGRESS_THREAD, 1u << 20);
+	struct ferry_peer *self = t_peer(e, "si");
+	struct thread_seen seen = { .calls = 0 };
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	int64_t t0, end = t_now() + 5 * SEC * (t_under_valgrind() ? 10 : 1);
+	char buf[8];
+	struct iovec iov = { buf, sizeof(buf) };
+
+	(void)state;
+	usleep(50 * 1000); /* the reactor spins 20 us, then sleeps */
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 1);
+	ferry_sqe_set_callback(sqe, note_thread, &seen);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 2);
+	t_submit(e);
+	assert_int_equal(poll_one(e, &c, 5 * SEC), 1);
+	assert_int_equal(c.user_data, 2);
+	while (atomic_load(&seen.calls) < 1 && t_now() < end)
+		usleep(100);
+	assert_int_equal(atomic_load(&seen.calls), 1);
+	assert_false(pthread_equal(seen.thread, pthread_self())); /* on the reactor */
+
+	usleep(50 * 1000);
+	t0 = t_now();
+	t_get(e, self, "never", &iov, 1, 3, 0, 30 * MS);
+	assert_int_equal(poll_one(e, &c, 5 * SEC), 1);
+	assert_int_equal(c.user_data, 3);
+	assert_int_equal(c.res, -ETIMEDOUT);
+	assert_true(t_now() - t0 >= 30 * MS);
+	ferry_engine_destroy(e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -732,6 +804,7 @@ int main(void)
 		cmocka_unit_test(test_cq_destroy_with_entries_pending),
 		cmocka_unit_test(test_cq_churn_thread_mode),
 		cmocka_unit_test(test_wake_never_lost),
+		cmocka_unit_test(test_stand_in_rounds),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
