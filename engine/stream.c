@@ -108,6 +108,12 @@ struct stream_table {
 	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
 	struct op *acceptors;       /* STREAM_ACCEPT ops */
 	struct stream_sink *sink;
+	/*
+	 * The records of the last STREAM_PUT and the last chunk that arrived
+	 * (rec_id; 0 = none): a stream's next chunk is matched against them
+	 * before any parsing or hashing of its key (stream_hint_put/get).
+	 */
+	uint64_t hint_put, hint_get;
 };
 
 /* ------------------------------------------------------------------ */
@@ -750,21 +756,53 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
  * passing through the key table (the common case of a stream being read).
  * Returns true when it took buf.
  */
+/*
+ * Is fullkey "{stream}_{r->next}@{from}_{me}", the next chunk of consumer
+ * record r ("{stream}@{from}_{me}")? One pass over the key, no hashing.
+ */
+static bool is_next_chunk(const struct stream *r, const char *fullkey, size_t len)
+{
+	size_t names = r->full_len - r->key_len; /* "@{from}_{me}" */
+	char digits[10];
+	size_t nd = 0;
+	uint32_t n = r->next;
+
+	do {
+		digits[nd++] = (char)('0' + n % 10);
+		n /= 10;
+	} while (n);
+	if (len != r->key_len + 1 + nd + names || memcmp(fullkey, r->full, r->key_len) != 0 ||
+	    fullkey[r->key_len] != '_' ||
+	    memcmp(fullkey + len - names, r->full + r->key_len, names) != 0)
+		return false;
+	for (size_t i = 0; i < nd; i++)
+		if (fullkey[r->key_len + 1 + i] != digits[nd - 1 - i])
+			return false;
+	return true;
+}
+
 bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len,
 			 struct ferry_buf *buf, uint64_t blen, uint32_t wflags)
 {
 	char from[FERRY_NAME_MAX], full[FULLKEY_MAX];
 	size_t key_len, stream_len;
-	struct stream *r;
+	struct stream *r = rec_by_id(e->streams, e->streams->hint_get);
 	uint32_t n;
 	int fl;
 
-	if (split_fullkey(e, fullkey, len, &key_len, from) ||
-	    split_chunk_key(fullkey, key_len, &stream_len, &n))
-		return false; /* the key table path logs it */
-	fl = keytable_compose(full, fullkey, stream_len, from, e->name);
-	if (fl < 0 || !(r = rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)) || !r->getter ||
-	    r->ended || r->err || r->stalled || n != r->next || !feed_ready(e, r, wflags))
+	if (r && r->hashed && r->role == ROLE_CONSUMER && is_next_chunk(r, fullkey, len)) {
+		n = r->next; /* the stream of the last arrival goes on */
+	} else {
+		if (split_fullkey(e, fullkey, len, &key_len, from) ||
+		    split_chunk_key(fullkey, key_len, &stream_len, &n))
+			return false; /* the key table path logs it */
+		fl = keytable_compose(full, fullkey, stream_len, from, e->name);
+		if (fl < 0 || !(r = rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)))
+			return false;
+		e->streams->hint_get = rec_id(r);
+	}
+	if (!r->getter || r->ended || r->err || r->stalled || n != r->next ||
+	    !feed_ready(e, r, wflags))
 		return false;
 	r->want = wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
@@ -1005,18 +1043,42 @@ static void fail_queue(struct ferry_engine *e, struct stream *r, int res)
 	}
 }
 
+/*
+ * The live producer record of the last STREAM_PUT if this one goes on the
+ * same stream (same peer, same key), else NULL: the common case skips
+ * composing, hashing and looking up the stream's full key.
+ */
+static struct stream *stream_hint_put(struct ferry_engine *e, const struct op *op,
+				      const struct ferry_sqe *sqe)
+{
+	struct stream *r = rec_by_id(e->streams, e->streams->hint_put);
+
+	if (!r || !r->hashed || r->role != ROLE_PRODUCER || r->peer != op->peer ||
+	    !op->peer || r->key_len != sqe->key_len ||
+	    memcmp(r->full, sqe->key, r->key_len) != 0)
+		return NULL;
+	return r;
+}
+
 void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
 {
 	char full[FULLKEY_MAX];
 	struct stream *r;
 	int fl;
 
-	if (op_take_put(e, op, sqe) || (fl = stream_op_key(e, op, sqe, true, full)) < 0)
+	if (op_take_put(e, op, sqe))
 		return;
-	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
-	if (!r && !(r = rec_new(e, ROLE_PRODUCER, full, (size_t)fl, sqe->key_len, op->peer))) {
-		op_complete(e, op, -ENOSPC, 0, NULL);
-		return;
+	r = stream_hint_put(e, op, sqe);
+	if (!r) {
+		if ((fl = stream_op_key(e, op, sqe, true, full)) < 0)
+			return;
+		r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
+		if (!r && !(r = rec_new(e, ROLE_PRODUCER, full, (size_t)fl, sqe->key_len,
+					op->peer))) {
+			op_complete(e, op, -ENOSPC, 0, NULL);
+			return;
+		}
+		e->streams->hint_put = rec_id(r);
 	}
 	if (r->err) {
 		op_complete(e, op, r->err, 0, NULL);
@@ -1025,7 +1087,7 @@ void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	if (r->ended) {
 		log_info("op %llx: chunk after the END of stream %s", (unsigned long long)op->user_data,
-			 full);
+			 r->full);
 		op_complete(e, op, -EPIPE, 0, NULL);
 		return;
 	}
