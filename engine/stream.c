@@ -67,6 +67,7 @@ struct stream {
 	struct ferry_peer *peer; /* producer: destination; consumer: source */
 	uint32_t next;    /* producer: next index to send; consumer: next expected */
 	uint64_t sent, lost, released; /* producer: chunk counts */
+	uint64_t credit_seen;          /* producer: the last CREDIT's count */
 	uint64_t taken, credited;      /* consumer: released so far, last credit sent */
 	uint64_t credit_acked;         /* consumer: the last credit the producer took */
 	uint32_t held;                 /* consumer: chunks the application holds */
@@ -685,7 +686,9 @@ static bool feed_one(struct ferry_engine *e, struct stream *r, struct ferry_buf 
 		rearm_gap(e, g);
 		return true;
 	}
-	if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
+	if (wflags & WIRE_F_RELCREDIT) {
+		w = buf; /* its release returns the credit by itself */
+	} else if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
 		w->remote_cookie = (uint64_t)(uintptr_t)buf;
 		atomic_fetch_add_explicit(&t->sink->refs, 1, memory_order_relaxed);
 		r->held++;
@@ -891,7 +894,8 @@ void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len,
 	if (wflags & (WIRE_F_END | WIRE_F_ABORT))
 		r->ended = true;
 	r->want = wflags & WIRE_F_WANT;
-	credit_due(e, r);
+	if (!(wflags & WIRE_F_RELCREDIT))
+		credit_due(e, r);
 }
 
 void stream_do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
@@ -1153,13 +1157,32 @@ void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_s
 		rec_maybe_free(e, r);
 }
 
+/*
+ * n more chunks of r were released by the consumer (a CREDIT counts only
+ * the chunks it credits; a transport reports the others one by one as
+ * their blocks come back): the producer may send that many more.
+ */
+static void credit_back(struct ferry_engine *e, struct stream *r, uint64_t n)
+{
+	uint64_t out = r->sent - r->lost - r->released;
+
+	if (n > out) /* a consumer cannot release what it never got */
+		n = out;
+	r->released += n;
+	r->peer->stream_inflight -= (uint32_t)n;
+	pump_producer(e, r);
+	if (r->peer->blocked)
+		pump_blocked(e, r->peer);
+	rec_maybe_free(e, r);
+}
+
 int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t len,
 			  struct ferry_buf *buf, uint64_t blen)
 {
 	char from[FERRY_NAME_MAX], full[FULLKEY_MAX];
 	struct stream *r;
 	size_t key_len;
-	uint64_t v, out;
+	uint64_t v;
 	int fl;
 
 	if (blen != sizeof(v) || split_fullkey(e, fullkey, len, &key_len, from)) {
@@ -1172,20 +1195,24 @@ int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t le
 	fl = keytable_compose(full, fullkey, key_len, e->name, from);
 	if (fl < 0 || !(r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl)))
 		return 0; /* a stream that is over: nothing waits for it */
-	out = r->sent - r->lost - r->released;
-	if (v > r->released) {
-		uint64_t d = v - r->released;
-
-		if (d > out) /* a consumer cannot release what it never got */
-			d = out;
-		r->released += d;
-		r->peer->stream_inflight -= (uint32_t)d;
+	if (v > r->credit_seen) {
+		credit_back(e, r, v - r->credit_seen);
+		r->credit_seen = v;
 	}
-	pump_producer(e, r);
-	if (r->peer->blocked)
-		pump_blocked(e, r->peer);
-	rec_maybe_free(e, r);
 	return 0;
+}
+
+uint64_t stream_credit_token(const struct op *op)
+{
+	return (op->flags & WIRE_F_CHUNK) && op->stream ? rec_id(op->stream) : 0;
+}
+
+void stream_chunk_released(struct ferry_engine *e, uint64_t token)
+{
+	struct stream *r = rec_by_id(e->streams, token);
+
+	if (r && r->role == ROLE_PRODUCER)
+		credit_back(e, r, 1); /* a record over and reused: the gen differs */
 }
 
 /* ------------------------------------------------------------------ */
