@@ -71,6 +71,7 @@ struct stream {
 	uint64_t taken, credited;      /* consumer: released so far, last credit sent */
 	uint64_t credit_acked;         /* consumer: the last credit the producer took */
 	uint32_t held;                 /* consumer: chunks the application holds */
+	uint32_t parked;  /* consumer: chunks left in the key table (at most; 0: none) */
 	uint32_t away;    /* producer: chunks at the transport */
 	struct op *q_head, *q_tail;    /* producer: STREAM_PUTs waiting for credit */
 	struct op *getter;             /* consumer: the STREAM_GET */
@@ -747,6 +748,8 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
 			ke->present = false;
 			e->keys.present--;
 			keytable_put(&e->keys, ke);
+			if (r->parked)
+				r->parked--;
 			if (!feed_one(e, r, buf, len, wflags))
 				break;
 		}
@@ -810,10 +813,10 @@ bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len
 	r->want = wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
 		mark_dirty(e, r);
-	if (feed_one(e, r, buf, blen, wflags))
-		pump_consumer(e, r, NULL); /* later chunks may be waiting already */
-	else
+	if (!feed_one(e, r, buf, blen, wflags))
 		rec_maybe_free(e, r);
+	else if (r->parked)
+		pump_consumer(e, r, NULL); /* later chunks wait in the key table */
 	return true;
 }
 
@@ -863,6 +866,7 @@ void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke)
 		return; /* the data stays under its key */
 	if (created && e->streams->acceptors)
 		notify_acceptors(e, r); /* a new stream starts at chunk 0, whichever came first */
+	r->parked++; /* ke holds it now; a plain GET or a cleanup may take it unseen */
 	r->want = ke->wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
 		mark_dirty(e, r); /* releases that waited for a reason to go back */
