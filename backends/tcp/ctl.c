@@ -152,6 +152,13 @@ static struct ctl_state *ctl_of(struct ferry_engine *e)
 	return NULL;
 }
 
+static const char *check_text(int rc)
+{
+	return rc == -EPROTONOSUPPORT ? "another protocol version"
+	       : rc == -EBADMSG       ? "an unknown type"
+				      : "malformed";
+}
+
 static const char *type_name(unsigned t)
 {
 	static const char *const names[CTL__MAX] = {
@@ -927,7 +934,8 @@ static void on_ready_msg(struct ctl_state *st, struct ctl_session *s, const stru
 	case CTL_PONG:
 		break;
 	case CTL_BYE:
-		session_dead(st, s, -ECONNRESET, "the peer closed it");
+		log_info("ctl: engine %s: %s closed its session", st->e->name, s->peer_name);
+		session_dead(st, s, -ECONNRESET, NULL);
 		return;
 	case CTL_HEALTH_REQ:
 		if (h->len)
@@ -1043,7 +1051,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 
 	if (rc) {
 		log_warn("ctl: engine %s: a message from %s failed its checks (%s): %s", e->name,
-			 s ? s->peer_name : (peer_addr ? peer_addr : "?"), ferry_strerror(rc),
+			 s ? s->peer_name : (peer_addr ? peer_addr : "?"), check_text(rc),
 			 s && s->state != CS_READY ? "session ended" : "dropped");
 		if (s && s->state != CS_READY)
 			session_free(st, s);
@@ -1112,7 +1120,7 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 
 	if (rc) {
 		log_warn("ctl: engine %s: a message from %s failed its checks (%s): dropped",
-			 e->name, s->peer_name, ferry_strerror(rc));
+			 e->name, s->peer_name, check_text(rc));
 		if (s->state != CS_READY)
 			session_dead(st, s, -EPROTO, "a broken handshake");
 		return;
