@@ -1801,6 +1801,10 @@ void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_
 	}
 	if (ms == 0 && sqe->timeout_ns)
 		ms = 1;
+	if (nowait && !session_for(st, op->peer->name, true)) {
+		op_complete(e, op, -EAGAIN, 0, NULL); /* nobody we can ask holds it yet */
+		return;
+	}
 	rc = req_start(st, op, CTL_FETCH, sqe->key, sqe->key_len, nowait ? CTL_FETCH_NOWAIT : 0,
 		       ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms);
 	if (rc) {
