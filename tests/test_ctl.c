@@ -281,6 +281,10 @@ static void test_ctl_remote_cancel(void **state)
 	t_expect(b, NULL, 1, 0, NULL);
 	t_get(a, pb, "r7_1", NULL, 0, 2, 0, 0);
 	t_get(a, pb, "r8_1", NULL, 0, 3, 0, 2 * SEC);
+	/* A NOP behind them on the same queue: once it completes both GETs are parked. */
+	ferry_prep_nop(t_sqe(a), 30);
+	t_submit(a);
+	t_expect(a, NULL, 30, 0, NULL);
 	/* b gives up r7: a drops the data and its GET ends; r8 is left alone. */
 	sqe = t_sqe(b);
 	ferry_prep_remote_cancel(sqe, pa, "r7", 4);
