@@ -130,6 +130,7 @@ struct ctl_state {
 	struct tcp_secret secret;
 	uint64_t heartbeat_ns, peer_timeout_ns;
 	bool any_dirty;
+	bool need_arm;         /* a socket may want its poll armed again */
 	bool tick_armed, tick_due;
 	struct __kernel_timespec tick_ts;
 	uint32_t nsessions;
@@ -267,6 +268,7 @@ static int sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const c
 	s->armed = false;
 	s->dirty = true; /* look once: the edge may have passed already */
 	st->any_dirty = true;
+	st->need_arm = true;
 	return 0;
 }
 
@@ -1437,19 +1439,25 @@ static int ctl_progress(struct ferry_engine *e, struct backend *b)
 	(void)e;
 	if (atomic_load_explicit(&st->connects_pending, memory_order_acquire))
 		n += take_connects(st);
-	if (st->any_dirty)
+	if (st->any_dirty) {
 		n += drain(st);
+		st->need_arm = true;
+	}
 	if (st->tick_due) {
 		st->tick_due = false;
 		n += check_time(st);
 	}
 	if (!st->zctx)
 		return n;
-	sock_arm(st, &st->router, 0);
-	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
-		if (st->sessions[i].caller)
-			sock_arm(st, &st->sessions[i].sock, i + 1);
-	arm_tick(st);
+	if (st->need_arm) {
+		st->need_arm = false;
+		sock_arm(st, &st->router, 0);
+		for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
+			if (st->sessions[i].caller)
+				sock_arm(st, &st->sessions[i].sock, i + 1);
+	}
+	if (!st->tick_armed)
+		arm_tick(st);
 	if (io_uring_sq_ready(&e->ring))
 		io_uring_submit(&e->ring);
 	return n;
