@@ -460,6 +460,13 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 			(unsigned long long)STAT_GET(p->stats.errors), p->next ? "," : "");
 	}
 	pthread_mutex_unlock(&e->lock);
-	jprintf(&j, "]}");
+	jprintf(&j, "]");
+	{
+		char ctl[320]; /* control channel hook: its sessions and counters */
+
+		if (ferry__ctl_health(e, ctl, sizeof(ctl)) > 0)
+			jprintf(&j, "%s", ctl);
+	}
+	jprintf(&j, "}");
 	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;
 }

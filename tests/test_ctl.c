@@ -49,6 +49,21 @@ static void ctl_addr(struct ferry_engine *e, char *buf, size_t len)
 	assert_true(n > 0 && (size_t)n < len);
 }
 
+/* A counter of the control part of e's health JSON ("dropped", ...). */
+static long long ctl_stat(struct ferry_engine *e, const char *name)
+{
+	char h[16384], want[64];
+	const char *c, *v;
+
+	assert_true(ferry_engine_health(e, h, sizeof(h)) < (int)sizeof(h));
+	c = strstr(h, "\"control\":{");
+	assert_non_null(c);
+	snprintf(want, sizeof(want), "\"%s\":", name);
+	v = strstr(c, want);
+	assert_non_null(v);
+	return atoll(v + strlen(want));
+}
+
 /* Port of "tcp://HOST:PORT". */
 static int port_of(const char *ep)
 {
@@ -327,6 +342,8 @@ static void test_ctl_wrong_secret(void **state)
 		struct ferry_engine *b = mk_ctl("ctlB", SECRET, 0, 0);
 
 		connect_to(b, a);
+		assert_int_equal(ctl_stat(a, "sessions_ready"), 1);
+		assert_int_equal(ctl_stat(a, "refused"), 1);
 		ferry_engine_destroy(b);
 	}
 	ferry_engine_destroy(c);
@@ -417,6 +434,10 @@ static void test_ctl_malformed_messages(void **state)
 	}
 	zmq_close(z);
 	zmq_ctx_term(ctx);
+	/* Each one was counted (the oversized frame never reached us). */
+	assert_true(ctl_stat(a, "dropped") >= 9);
+	assert_int_equal(ctl_stat(a, "refused"), 1);
+	assert_int_equal(ctl_stat(a, "sessions_ready"), 0);
 	/* a still serves an honest caller. */
 	{
 		struct ferry_engine *b = mk_ctl("ctlB", SECRET, 0, 0);
@@ -518,6 +539,8 @@ static void test_ctl_dead_peer(void **state)
 	/* Declared after peer_timeout_ms of silence, within a tick or two more. */
 	if (!t_under_valgrind())
 		assert_true(took < (int64_t)(timeout_ms + 1500) * MS);
+	assert_int_equal(ctl_stat(a, "declared_dead"), 1);
+	assert_int_equal(ctl_stat(a, "sessions_ready"), 0);
 	health_to(a, pb, 3, 500 * MS); /* the session is gone (being called again) */
 	assert_int_equal(t_wait_cqe(a, NULL, &c, 5 * SEC), 1);
 	assert_true(c.res == -ETIMEDOUT || c.res == -EHOSTUNREACH);

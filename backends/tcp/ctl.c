@@ -134,6 +134,8 @@ struct ctl_state {
 	bool tick_armed, tick_due;
 	struct __kernel_timespec tick_ts;
 	uint32_t nsessions;
+	/* For the health JSON (written by the reactor, read by anyone). */
+	stat_t ready, declared_dead, dropped, refused;
 	struct ctl_session sessions[CTL_MAX_SESSIONS];
 	uint32_t nreqs;
 	uint64_t next_seq;
@@ -144,6 +146,18 @@ struct ctl_state {
 	uint32_t nconnects;
 	struct ctl_connect connects[CTL_MAX_SESSIONS];
 };
+
+/* Log a message dropped (or a caller refused) and count it for the health JSON. */
+#define CTL_DROP(st, ...)                            \
+	do {                                         \
+		STAT_ADD((st)->dropped, 1);          \
+		log_warn(__VA_ARGS__);               \
+	} while (0)
+#define CTL_REFUSE(st, ...)                          \
+	do {                                         \
+		STAT_ADD((st)->refused, 1);          \
+		log_warn(__VA_ARGS__);               \
+	} while (0)
 
 static struct ctl_state *ctl_of(struct ferry_engine *e)
 {
@@ -288,6 +302,18 @@ static void zmq_endpoint(const char *in, char *out, size_t len)
 /* ------------------------------------------------------------------ */
 
 static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, const char *why);
+static int take_connects(struct ctl_state *st);
+
+/*
+ * ferry_peer_connect calls wait in a mailbox for the next round; an op
+ * submitted right after one may be taken first (SQEs are drained before
+ * the backends run): take them now.
+ */
+static void connects_first(struct ctl_state *st)
+{
+	if (atomic_load_explicit(&st->connects_pending, memory_order_acquire))
+		take_connects(st);
+}
 
 /*
  * Send one message to a session: header, body, then extra (a key or text).
@@ -496,6 +522,10 @@ static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, c
 	char name[FERRY_NAME_MAX];
 
 	snprintf(name, sizeof(name), "%s", s->peer_name);
+	if (was_ready)
+		STAT_ADD(st->ready, (uint64_t)-1);
+	if (res == -ECONNRESET && was_ready && why)
+		STAT_ADD(st->declared_dead, 1);
 	if (why)
 		log_warn("ctl: engine %s: session with %s ended: %s", st->e->name,
 			 name[0] ? name : "a caller", why);
@@ -565,6 +595,7 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 	}
 	s->state = CS_READY;
 	s->refused = false;
+	STAT_ADD(st->ready, 1);
 	s->last_rx = s->last_ping = reactor_now(e);
 	log_info("ctl: engine %s: session with %s ready (%s; data at %s)", e->name, s->peer_name,
 		 s->caller ? "we called" : "it called", text[0] ? text : "none");
@@ -837,7 +868,7 @@ static void on_answer(struct ctl_state *st, struct ctl_session *s, const struct 
 		return;
 	}
 	if (h->len < sizeof(a) || (h->type != CTL_HEALTH && h->len != sizeof(a))) {
-		log_warn("ctl: engine %s: %s from %s of %u bytes: malformed, dropped", st->e->name,
+		CTL_DROP(st, "ctl: engine %s: %s from %s of %u bytes: malformed, dropped", st->e->name,
 			 type_name(h->type), s->peer_name, h->len);
 		req_finish(st, r, -EPROTO, 0, NULL);
 		return;
@@ -847,7 +878,7 @@ static void on_answer(struct ctl_state *st, struct ctl_session *s, const struct 
 	a.len = le64toh(a.len);
 	if (res < -4095 || (h->type == CTL_HEALTH && res >= 0 &&
 			    ((uint64_t)res != h->len - sizeof(a) || a.len != (uint64_t)res))) {
-		log_warn("ctl: engine %s: %s from %s: result %d does not fit: dropped", st->e->name,
+		CTL_DROP(st, "ctl: engine %s: %s from %s: result %d does not fit: dropped", st->e->name,
 			 type_name(h->type), s->peer_name, res);
 		req_finish(st, r, -EPROTO, 0, NULL);
 		return;
@@ -967,13 +998,13 @@ static void on_ready_msg(struct ctl_state *st, struct ctl_session *s, const stru
 		on_answer(st, s, h, body);
 		break;
 	default:
-		log_warn("ctl: engine %s: %s from %s after the handshake: dropped", st->e->name,
+		CTL_DROP(st, "ctl: engine %s: %s from %s after the handshake: dropped", st->e->name,
 			 type_name(h->type), s->peer_name);
 		break;
 	}
 	return;
 malformed:
-	log_warn("ctl: engine %s: malformed %s (%u bytes) from %s: dropped", st->e->name,
+	CTL_DROP(st, "ctl: engine %s: malformed %s (%u bytes) from %s: dropped", st->e->name,
 		 type_name(h->type), h->len, s->peer_name);
 }
 
@@ -987,14 +1018,14 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	struct ctl_proof p;
 
 	if (blen != sizeof(h)) {
-		log_warn("ctl: engine %s: HELLO of %u bytes from %s: dropped", e->name, blen,
+		CTL_DROP(st, "ctl: engine %s: HELLO of %u bytes from %s: dropped", e->name, blen,
 			 peer_addr ? peer_addr : "?");
 		return;
 	}
 	memcpy(&h, body, sizeof(h));
 	if (!name_ok(h.caller, sizeof(h.caller)) || !name_ok(h.callee, sizeof(h.callee)) ||
 	    strnlen(h.ns, sizeof(h.ns)) >= sizeof(h.ns) || h.resv) {
-		log_warn("ctl: engine %s: malformed HELLO from %s: dropped", e->name,
+		CTL_DROP(st, "ctl: engine %s: malformed HELLO from %s: dropped", e->name,
 			 peer_addr ? peer_addr : "?");
 		return;
 	}
@@ -1052,7 +1083,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 	int rc = ctl_hdr_check(frame, n, &h);
 
 	if (rc) {
-		log_warn("ctl: engine %s: a message from %s failed its checks (%s): %s", e->name,
+		CTL_DROP(st, "ctl: engine %s: a message from %s failed its checks (%s): %s", e->name,
 			 s ? s->peer_name : (peer_addr ? peer_addr : "?"), check_text(rc),
 			 s && s->state != CS_READY ? "session ended" : "dropped");
 		if (s && s->state != CS_READY)
@@ -1066,6 +1097,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 		return;
 	}
 	if (!s) {
+		STAT_ADD(st->dropped, 1);
 		log_limited(FERRY__LOG_WARN, "ctl: engine %s: %s from %s before any HELLO: dropped",
 			    e->name, type_name(h.type), peer_addr ? peer_addr : "?");
 		return;
@@ -1090,7 +1122,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 		tcp_proof(&st->secret, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
 			  e->name, e->ns, 0, 0, want);
 		if (!tcp_proof_equal(want, a.mac)) {
-			log_warn("ctl: engine %s: %s (%s) failed to prove the cluster secret: "
+			CTL_REFUSE(st, "ctl: engine %s: %s (%s) failed to prove the cluster secret: "
 				 "refused", e->name, s->peer_name, peer_addr ? peer_addr : "?");
 			send_answer(st, s, CTL_NO, 0, -EACCES, 0);
 			session_free(st, s);
@@ -1121,7 +1153,7 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 	int rc = ctl_hdr_check(frame, n, &h);
 
 	if (rc) {
-		log_warn("ctl: engine %s: a message from %s failed its checks (%s): dropped",
+		CTL_DROP(st, "ctl: engine %s: a message from %s failed its checks (%s): dropped",
 			 e->name, s->peer_name, check_text(rc));
 		if (s->state != CS_READY)
 			session_dead(st, s, -EPROTO, "a broken handshake");
@@ -1215,7 +1247,7 @@ static bool recv_router(struct ctl_state *st)
 	}
 	peer_addr = zmq_msg_gets(&body, "Peer-Address");
 	if (bad || zmq_msg_size(&id) == 0 || zmq_msg_size(&id) > CTL_ID_MAX)
-		log_warn("ctl: engine %s: a message of more parts than one from %s: dropped",
+		CTL_DROP(st, "ctl: engine %s: a message of more parts than one from %s: dropped",
 			 st->e->name, peer_addr ? peer_addr : "?");
 	else
 		on_callee_msg(st, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
@@ -1237,7 +1269,7 @@ static bool recv_dealer(struct ctl_state *st, struct ctl_session *s)
 	}
 	more = zmq_msg_more(&m);
 	if (more) {
-		log_warn("ctl: engine %s: a message of several parts from %s: dropped", st->e->name,
+		CTL_DROP(st, "ctl: engine %s: a message of several parts from %s: dropped", st->e->name,
 			 s->peer_name);
 		while (more) {
 			zmq_msg_close(&m);
@@ -1510,6 +1542,7 @@ static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 	struct ctl_state *st = b->data;
 
 	(void)e;
+	connects_first(st);
 	if (!st->nsessions)
 		return -EHOSTUNREACH;
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
@@ -1717,9 +1750,11 @@ static struct ctl_req *req_new(struct ctl_state *st)
 static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const char *key,
 		     uint16_t key_len, uint32_t flags, uint32_t timeout_ms)
 {
-	struct ctl_session *s = session_for(st, op->peer->name, false);
+	struct ctl_session *s;
 	struct ctl_req *r;
 
+	connects_first(st);
+	s = session_for(st, op->peer->name, false);
 	if (!s)
 		return -ENOTCONN;
 	r = req_new(st);
@@ -1809,6 +1844,7 @@ void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_
 	}
 	if (ms == 0 && sqe->timeout_ns)
 		ms = 1;
+	connects_first(st);
 	if (nowait && !session_for(st, op->peer->name, true)) {
 		op_complete(e, op, -EAGAIN, 0, NULL); /* nobody we can ask holds it yet */
 		return;
@@ -1827,6 +1863,21 @@ void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_
 /* ------------------------------------------------------------------ */
 /* Public calls                                                        */
 /* ------------------------------------------------------------------ */
+
+int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
+{
+	struct ctl_state *st = ctl_of(e);
+
+	if (!st)
+		return 0;
+	return snprintf(buf, len,
+			",\"control\":{\"address\":\"%s\",\"sessions_ready\":%llu,"
+			"\"declared_dead\":%llu,\"dropped\":%llu,\"refused\":%llu}",
+			st->bound, (unsigned long long)STAT_GET(st->ready),
+			(unsigned long long)STAT_GET(st->declared_dead),
+			(unsigned long long)STAT_GET(st->dropped),
+			(unsigned long long)STAT_GET(st->refused));
+}
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
 {
@@ -1963,6 +2014,14 @@ void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_
 {
 	(void)sqe;
 	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
+}
+
+int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
+{
+	(void)e;
+	(void)buf;
+	(void)len;
+	return 0;
 }
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)

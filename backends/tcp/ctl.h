@@ -38,6 +38,12 @@ int ferry__cleanup_keys(struct ferry_engine *e, const char *r, size_t rl, const 
 			const char *to);
 
 /*
+ * The control channel's part of the health JSON: `,"control":{...}` into
+ * buf (snprintf-like), or 0 when the engine has none. Any thread.
+ */
+int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len);
+
+/*
  * tcp.c: the control channel declared the engine `name` dead: fail the
  * data links to it as if they had gone silent (their ops fail with res).
  */
