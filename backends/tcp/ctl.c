@@ -135,7 +135,7 @@ struct ctl_state {
 	struct __kernel_timespec tick_ts;
 	uint32_t nsessions;
 	/* For the health JSON (written by the reactor, read by anyone). */
-	stat_t ready, declared_dead, dropped, refused;
+	stat_t ready, declared_dead, dropped, auth_failed;
 	struct ctl_session sessions[CTL_MAX_SESSIONS];
 	uint32_t nreqs;
 	uint64_t next_seq;
@@ -147,7 +147,7 @@ struct ctl_state {
 	struct ctl_connect connects[CTL_MAX_SESSIONS];
 };
 
-/* Log a message dropped (or a caller refused) and count it for the health JSON. */
+/* Log a message dropped (or a peer that failed to prove the secret) and count it. */
 #define CTL_DROP(st, ...)                            \
 	do {                                         \
 		STAT_ADD((st)->dropped, 1);          \
@@ -155,7 +155,7 @@ struct ctl_state {
 	} while (0)
 #define CTL_REFUSE(st, ...)                          \
 	do {                                         \
-		STAT_ADD((st)->refused, 1);          \
+		STAT_ADD((st)->auth_failed, 1);          \
 		log_warn(__VA_ARGS__);               \
 	} while (0)
 
@@ -1185,8 +1185,9 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 			  s->peer_name, e->ns, 0, 0, want);
 		if (strnlen(p.name, sizeof(p.name)) >= sizeof(p.name) ||
 		    strcmp(p.name, s->peer_name) || !tcp_proof_equal(want, p.mac)) {
-			log_warn("ctl: engine %s: the engine at %s failed to prove it is %s holding "
-				 "the cluster secret: hung up", e->name, s->endpoint, s->peer_name);
+			CTL_REFUSE(st, "ctl: engine %s: the engine at %s failed to prove it is %s "
+				   "holding the cluster secret: hung up", e->name, s->endpoint,
+				   s->peer_name);
 			s->refused = true;
 			session_dead(st, s, -EACCES, NULL);
 			return;
@@ -1872,11 +1873,11 @@ int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
 		return 0;
 	return snprintf(buf, len,
 			",\"control\":{\"address\":\"%s\",\"sessions_ready\":%llu,"
-			"\"declared_dead\":%llu,\"dropped\":%llu,\"refused\":%llu}",
+			"\"declared_dead\":%llu,\"dropped\":%llu,\"auth_failed\":%llu}",
 			st->bound, (unsigned long long)STAT_GET(st->ready),
 			(unsigned long long)STAT_GET(st->declared_dead),
 			(unsigned long long)STAT_GET(st->dropped),
-			(unsigned long long)STAT_GET(st->refused));
+			(unsigned long long)STAT_GET(st->auth_failed));
 }
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
