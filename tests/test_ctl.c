@@ -7,6 +7,8 @@
  * SIGKILL declared dead within the configured time. Engines talk over
  * loopback only; every wait is bounded.
  */
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -551,6 +553,144 @@ static void test_ctl_dead_peer(void **state)
 	ferry_engine_destroy(a);
 }
 
+/* A child engine "ctlB" on control port *arg, once told to go; serves until killed. */
+static int serve_on_port(const char *unused, void *arg)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *b = NULL;
+	const int *a = arg; /* port, back pipe */
+	char ep[64];
+
+	(void)unused;
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", a[0]);
+	p.name = "ctlB";
+	p.ns = CNS;
+	p.pool_size = 8 * MIB;
+	p.control = ep;
+	p.secret = SECRET;
+	p.heartbeat_ms = 100;
+	p.peer_timeout_ms = 600;
+	for (int i = 0; i < 100 && ferry_engine_create(&p, &b); i++)
+		usleep(50000); /* the address may linger a moment after the last owner died */
+	if (!b || write(a[1], "up", 2) != 2)
+		return 1;
+	for (;;)
+		pause();
+	return 0;
+}
+
+static int free_tcp_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+/* A peer restarted at the same control address is called again and found. */
+static void test_ctl_peer_restarts(void **state)
+{
+	int arg[2], back[2];
+	struct child first, second;
+	struct ferry_engine *a;
+	struct ferry_peer *pb;
+	char ep[64], text[8];
+
+	(void)state;
+	assert_int_equal(pipe(back), 0);
+	arg[0] = free_tcp_port();
+	arg[1] = back[1];
+	spawn(&first, serve_on_port, arg);
+	spawn(&second, serve_on_port, arg);
+	go(&first, "go");
+	assert_int_equal(wait_text(back[0], text, sizeof(text), 20000), 0);
+	a = mk_ctl("ctlA", SECRET, 100, 600);
+	pb = t_peer(a, "ctlB");
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", arg[0]);
+	assert_int_equal(ferry_peer_connect(pb, ep), 0);
+	health_to(a, pb, 1, 5 * SEC);
+	expect_health_of(a, 1, "ctlB");
+	kill(first.pid, SIGKILL);
+	assert_int_equal(reap(first.pid), 128 + SIGKILL);
+	/* Declared dead, then called again until somebody answers there. */
+	for (int i = 0; i < 100 && ctl_stat(a, "declared_dead") == 0; i++)
+		usleep(50000);
+	assert_int_equal(ctl_stat(a, "declared_dead"), 1);
+	go(&second, "go");
+	assert_int_equal(wait_text(back[0], text, sizeof(text), 20000), 0);
+	health_to(a, pb, 2, 10 * SEC); /* waits for the new session */
+	expect_health_of(a, 2, "ctlB");
+	kill(second.pid, SIGKILL);
+	assert_int_equal(reap(second.pid), 128 + SIGKILL);
+	close(back[0]);
+	close(back[1]);
+	ferry_engine_destroy(a);
+}
+
+/* Nobody answers at the control address: PUTs that wait fail, nothing hangs. */
+static void test_ctl_nobody_there(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 100, 600);
+	struct ferry_peer *p = t_peer(a, "ghost");
+	char ep[64];
+	const char x[] = "x";
+	struct ferry_cqe c;
+
+	(void)state;
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", free_tcp_port());
+	assert_int_equal(ferry_peer_connect(p, ep), 0);
+	t_put(a, p, "k", x, sizeof(x), 1, 0);
+	assert_int_equal(t_wait_cqe(a, NULL, &c, 10 * SEC), 1); /* the 3 s handshake bound */
+	assert_int_equal(c.user_data, 1);
+	assert_int_equal(c.res, -EHOSTUNREACH);
+	health_to(a, p, 2, 0); /* no deadline: the failed handshake ends it too */
+	t_expect(a, NULL, 2, -EHOSTUNREACH, NULL);
+	ferry_engine_destroy(a);
+}
+
+/* An engine in MANUAL mode runs its control channel inside cq_wait/progress. */
+static void test_ctl_manual_mode(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_peer *pa, *pb;
+	const char one[] = "manual";
+	char ca[TCP_ADDR_MAX];
+	struct ferry_cqe c;
+
+	(void)state;
+	p.name = "ctlB";
+	p.ns = CNS;
+	p.pool_size = 8 * MIB;
+	p.control = "tcp://127.0.0.1:0";
+	p.secret = SECRET;
+	p.progress = FERRY_PROGRESS_MANUAL;
+	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	ctl_addr(a, ca, sizeof(ca));
+	pa = t_peer(b, "ctlA");
+	assert_int_equal(ferry_peer_connect(pa, ca), 0);
+	health_to(b, pa, 1, 5 * SEC);
+	assert_int_equal(t_wait_cqe(b, NULL, &c, 5 * SEC), 1);
+	assert_true(c.res > 0);
+	ferry_buf_release(c.buf);
+	/* The manual engine holds a published key; the threaded one fetches it. */
+	t_put(b, pa, "m1", one, sizeof(one), 2, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 2, 0, NULL);
+	pb = t_peer(a, "ctlB");
+	t_get(a, pb, "m1", NULL, 0, 3, FERRY_SQE_LOOKUP, 5 * SEC);
+	t_expect(a, b, 3, 0, &c); /* drives b while waiting */
+	assert_memory_equal(ferry_buf_data(c.buf), one, sizeof(one));
+	ferry_buf_release(c.buf);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -562,6 +702,9 @@ int main(void)
 		cmocka_unit_test(test_ctl_malformed_messages),
 		cmocka_unit_test(test_ctl_addr_in_use),
 		cmocka_unit_test(test_ctl_dead_peer),
+		cmocka_unit_test(test_ctl_peer_restarts),
+		cmocka_unit_test(test_ctl_nobody_there),
+		cmocka_unit_test(test_ctl_manual_mode),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
@@ -569,6 +712,144 @@ int main(void)
 }
 
 #else
+
+/* A child engine "ctlB" on control port *arg, once told to go; serves until killed. */
+static int serve_on_port(const char *unused, void *arg)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *b = NULL;
+	const int *a = arg; /* port, back pipe */
+	char ep[64];
+
+	(void)unused;
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", a[0]);
+	p.name = "ctlB";
+	p.ns = CNS;
+	p.pool_size = 8 * MIB;
+	p.control = ep;
+	p.secret = SECRET;
+	p.heartbeat_ms = 100;
+	p.peer_timeout_ms = 600;
+	for (int i = 0; i < 100 && ferry_engine_create(&p, &b); i++)
+		usleep(50000); /* the address may linger a moment after the last owner died */
+	if (!b || write(a[1], "up", 2) != 2)
+		return 1;
+	for (;;)
+		pause();
+	return 0;
+}
+
+static int free_tcp_port(void)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+
+	assert_true(fd >= 0);
+	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	port = ntohs(sa.sin_port);
+	close(fd);
+	return port;
+}
+
+/* A peer restarted at the same control address is called again and found. */
+static void test_ctl_peer_restarts(void **state)
+{
+	int arg[2], back[2];
+	struct child first, second;
+	struct ferry_engine *a;
+	struct ferry_peer *pb;
+	char ep[64], text[8];
+
+	(void)state;
+	assert_int_equal(pipe(back), 0);
+	arg[0] = free_tcp_port();
+	arg[1] = back[1];
+	spawn(&first, serve_on_port, arg);
+	spawn(&second, serve_on_port, arg);
+	go(&first, "go");
+	assert_int_equal(wait_text(back[0], text, sizeof(text), 20000), 0);
+	a = mk_ctl("ctlA", SECRET, 100, 600);
+	pb = t_peer(a, "ctlB");
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", arg[0]);
+	assert_int_equal(ferry_peer_connect(pb, ep), 0);
+	health_to(a, pb, 1, 5 * SEC);
+	expect_health_of(a, 1, "ctlB");
+	kill(first.pid, SIGKILL);
+	assert_int_equal(reap(first.pid), 128 + SIGKILL);
+	/* Declared dead, then called again until somebody answers there. */
+	for (int i = 0; i < 100 && ctl_stat(a, "declared_dead") == 0; i++)
+		usleep(50000);
+	assert_int_equal(ctl_stat(a, "declared_dead"), 1);
+	go(&second, "go");
+	assert_int_equal(wait_text(back[0], text, sizeof(text), 20000), 0);
+	health_to(a, pb, 2, 10 * SEC); /* waits for the new session */
+	expect_health_of(a, 2, "ctlB");
+	kill(second.pid, SIGKILL);
+	assert_int_equal(reap(second.pid), 128 + SIGKILL);
+	close(back[0]);
+	close(back[1]);
+	ferry_engine_destroy(a);
+}
+
+/* Nobody answers at the control address: PUTs that wait fail, nothing hangs. */
+static void test_ctl_nobody_there(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 100, 600);
+	struct ferry_peer *p = t_peer(a, "ghost");
+	char ep[64];
+	const char x[] = "x";
+	struct ferry_cqe c;
+
+	(void)state;
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", free_tcp_port());
+	assert_int_equal(ferry_peer_connect(p, ep), 0);
+	t_put(a, p, "k", x, sizeof(x), 1, 0);
+	assert_int_equal(t_wait_cqe(a, NULL, &c, 10 * SEC), 1); /* the 3 s handshake bound */
+	assert_int_equal(c.user_data, 1);
+	assert_int_equal(c.res, -EHOSTUNREACH);
+	health_to(a, p, 2, 0); /* no deadline: the failed handshake ends it too */
+	t_expect(a, NULL, 2, -EHOSTUNREACH, NULL);
+	ferry_engine_destroy(a);
+}
+
+/* An engine in MANUAL mode runs its control channel inside cq_wait/progress. */
+static void test_ctl_manual_mode(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_peer *pa, *pb;
+	const char one[] = "manual";
+	char ca[TCP_ADDR_MAX];
+	struct ferry_cqe c;
+
+	(void)state;
+	p.name = "ctlB";
+	p.ns = CNS;
+	p.pool_size = 8 * MIB;
+	p.control = "tcp://127.0.0.1:0";
+	p.secret = SECRET;
+	p.progress = FERRY_PROGRESS_MANUAL;
+	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	ctl_addr(a, ca, sizeof(ca));
+	pa = t_peer(b, "ctlA");
+	assert_int_equal(ferry_peer_connect(pa, ca), 0);
+	health_to(b, pa, 1, 5 * SEC);
+	assert_int_equal(t_wait_cqe(b, NULL, &c, 5 * SEC), 1);
+	assert_true(c.res > 0);
+	ferry_buf_release(c.buf);
+	/* The manual engine holds a published key; the threaded one fetches it. */
+	t_put(b, pa, "m1", one, sizeof(one), 2, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 2, 0, NULL);
+	pb = t_peer(a, "ctlB");
+	t_get(a, pb, "m1", NULL, 0, 3, FERRY_SQE_LOOKUP, 5 * SEC);
+	t_expect(a, b, 3, 0, &c); /* drives b while waiting */
+	assert_memory_equal(ferry_buf_data(c.buf), one, sizeof(one));
+	ferry_buf_release(c.buf);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
 
 int main(void)
 {
