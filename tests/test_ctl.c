@@ -162,6 +162,29 @@ static void test_ctl_handshake_publishes_data_address(void **state)
 	health_to(a, pb, 6, 5 * SEC);
 	expect_health_of(a, 6, "ctlB");
 
+	/* The command line asks over the control channel too. */
+	{
+		char cmd[512], out2[16384];
+		size_t got;
+		FILE *f;
+
+		setenv("FERRY_SECRET", SECRET, 1);
+		snprintf(cmd, sizeof(cmd), "%s/tools/ferry health -n %s -t 5000 -c %s ctlA",
+			 FERRY_TEST_BINDIR, CNS, ca);
+		f = popen(cmd, "r");
+		assert_non_null(f);
+		got = fread(out2, 1, sizeof(out2) - 1, f);
+		out2[got] = '\0';
+		assert_int_equal(pclose(f), 0);
+		assert_non_null(strstr(out2, "\"engine\":\"ctlA\""));
+		snprintf(cmd, sizeof(cmd), "%s/tools/ferry health -n %s -t 500 -c %s nobody "
+			 "2>/dev/null", FERRY_TEST_BINDIR, CNS, ca);
+		f = popen(cmd, "r");
+		assert_non_null(f);
+		assert_int_not_equal(pclose(f), 0);
+		unsetenv("FERRY_SECRET");
+	}
+
 	/* Bad calls. */
 	assert_int_equal(ferry_peer_connect(NULL, ca), -EINVAL);
 	assert_int_equal(ferry_peer_connect(pa, NULL), -EINVAL);
