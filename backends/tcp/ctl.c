@@ -1826,7 +1826,7 @@ void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
 		return;
 	}
 	/* Held here like any key that arrived; a wish parked on it takes it at once. */
-	rc = reactor_deliver(e, NULL, fullkey, (size_t)n, op->buf, len, 0);
+	rc = reactor_deliver(e, NULL, fullkey, (size_t)n, op->buf, len, op->flags & WIRE_F_REPLACE);
 	if (rc == 0)
 		op->buf = NULL;
 	op_complete(e, op, rc, rc ? 0 : len, NULL);
