@@ -609,9 +609,10 @@ static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *
  * Store-like keys (upstream's MooncakeStore/Yuanrong contract): a PUT with
  * FERRY_SQE_PUBLISH does not send. It keeps the data at this engine under
  * "{key}@{me}_{to}" (in the pool, counted against max_keys like any key)
- * and completes with res 0 at once, or -EEXIST when that key is live here;
- * when the peer `to` already waits for it (see below), it is sent to it
- * right away and the PUT completes once the peer holds it, as a plain PUT.
+ * and completes with res 0 at once, or -EEXIST when that key is live here
+ * (unless FERRY_SQE_REPLACE); when the peer `to` already waits for it (see
+ * below), it is sent to it right away, in the background (a send that
+ * fails, the peer being gone, drops it: logged).
  * A GET with FERRY_SQE_LOOKUP of key from peer `from` asks `from` over the
  * control channel (ferry_peer_connect, or a session `from` opened to us)
  * to send the key; the holder sends it over the data path and takes it
@@ -619,10 +620,12 @@ static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *
  * FERRY_SQE_NOWAIT the GET completes with -EAGAIN (after the round trip);
  * otherwise the holder remembers the request until the GET's timeout (at
  * most 1 hour) and sends the key the moment it is published: no polling.
- * Without a control session to `from` a LOOKUP GET completes with
- * -ENOTCONN (NOWAIT: -EAGAIN), or waits for the session until its
- * deadline. FERRY_OP_CLEANUP frees published keys of the request too.
- * Needs libzmq (-EOPNOTSUPP otherwise).
+ * The requesting engine must listen for data (params.listen, or
+ * params.control which implies it): the holder sends there, and answers
+ * -EHOSTUNREACH otherwise. Without a control session to `from` a LOOKUP
+ * GET completes with -ENOTCONN (NOWAIT: -EAGAIN); while the session is
+ * being made it waits for it (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees
+ * published keys of the request too. Needs libzmq (-EOPNOTSUPP otherwise).
  */
 
 /*

@@ -524,8 +524,6 @@ static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, c
 	snprintf(name, sizeof(name), "%s", s->peer_name);
 	if (was_ready)
 		STAT_ADD(st->ready, (uint64_t)-1);
-	if (res == -ECONNRESET && was_ready && why)
-		STAT_ADD(st->declared_dead, 1);
 	if (why)
 		log_warn("ctl: engine %s: session with %s ended: %s", st->e->name,
 			 name[0] ? name : "a caller", why);
@@ -750,6 +748,12 @@ static int on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ct
 
 	if (n < 0)
 		return n;
+	if (!s->peer->address[0] && !s->peer->backend) {
+		/* Nowhere to send it: it published no data address and has no link to us. */
+		log_warn("ctl: engine %s: %s asks for %s but listens for no data: refused",
+			 e->name, s->peer_name, key);
+		return -EHOSTUNREACH;
+	}
 	if (take_published(e, fullkey, (size_t)n, &buf, &len) == 0)
 		return push_to(e, s->peer, key, k->key_len, buf, len, st->peer_timeout_ns);
 	if (k->flags & CTL_FETCH_NOWAIT)
@@ -1363,6 +1367,7 @@ static int check_time(struct ctl_state *st)
 
 				snprintf(why, sizeof(why), "silent for %llu ms: declared dead",
 					 (unsigned long long)((now - s->last_rx) / 1000000));
+				STAT_ADD(st->declared_dead, 1);
 				session_dead(st, s, -ECONNRESET, why);
 				n++;
 			} else if (now - s->last_rx >= st->heartbeat_ns &&
