@@ -643,9 +643,11 @@ static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pe
 }
 
 /*
- * Directory query: does peer hold key, published for this engine (a PUT
- * with FERRY_SQE_PUBLISH to us)? Completes with res 1 and len = its size,
- * or res 0; the key stays where it is. Errors as for ferry_prep_peer_health.
+ * Directory query: where is key waiting at peer? Completes with res 1 when
+ * the peer holds it published for this engine (a PUT with
+ * FERRY_SQE_PUBLISH to us: a LOOKUP GET would fetch it), 2 when our PUT of
+ * it arrived there and was not taken yet, 0 when neither; len = its size.
+ * Nothing moves. Errors as for ferry_prep_peer_health.
  */
 static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)

@@ -325,6 +325,16 @@ static void test_ctl_remote_cancel(void **state)
 	ferry_prep_nop(t_sqe(a), 30);
 	t_submit(a);
 	t_expect(a, NULL, 30, 0, NULL);
+	/* Where is r7_0 waiting at a? Our PUT of it, not yet taken: 2. */
+	sqe = t_sqe(b);
+	ferry_prep_lookup(sqe, pa, "r7_0", 31);
+	t_submit(b);
+	{
+		struct ferry_cqe c;
+
+		t_expect(b, NULL, 31, 2, &c);
+		assert_int_equal(c.len, sizeof(x));
+	}
 	/* b gives up r7: a drops the data and its GET ends; r8 is left alone. */
 	sqe = t_sqe(b);
 	ferry_prep_remote_cancel(sqe, pa, "r7", 4);
@@ -336,6 +346,11 @@ static void test_ctl_remote_cancel(void **state)
 	t_put(b, pa, "r8_1", x, sizeof(x), 5, 0);
 	t_expect(b, NULL, 5, 0, NULL);
 	t_expect(a, NULL, 3, 0, NULL);
+	/* Gone now: 0. */
+	sqe = t_sqe(b);
+	ferry_prep_lookup(sqe, pa, "r7_0", 32);
+	t_submit(b);
+	t_expect(b, NULL, 32, 0, NULL);
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }

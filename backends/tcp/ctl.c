@@ -784,22 +784,33 @@ static int on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ct
 	return 1;
 }
 
+/*
+ * Where is the peer's key waiting here? 1: published for it (a PUT with
+ * PUBLISH to it); 2: arrived from it and not yet taken; 0: neither.
+ */
 static int on_lookup(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
 		     const char *key, uint64_t *len)
 {
 	struct ferry_engine *e = st->e;
 	char fullkey[FULLKEY_MAX];
 	struct key_entry *ke;
-	int n = keytable_compose(fullkey, key, k->key_len, e->name, s->peer_name);
 
 	*len = 0;
-	if (n < 0)
-		return n;
-	ke = keytable_find(&e->keys, fullkey, (size_t)n, keytable_hash(fullkey, (size_t)n));
-	if (!ke || !ke->present)
-		return 0;
-	*len = ke->len;
-	return 1;
+	for (int where = 1; where <= 2; where++) {
+		int n = keytable_compose(fullkey, key, k->key_len,
+					 where == 1 ? e->name : s->peer_name,
+					 where == 1 ? s->peer_name : e->name);
+
+		if (n < 0)
+			return n;
+		ke = keytable_find(&e->keys, fullkey, (size_t)n,
+				   keytable_hash(fullkey, (size_t)n));
+		if (ke && ke->present) {
+			*len = ke->len;
+			return where;
+		}
+	}
+	return 0;
 }
 
 static int on_cancel(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
@@ -903,9 +914,9 @@ static void on_answer(struct ctl_state *st, struct ctl_session *s, const struct 
 		req_finish(st, r, res, res >= 0 ? (uint64_t)res : 0, buf);
 		return;
 	case CTL_LOOKUP_ANS:
-		if (res > 1)
+		if (res > 2)
 			res = -EPROTO;
-		req_finish(st, r, res, res == 1 ? a.len : 0, NULL);
+		req_finish(st, r, res, res > 0 ? a.len : 0, NULL);
 		return;
 	case CTL_FETCH_ANS:
 		if (res < 0)

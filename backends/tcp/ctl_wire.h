@@ -54,7 +54,7 @@ enum ctl_type {
 	CTL_HEALTH_REQ = 8, /* empty */
 	CTL_HEALTH = 9,     /* body: ctl_answer, then the JSON text (no NUL) */
 	CTL_LOOKUP = 10,    /* body: ctl_key; answer LOOKUP_ANS */
-	CTL_LOOKUP_ANS = 11, /* ctl_answer: res 1 held (len = size) / 0 not */
+	CTL_LOOKUP_ANS = 11, /* ctl_answer: res 1 published for you, 2 arrived from you, 0 none */
 	CTL_FETCH = 12,     /* ctl_key; answer FETCH_ANS */
 	CTL_FETCH_ANS = 13, /* ctl_answer: 0 sent, 1 remembered, < 0 -errno */
 	CTL_CANCEL = 14,    /* ctl_key: the request id; answer CANCEL_ANS */
