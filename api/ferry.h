@@ -862,8 +862,9 @@ struct ferry_stage_meta {
  * Load the YAML, check it (any error: -EINVAL, every problem logged as
  * "file:line:column: key: what", nothing started), create the engine
  * "stage<stage_id>.rank<rank>" and wire the edges of this stage. An edge
- * whose transport this build does not have (tcp, rdma today) fails the
- * open with -EPROTONOSUPPORT and a log line naming the edge. Returns 0 and
+ * whose transport this build does not have (rdma today) fails the open
+ * with -EPROTONOSUPPORT and a log line naming the edge; a store-like edge
+ * in a build without libzmq with -EOPNOTSUPP. Returns 0 and
  * *out, or -EINVAL (params, config, unknown stage_id or rank),
  * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), the errors
  * of ferry_engine_create, -ENOMEM.
@@ -888,7 +889,10 @@ FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const ch
 /*
  * Put len bytes of data under key on edge from -> to (stage ids; from must
  * be this stage). Waits until the receiving stage holds the key (or the
- * stage's timeout: -ETIMEDOUT). On success returns 0, writes the payload
+ * stage's timeout: -ETIMEDOUT); on a store-like edge (MooncakeStoreConnector,
+ * MooncakeConnector, YuanrongConnector) the key is kept here instead and the
+ * receiving stage's get fetches it through the control channel, so the put
+ * returns once it is kept (-EEXIST: already kept here). On success returns 0, writes the payload
  * size to *size and the metadata to *meta (each may be NULL); the
  * metadata travels to the consumer by whatever control path the
  * application has, and may be handed to ferry_stage_get. Errors: -EINVAL
