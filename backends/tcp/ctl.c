@@ -6,10 +6,11 @@
  * ferry_peer_connect; theirs: a routing id at our ROUTER), their
  * authenticated handshake (tcp_auth.h's HMAC over fresh nonces, roles
  * "ferry-ctl-caller" / "ferry-ctl-callee"), the exchange of data addresses,
- * heartbeats and the dead-peer verdict, and the requests that ride a
- * session: a peer's health, directory queries (LOOKUP), fetches of keys
- * published at the holder (FETCH, FERRY_SQE_LOOKUP GETs), remote
- * cancellation (CANCEL). Message format: ctl_wire.h.
+ * heartbeats and the dead-peer verdict, receiving and checking every
+ * message, and the public calls. The requests that ride a READY session (a
+ * peer's health, directory queries, fetches of published keys, remote
+ * cancellation) and store-like keys live in ctl_req.c; the types both
+ * share in ctl_int.h; the message format in ctl_wire.h.
  *
  * It runs inside the reactor, as a backend: no thread of ours (libzmq keeps
  * one I/O thread per context; the context is made only when the engine uses
@@ -56,110 +57,9 @@
 #ifdef FERRY_HAVE_ZMQ
 #include <zmq.h>
 
-#define CTL_MAX_SESSIONS 64
-#define CTL_MAX_REQS 1024
-#define CTL_ID_MAX 256
-#define CTL_HANDSHAKE_NS (3000ull * 1000000ull)
-#define CTL_FETCH_MAX_NS (3600ull * 1000000000ull)
-#define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
-#define CTL_DEFAULT_HEARTBEAT_MS 1000
-#define CTL_DEFAULT_PEER_TIMEOUT_MS 10000
-#define ROLE_CALLER "ferry-ctl-caller"
-#define ROLE_CALLEE "ferry-ctl-callee"
+#include "ctl_int.h"
 
-/* io_uring cookies: kind in the low 4 bits, socket slot, generation. */
-enum { CK_POLL = 1, CK_TICK = 2, CK_CANCEL = 3 };
-
-static uint64_t ck(unsigned kind, uint32_t slot, uint32_t gen)
-{
-	return ((uint64_t)gen << 20) | ((uint64_t)(slot & 0xffff) << 4) | kind;
-}
-
-struct ctl_sock {
-	void *z;
-	int fd;
-	uint32_t gen;
-	bool armed;
-	bool dirty;
-};
-
-enum { CS_FREE = 0, CS_BACKOFF, CS_WAIT_PROOF, CS_WAIT_OK, CS_WAIT_AUTH, CS_READY };
-
-struct ctl_session {
-	uint8_t state;
-	bool caller;            /* we called: our DEALER */
-	bool refused;           /* the peer refused us (or proved nothing) */
-	uint32_t slot;          /* its DEALER polls as socket slot + 1 */
-	struct ctl_sock sock;
-	uint8_t id[CTL_ID_MAX]; /* callee: the routing id at our ROUTER */
-	uint32_t id_len;
-	char peer_name[FERRY_NAME_MAX];
-	struct ferry_peer *peer;
-	char endpoint[TCP_ADDR_MAX]; /* caller: the control endpoint we call */
-	char seen_host[INET6_ADDRSTRLEN]; /* where the peer was seen (a wildcard data address) */
-	uint8_t nonce_me[TCP_NONCE_BYTES], nonce_peer[TCP_NONCE_BYTES];
-	uint32_t peer_caps;
-	uint64_t hs_deadline, last_rx, last_ping, retry_at;
-	struct op *wait_head, *wait_tail; /* PUTs waiting for the handshake */
-};
-
-/* A request of ours waiting for its answer (or for its session to be READY). */
-struct ctl_req {
-	uint8_t type; /* CTL_HEALTH_REQ / LOOKUP / FETCH / CANCEL; 0 = free */
-	bool sent;
-	uint64_t seq;
-	struct op *op;
-	uint32_t op_gen;
-	char peer[FERRY_NAME_MAX];
-	uint32_t flags, timeout_ms;
-	uint16_t key_len;
-	char key[FERRY_KEY_MAX];
-};
-
-struct ctl_connect {
-	struct ferry_peer *peer;
-	char endpoint[TCP_ADDR_MAX];
-};
-
-struct ctl_state {
-	struct ferry_engine *e;
-	struct backend *b;
-	void *zctx;
-	struct ctl_sock router;
-	char bound[TCP_ADDR_MAX];
-	struct tcp_secret secret;
-	uint64_t heartbeat_ns, peer_timeout_ns;
-	bool any_dirty;
-	bool need_arm;         /* a socket may want its poll armed again */
-	bool tick_armed, tick_due;
-	struct __kernel_timespec tick_ts;
-	uint32_t nsessions;
-	/* For the health JSON (written by the reactor, read by anyone). */
-	stat_t ready, declared_dead, dropped, auth_failed;
-	struct ctl_session sessions[CTL_MAX_SESSIONS];
-	uint32_t nreqs;
-	uint64_t next_seq;
-	struct ctl_req reqs[CTL_MAX_REQS];
-	/* ferry_peer_connect's mailbox (any thread -> the reactor). */
-	pthread_mutex_t lock;
-	_Atomic int connects_pending;
-	uint32_t nconnects;
-	struct ctl_connect connects[CTL_MAX_SESSIONS];
-};
-
-/* Log a message dropped (or a peer that failed to prove the secret) and count it. */
-#define CTL_DROP(st, ...)                            \
-	do {                                         \
-		STAT_ADD((st)->dropped, 1);          \
-		log_warn(__VA_ARGS__);               \
-	} while (0)
-#define CTL_REFUSE(st, ...)                          \
-	do {                                         \
-		STAT_ADD((st)->auth_failed, 1);          \
-		log_warn(__VA_ARGS__);               \
-	} while (0)
-
-static struct ctl_state *ctl_of(struct ferry_engine *e)
+struct ctl_state *ctl_state_of(struct ferry_engine *e)
 {
 	for (unsigned i = 0; i < e->nbackends; i++)
 		if (e->backends[i].ops == &ferry__ctl_backend)
@@ -174,7 +74,7 @@ static const char *check_text(int rc)
 				      : "malformed";
 }
 
-static const char *type_name(unsigned t)
+const char *ctl_type_name(unsigned t)
 {
 	static const char *const names[CTL__MAX] = {
 		"?", "HELLO", "PROOF", "AUTH", "OK", "NO", "PING", "PONG", "HEALTH_REQ",
@@ -309,7 +209,7 @@ static int take_connects(struct ctl_state *st);
  * submitted right after one may be taken first (SQEs are drained before
  * the backends run): take them now.
  */
-static void connects_first(struct ctl_state *st)
+void ctl_connects_first(struct ctl_state *st)
 {
 	if (atomic_load_explicit(&st->connects_pending, memory_order_acquire))
 		take_connects(st);
@@ -319,7 +219,7 @@ static void connects_first(struct ctl_state *st)
  * Send one message to a session: header, body, then extra (a key or text).
  * Returns 0, or a negative errno (the message is dropped; logged).
  */
-static int send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
+int ctl_send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
 		    const void *body, size_t blen, const void *extra, size_t elen)
 {
 	uint8_t small[CTL_HDR_BYTES + 512];
@@ -350,7 +250,7 @@ static int send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, 
 	sk->dirty = true; /* a send may have taken the edge of ZMQ_FD */
 	st->any_dirty = true;
 	if (rc)
-		log_info("ctl: engine %s: %s to %s not sent: %s", st->e->name, type_name(type),
+		log_info("ctl: engine %s: %s to %s not sent: %s", st->e->name, ctl_type_name(type),
 			 s->peer_name[0] ? s->peer_name : "a caller", zmq_strerror(-rc));
 out:
 	if (m != small)
@@ -358,12 +258,12 @@ out:
 	return rc;
 }
 
-static int send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
+int ctl_send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
 		       int32_t res, uint64_t len)
 {
 	struct ctl_answer a = { .res = (int32_t)htole32((uint32_t)res), .len = htole64(len) };
 
-	return send_msg(st, s, type, seq, &a, sizeof(a), NULL, 0);
+	return ctl_send_msg(st, s, type, seq, &a, sizeof(a), NULL, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -400,7 +300,7 @@ static void session_free(struct ctl_state *st, struct ctl_session *s)
 }
 
 /* The best session to peer `name`: a READY one, else (any) one in the making. */
-static struct ctl_session *session_for(struct ctl_state *st, const char *name, bool ready)
+struct ctl_session *ctl_session_for(struct ctl_state *st, const char *name, bool ready)
 {
 	struct ctl_session *best = NULL;
 
@@ -448,61 +348,6 @@ static void waiters_go(struct ctl_state *st, struct ctl_session *s, int res)
 	}
 }
 
-static void req_free(struct ctl_state *st, struct ctl_req *r)
-{
-	r->type = 0;
-	r->op = NULL;
-	st->nreqs--;
-}
-
-/* Complete a request's op with res (unless it ended meanwhile). */
-static void req_finish(struct ctl_state *st, struct ctl_req *r, int res, uint64_t len,
-		       struct ferry_buf *buf)
-{
-	struct op *op = r->op;
-
-	if (op && op->gen == r->op_gen && op_state_pending(op->state))
-		op_complete(st->e, op, res, len, buf);
-	else if (buf)
-		pool_free(buf);
-	req_free(st, r);
-}
-
-static void req_send(struct ctl_state *st, struct ctl_session *s, struct ctl_req *r)
-{
-	struct ctl_key k = { 0 };
-	int rc;
-
-	if (r->type == CTL_HEALTH_REQ) {
-		rc = send_msg(st, s, CTL_HEALTH_REQ, r->seq, NULL, 0, NULL, 0);
-	} else {
-		k.flags = htole32(r->flags);
-		k.timeout_ms = htole32(r->timeout_ms);
-		k.key_len = htole16(r->key_len);
-		rc = send_msg(st, s, r->type, r->seq, &k, sizeof(k), r->key, r->key_len);
-	}
-	if (rc)
-		req_finish(st, r, rc == -EHOSTUNREACH ? -ECONNRESET : rc, 0, NULL);
-	else
-		r->sent = true;
-}
-
-/* A GET from peer `name` waits parked: fail those that asked the control channel. */
-static void fail_lookup_gets(struct ctl_state *st, const char *name, int res)
-{
-	struct ferry_engine *e = st->e;
-
-	for (uint32_t i = 0; i < e->max_ops; i++) {
-		struct op *op = &e->ops[i];
-
-		if (op->state == OP_PARKED && op->peer && strcmp(op->peer->name, name) == 0 &&
-		    ((op->flags & FERRY_SQE_LOOKUP) ||
-		     (op->opcode == FERRY_OP_GET && (op->flags & FERRY_SQE_CB_REACTOR) &&
-		      op->cb_arg == st)))
-			op_complete(e, op, res, 0, NULL);
-	}
-}
-
 /* The peer `name` has no READY session left. */
 static void peer_gone(struct ctl_state *st, const char *name, int res)
 {
@@ -510,9 +355,9 @@ static void peer_gone(struct ctl_state *st, const char *name, int res)
 		struct ctl_req *r = &st->reqs[i];
 
 		if (r->type && strcmp(r->peer, name) == 0)
-			req_finish(st, r, res, 0, NULL);
+			ctl_req_finish(st, r, res, 0, NULL);
 	}
-	fail_lookup_gets(st, name, res);
+	ctl_fail_lookup_gets(st, name, res);
 	ferry__tcp_peer_dead(st->e, name, res);
 }
 
@@ -535,15 +380,15 @@ static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, c
 	} else {
 		session_free(st, s);
 	}
-	if (was_ready && name[0] && !session_for(st, name, true)) {
+	if (was_ready && name[0] && !ctl_session_for(st, name, true)) {
 		peer_gone(st, name, res);
-	} else if (name[0] && !session_for(st, name, true)) {
+	} else if (name[0] && !ctl_session_for(st, name, true)) {
 		/* Never reached: requests that waited for it fail (GETs wait on). */
 		for (uint32_t i = 0; i < CTL_MAX_REQS; i++) {
 			struct ctl_req *r = &st->reqs[i];
 
 			if (r->type && r->type != CTL_FETCH && !r->sent && strcmp(r->peer, name) == 0)
-				req_finish(st, r, s->refused ? -EACCES : -EHOSTUNREACH, 0, NULL);
+				ctl_req_finish(st, r, s->refused ? -EACCES : -EHOSTUNREACH, 0, NULL);
 		}
 	}
 }
@@ -602,7 +447,7 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 		struct ctl_req *r = &st->reqs[i];
 
 		if (r->type && !r->sent && strcmp(r->peer, s->peer_name) == 0)
-			req_send(st, s, r);
+			ctl_req_send(st, s, r);
 	}
 }
 
@@ -641,7 +486,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 	memcpy(h.nonce, s->nonce_me, sizeof(h.nonce));
 	s->state = CS_WAIT_PROOF;
 	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
-	if ((rc = send_msg(st, s, CTL_HELLO, 0, &h, sizeof(h), NULL, 0)))
+	if ((rc = ctl_send_msg(st, s, CTL_HELLO, 0, &h, sizeof(h), NULL, 0)))
 		goto fail;
 	return;
 fail:
@@ -649,285 +494,6 @@ fail:
 	s->state = CS_BACKOFF;
 	s->retry_at = reactor_now(e) + st->peer_timeout_ns;
 	waiters_go(st, s, rc == -EACCES ? rc : -EHOSTUNREACH);
-}
-
-/* ------------------------------------------------------------------ */
-/* Requests answered here                                              */
-/* ------------------------------------------------------------------ */
-
-/* Parse a ctl_key body: 0 and the key (NUL-terminated) or -EPROTO. */
-static int key_parse(const uint8_t *body, size_t blen, struct ctl_key *k, char *key)
-{
-	if (blen < CTL_KEY_BYTES)
-		return -EPROTO;
-	memcpy(k, body, sizeof(*k));
-	k->flags = le32toh(k->flags);
-	k->timeout_ms = le32toh(k->timeout_ms);
-	k->key_len = le16toh(k->key_len);
-	if (k->resv || k->resv2 || k->key_len == 0 || k->key_len >= FERRY_KEY_MAX ||
-	    blen != CTL_KEY_BYTES + (size_t)k->key_len ||
-	    memchr(body + CTL_KEY_BYTES, '\0', k->key_len) || (k->flags & ~CTL_FETCH_NOWAIT))
-		return -EPROTO;
-	memcpy(key, body + CTL_KEY_BYTES, k->key_len);
-	key[k->key_len] = '\0';
-	return 0;
-}
-
-/* Send key's data (buf, ours now) to peer over the data path, as an engine-made PUT. */
-static int push_to(struct ferry_engine *e, struct ferry_peer *peer, const char *key,
-		   uint16_t key_len, struct ferry_buf *buf, uint64_t len, uint64_t timeout_ns)
-{
-	struct op *op = op_alloc_internal(e);
-	int rc;
-
-	if (!op) {
-		log_warn("ctl: engine %s: no free op to send %s to %s: dropped", e->name, key,
-			 peer->name);
-		pool_free(buf);
-		return -ENOBUFS;
-	}
-	op->opcode = FERRY_OP_PUT;
-	op->peer = peer;
-	op->buf = buf;
-	op->len = len;
-	op->key_len = key_len;
-	memcpy(op->key, key, key_len);
-	op->key[key_len] = '\0';
-	op->state = OP_AWAY;
-	rc = reactor_send(e, op);
-	if (rc) {
-		log_warn("ctl: engine %s: sending %s to %s: %s", e->name, key, peer->name,
-			 ferry_strerror(rc));
-		op->state = OP_FREE;
-		op_complete(e, op, rc, 0, NULL);
-		return rc;
-	}
-	if (op->state == OP_AWAY)
-		op_arm_deadline(e, op, timeout_ns);
-	return 0;
-}
-
-/* A published key a peer waits for has come (or the wait ended): send it. */
-static void fetch_ready(const struct ferry_cqe *cqe, void *arg)
-{
-	struct op *op = (struct op *)(uintptr_t)cqe->user_data;
-	struct ctl_state *st = arg;
-
-	if (cqe->res < 0 || !cqe->buf)
-		return; /* deadline, cleanup, shutdown: nothing to send */
-	push_to(st->e, op->peer, op->key, op->key_len, cqe->buf, cqe->len, st->peer_timeout_ns);
-}
-
-static int take_published(struct ferry_engine *e, const char *fullkey, size_t n,
-			  struct ferry_buf **buf, uint64_t *len)
-{
-	uint64_t h = keytable_hash(fullkey, n);
-	struct key_entry *ke = keytable_find(&e->keys, fullkey, n, h);
-
-	if (!ke || !ke->present)
-		return -EAGAIN;
-	*buf = ke->buf;
-	*len = ke->len;
-	ke->buf = NULL;
-	ke->present = false;
-	e->keys.present--;
-	keytable_put(&e->keys, ke);
-	return 0;
-}
-
-static int on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		    const char *key)
-{
-	struct ferry_engine *e = st->e;
-	char fullkey[FULLKEY_MAX];
-	struct ferry_buf *buf;
-	struct key_entry *ke;
-	struct op *op;
-	uint64_t len, timeout;
-	int n = keytable_compose(fullkey, key, k->key_len, e->name, s->peer_name);
-
-	if (n < 0)
-		return n;
-	if (!s->peer->address[0] && !s->peer->backend) {
-		/* Nowhere to send it: it published no data address and has no link to us. */
-		log_warn("ctl: engine %s: %s asks for %s but listens for no data: refused",
-			 e->name, s->peer_name, key);
-		return -EHOSTUNREACH;
-	}
-	if (take_published(e, fullkey, (size_t)n, &buf, &len) == 0)
-		return push_to(e, s->peer, key, k->key_len, buf, len, st->peer_timeout_ns);
-	if (k->flags & CTL_FETCH_NOWAIT)
-		return -EAGAIN;
-	/* Remember the wish: a GET op of the engine's parked on the key, with a callback. */
-	op = op_alloc_internal(e);
-	if (!op)
-		return -ENOBUFS;
-	ke = keytable_get(&e->keys, fullkey, (size_t)n, keytable_hash(fullkey, (size_t)n));
-	if (!ke) {
-		ferry__op_free(e, op);
-		return -ENOSPC;
-	}
-	STAT_ADD(e->stats.submitted, 1);
-	op->opcode = FERRY_OP_GET;
-	op->flags = FERRY_SQE_CB_REACTOR;
-	op->cb = fetch_ready;
-	op->cb_arg = st;
-	op->user_data = (uintptr_t)op;
-	op->peer = s->peer;
-	op->key_len = k->key_len;
-	memcpy(op->key, key, (size_t)k->key_len + 1);
-	op->state = OP_PARKED;
-	op->entry = ke;
-	op_list_append(&ke->waiters, &ke->waiters_tail, op);
-	timeout = k->timeout_ms ? (uint64_t)k->timeout_ms * 1000000ull : CTL_FETCH_MAX_NS;
-	op_arm_deadline(e, op, timeout < CTL_FETCH_MAX_NS ? timeout : CTL_FETCH_MAX_NS);
-	return 1;
-}
-
-/*
- * Where is the peer's key waiting here? 1: published for it (a PUT with
- * PUBLISH to it); 2: arrived from it and not yet taken; 0: neither.
- */
-static int on_lookup(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		     const char *key, uint64_t *len)
-{
-	struct ferry_engine *e = st->e;
-	char fullkey[FULLKEY_MAX];
-	struct key_entry *ke;
-
-	*len = 0;
-	for (int where = 1; where <= 2; where++) {
-		int n = keytable_compose(fullkey, key, k->key_len,
-					 where == 1 ? e->name : s->peer_name,
-					 where == 1 ? s->peer_name : e->name);
-
-		if (n < 0)
-			return n;
-		ke = keytable_find(&e->keys, fullkey, (size_t)n,
-				   keytable_hash(fullkey, (size_t)n));
-		if (ke && ke->present) {
-			*len = ke->len;
-			return where;
-		}
-	}
-	return 0;
-}
-
-static int on_cancel(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		     const char *r)
-{
-	struct ferry_engine *e = st->e;
-	int n;
-
-	/* What came from it, what we published for it (and its wishes parked there), its streams. */
-	n = ferry__cleanup_keys(e, r, k->key_len, s->peer_name, e->name);
-	n += ferry__cleanup_keys(e, r, k->key_len, e->name, s->peer_name);
-	n += stream_cleanup(e, r, k->key_len, s->peer);
-	log_info("ctl: engine %s: %s cancelled request %s here (%d dropped)", e->name,
-		 s->peer_name, r, n);
-	return n;
-}
-
-static void on_health_req(struct ctl_state *st, struct ctl_session *s, uint64_t seq)
-{
-	size_t cap = CTL_MAX_MSG - CTL_HDR_BYTES - sizeof(struct ctl_answer);
-	char *text = malloc(cap);
-	struct ctl_answer a = { 0 };
-	int n;
-
-	if (!text) {
-		send_answer(st, s, CTL_HEALTH, seq, -ENOMEM, 0);
-		return;
-	}
-	n = ferry_engine_health(st->e, text, cap);
-	if (n < 0 || (size_t)n >= cap) {
-		send_answer(st, s, CTL_HEALTH, seq, n < 0 ? n : -EMSGSIZE, 0);
-	} else {
-		a.res = (int32_t)htole32((uint32_t)n);
-		a.len = htole64((uint64_t)n);
-		send_msg(st, s, CTL_HEALTH, seq, &a, sizeof(a), text, (size_t)n);
-	}
-	free(text);
-}
-
-/* ------------------------------------------------------------------ */
-/* Answers to our requests                                             */
-/* ------------------------------------------------------------------ */
-
-static struct ctl_req *req_find(struct ctl_state *st, struct ctl_session *s, uint64_t seq)
-{
-	for (uint32_t i = 0; i < CTL_MAX_REQS; i++) {
-		struct ctl_req *r = &st->reqs[i];
-
-		if (r->type && r->sent && r->seq == seq && strcmp(r->peer, s->peer_name) == 0)
-			return r;
-	}
-	return NULL;
-}
-
-static void on_answer(struct ctl_state *st, struct ctl_session *s, const struct ctl_hdr *h,
-		      const uint8_t *body)
-{
-	static const uint8_t asked[CTL__MAX] = {
-		[CTL_HEALTH] = CTL_HEALTH_REQ, [CTL_LOOKUP_ANS] = CTL_LOOKUP,
-		[CTL_FETCH_ANS] = CTL_FETCH, [CTL_CANCEL_ANS] = CTL_CANCEL,
-	};
-	struct ctl_req *r = req_find(st, s, h->seq);
-	struct ctl_answer a;
-	struct ferry_buf *buf = NULL;
-	int32_t res;
-
-	if (!r || r->type != asked[h->type]) {
-		log_info("ctl: engine %s: %s from %s answers nothing we asked (seq %llu): dropped",
-			 st->e->name, type_name(h->type), s->peer_name, (unsigned long long)h->seq);
-		return;
-	}
-	if (h->len < sizeof(a) || (h->type != CTL_HEALTH && h->len != sizeof(a))) {
-		CTL_DROP(st, "ctl: engine %s: %s from %s of %u bytes: malformed, dropped", st->e->name,
-			 type_name(h->type), s->peer_name, h->len);
-		req_finish(st, r, -EPROTO, 0, NULL);
-		return;
-	}
-	memcpy(&a, body, sizeof(a));
-	res = (int32_t)le32toh((uint32_t)a.res);
-	a.len = le64toh(a.len);
-	if (res < -4095 || (h->type == CTL_HEALTH && res >= 0 &&
-			    ((uint64_t)res != h->len - sizeof(a) || a.len != (uint64_t)res))) {
-		CTL_DROP(st, "ctl: engine %s: %s from %s: result %d does not fit: dropped", st->e->name,
-			 type_name(h->type), s->peer_name, res);
-		req_finish(st, r, -EPROTO, 0, NULL);
-		return;
-	}
-	switch (h->type) {
-	case CTL_HEALTH:
-		if (res >= 0) {
-			int rc = pool_alloc(st->e->pool, (size_t)res + 1, &buf);
-
-			if (rc) {
-				req_finish(st, r, rc, 0, NULL);
-				return;
-			}
-			memcpy(buf->data, body + sizeof(a), (size_t)res);
-			((char *)buf->data)[res] = '\0';
-			buf->len = (uint64_t)res;
-		}
-		req_finish(st, r, res, res >= 0 ? (uint64_t)res : 0, buf);
-		return;
-	case CTL_LOOKUP_ANS:
-		if (res > 2)
-			res = -EPROTO;
-		req_finish(st, r, res, res > 0 ? a.len : 0, NULL);
-		return;
-	case CTL_FETCH_ANS:
-		if (res < 0)
-			req_finish(st, r, res, 0, NULL); /* -EAGAIN: nobody holds it yet */
-		else
-			req_free(st, r); /* sent, or remembered: the data completes the GET */
-		return;
-	default: /* CTL_CANCEL_ANS */
-		req_finish(st, r, res, 0, NULL);
-		return;
-	}
 }
 
 /* ------------------------------------------------------------------ */
@@ -977,7 +543,7 @@ static void on_ready_msg(struct ctl_state *st, struct ctl_session *s, const stru
 	switch (h->type) {
 	case CTL_PING:
 		if (h->len == 0)
-			send_msg(st, s, CTL_PONG, h->seq, NULL, 0, NULL, 0);
+			ctl_send_msg(st, s, CTL_PONG, h->seq, NULL, 0, NULL, 0);
 		break;
 	case CTL_PONG:
 		break;
@@ -988,39 +554,39 @@ static void on_ready_msg(struct ctl_state *st, struct ctl_session *s, const stru
 	case CTL_HEALTH_REQ:
 		if (h->len)
 			goto malformed;
-		on_health_req(st, s, h->seq);
+		ctl_on_health_req(st, s, h->seq);
 		break;
 	case CTL_LOOKUP:
 	case CTL_FETCH:
 	case CTL_CANCEL:
-		if (key_parse(body, h->len, &k, key))
+		if (ctl_key_parse(body, h->len, &k, key))
 			goto malformed;
 		if (h->type == CTL_LOOKUP) {
-			res = on_lookup(st, s, &k, key, &len);
-			send_answer(st, s, CTL_LOOKUP_ANS, h->seq, res, len);
+			res = ctl_on_lookup(st, s, &k, key, &len);
+			ctl_send_answer(st, s, CTL_LOOKUP_ANS, h->seq, res, len);
 		} else if (h->type == CTL_FETCH) {
-			res = on_fetch(st, s, &k, key);
-			send_answer(st, s, CTL_FETCH_ANS, h->seq, res, 0);
+			res = ctl_on_fetch(st, s, &k, key);
+			ctl_send_answer(st, s, CTL_FETCH_ANS, h->seq, res, 0);
 		} else {
-			res = on_cancel(st, s, &k, key);
-			send_answer(st, s, CTL_CANCEL_ANS, h->seq, res, 0);
+			res = ctl_on_cancel(st, s, &k, key);
+			ctl_send_answer(st, s, CTL_CANCEL_ANS, h->seq, res, 0);
 		}
 		break;
 	case CTL_HEALTH:
 	case CTL_LOOKUP_ANS:
 	case CTL_FETCH_ANS:
 	case CTL_CANCEL_ANS:
-		on_answer(st, s, h, body);
+		ctl_on_answer(st, s, h, body);
 		break;
 	default:
 		CTL_DROP(st, "ctl: engine %s: %s from %s after the handshake: dropped", st->e->name,
-			 type_name(h->type), s->peer_name);
+			 ctl_type_name(h->type), s->peer_name);
 		break;
 	}
 	return;
 malformed:
 	CTL_DROP(st, "ctl: engine %s: malformed %s (%u bytes) from %s: dropped", st->e->name,
-		 type_name(h->type), h->len, s->peer_name);
+		 ctl_type_name(h->type), h->len, s->peer_name);
 }
 
 /* Callee: a HELLO from a routing id without a session. */
@@ -1056,14 +622,14 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	if (strcmp(h.ns, e->ns) || strcmp(h.callee, e->name)) {
 		log_warn("ctl: engine %s/%s: %s called %s/%s: refused", e->ns, e->name, h.caller,
 			 h.ns, h.callee);
-		send_answer(st, &tmp, CTL_NO, 0, -ENOENT, 0);
+		ctl_send_answer(st, &tmp, CTL_NO, 0, -ENOENT, 0);
 		return;
 	}
 	s = session_new(st);
 	if (!s) {
 		log_warn("ctl: engine %s: %d sessions: refusing %s", e->name, CTL_MAX_SESSIONS,
 			 h.caller);
-		send_answer(st, &tmp, CTL_NO, 0, -EBUSY, 0);
+		ctl_send_answer(st, &tmp, CTL_NO, 0, -EBUSY, 0);
 		return;
 	}
 	memcpy(s->id, id, id_len);
@@ -1084,7 +650,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 		  e->ns, 0, 0, p.mac);
 	s->state = CS_WAIT_AUTH;
 	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
-	if (send_msg(st, s, CTL_PROOF, 0, &p, sizeof(p), NULL, 0))
+	if (ctl_send_msg(st, s, CTL_PROOF, 0, &p, sizeof(p), NULL, 0))
 		session_free(st, s);
 }
 
@@ -1114,7 +680,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 	if (!s) {
 		STAT_ADD(st->dropped, 1);
 		log_limited(FERRY__LOG_WARN, "ctl: engine %s: %s from %s before any HELLO: dropped",
-			    e->name, type_name(h.type), peer_addr ? peer_addr : "?");
+			    e->name, ctl_type_name(h.type), peer_addr ? peer_addr : "?");
 		return;
 	}
 	if (s->state == CS_READY) {
@@ -1124,7 +690,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 	/* CS_WAIT_AUTH: only AUTH. */
 	if (h.type != CTL_AUTH || h.len != sizeof(struct ctl_auth)) {
 		log_warn("ctl: engine %s: %s (%u bytes) from %s instead of AUTH: session ended",
-			 e->name, type_name(h.type), h.len, s->peer_name);
+			 e->name, ctl_type_name(h.type), h.len, s->peer_name);
 		session_free(st, s);
 		return;
 	}
@@ -1139,19 +705,19 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 		if (!tcp_proof_equal(want, a.mac)) {
 			CTL_REFUSE(st, "ctl: engine %s: %s (%s) failed to prove the cluster secret: "
 				 "refused", e->name, s->peer_name, peer_addr ? peer_addr : "?");
-			send_answer(st, s, CTL_NO, 0, -EACCES, 0);
+			ctl_send_answer(st, s, CTL_NO, 0, -EACCES, 0);
 			session_free(st, s);
 			return;
 		}
 		if (strnlen(a.data_addr, sizeof(a.data_addr)) >= sizeof(a.data_addr)) {
 			log_warn("ctl: engine %s: AUTH of %s: data address not terminated: refused",
 				 e->name, s->peer_name);
-			send_answer(st, s, CTL_NO, 0, -EPROTO, 0);
+			ctl_send_answer(st, s, CTL_NO, 0, -EPROTO, 0);
 			session_free(st, s);
 			return;
 		}
 		my_data_addr(st, ok.data_addr);
-		if (send_msg(st, s, CTL_OK, 0, &ok, sizeof(ok), NULL, 0)) {
+		if (ctl_send_msg(st, s, CTL_OK, 0, &ok, sizeof(ok), NULL, 0)) {
 			session_free(st, s);
 			return;
 		}
@@ -1213,7 +779,7 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 			  s->peer_name, e->ns, 0, 0, a.mac);
 		my_data_addr(st, a.data_addr);
 		s->state = CS_WAIT_OK;
-		if (send_msg(st, s, CTL_AUTH, 0, &a, sizeof(a), NULL, 0))
+		if (ctl_send_msg(st, s, CTL_AUTH, 0, &a, sizeof(a), NULL, 0))
 			session_dead(st, s, -EHOSTUNREACH, "AUTH not sent");
 		return;
 	}
@@ -1229,7 +795,7 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 		return;
 	}
 	log_warn("ctl: engine %s: %s (%u bytes) from %s during the handshake: hung up", e->name,
-		 type_name(h.type), h.len, s->peer_name);
+		 ctl_type_name(h.type), h.len, s->peer_name);
 	session_dead(st, s, -EPROTO, NULL);
 }
 
@@ -1383,7 +949,7 @@ static int check_time(struct ctl_state *st)
 				n++;
 			} else if (now - s->last_rx >= st->heartbeat_ns &&
 				   now - s->last_ping >= st->heartbeat_ns) {
-				send_msg(st, s, CTL_PING, ++st->next_seq, NULL, 0, NULL, 0);
+				ctl_send_msg(st, s, CTL_PING, ++st->next_seq, NULL, 0, NULL, 0);
 				s->last_ping = now;
 			}
 			break;
@@ -1396,7 +962,7 @@ static int check_time(struct ctl_state *st)
 		struct ctl_req *r = &st->reqs[i];
 
 		if (r->type && (r->op->gen != r->op_gen || !op_state_pending(r->op->state)))
-			req_free(st, r);
+			ctl_req_free(st, r);
 	}
 	return n;
 }
@@ -1559,7 +1125,7 @@ static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 	struct ctl_state *st = b->data;
 
 	(void)e;
-	connects_first(st);
+	ctl_connects_first(st);
 	if (!st->nsessions)
 		return -EHOSTUNREACH;
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
@@ -1567,7 +1133,7 @@ static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 
 		/* Only a call of ours still in its handshake holds PUTs back. */
 		if (s->caller && s->peer == peer && s->state != CS_FREE && s->state != CS_READY &&
-		    !session_for(st, peer->name, true)) {
+		    !ctl_session_for(st, peer->name, true)) {
 			peer->transport = s;
 			return 0;
 		}
@@ -1711,7 +1277,7 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 		struct ctl_session *s = &st->sessions[i];
 
 		if (s->state == CS_READY)
-			send_msg(st, s, CTL_BYE, 0, NULL, 0, NULL, 0);
+			ctl_send_msg(st, s, CTL_BYE, 0, NULL, 0, NULL, 0);
 		if (s->state != CS_FREE) {
 			waiters_go(st, s, -ECANCELED);
 			if (s->peer && s->peer->backend == b)
@@ -1721,7 +1287,7 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	}
 	for (uint32_t i = 0; i < CTL_MAX_REQS; i++)
 		if (st->reqs[i].type)
-			req_finish(st, &st->reqs[i], -ECANCELED, 0, NULL);
+			ctl_req_finish(st, &st->reqs[i], -ECANCELED, 0, NULL);
 	sock_close(st, &st->router, 0);
 	if (st->zctx)
 		zmq_ctx_term(st->zctx);
@@ -1745,145 +1311,12 @@ const struct backend_ops ferry__ctl_backend = {
 };
 
 /* ------------------------------------------------------------------ */
-/* Hooks the reactor calls                                             */
-/* ------------------------------------------------------------------ */
-
-static struct ctl_req *req_new(struct ctl_state *st)
-{
-	for (uint32_t i = 0; i < CTL_MAX_REQS; i++) {
-		struct ctl_req *r = &st->reqs[i];
-
-		if (!r->type) {
-			memset(r, 0, sizeof(*r));
-			r->seq = ++st->next_seq;
-			st->nreqs++;
-			return r;
-		}
-	}
-	return NULL;
-}
-
-/* Queue a request for op to op->peer; it is sent once the session is READY. */
-static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const char *key,
-		     uint16_t key_len, uint32_t flags, uint32_t timeout_ms)
-{
-	struct ctl_session *s;
-	struct ctl_req *r;
-
-	connects_first(st);
-	s = session_for(st, op->peer->name, false);
-	if (!s)
-		return -ENOTCONN;
-	r = req_new(st);
-	if (!r) {
-		log_limited(FERRY__LOG_WARN, "ctl: engine %s: %d requests wait for answers: "
-			    "refusing more", st->e->name, CTL_MAX_REQS);
-		return -ENOBUFS;
-	}
-	r->type = type;
-	r->op = op;
-	r->op_gen = op->gen;
-	snprintf(r->peer, sizeof(r->peer), "%s", op->peer->name);
-	r->flags = flags;
-	r->timeout_ms = timeout_ms;
-	r->key_len = key_len;
-	if (key_len)
-		memcpy(r->key, key, key_len);
-	r->key[key_len] = '\0';
-	if (s->state == CS_READY)
-		req_send(st, s, r);
-	return 0;
-}
-
-void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	struct ctl_state *st = ctl_of(e);
-	uint8_t type = sqe->opcode == FERRY_OP_PEER_HEALTH ? CTL_HEALTH_REQ
-		       : sqe->opcode == FERRY_OP_LOOKUP    ? CTL_LOOKUP
-							   : CTL_CANCEL;
-	int rc;
-
-	if (!sqe->peer || sqe->peer->engine != e) {
-		log_error("op %llx: %s peer", (unsigned long long)sqe->user_data,
-			  sqe->peer ? "foreign" : "NULL");
-		op_complete(e, op, -EINVAL, 0, NULL);
-		return;
-	}
-	if (type != CTL_HEALTH_REQ && (sqe->key_len == 0 || sqe->key_len >= FERRY_KEY_MAX)) {
-		log_error("op %llx: %s of %u bytes", (unsigned long long)sqe->user_data,
-			  type == CTL_LOOKUP ? "key" : "request id", sqe->key_len);
-		op_complete(e, op, sqe->key_len ? -ENAMETOOLONG : -EINVAL, 0, NULL);
-		return;
-	}
-	if (!st) {
-		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-		return;
-	}
-	op->state = OP_AWAY;
-	rc = req_start(st, op, type, sqe->key, sqe->key_len, 0, 0);
-	if (rc) {
-		op->state = OP_FREE;
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	if (op->state == OP_AWAY)
-		op_arm_deadline(e, op, sqe->timeout_ns);
-}
-
-void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
-{
-	char fullkey[FULLKEY_MAX];
-	uint64_t len = op->len;
-	int n, rc;
-
-	n = keytable_compose(fullkey, op->key, op->key_len, e->name, op->peer->name);
-	if (n < 0) {
-		op_complete(e, op, n, 0, NULL);
-		return;
-	}
-	/* Held here like any key that arrived; a wish parked on it takes it at once. */
-	rc = reactor_deliver(e, NULL, fullkey, (size_t)n, op->buf, len, op->flags & WIRE_F_REPLACE);
-	if (rc == 0)
-		op->buf = NULL;
-	op_complete(e, op, rc, rc ? 0 : len, NULL);
-}
-
-void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	struct ctl_state *st = ctl_of(e);
-	bool nowait = sqe->flags & FERRY_SQE_NOWAIT;
-	uint64_t ms = sqe->timeout_ns / 1000000ull;
-	int rc;
-
-	if (!st) {
-		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-		return;
-	}
-	if (ms == 0 && sqe->timeout_ns)
-		ms = 1;
-	connects_first(st);
-	if (nowait && !session_for(st, op->peer->name, true)) {
-		op_complete(e, op, -EAGAIN, 0, NULL); /* nobody we can ask holds it yet */
-		return;
-	}
-	rc = req_start(st, op, CTL_FETCH, sqe->key, sqe->key_len, nowait ? CTL_FETCH_NOWAIT : 0,
-		       ms > UINT32_MAX ? UINT32_MAX : (uint32_t)ms);
-	if (rc) {
-		op_complete(e, op, rc == -ENOTCONN && nowait ? -EAGAIN : rc, 0, NULL);
-		return;
-	}
-	/* A NOWAIT lookup waits for the answer, and for the data if it is sent: bound it. */
-	if (nowait && op->heap_idx == UINT32_MAX && op_state_pending(op->state))
-		op_arm_deadline(e, op, st->peer_timeout_ns);
-}
-
-/* ------------------------------------------------------------------ */
 /* Public calls                                                        */
 /* ------------------------------------------------------------------ */
 
 int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
 {
-	struct ctl_state *st = ctl_of(e);
+	struct ctl_state *st = ctl_state_of(e);
 
 	if (!st)
 		return 0;
@@ -1904,7 +1337,7 @@ int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
 		log_error("ferry_engine_control_address: NULL %s", e ? "buf" : "engine");
 		return -EINVAL;
 	}
-	st = ctl_of(e);
+	st = ctl_state_of(e);
 	if (!st || !st->bound[0])
 		return -ENOTCONN;
 	return snprintf(buf, len, "%s", st->bound);
@@ -1929,7 +1362,7 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 		log_error("ferry_peer_connect: %s has no port", control_endpoint);
 		return -EINVAL;
 	}
-	st = ctl_of(p->engine);
+	st = ctl_state_of(p->engine);
 	if (!st)
 		return -EOPNOTSUPP;
 	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
