@@ -220,7 +220,7 @@ void ctl_connects_first(struct ctl_state *st)
  * Returns 0, or a negative errno (the message is dropped; logged).
  */
 int ctl_send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
-		    const void *body, size_t blen, const void *extra, size_t elen)
+		 const void *body, size_t blen, const void *extra, size_t elen)
 {
 	uint8_t small[CTL_HDR_BYTES + 512];
 	size_t n = CTL_HDR_BYTES + blen + elen;
@@ -259,7 +259,7 @@ out:
 }
 
 int ctl_send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
-		       int32_t res, uint64_t len)
+		    int32_t res, uint64_t len)
 {
 	struct ctl_answer a = { .res = (int32_t)htole32((uint32_t)res), .len = htole64(len) };
 

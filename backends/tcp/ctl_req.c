@@ -26,7 +26,7 @@ void ctl_req_free(struct ctl_state *st, struct ctl_req *r)
 
 /* Complete a request's op with res (unless it ended meanwhile). */
 void ctl_req_finish(struct ctl_state *st, struct ctl_req *r, int res, uint64_t len,
-		       struct ferry_buf *buf)
+		    struct ferry_buf *buf)
 {
 	struct op *op = r->op;
 
@@ -158,7 +158,7 @@ static int take_published(struct ferry_engine *e, const char *fullkey, size_t n,
 }
 
 int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		    const char *key)
+		 const char *key)
 {
 	struct ferry_engine *e = st->e;
 	char fullkey[FULLKEY_MAX];
@@ -211,7 +211,7 @@ int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_k
  * PUBLISH to it); 2: arrived from it and not yet taken; 0: neither.
  */
 int ctl_on_lookup(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		     const char *key, uint64_t *len)
+		  const char *key, uint64_t *len)
 {
 	struct ferry_engine *e = st->e;
 	char fullkey[FULLKEY_MAX];
@@ -236,7 +236,7 @@ int ctl_on_lookup(struct ctl_state *st, struct ctl_session *s, const struct ctl_
 }
 
 int ctl_on_cancel(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		     const char *r)
+		  const char *r)
 {
 	struct ferry_engine *e = st->e;
 	int n;
@@ -288,7 +288,7 @@ static struct ctl_req *req_find(struct ctl_state *st, struct ctl_session *s, uin
 }
 
 void ctl_on_answer(struct ctl_state *st, struct ctl_session *s, const struct ctl_hdr *h,
-		      const uint8_t *body)
+		   const uint8_t *body)
 {
 	static const uint8_t asked[CTL__MAX] = {
 		[CTL_HEALTH] = CTL_HEALTH_REQ, [CTL_LOOKUP_ANS] = CTL_LOOKUP,
