@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "internal.h"
 
 static _Atomic uint64_t next_engine_id = 1;
@@ -167,6 +168,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 {
 	struct ferry_engine_params p;
 	struct pool_params pp = { 0 };
+	char data_listen[160];
 	struct ferry_engine *e;
 	int rc;
 
@@ -210,7 +212,24 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	 * to loop (same process) and shm (same host).
 	 */
 	e->create_params = &p;
-	rc = add_backend(e, &ferry__tcp_backend);
+	/*
+	 * Control channel hook: the control channel first (it holds a PUT back
+	 * only while the handshake that tells a peer's data address runs);
+	 * with a control endpoint and no data endpoint, the data path listens
+	 * on the control endpoint's host, port 0, and the channel publishes it.
+	 */
+	if (p.size > offsetof(struct ferry_engine_params, control) && p.control && !p.listen) {
+		const char *colon = strrchr(p.control, ':');
+
+		if (colon && (size_t)(colon - p.control) < sizeof(data_listen) - 3) {
+			snprintf(data_listen, sizeof(data_listen), "%.*s:0",
+				 (int)(colon - p.control), p.control);
+			p.listen = data_listen;
+		}
+	}
+	rc = add_backend(e, &ferry__ctl_backend);
+	if (!rc)
+		rc = add_backend(e, &ferry__tcp_backend);
 	if (!rc)
 		rc = add_backend(e, &ferry__loop_backend);
 	if (!rc)
@@ -441,6 +460,13 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 			(unsigned long long)STAT_GET(p->stats.errors), p->next ? "," : "");
 	}
 	pthread_mutex_unlock(&e->lock);
-	jprintf(&j, "]}");
+	jprintf(&j, "]");
+	{
+		char ctl[320]; /* control channel hook: its sessions and counters */
+
+		if (ferry__ctl_health(e, ctl, sizeof(ctl)) > 0)
+			jprintf(&j, "%s", ctl);
+	}
+	jprintf(&j, "}");
 	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;
 }

@@ -363,7 +363,7 @@ struct backend {
 	uint8_t index;
 };
 
-#define ENGINE_MAX_BACKENDS 4
+#define ENGINE_MAX_BACKENDS 6 /* ctl, tcp, loop, shm; room for rdma, cuda */
 
 /* io_uring user_data for a backend's SQE: its index in the top byte. */
 static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
