@@ -151,9 +151,15 @@ static void engine_free(struct ferry_engine *e)
 
 static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 {
-	struct backend *b = &e->backends[e->nbackends];
+	struct backend *b;
 	int rc;
 
+	if (e->nbackends >= ENGINE_MAX_BACKENDS) {
+		log_error("engine %s: no room for transport %s (ENGINE_MAX_BACKENDS %d)", e->name,
+			  ops->name, ENGINE_MAX_BACKENDS);
+		return -ENOSPC;
+	}
+	b = &e->backends[e->nbackends];
 	b->ops = ops;
 	b->index = (uint8_t)e->nbackends;
 	b->data = NULL;
