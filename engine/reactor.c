@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "internal.h"
 
 #if defined(__has_include)
@@ -350,7 +351,7 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	struct key_entry *ke;
 	struct op *op;
 
-	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT))
+	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT))
 		return false;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
 	if (!ke || !(op = ke->waiters) || op->opcode != FERRY_OP_GET || !op->iovcnt ||
@@ -560,6 +561,10 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
+	if (unlikely(op->flags & FERRY_SQE_PUBLISH)) {
+		ferry__ctl_publish(e, op); /* control channel hook: keep it here */
+		return;
+	}
 	op->state = OP_AWAY;
 	rc = reactor_send(e, op);
 	if (rc) {
@@ -609,7 +614,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
 		return;
 	}
-	if (sqe->flags & FERRY_SQE_NOWAIT) {
+	if ((sqe->flags & (FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP)) == FERRY_SQE_NOWAIT) {
 		op_complete(e, op, -EAGAIN, 0, NULL);
 		return;
 	}
@@ -622,6 +627,8 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->entry = ke;
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
+	if (unlikely(sqe->flags & FERRY_SQE_LOOKUP))
+		ferry__ctl_fetch(e, op, sqe); /* control channel hook: ask the holder */
 }
 
 static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
@@ -732,6 +739,11 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		return true;
 	case FERRY_OP_CLEANUP:
 		ferry__do_cleanup(e, op, sqe);
+		return true;
+	case FERRY_OP_PEER_HEALTH: /* control channel hook */
+	case FERRY_OP_LOOKUP:
+	case FERRY_OP_REMOTE_CANCEL:
+		ferry__ctl_do_op(e, op, sqe);
 		return true;
 	default:
 		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,

@@ -104,6 +104,7 @@ struct shm_state {
 	uint32_t nlive;
 	struct ferry_buf **lent;  /* by handle index: blocks a peer holds */
 	uint16_t *lent_conn;      /* conn id + 1 */
+	uint64_t *lent_credit;    /* stream_credit_token of a lent chunk (0: none) */
 	uint32_t max_bufs;
 	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
 };
@@ -275,6 +276,10 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	d = &c->tx->puts[c->put_tail % SHM_PUT_ENTRIES];
 	d->type = SHM_D_PUT;
 	d->flags = op->flags & WIRE_F__ALL;
+	/* A stream chunk's credit comes back with its block's RELEASE. */
+	st->lent_credit[buf->index] = stream_credit_token(op);
+	if (st->lent_credit[buf->index])
+		d->flags |= WIRE_F_RELCREDIT;
 	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
 	d->buf_cookie = buf->index;
 	d->offset = buf->offset;
@@ -424,6 +429,7 @@ static void free_lent(struct shm_state *st, uint64_t idx)
 
 	st->lent[idx] = NULL;
 	st->lent_conn[idx] = 0;
+	st->lent_credit[idx] = 0;
 	pool_free(buf);
 }
 
@@ -448,21 +454,30 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 		return true;
 	}
 	case SHM_C_RESULT_FREE: {
-		uint64_t oi = d->op_cookie >> 32;
+		uint64_t oi = d->op_cookie >> 32, credit;
 
 		if (!lent_here || d->res != 0)
 			return false;
+		credit = st->lent_credit[idx];
 		free_lent(st, idx); /* taken by a copy: the block is ours again */
 		c->puts_taken++;
 		if (oi < e->max_ops)
 			reactor_put_done(e, &e->ops[oi], (uint32_t)d->op_cookie, 0);
+		if (credit) /* (a chunk never takes this path: no harm if one did) */
+			stream_chunk_released(e, credit);
 		return true;
 	}
-	case SHM_C_RELEASE:
+	case SHM_C_RELEASE: {
+		uint64_t credit;
+
 		if (!lent_here)
 			return false;
+		credit = st->lent_credit[idx];
 		free_lent(st, idx);
+		if (credit)
+			stream_chunk_released(e, credit);
 		return true;
+	}
 	default:
 		return false;
 	}
@@ -1114,7 +1129,8 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 	st->max_bufs = e->max_bufs;
 	st->lent = calloc(st->max_bufs, sizeof(*st->lent));
 	st->lent_conn = calloc(st->max_bufs, sizeof(*st->lent_conn));
-	if (!st->lent || !st->lent_conn) {
+	st->lent_credit = calloc(st->max_bufs, sizeof(*st->lent_credit));
+	if (!st->lent || !st->lent_conn || !st->lent_credit) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -1128,6 +1144,7 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 fail:
 	free(st->lent);
 	free(st->lent_conn);
+	free(st->lent_credit);
 	free(st);
 	return rc;
 }
@@ -1154,6 +1171,7 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 	reactor_unresolve_all(e, b);
 	free(st->lent);
 	free(st->lent_conn);
+	free(st->lent_credit);
 	free(st);
 	b->data = NULL;
 }
