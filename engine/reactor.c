@@ -763,6 +763,19 @@ invalid:
  * given back before the op runs, so that an application that sees a
  * completion can always count on its entry's slot being free again.
  */
+/* Would this SQE send to a peer not yet resolved to a transport? */
+static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sqe *slot)
+{
+	const struct ferry_peer *p = slot->peer;
+
+	if (slot->opcode != FERRY_OP_PUT && slot->opcode != FERRY_OP_STREAM_PUT &&
+	    slot->opcode != FERRY_OP_STREAM_ABORT)
+		return false;
+	if ((slot->flags & FERRY_SQE_PUBLISH) || !p || p->engine != e)
+		return false; /* kept here, or refused by dispatch */
+	return !p->backend;
+}
+
 static bool drain_sqs(struct ferry_engine *e, int *count)
 {
 	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
@@ -785,6 +798,16 @@ static bool drain_sqs(struct ferry_engine *e, int *count)
 			}
 			if (unlikely(e->standing_in && (slot->flags & FERRY_SQE_CB_REACTOR))) {
 				/* Its callback is the reactor thread's: leave it (and what follows). */
+				e->stand_in_needs_reactor = true;
+				drained = false;
+				break;
+			}
+			if (unlikely(e->standing_in && stand_in_must_not_send(e, slot))) {
+				/*
+				 * First contact with a peer (a handshake that may take up
+				 * to a second or two): the reactor's job, never the
+				 * submitting caller's.
+				 */
 				e->stand_in_needs_reactor = true;
 				drained = false;
 				break;

@@ -632,6 +632,7 @@ static void test_cleanup(void **state)
 	static struct iovec iov[4];
 	struct ferry_sqe *sqe;
 	struct ferry_cqe c;
+	struct ferry_buf *held;
 	unsigned cancelled = 0, sent = 0;
 
 	assert_int_equal(ferry_peer_set_stream_limits(p.to_b, 1, 0), 0);
@@ -645,7 +646,7 @@ static void test_cleanup(void **state)
 	c = next_cqe(&p, p.b);
 	assert_int_equal(c.user_data, 100);
 	assert_int_equal(c.res, 0);
-	ferry_buf_release(c.buf);
+	held = c.buf; /* released after the cleanup: no credit, no chunk 1 before it */
 	/* The consumer drops the request: its STREAM_GET ends. */
 	sqe = sqe_of(p.b);
 	ferry_prep_cleanup(sqe, NULL, "req9", 102);
@@ -657,6 +658,7 @@ static void test_cleanup(void **state)
 		else
 			assert_int_equal(c.user_data, 102);
 	}
+	ferry_buf_release(held);
 	t_expect_none(p.b, p.manual ? p.a : NULL, 50); /* req10's GET still waits */
 	/* The producer drops it too: the chunks waiting for credit end. */
 	sqe = sqe_of(p.a);
