@@ -638,7 +638,8 @@ int main(int argc, char **argv)
 	}
 	if (opt.reps < 1 || opt.reps > MAX_REPS)
 		opt.reps = 3;
-	ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
+	if (!getenv("FERRY_LOG")) /* quiet unless asked */
+		ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	if (pipe(cmd_fd) || pipe(rep_fd))
 		die("pipe", -errno);

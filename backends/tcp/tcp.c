@@ -12,8 +12,19 @@
  * many socket ops neither compete with the reactor's small ring nor depend
  * on its internals: the reactor's ring watches this ring's fd (a multishot
  * poll), so a completion here wakes a sleeping reactor, and progress()
- * reaps it. SQEs are prepared during a round and submitted once at its end:
- * one io_uring_enter per round, however many PUTs it carried.
+ * reaps it. SQEs are prepared during a round and submitted once at its end
+ * (round_end): one io_uring_enter per round, however many PUTs it carried.
+ *
+ * Busy polling: frames queued during a round leave at its end with one
+ * non-blocking sendmsg per connection from this thread (the ring's SENDMSG
+ * only carries what the socket had no room for), and a connection that
+ * carries traffic is "hot": read with a non-blocking recv() every round
+ * rather than through a RECV on the ring, whose completion needs task work
+ * that interrupts the spinning thread. Before the progress thread sleeps,
+ * has_work arms a RECV on every hot connection (it goes cold), so a
+ * sleeping engine still wakes through the ring. A connection is never read
+ * both ways at once. Lone RESULTs wait a moment for the application's next
+ * PUT to share their sendmsg (flush_all).
  *
  * Data path (tcp_wire.h): a PUT of up to TCP_EAGER_MAX bytes goes eagerly,
  * key and data in one frame; the receiver copies it from its staging
@@ -565,6 +576,9 @@ static void conn_kill(struct tcp_state *st, struct tcp_conn *c)
 	st->ndead++;
 	hot_del(st, c);
 	flushq_del(st, c);
+	/* A block no recv writes into is the link's to free (link_fail). */
+	if (!c->recv_armed)
+		c->direct = NULL;
 	shutdown(c->fd, SHUT_RDWR);
 	while (c->txq) {
 		struct tcp_tx *t = c->txq;
