@@ -165,6 +165,19 @@ static void next_cqe(struct ferry_engine *e, struct ferry_cqe *c)
 		die("op failed", c->res);
 }
 
+/*
+ * Keep driving the engine a moment before leaving it idle (blocked on the
+ * command pipe): answers still on their way leave (a RESULT may wait up to
+ * 20 us for a PUT to travel with, docs/design.md section 12).
+ */
+static void drive_for(struct ferry_engine *e, uint64_t ns)
+{
+	uint64_t t0 = now_ns();
+
+	while (now_ns() - t0 < ns)
+		ferry_progress(e);
+}
+
 /* PUTs the receiver refused for want of pool room or key slots (sent again). */
 static uint64_t refused_total;
 
@@ -201,8 +214,7 @@ static void child_lat(struct ferry_engine *e, struct ferry_peer *a, const struct
 		ferry_sq_submit(sq);
 	}
 	/* The last PUTs' completions. */
-	for (int i = 0; i < 100; i++)
-		ferry_progress(e);
+	drive_for(e, 1000000);
 	free(data);
 }
 
@@ -228,6 +240,7 @@ static void child_bw(struct ferry_engine *e, struct ferry_peer *a, const struct 
 		ferry_buf_release(q.buf);
 		got++;
 	}
+	drive_for(e, 1000000); /* the last RESULTs */
 }
 
 static int child_main(void)
@@ -334,8 +347,7 @@ static void lat_once(struct pair *p, size_t size, uint64_t n, double *p50, doubl
 		ferry_buf_release(q.buf);
 	}
 	wait_child_ok();
-	for (int i = 0; i < 100; i++)
-		ferry_progress(p->e);
+	drive_for(p->e, 1000000);
 	/* Drop the first tenth: connection set-up and warm-up. */
 	*p50 = pct(rtt + n / 10, n - n / 10, 50) / 2;
 	*p99 = pct(rtt + n / 10, n - n / 10, 99) / 2;

@@ -2290,7 +2290,8 @@ static void tcp_round_end(struct ferry_engine *e, struct backend *b)
 /*
  * Asked before the progress thread sleeps (it announced the sleep first):
  * hot connections get their RECV armed here, so that bytes arriving while
- * it sleeps wake it through the ring.
+ * it sleeps wake it through the ring, and held RESULTs leave (nobody
+ * reacts to them in a sleep).
  */
 static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 {
@@ -2298,7 +2299,8 @@ static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 
 	if (!st->ready)
 		return false;
-	if (st->nhot && atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed)) {
+	if ((st->nhot || st->nflush) &&
+	    atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed)) {
 		cool_all(st);
 		if (st->nflush)
 			flush_all(st, false);
@@ -2550,6 +2552,9 @@ static void tcp_fini(struct ferry_engine *e, struct backend *b)
 
 	if (!st)
 		return;
+	/* Answers still queued or held (RESULTs) leave first, as far as the sockets take them. */
+	if (st->ready && st->nflush)
+		flush_all(st, false);
 	if (st->lfd >= 0) {
 		shutdown(st->lfd, SHUT_RDWR);
 		close(st->lfd);
