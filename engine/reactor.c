@@ -879,7 +879,7 @@ int reactor_run_once(struct ferry_engine *e)
 	}
 	for (unsigned i = 0; i < e->nbackends; i++)
 		if (e->backends[i].ops->round_end)
-			e->backends[i].ops->round_end(e, &e->backends[i]);
+			n += e->backends[i].ops->round_end(e, &e->backends[i]);
 	cq_flush_wakeups(e);
 	reap_dead_cqs(e, drained);
 	return n;

@@ -1483,7 +1483,8 @@ static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
  * thread, which sees bytes as soon as the peer's send put them in the
  * socket, instead of waiting for io_uring to turn the socket's readiness
  * into a completion (task work, delivered by interrupting this thread).
- * Returns 1 if bytes (or the end) came, 0 if none were there.
+ * Returns 2 if the bytes filled the buffer (more may wait), 1 if fewer
+ * came (or the end), 0 if none were there.
  */
 static int conn_read(struct tcp_state *st, struct tcp_conn *c)
 {
@@ -1497,7 +1498,7 @@ static int conn_read(struct tcp_state *st, struct tcp_conn *c)
 	n = recv(c->fd, p, len, MSG_DONTWAIT);
 	if (n > 0) {
 		rx_bytes(st, c, (uint64_t)n);
-		return 1;
+		return (size_t)n == len ? 2 : 1;
 	}
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return 0;
@@ -1523,12 +1524,13 @@ static int read_hot(struct tcp_state *st)
 
 	for (uint32_t i = 0; i < st->nhot;) {
 		struct tcp_conn *c = st->hot[i];
-		int got = 0, reads = 0;
+		int got = 0, reads = 0, rc;
 
-		while (reads < TCP_READS_PER_ROUND && c->hot && conn_read(st, c) > 0) {
-			got = 1;
-			reads++;
-		}
+		/* A read that did not fill its buffer drained the socket. */
+		do {
+			rc = conn_read(st, c);
+			got |= rc > 0;
+		} while (rc == 2 && ++reads < TCP_READS_PER_ROUND && c->hot);
 		if (!got && c->hot && !c->dead && !c->rx_stalled && !c->direct &&
 		    now - c->last_rx_ns > TCP_HOT_NS &&
 		    !(c->link && c->link->msgs && link_primary(c->link) == c))
@@ -2251,8 +2253,6 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 	if (!st->ready)
 		return 0;
 	n = reap_own(st);
-	if (st->nhot)
-		n += read_hot(st);
 	if (st->wait_mem_head)
 		n += retry_wait_mem(st);
 	if (st->stalled)
@@ -2272,19 +2272,28 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 /*
  * The end of the round, after the PUTs of the application's SQs were
  * taken: what every connection queued in this round leaves now (one
- * sendmsg each), and the ring's SQEs in one io_uring_enter.
+ * sendmsg each), then the hot connections are read (after the sends, so
+ * that a reply never waits behind a read that finds nothing), what those
+ * frames made is sent, and the ring's SQEs go in one io_uring_enter.
  */
-static void tcp_round_end(struct ferry_engine *e, struct backend *b)
+static int tcp_round_end(struct ferry_engine *e, struct backend *b)
 {
 	struct tcp_state *st = b->data;
+	int n = 0;
 
 	(void)e;
 	if (!st->ready)
-		return;
+		return 0;
 	if (st->nflush)
 		flush_all(st, true);
+	if (st->nhot) {
+		n = read_hot(st);
+		if (st->nflush)
+			flush_all(st, true);
+	}
 	if (io_uring_sq_ready(&st->ring))
 		io_uring_submit(&st->ring);
+	return n;
 }
 
 /*
