@@ -915,6 +915,32 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 	c->send_armed = true;
 }
 
+/*
+ * A PUT joined held RESULTs: it goes first, so that the peer meets the
+ * frame that completes its GET (and makes it react) before the RESULTs
+ * that complete its PUTs. Answers may come in any order; PUTs and data
+ * keep theirs.
+ */
+static void results_last(struct tcp_conn *c)
+{
+	struct tcp_tx *head = c->txq, *last = NULL;
+
+	while (c->txq && c->txq->kind == TX_CTL && c->txq->hdr[4] == TCP_F_RESULT &&
+	       !c->txq->sent) {
+		last = c->txq;
+		c->txq = c->txq->next;
+	}
+	if (!last)
+		return;
+	if (!c->txq) {
+		c->txq = head; /* nothing else after all */
+		return;
+	}
+	last->next = NULL;
+	c->txq_tail->next = head;
+	c->txq_tail = last;
+}
+
 /* Nothing but RESULTs queued on c? */
 static bool only_results(const struct tcp_conn *c)
 {
@@ -960,8 +986,10 @@ static void flush_all(struct tcp_state *st, bool hold)
 				c->hold_skip = (1u << c->hold_vain) - 1;
 			}
 		}
-		if (c->flush_held && !only_results(c))
+		if (c->flush_held && !only_results(c)) {
 			c->hold_vain = 0;
+			results_last(c);
+		}
 		c->flush_queued = false;
 		c->flush_held = false;
 		conn_flush(st, c);
