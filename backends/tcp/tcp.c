@@ -90,6 +90,7 @@
 #define TCP_DEFAULT_PEER_TIMEOUT_MS 10000
 #define TCP_BACKLOG 128
 #define TCP_HOT_NS 2000000ull       /* a connection quiet this long is read by io_uring again */
+#define TCP_MAX_HOT 16              /* connections read directly, at most */
 #define TCP_READS_PER_ROUND 8       /* direct reads of one connection per round at most */
 
 /*
@@ -1501,8 +1502,13 @@ static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
 		VALGRIND_MAKE_MEM_DEFINED((uint8_t *)c->direct->buf->data + c->direct_off, res);
 	else
 		VALGRIND_MAKE_MEM_DEFINED(c->rx + c->rx_tail, res);
-	/* Traffic: read it directly from now on, until it goes quiet or we sleep. */
-	hot_add(st, c);
+	/*
+	 * Traffic: read it directly from now on, until it goes quiet or we
+	 * sleep. At most TCP_MAX_HOT at a time: a round reads every hot
+	 * connection, the others cost nothing while they wait on the ring.
+	 */
+	if (st->nhot < TCP_MAX_HOT)
+		hot_add(st, c);
 	rx_bytes(st, c, (uint64_t)res);
 }
 
