@@ -128,6 +128,14 @@ struct ferry_engine_params {
 	const char *secret_file;
 	uint32_t heartbeat_ms;     /* tcp: ping an idle peer this often (0 = 1000) */
 	uint32_t peer_timeout_ms;  /* tcp: a peer silent this long is dead (0 = 10000) */
+	/* Added with the control channel (size-versioned). */
+	const char *control;       /* control channel endpoint "tcp://HOST:PORT" (ZeroMQ):
+				    * port 0 = the kernel picks (ferry_engine_control_address);
+				    * NULL = accept no control connections (calling out through
+				    * ferry_peer_connect still works). With control set and
+				    * listen NULL, the data path listens on HOST, port 0, and
+				    * the control channel publishes its address: one address
+				    * per engine, no port arithmetic. */
 };
 
 /* Do not fault the pool in at creation (tests with huge pools only). */
@@ -220,6 +228,32 @@ FERRY_API int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
  * snprintf), -ENOTCONN if the engine listens on no tcp endpoint, -EINVAL.
  */
 FERRY_API int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len);
+
+/*
+ * The control channel endpoint this engine listens on (params.control),
+ * with the port the kernel chose for port 0: "tcp://HOST:PORT" into buf.
+ * Same contract as ferry_engine_address; -ENOTCONN when the engine has no
+ * control endpoint, -EOPNOTSUPP when built without libzmq.
+ */
+FERRY_API int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len);
+
+/*
+ * Reach peer p through its control channel at endpoint "tcp://HOST:PORT"
+ * (the params.control it was created with, e.g. as its
+ * ferry_engine_control_address reported): the only address a user gives.
+ * The engine connects in the background, both sides prove the cluster
+ * secret (the HMAC challenge-response of the data path, see
+ * docs/design.md §12) and exchange protocol version, capabilities, names
+ * and their data addresses; PUTs to p wait for that handshake, then go
+ * over tcp to the data address p published. The session is watched with
+ * heartbeats (heartbeat_ms / peer_timeout_ms); a silent peer is declared
+ * dead (its pending ops fail with -ECONNRESET) and is called again, so a
+ * restarted peer is found at the same control address. HOST may be a
+ * name, looked up here. Returns 0, -EINVAL (NULL, not tcp://HOST:PORT
+ * with a port; logged), -EACCES (a non-loopback address and no secret;
+ * logged), -EOPNOTSUPP (built without libzmq), -ENOMEM.
+ */
+FERRY_API int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint);
 
 /*
  * The port of the upstream (vLLM-Omni) scheme, for deployments that keep
@@ -373,6 +407,9 @@ enum ferry_op {
 	FERRY_OP_STREAM_ABORT = 6,  /* producer gives up a stream, with a reason */
 	FERRY_OP_STREAM_ACCEPT = 7, /* multishot: learn of new streams from a peer */
 	FERRY_OP_CLEANUP = 8,       /* drop what this engine holds for one request */
+	FERRY_OP_PEER_HEALTH = 9,   /* a peer's health JSON, over the control channel */
+	FERRY_OP_LOOKUP = 10,       /* directory: does a peer hold a key published for us? */
+	FERRY_OP_REMOTE_CANCEL = 11, /* a peer drops what it holds of one request from us */
 	FERRY_OP__MAX
 };
 
@@ -382,7 +419,9 @@ enum ferry_op {
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
 #define FERRY_SQE_STREAM_END (1u << 3) /* STREAM_PUT: this is the stream's last chunk */
 #define FERRY_SQE_STREAM_WHOLE (1u << 4) /* STREAM_GET: one CQE with the whole stream */
-#define FERRY_SQE__ALL ((1u << 5) - 1)
+#define FERRY_SQE_PUBLISH (1u << 5)   /* PUT: keep the data here, published for `to` */
+#define FERRY_SQE_LOOKUP (1u << 6)    /* GET: fetch the key from its holder (control channel) */
+#define FERRY_SQE__ALL ((1u << 7) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the
@@ -559,6 +598,78 @@ static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *
 {
 	ferry__sqe_init(sqe, FERRY_OP_CLEANUP, user_data);
 	sqe->peer = from;
+	ferry__sqe_key(sqe, request_id);
+}
+
+/* ------------------------------------------------------------------ */
+/* The control channel: store-like keys, directory, remote ops          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Store-like keys (upstream's MooncakeStore/Yuanrong contract): a PUT with
+ * FERRY_SQE_PUBLISH does not send. It keeps the data at this engine under
+ * "{key}@{me}_{to}" (in the pool, counted against max_keys like any key)
+ * and completes with res 0 at once, or -EEXIST when that key is live here
+ * (unless FERRY_SQE_REPLACE); when the peer `to` already waits for it (see
+ * below), it is sent to it right away, in the background (a send that
+ * fails, the peer being gone, drops it: logged).
+ * A GET with FERRY_SQE_LOOKUP of key from peer `from` asks `from` over the
+ * control channel (ferry_peer_connect, or a session `from` opened to us)
+ * to send the key; the holder sends it over the data path and takes it
+ * out of its store (a get consumes). If the holder has not got it: with
+ * FERRY_SQE_NOWAIT the GET completes with -EAGAIN (after the round trip);
+ * otherwise the holder remembers the request until the GET's timeout (at
+ * most 1 hour) and sends the key the moment it is published: no polling.
+ * The requesting engine must listen for data (params.listen, or
+ * params.control which implies it): the holder sends there, and answers
+ * -EHOSTUNREACH otherwise. Without a control session to `from` a LOOKUP
+ * GET completes with -ENOTCONN (NOWAIT: -EAGAIN); while the session is
+ * being made it waits for it (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees
+ * published keys of the request too. Needs libzmq (-EOPNOTSUPP otherwise).
+ */
+
+/*
+ * A peer's health JSON (what ferry_engine_health says there), asked over
+ * the control channel. Completes with res = its length and cqe->buf the
+ * text (NUL-terminated, FERRY_CQE_F_BUF: release it); -ENOTCONN without a
+ * ready control session to the peer, -ECONNRESET if the peer died
+ * meanwhile, -ETIMEDOUT at the op's deadline.
+ */
+static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_peer *peer,
+					  uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_PEER_HEALTH, user_data);
+	sqe->peer = peer;
+}
+
+/*
+ * Directory query: where is key waiting at peer? Completes with res 1 when
+ * the peer holds it published for this engine (a PUT with
+ * FERRY_SQE_PUBLISH to us: a LOOKUP GET would fetch it), 2 when our PUT of
+ * it arrived there and was not taken yet, 0 when neither; len = its size.
+ * Nothing moves. Errors as for ferry_prep_peer_health.
+ */
+static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
+				     const char *key, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_LOOKUP, user_data);
+	sqe->peer = peer;
+	ferry__sqe_key(sqe, key);
+}
+
+/*
+ * Remote cancellation: peer drops what it holds of request request_id
+ * that came from this engine (data that arrived and was not taken, GETs
+ * of it from us that wait: they complete with -ECANCELED there, keys it
+ * published for us, and our LOOKUP requests it remembers), as
+ * FERRY_OP_CLEANUP does locally. Completes with res = the number of
+ * things dropped there; the errors of ferry_prep_peer_health.
+ */
+static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_peer *peer,
+					    const char *request_id, uint64_t user_data)
+{
+	ferry__sqe_init(sqe, FERRY_OP_REMOTE_CANCEL, user_data);
+	sqe->peer = peer;
 	ferry__sqe_key(sqe, request_id);
 }
 
@@ -751,8 +862,9 @@ struct ferry_stage_meta {
  * Load the YAML, check it (any error: -EINVAL, every problem logged as
  * "file:line:column: key: what", nothing started), create the engine
  * "stage<stage_id>.rank<rank>" and wire the edges of this stage. An edge
- * whose transport this build does not have (tcp, rdma today) fails the
- * open with -EPROTONOSUPPORT and a log line naming the edge. Returns 0 and
+ * whose transport this build does not have (rdma today) fails the open
+ * with -EPROTONOSUPPORT and a log line naming the edge; a store-like edge
+ * in a build without libzmq with -EOPNOTSUPP. Returns 0 and
  * *out, or -EINVAL (params, config, unknown stage_id or rank),
  * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), the errors
  * of ferry_engine_create, -ENOMEM.
@@ -777,7 +889,10 @@ FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const ch
 /*
  * Put len bytes of data under key on edge from -> to (stage ids; from must
  * be this stage). Waits until the receiving stage holds the key (or the
- * stage's timeout: -ETIMEDOUT). On success returns 0, writes the payload
+ * stage's timeout: -ETIMEDOUT); on a store-like edge (MooncakeStoreConnector,
+ * MooncakeConnector, YuanrongConnector) the key is kept here instead and the
+ * receiving stage's get fetches it through the control channel, so the put
+ * returns once it is kept (-EEXIST: already kept here). On success returns 0, writes the payload
  * size to *size and the metadata to *meta (each may be NULL); the
  * metadata travels to the consumer by whatever control path the
  * application has, and may be handed to ferry_stage_get. Errors: -EINVAL

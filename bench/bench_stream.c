@@ -17,7 +17,9 @@
  * runs raw and stream alternately, REPS times, and reports medians and the
  * ratio stream / raw. Target (issue 6): streaming adds <= 10 %.
  *
- * Usage: bench_stream [--quick] [--tcp]   JSON on stdout, progress on stderr.
+ * Usage: bench_stream [--quick] [--tcp] [--only CASE[,CASE]]
+ * JSON on stdout, progress on stderr. --only runs the named cases (lat_4k, lat_1m,
+ * bw_4k, bw_1m) alone, for profiling.
  * --tcp: the same over the tcp transport on loopback (the consumer listens on
  * a port the kernel picks; a cluster secret on both sides).
  */
@@ -259,6 +261,17 @@ static struct result produce(struct ferry_engine *e, struct ferry_sq *sq, struct
 
 static int run_seq;
 
+/* Is case @name in the comma-separated list @only (NULL: every case)? */
+static bool wanted(const char *only, const char *name)
+{
+	size_t n = strlen(name);
+
+	for (const char *p = only; p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (!strncmp(p, name, n) && (p[n] == ',' || p[n] == '\0'))
+			return true;
+	return !only;
+}
+
 static void one_case(struct ferry_engine *e, struct ferry_sq *sq, struct ferry_peer *to,
 		     const char *name, size_t size, uint32_t n, bool paced)
 {
@@ -310,6 +323,7 @@ static void one_case(struct ferry_engine *e, struct ferry_sq *sq, struct ferry_p
 int main(int argc, char **argv)
 {
 	bool quick = false;
+	const char *only = NULL;
 	time_t started = time(NULL);
 	double load0 = loadavg1();
 	struct ferry_engine *e;
@@ -325,8 +339,10 @@ int main(int argc, char **argv)
 			quick = true;
 		else if (!strcmp(argv[i], "--tcp"))
 			tcp = true;
+		else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+			only = argv[++i];
 		else {
-			fprintf(stderr, "usage: bench_stream [--quick] [--tcp]\n");
+			fprintf(stderr, "usage: bench_stream [--quick] [--tcp] [--only CASE[,CASE]]\n");
 			return 2;
 		}
 	}
@@ -362,10 +378,14 @@ int main(int argc, char **argv)
 	jnum("reps", REPS);
 	jnum("window", WINDOW);
 	jopen("cases");
-	one_case(e, sq, to, "lat_4k", 4096, quick ? 2000 : 20000, true);
-	one_case(e, sq, to, "lat_1m", 1u << 20, quick ? 200 : 2000, true);
-	one_case(e, sq, to, "bw_4k", 4096, quick ? 5000 : 100000, false);
-	one_case(e, sq, to, "bw_1m", 1u << 20, quick ? 300 : 3000, false);
+	if (wanted(only, "lat_4k"))
+		one_case(e, sq, to, "lat_4k", 4096, quick ? 2000 : 20000, true);
+	if (wanted(only, "lat_1m"))
+		one_case(e, sq, to, "lat_1m", 1u << 20, quick ? 200 : 2000, true);
+	if (wanted(only, "bw_4k"))
+		one_case(e, sq, to, "bw_4k", 4096, quick ? 5000 : 100000, false);
+	if (wanted(only, "bw_1m"))
+		one_case(e, sq, to, "bw_1m", 1u << 20, quick ? 300 : 3000, false);
 	jclose();
 	jclose();
 	atomic_store(&sh->quit, 1);

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "internal.h"
 
 static _Atomic uint64_t next_engine_id = 1;
@@ -150,9 +151,15 @@ static void engine_free(struct ferry_engine *e)
 
 static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 {
-	struct backend *b = &e->backends[e->nbackends];
+	struct backend *b;
 	int rc;
 
+	if (e->nbackends >= ENGINE_MAX_BACKENDS) {
+		log_error("engine %s: no room for transport %s (ENGINE_MAX_BACKENDS %d)", e->name,
+			  ops->name, ENGINE_MAX_BACKENDS);
+		return -ENOSPC;
+	}
+	b = &e->backends[e->nbackends];
 	b->ops = ops;
 	b->index = (uint8_t)e->nbackends;
 	b->data = NULL;
@@ -167,6 +174,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 {
 	struct ferry_engine_params p;
 	struct pool_params pp = { 0 };
+	char data_listen[160];
 	struct ferry_engine *e;
 	int rc;
 
@@ -210,7 +218,24 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	 * to loop (same process) and shm (same host).
 	 */
 	e->create_params = &p;
-	rc = add_backend(e, &ferry__tcp_backend);
+	/*
+	 * Control channel hook: the control channel first (it holds a PUT back
+	 * only while the handshake that tells a peer's data address runs);
+	 * with a control endpoint and no data endpoint, the data path listens
+	 * on the control endpoint's host, port 0, and the channel publishes it.
+	 */
+	if (p.size > offsetof(struct ferry_engine_params, control) && p.control && !p.listen) {
+		const char *colon = strrchr(p.control, ':');
+
+		if (colon && (size_t)(colon - p.control) < sizeof(data_listen) - 3) {
+			snprintf(data_listen, sizeof(data_listen), "%.*s:0",
+				 (int)(colon - p.control), p.control);
+			p.listen = data_listen;
+		}
+	}
+	rc = add_backend(e, &ferry__ctl_backend);
+	if (!rc)
+		rc = add_backend(e, &ferry__tcp_backend);
 	if (!rc)
 		rc = add_backend(e, &ferry__loop_backend);
 	if (!rc)
@@ -441,6 +466,13 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 			(unsigned long long)STAT_GET(p->stats.errors), p->next ? "," : "");
 	}
 	pthread_mutex_unlock(&e->lock);
-	jprintf(&j, "]}");
+	jprintf(&j, "]");
+	{
+		char ctl[320]; /* control channel hook: its sessions and counters */
+
+		if (ferry__ctl_health(e, ctl, sizeof(ctl)) > 0)
+			jprintf(&j, "%s", ctl);
+	}
+	jprintf(&j, "}");
 	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;
 }

@@ -169,8 +169,14 @@ static inline bool op_state_pending(uint8_t state)
 #define WIRE_F_ABORT (1u << 18)  /* ... the producer gave up; data = reason */
 #define WIRE_F_CREDIT (1u << 19) /* consumer -> producer: key "{stream}", data = u64 released */
 #define WIRE_F_WANT (1u << 20)   /* chunk: the producer nears its credit limit, credit soon */
+/*
+ * chunk: its credit returns with its block (the transport tells the
+ * producer when the consumer releases it: shm's RELEASE), so the consumer
+ * sends no CREDIT for it. Set by a transport, never by the stream layer.
+ */
+#define WIRE_F_RELCREDIT (1u << 21)
 #define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT | \
-		     WIRE_F_WANT)
+		     WIRE_F_WANT | WIRE_F_RELCREDIT)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 
@@ -362,7 +368,7 @@ struct backend {
 	uint8_t index;
 };
 
-#define ENGINE_MAX_BACKENDS 4
+#define ENGINE_MAX_BACKENDS 6 /* ctl, tcp, loop, shm; room for rdma, cuda */
 
 /* io_uring user_data for a backend's SQE: its index in the top byte. */
 static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
@@ -427,6 +433,15 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res);
 /* A CREDIT arrived (reactor_deliver). Takes buf. */
 int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t len,
 			  struct ferry_buf *buf, uint64_t blen);
+/*
+ * A transport that reports the release of a chunk's block (and so sets
+ * WIRE_F_RELCREDIT on it) keeps stream_credit_token(op) of the chunk's
+ * STREAM_PUT (0: not a stream chunk) with the block, and hands it to
+ * stream_chunk_released when the consumer's release comes back, and only
+ * then (a refused or lost block is the op's error, not a credit).
+ */
+uint64_t stream_credit_token(const struct op *op);
+void stream_chunk_released(struct ferry_engine *e, uint64_t token);
 /* A chunk arrived that a STREAM_GET waits for exactly: true if it took buf. */
 bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len,
 			 struct ferry_buf *buf, uint64_t blen, uint32_t wflags);

@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ctl.h"
 #include "internal.h"
 
 #if defined(__has_include)
@@ -532,6 +533,10 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
+	if (unlikely(op->flags & FERRY_SQE_PUBLISH)) {
+		ferry__ctl_publish(e, op); /* control channel hook: keep it here */
+		return;
+	}
 	op->state = OP_AWAY;
 	rc = reactor_send(e, op);
 	if (rc) {
@@ -581,7 +586,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
 		return;
 	}
-	if (sqe->flags & FERRY_SQE_NOWAIT) {
+	if ((sqe->flags & (FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP)) == FERRY_SQE_NOWAIT) {
 		op_complete(e, op, -EAGAIN, 0, NULL);
 		return;
 	}
@@ -594,6 +599,8 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->entry = ke;
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
+	if (unlikely(sqe->flags & FERRY_SQE_LOOKUP))
+		ferry__ctl_fetch(e, op, sqe); /* control channel hook: ask the holder */
 }
 
 static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
@@ -700,6 +707,11 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		return true;
 	case FERRY_OP_CLEANUP:
 		ferry__do_cleanup(e, op, sqe);
+		return true;
+	case FERRY_OP_PEER_HEALTH: /* control channel hook */
+	case FERRY_OP_LOOKUP:
+	case FERRY_OP_REMOTE_CANCEL:
+		ferry__ctl_do_op(e, op, sqe);
 		return true;
 	default:
 		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,

@@ -67,9 +67,11 @@ struct stream {
 	struct ferry_peer *peer; /* producer: destination; consumer: source */
 	uint32_t next;    /* producer: next index to send; consumer: next expected */
 	uint64_t sent, lost, released; /* producer: chunk counts */
+	uint64_t credit_seen;          /* producer: the last CREDIT's count */
 	uint64_t taken, credited;      /* consumer: released so far, last credit sent */
 	uint64_t credit_acked;         /* consumer: the last credit the producer took */
 	uint32_t held;                 /* consumer: chunks the application holds */
+	uint32_t parked;  /* consumer: chunks left in the key table (at most; 0: none) */
 	uint32_t away;    /* producer: chunks at the transport */
 	struct op *q_head, *q_tail;    /* producer: STREAM_PUTs waiting for credit */
 	struct op *getter;             /* consumer: the STREAM_GET */
@@ -108,6 +110,12 @@ struct stream_table {
 	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
 	struct op *acceptors;       /* STREAM_ACCEPT ops */
 	struct stream_sink *sink;
+	/*
+	 * The records of the last STREAM_PUT and the last chunk that arrived
+	 * (rec_id; 0 = none): a stream's next chunk is matched against them
+	 * before any parsing or hashing of its key (stream_hint_put/get).
+	 */
+	uint64_t hint_put, hint_get;
 };
 
 /* ------------------------------------------------------------------ */
@@ -679,7 +687,9 @@ static bool feed_one(struct ferry_engine *e, struct stream *r, struct ferry_buf 
 		rearm_gap(e, g);
 		return true;
 	}
-	if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
+	if (wflags & WIRE_F_RELCREDIT) {
+		w = buf; /* its release returns the credit by itself */
+	} else if (pool_wrap(e->pool, buf->data, len, rec_id(r), release_hook, t->sink, &w) == 0) {
 		w->remote_cookie = (uint64_t)(uintptr_t)buf;
 		atomic_fetch_add_explicit(&t->sink->refs, 1, memory_order_relaxed);
 		r->held++;
@@ -738,6 +748,8 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
 			ke->present = false;
 			e->keys.present--;
 			keytable_put(&e->keys, ke);
+			if (r->parked)
+				r->parked--;
 			if (!feed_one(e, r, buf, len, wflags))
 				break;
 		}
@@ -750,29 +762,61 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
  * passing through the key table (the common case of a stream being read).
  * Returns true when it took buf.
  */
+/*
+ * Is fullkey "{stream}_{r->next}@{from}_{me}", the next chunk of consumer
+ * record r ("{stream}@{from}_{me}")? One pass over the key, no hashing.
+ */
+static bool is_next_chunk(const struct stream *r, const char *fullkey, size_t len)
+{
+	size_t names = r->full_len - r->key_len; /* "@{from}_{me}" */
+	char digits[10];
+	size_t nd = 0;
+	uint32_t n = r->next;
+
+	do {
+		digits[nd++] = (char)('0' + n % 10);
+		n /= 10;
+	} while (n);
+	if (len != r->key_len + 1 + nd + names || memcmp(fullkey, r->full, r->key_len) != 0 ||
+	    fullkey[r->key_len] != '_' ||
+	    memcmp(fullkey + len - names, r->full + r->key_len, names) != 0)
+		return false;
+	for (size_t i = 0; i < nd; i++)
+		if (fullkey[r->key_len + 1 + i] != digits[nd - 1 - i])
+			return false;
+	return true;
+}
+
 bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len,
 			 struct ferry_buf *buf, uint64_t blen, uint32_t wflags)
 {
 	char from[FERRY_NAME_MAX], full[FULLKEY_MAX];
 	size_t key_len, stream_len;
-	struct stream *r;
+	struct stream *r = rec_by_id(e->streams, e->streams->hint_get);
 	uint32_t n;
 	int fl;
 
-	if (split_fullkey(e, fullkey, len, &key_len, from) ||
-	    split_chunk_key(fullkey, key_len, &stream_len, &n))
-		return false; /* the key table path logs it */
-	fl = keytable_compose(full, fullkey, stream_len, from, e->name);
-	if (fl < 0 || !(r = rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)) || !r->getter ||
-	    r->ended || r->err || r->stalled || n != r->next || !feed_ready(e, r, wflags))
+	if (r && r->hashed && r->role == ROLE_CONSUMER && is_next_chunk(r, fullkey, len)) {
+		n = r->next; /* the stream of the last arrival goes on */
+	} else {
+		if (split_fullkey(e, fullkey, len, &key_len, from) ||
+		    split_chunk_key(fullkey, key_len, &stream_len, &n))
+			return false; /* the key table path logs it */
+		fl = keytable_compose(full, fullkey, stream_len, from, e->name);
+		if (fl < 0 || !(r = rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)))
+			return false;
+		e->streams->hint_get = rec_id(r);
+	}
+	if (!r->getter || r->ended || r->err || r->stalled || n != r->next ||
+	    !feed_ready(e, r, wflags))
 		return false;
 	r->want = wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
 		mark_dirty(e, r);
-	if (feed_one(e, r, buf, blen, wflags))
-		pump_consumer(e, r, NULL); /* later chunks may be waiting already */
-	else
+	if (!feed_one(e, r, buf, blen, wflags))
 		rec_maybe_free(e, r);
+	else if (r->parked)
+		pump_consumer(e, r, NULL); /* later chunks wait in the key table */
 	return true;
 }
 
@@ -822,6 +866,7 @@ void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke)
 		return; /* the data stays under its key */
 	if (created && e->streams->acceptors)
 		notify_acceptors(e, r); /* a new stream starts at chunk 0, whichever came first */
+	r->parked++; /* ke holds it now; a plain GET or a cleanup may take it unseen */
 	r->want = ke->wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
 		mark_dirty(e, r); /* releases that waited for a reason to go back */
@@ -853,7 +898,8 @@ void stream_chunk_taken(struct ferry_engine *e, const char *fullkey, size_t len,
 	if (wflags & (WIRE_F_END | WIRE_F_ABORT))
 		r->ended = true;
 	r->want = wflags & WIRE_F_WANT;
-	credit_due(e, r);
+	if (!(wflags & WIRE_F_RELCREDIT))
+		credit_due(e, r);
 }
 
 void stream_do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
@@ -1005,18 +1051,42 @@ static void fail_queue(struct ferry_engine *e, struct stream *r, int res)
 	}
 }
 
+/*
+ * The live producer record of the last STREAM_PUT if this one goes on the
+ * same stream (same peer, same key), else NULL: the common case skips
+ * composing, hashing and looking up the stream's full key.
+ */
+static struct stream *stream_hint_put(struct ferry_engine *e, const struct op *op,
+				      const struct ferry_sqe *sqe)
+{
+	struct stream *r = rec_by_id(e->streams, e->streams->hint_put);
+
+	if (!r || !r->hashed || r->role != ROLE_PRODUCER || r->peer != op->peer ||
+	    !op->peer || r->key_len != sqe->key_len ||
+	    memcmp(r->full, sqe->key, r->key_len) != 0)
+		return NULL;
+	return r;
+}
+
 void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
 {
 	char full[FULLKEY_MAX];
 	struct stream *r;
 	int fl;
 
-	if (op_take_put(e, op, sqe) || (fl = stream_op_key(e, op, sqe, true, full)) < 0)
+	if (op_take_put(e, op, sqe))
 		return;
-	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
-	if (!r && !(r = rec_new(e, ROLE_PRODUCER, full, (size_t)fl, sqe->key_len, op->peer))) {
-		op_complete(e, op, -ENOSPC, 0, NULL);
-		return;
+	r = stream_hint_put(e, op, sqe);
+	if (!r) {
+		if ((fl = stream_op_key(e, op, sqe, true, full)) < 0)
+			return;
+		r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
+		if (!r && !(r = rec_new(e, ROLE_PRODUCER, full, (size_t)fl, sqe->key_len,
+					op->peer))) {
+			op_complete(e, op, -ENOSPC, 0, NULL);
+			return;
+		}
+		e->streams->hint_put = rec_id(r);
 	}
 	if (r->err) {
 		op_complete(e, op, r->err, 0, NULL);
@@ -1025,7 +1095,7 @@ void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	if (r->ended) {
 		log_info("op %llx: chunk after the END of stream %s", (unsigned long long)op->user_data,
-			 full);
+			 r->full);
 		op_complete(e, op, -EPIPE, 0, NULL);
 		return;
 	}
@@ -1091,13 +1161,32 @@ void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_s
 		rec_maybe_free(e, r);
 }
 
+/*
+ * n more chunks of r were released by the consumer (a CREDIT counts only
+ * the chunks it credits; a transport reports the others one by one as
+ * their blocks come back): the producer may send that many more.
+ */
+static void credit_back(struct ferry_engine *e, struct stream *r, uint64_t n)
+{
+	uint64_t out = r->sent - r->lost - r->released;
+
+	if (n > out) /* a consumer cannot release what it never got */
+		n = out;
+	r->released += n;
+	r->peer->stream_inflight -= (uint32_t)n;
+	pump_producer(e, r);
+	if (r->peer->blocked)
+		pump_blocked(e, r->peer);
+	rec_maybe_free(e, r);
+}
+
 int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t len,
 			  struct ferry_buf *buf, uint64_t blen)
 {
 	char from[FERRY_NAME_MAX], full[FULLKEY_MAX];
 	struct stream *r;
 	size_t key_len;
-	uint64_t v, out;
+	uint64_t v;
 	int fl;
 
 	if (blen != sizeof(v) || split_fullkey(e, fullkey, len, &key_len, from)) {
@@ -1110,20 +1199,24 @@ int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t le
 	fl = keytable_compose(full, fullkey, key_len, e->name, from);
 	if (fl < 0 || !(r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl)))
 		return 0; /* a stream that is over: nothing waits for it */
-	out = r->sent - r->lost - r->released;
-	if (v > r->released) {
-		uint64_t d = v - r->released;
-
-		if (d > out) /* a consumer cannot release what it never got */
-			d = out;
-		r->released += d;
-		r->peer->stream_inflight -= (uint32_t)d;
+	if (v > r->credit_seen) {
+		credit_back(e, r, v - r->credit_seen);
+		r->credit_seen = v;
 	}
-	pump_producer(e, r);
-	if (r->peer->blocked)
-		pump_blocked(e, r->peer);
-	rec_maybe_free(e, r);
 	return 0;
+}
+
+uint64_t stream_credit_token(const struct op *op)
+{
+	return (op->flags & WIRE_F_CHUNK) && op->stream ? rec_id(op->stream) : 0;
+}
+
+void stream_chunk_released(struct ferry_engine *e, uint64_t token)
+{
+	struct stream *r = rec_by_id(e->streams, token);
+
+	if (r && r->role == ROLE_PRODUCER)
+		credit_back(e, r, 1); /* a record over and reused: the gen differs */
 }
 
 /* ------------------------------------------------------------------ */

@@ -129,9 +129,13 @@ static int tcp_endpoint(const struct stage_edge *edge, const char *to, unsigned 
 /*
  * The endpoint this stage's engine listens on: every tcp edge it receives
  * on must agree on it (an engine has one). "" when it receives no tcp edge.
+ * With control: the control endpoint of a stage that holds the data of
+ * key-lookup edges it sends on (the consumers call it there), computed by
+ * the same scheme with the sending stage's number; all must agree too.
+ * Key-lookup edges make their receiver listen on no fixed port.
  */
-static int stage_listen(const struct stage_graph *g, const char *id, unsigned rank, char *out,
-			size_t len)
+static int stage_listen(const struct stage_graph *g, const char *id, unsigned rank, bool control,
+			char *out, size_t len)
 {
 	const struct stage_edge *first = NULL;
 
@@ -141,7 +145,8 @@ static int stage_listen(const struct stage_graph *g, const char *id, unsigned ra
 		char ep[128];
 		int rc;
 
-		if (strcmp(edge->to, id) || edge->transport != STAGE_TRANSPORT_TCP)
+		if (strcmp(control ? edge->from : edge->to, id) ||
+		    edge->transport != STAGE_TRANSPORT_TCP || edge->key_lookup != control)
 			continue;
 		if ((rc = tcp_endpoint(edge, id, rank, ep, sizeof(ep))))
 			return rc;
@@ -149,14 +154,41 @@ static int stage_listen(const struct stage_graph *g, const char *id, unsigned ra
 			first = edge;
 			snprintf(out, len, "%s", ep);
 		} else if (strcmp(out, ep)) {
-			log_error("stage %s rank %u: tcp edges %s->%s (%s:%d:%d) and %s->%s (%s:%d:%d) "
+			log_error("stage %s rank %u: %s edges %s->%s (%s:%d:%d) and %s->%s (%s:%d:%d) "
 				  "ask it to listen on %s and %s; an engine listens on one",
-				  id, rank, first->from, first->to, g->file, first->line, first->column,
-				  edge->from, edge->to, g->file, edge->line, edge->column, out, ep);
+				  id, rank, control ? "key-lookup" : "tcp", first->from, first->to,
+				  g->file, first->line, first->column, edge->from, edge->to, g->file,
+				  edge->line, edge->column, out, ep);
 			return -EINVAL;
 		}
 	}
 	return 0;
+}
+
+/*
+ * A stage that receives a key-lookup edge (MooncakeStoreConnector,
+ * YuanrongConnector) and listens for no tcp data otherwise: where its data
+ * path listens so the holder can send it what it asks for. Port 0 (the
+ * control channel publishes the port); the edge's host when it is this
+ * machine's loopback or absent, else every interface (the holder sends to
+ * the address it saw the call come from).
+ */
+static void lookup_data_listen(const struct stage_graph *g, const char *id, char *out,
+			       size_t len)
+{
+	out[0] = '\0';
+	for (unsigned i = 0; i < g->nedges; i++) {
+		const struct stage_edge *edge = &g->edges[i];
+		bool local;
+
+		if (strcmp(edge->to, id) || !edge->key_lookup ||
+		    edge->transport != STAGE_TRANSPORT_TCP)
+			continue;
+		local = !edge->host || !*edge->host || !strcmp(edge->host, "auto") ||
+			!strncmp(edge->host, "127.", 4) || !strcmp(edge->host, "localhost");
+		snprintf(out, len, "%s", local ? "tcp://127.0.0.1:0" : "tcp://*:0");
+		return;
+	}
 }
 
 static int link_edges(struct ferry_stage *s)
@@ -193,7 +225,23 @@ static int link_edges(struct ferry_stage *s)
 				       sizeof(name));
 		if (rc || (rc = ferry_peer_open(s->e, name, &l->peer)))
 			return rc;
-		if (edge->transport == STAGE_TRANSPORT_TCP && l->sending) {
+		if (edge->transport == STAGE_TRANSPORT_TCP && edge->key_lookup) {
+			/*
+			 * Store-like: the sender keeps what it puts (PUBLISH) and
+			 * listens for control; the receiver calls it there, and its
+			 * gets fetch from it. Data addresses travel in the handshake.
+			 */
+			char ep[128];
+
+			if (!l->sending) {
+				rc = tcp_endpoint(edge, other->id,
+						  stage_peer_rank(s->rank, other->ranks), ep,
+						  sizeof(ep));
+				if (rc || (rc = ferry_peer_connect(l->peer, ep)))
+					return rc;
+			}
+			atomic_store(&l->reached, true); /* a put publishes here */
+		} else if (edge->transport == STAGE_TRANSPORT_TCP && l->sending) {
 			/* We push to the receiving stage, which listens; its credits
 			 * and results come back on our connection. */
 			char ep[128];
@@ -252,7 +300,7 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	struct ferry_stage_params p;
 	const struct stage_def *def;
 	struct ferry_stage *s;
-	char name[FERRY_NAME_MAX], listen[128];
+	char name[FERRY_NAME_MAX], listen[128], control[128];
 	uint64_t pool = 0;
 	int rc;
 
@@ -317,9 +365,13 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	ep.ns = p.ns;
 	ep.progress = p.progress;
 	ep.pool_size = p.pool_size ? p.pool_size : (size_t)pool;
-	if ((rc = stage_listen(s->graph, s->id, s->rank, listen, sizeof(listen))))
+	if ((rc = stage_listen(s->graph, s->id, s->rank, false, listen, sizeof(listen))) ||
+	    (rc = stage_listen(s->graph, s->id, s->rank, true, control, sizeof(control))))
 		goto fail;
+	if (!listen[0] && !control[0])
+		lookup_data_listen(s->graph, s->id, listen, sizeof(listen));
 	ep.listen = listen[0] ? listen : NULL;
+	ep.control = control[0] ? control : NULL;
 	if ((rc = ferry_engine_create(&ep, &s->e)) || (rc = link_edges(s)))
 		goto fail;
 	log_info("stage %s rank %u open as %s (%u edge(s))", s->id, s->rank, name, s->nlinks);
@@ -580,6 +632,8 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 		else
 			ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
 		buf = NULL; /* the SQE owns it now */
+		if (l->edge->key_lookup)
+			ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH); /* held here, fetched by gets */
 		ferry_sqe_set_cq(sqe, cq);
 		ferry_sqe_set_timeout(sqe, deadline > now ? deadline - now : 1);
 		if ((rc = submit_wait(s, sq, cq, ud, deadline > now ? deadline - now : 1, &cqe)))
@@ -691,6 +745,8 @@ int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to, con
 	ferry_sqe_set_cq(sqe, cq);
 	if (flags & FERRY_STAGE_NOWAIT)
 		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+	if (l->edge->key_lookup)
+		ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP); /* ask the holder */
 	bound = timeout_ns > 0 ? (uint64_t)timeout_ns
 	      : timeout_ns < 0 ? 0
 	      : l->get_timeout_ns ? l->get_timeout_ns : s->timeout_ns;

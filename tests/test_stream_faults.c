@@ -7,7 +7,8 @@
  * back does not keep the reactor awake; a chunk refused or timed out
  * returns its credit, so the chunks behind it go; per-peer credit freed by
  * a cleanup lets blocked streams go; a whole-stream read's timeout is a gap;
- * chunks that arrive out of order are still read from chunk 0 on.
+ * chunks that arrive out of order are still read from chunk 0 on, also when
+ * chunk 0 goes straight to a waiting STREAM_GET.
  * In-process engines (loopback transport); MANUAL mode where the order of
  * events matters.
  */
@@ -402,6 +403,40 @@ static void test_reordered_arrival(void **state)
 	rm();
 }
 
+/*
+ * The same while a STREAM_GET already waits: chunk 0, handed straight to
+ * it, must bring the later chunks out of the key table after it.
+ */
+static void test_reordered_arrival_while_reading(void **state)
+{
+	struct ferry_cqe c;
+
+	(void)state;
+	mk(FERRY_PROGRESS_MANUAL);
+	sget(B, fromA, "w", 100, 0, 0);
+	ferry_progress(B);
+	raw_chunk("w_1", 0);
+	raw_chunk("w_2", WIRE_F_END);
+	for (int i = 0; i < 4; i++) {
+		ferry_progress(A);
+		ferry_progress(B);
+	}
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(B), &c, 1), 0); /* chunk 0 first */
+	raw_chunk("w_0", 0);
+	for (int i = 0; i < 4; i++) {
+		ferry_progress(A);
+		ferry_progress(B);
+	}
+	for (int k = 0; k < 3; k++) {
+		assert_int_equal(ferry_cq_poll(ferry_cq_default(B), &c, 1), 1);
+		assert_int_equal(c.user_data, 100);
+		assert_int_equal(c.res, k);
+		assert_int_equal(!!(c.flags & FERRY_CQE_F_MORE), k < 2);
+		ferry_buf_release(c.buf);
+	}
+	rm();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -415,6 +450,7 @@ int main(void)
 		cmocka_unit_test(test_cleanup_unblocks_peer),
 		cmocka_unit_test(test_whole_gap_timeout),
 		cmocka_unit_test(test_reordered_arrival),
+		cmocka_unit_test(test_reordered_arrival_while_reading),
 	};
 
 	alarm(t_under_valgrind() ? 900 : 120);

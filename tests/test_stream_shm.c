@@ -4,7 +4,10 @@
  * death (the consumer's STREAM_GET ends with -ECONNRESET), consumer death
  * (the producer's chunks waiting for credit fail at once, later ones fail
  * fast), and a KV-cache handoff: a vectored put of many layer buffers (no
- * packing copy by the caller) received contiguous and scattered.
+ * packing copy by the caller) received contiguous and scattered; credits
+ * across processes (they ride on the chunks' block releases: exactly the
+ * limit arrives while the consumer holds everything, one more per release;
+ * a whole stream and plain GETs of chunks still get theirs).
  * Children are forked before the parent creates engines, and report through
  * their exit status.
  */
@@ -478,6 +481,139 @@ static void test_kv_handoff(void **state)
 	ferry_engine_destroy(e);
 }
 
+/* ------------------------------------------------------------------ */
+/* Credits over shm: they return with the chunks' blocks (RELEASE)      */
+/* ------------------------------------------------------------------ */
+
+enum { CR_N = 64, CR_LIMIT = 4, WH_N = 40 };
+
+/*
+ * Producer child: CR_N chunks of stream "cr_0" (chunk i holds i), limit
+ * CR_LIMIT; then WH_N chunks of "wh_0" (limit 2, so credits must flow
+ * while the consumer holds the whole stream); then CR_N of "pg_0" for
+ * plain GETs. Every put must succeed.
+ */
+static int producer_credits(struct child *ch)
+{
+	struct ferry_engine *e = mk("prod", 0);
+	struct ferry_peer *to = e ? peer(e, "cons") : NULL;
+	static uint64_t vals[CR_N];
+	static struct iovec iov[CR_N];
+	const char *keys[3] = { "cr_0", "wh_0", "pg_0" };
+	unsigned counts[3] = { CR_N, WH_N, CR_N }, limits[3] = { CR_LIMIT, 2, CR_LIMIT };
+	struct ferry_cqe c;
+
+	(void)ch;
+	if (!to)
+		return 2;
+	for (unsigned i = 0; i < CR_N; i++) {
+		vals[i] = i;
+		iov[i].iov_base = &vals[i];
+		iov[i].iov_len = sizeof(vals[i]);
+	}
+	for (unsigned s = 0; s < 3; s++) {
+		unsigned done = 0;
+
+		ferry_peer_set_stream_limits(to, limits[s], 0);
+		for (unsigned i = 0; i < counts[s]; i++) {
+			struct ferry_sqe *sqe;
+
+			if (submit_one(e, &sqe))
+				return 3;
+			ferry_prep_stream_put(sqe, to, keys[s], &iov[i], 1, i);
+			ferry_sqe_set_flags(sqe, i == counts[s] - 1 ? FERRY_SQE_STREAM_END : 0);
+			ferry_sqe_set_timeout(sqe, 20 * SEC);
+		}
+		go(e);
+		while (done < counts[s]) {
+			if (wait_one(e, &c, 30 * SEC) != (int)c.user_data)
+				return 4 + (int)s;
+			done++;
+		}
+	}
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/* Wait for one CQE for at most ms; 1 if one came. */
+static int maybe_one(struct ferry_engine *e, struct ferry_cqe *c, int ms)
+{
+	return ferry_cq_wait(ferry_cq_default(e), c, 1, (int64_t)ms * MS) == 1;
+}
+
+static void test_credits_across_processes(void **state)
+{
+	struct child ch;
+	struct ferry_engine *e;
+	struct ferry_peer *from;
+	struct ferry_sqe *sqe;
+	struct ferry_buf *held[CR_N];
+	unsigned got = 0, nheld = 0;
+	uint64_t vals[CR_N];
+	struct ferry_cqe c;
+
+	(void)state;
+	child_spawn(&ch, producer_credits);
+	e = mk("cons", 0);
+	assert_non_null(e);
+	from = peer(e, "prod");
+	assert_int_equal(submit_one(e, &sqe), 0);
+	ferry_prep_stream_get(sqe, from, "cr_0", 1);
+	ferry_sqe_set_timeout(sqe, 20 * SEC);
+	go(e);
+	child_go(&ch);
+
+	/* Holding everything: exactly CR_LIMIT chunks come, and no more. */
+	while (got < CR_LIMIT) {
+		assert_int_equal(wait_one(e, &c, 20 * SEC), (int)got);
+		held[nheld++] = c.buf;
+		got++;
+	}
+	assert_false(maybe_one(e, &c, 200));
+	/* Each release lets exactly one more chunk come. */
+	while (got < CR_N) {
+		ferry_buf_release(held[--nheld]);
+		assert_int_equal(wait_one(e, &c, 20 * SEC), (int)got);
+		assert_int_equal(*(uint64_t *)ferry_buf_data(c.buf), got);
+		held[nheld++] = c.buf;
+		got++;
+		if (got < CR_N)
+			assert_false(maybe_one(e, &c, got < 12 ? 50 : 0));
+		assert_int_equal(nheld, CR_LIMIT);
+	}
+	while (nheld)
+		ferry_buf_release(held[--nheld]);
+
+	/* Whole stream, limit 2 < WH_N chunks: credits flow while all is held. */
+	assert_int_equal(submit_one(e, &sqe), 0);
+	ferry_prep_stream_get(sqe, from, "wh_0", 2);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_STREAM_WHOLE);
+	ferry_sqe_set_timeout(sqe, 20 * SEC);
+	go(e);
+	assert_int_equal(wait_one(e, &c, 30 * SEC), WH_N);
+	assert_int_equal(c.len, WH_N * sizeof(uint64_t));
+	for (unsigned i = 0; i < WH_N; i++)
+		assert_int_equal(((uint64_t *)ferry_buf_data(c.buf))[i], i);
+	ferry_buf_release(c.buf);
+
+	/* Plain GETs of chunks (a copy each): their blocks come back at once. */
+	for (unsigned i = 0; i < CR_N; i++) {
+		char key[32];
+		struct iovec d = { &vals[i], sizeof(vals[i]) };
+
+		snprintf(key, sizeof(key), "pg_0_%u", i);
+		assert_int_equal(submit_one(e, &sqe), 0);
+		ferry_prep_get(sqe, from, key, &d, 1, 100 + i);
+		ferry_sqe_set_timeout(sqe, 20 * SEC);
+		go(e);
+		assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+		assert_int_equal(c.user_data, 100 + i);
+		assert_int_equal(vals[i], i);
+	}
+	assert_int_equal(reap(&ch), 0);
+	ferry_engine_destroy(e);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -485,6 +621,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_producer_death, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_consumer_death, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_kv_handoff, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_credits_across_processes, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,7 +9,10 @@
  * checksum, both ways), an engine without a secret refusing a peer that
  * is not on loopback, the link cut (`ip link set down`) in the middle of a
  * transfer (the PUT fails within the peer timeout, no block is kept) and a
- * reconnect once the link is back, and three hosts (B and C -> A at once).
+ * reconnect once the link is back, three hosts (B and C -> A at once), and
+ * the control channel across hosts (one control address on every interface;
+ * published wildcard data addresses become the address each side saw;
+ * store-like keys fetched from the holder, a NOWAIT miss, remote health).
  * Every process enters its namespace with setns(2) after the fork.
  */
 #include <fcntl.h>
@@ -458,6 +461,125 @@ static void test_netns_three_hosts(void **state)
 	assert_int_equal(reap(cc.pid), 0);
 }
 
+/* ------------------------------------------------------------------ */
+/* The control channel across hosts                                    */
+/* ------------------------------------------------------------------ */
+
+static struct ferry_engine *ctl_engine(const char *name)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+
+	p.name = name;
+	p.ns = NS;
+	p.pool_size = 64 * MIB;
+	p.control = "tcp://*:0"; /* every interface: data on *:0 too, published as such */
+	p.secret = SECRET;
+	return ferry_engine_create(&p, &e) ? NULL : e;
+}
+
+/* The holder (host A): publishes two keys for "cons", says its control port, serves. */
+static int ctl_holder(const char *unused, void *arg)
+{
+	int out = *(int *)arg;
+	struct ferry_engine *e;
+	struct ferry_peer *cons;
+	struct ferry_buf *b;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+
+	(void)unused;
+	if (enter(ns_a) || !(e = ctl_engine("holder")))
+		return 40;
+	ferry_peer_open(e, "cons", &cons);
+	if (ferry_buf_alloc(e, 8 * MIB, &b))
+		return 41;
+	fill(ferry_buf_data(b), 8 * MIB, 5);
+	sqe = t_sqe(e);
+	ferry_prep_put_buf(sqe, cons, "big", b, 1);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH);
+	t_submit(e);
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, cons, "small", &(struct iovec){ "hello", 5 }, 1, 2);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH);
+	t_submit(e);
+	for (int i = 0; i < 2; i++)
+		if (wait_one(e, &c, 10 * SEC) != 0)
+			return 42;
+	if (ferry_engine_control_address(e, addr, sizeof(addr)) <= 0 ||
+	    write(out, strrchr(addr, ':') + 1, strlen(strrchr(addr, ':') + 1)) < 0)
+		return 43;
+	for (;;)
+		pause();
+	return 0;
+}
+
+/* The consumer (host B): one control address, then fetches, asks, sends back. */
+static int ctl_consumer(const char *addr, void *arg)
+{
+	struct ferry_engine *e;
+	struct ferry_peer *h;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+
+	(void)arg;
+	if (enter(ns_b) || !(e = ctl_engine("cons")))
+		return 50;
+	ferry_peer_open(e, "holder", &h);
+	if (ferry_peer_connect(h, addr))
+		return 51;
+	get(e, h, "big", NULL, 1, 20 * SEC, FERRY_SQE_LOOKUP);
+	if (wait_one(e, &c, 30 * SEC) != 0 || c.len != 8 * MIB)
+		return 52;
+	if (checksum(ferry_buf_data(c.buf), 8 * MIB) != expected_sum(8 * MIB, 5))
+		return 53;
+	ferry_buf_release(c.buf);
+	get(e, h, "small", NULL, 2, 20 * SEC, FERRY_SQE_LOOKUP);
+	if (wait_one(e, &c, 30 * SEC) != 0 || c.len != 5 || memcmp(ferry_buf_data(c.buf), "hello", 5))
+		return 54;
+	ferry_buf_release(c.buf);
+	get(e, h, "none", NULL, 3, 20 * SEC, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT);
+	if (wait_one(e, &c, 30 * SEC) != -EAGAIN)
+		return 55;
+	sqe = t_sqe(e);
+	ferry_prep_peer_health(sqe, h, 4);
+	ferry_sqe_set_timeout(sqe, 10 * SEC);
+	t_submit(e);
+	if (wait_one(e, &c, 30 * SEC) <= 0 || !strstr(ferry_buf_data(c.buf), "\"holder\""))
+		return 56;
+	ferry_buf_release(c.buf);
+	/* The holder's wildcard data address became the host we called. */
+	if (strncmp(h->address, "tcp://10.", 9))
+		return 57;
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+static void test_netns_control(void **state)
+{
+	struct child ch, cc;
+	char port[16], addr[TCP_ADDR_MAX];
+	int p[2];
+
+	(void)state;
+#ifndef FERRY_HAVE_ZMQ
+	skip(); /* the control channel needs libzmq */
+#endif
+	assert_int_equal(pipe(p), 0);
+	spawn(&ch, ctl_holder, &p[1]);
+	spawn(&cc, ctl_consumer, NULL);
+	go(&ch, "-");
+	assert_int_equal(wait_text(p[0], port, sizeof(port), 20000), 0);
+	snprintf(addr, sizeof(addr), "tcp://10.%d.1.1:%s", net, port);
+	go(&cc, addr);
+	assert_int_equal(reap(cc.pid), 0);
+	kill(ch.pid, SIGKILL);
+	reap(ch.pid);
+	close(p[0]);
+	close(p[1]);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -465,6 +587,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_netns_no_secret, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_netns_link_down, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_netns_three_hosts, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_netns_control, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

@@ -9,6 +9,10 @@
  *   ferry health NS/ENGINE           (the same)
  *                                    engine of this host (asked through its
  *                                    shm name); exit 1 if it cannot be asked
+ *   ferry health [-n NS] -c tcp://HOST:PORT ENGINE
+ *                                    the same, asked over the control
+ *                                    channel at that endpoint (any host;
+ *                                    the secret from $FERRY_SECRET)
  *   ferry list [-n NS]               the live engines of a namespace
  *
  * Owns: the command line and the printing; the work is done by
@@ -30,6 +34,7 @@ static int usage(FILE *f)
 {
 	fprintf(f, "usage: ferry check STAGES.yaml\n"
 		   "       ferry health [-n NAMESPACE] [-t TIMEOUT_MS] ENGINE | NAMESPACE/ENGINE\n"
+		   "       ferry health [-n NAMESPACE] [-t TIMEOUT_MS] -c tcp://HOST:PORT ENGINE\n"
 		   "       ferry list [-n NAMESPACE]\n");
 	return f == stderr ? 2 : 0;
 }
@@ -149,6 +154,51 @@ static int cmd_health(const char *ns, const char *name, int timeout_ms)
 	return 0;
 }
 
+/*
+ * Ask over the control channel: a short-lived engine of our own calls the
+ * control endpoint, proves the secret and sends one PEER_HEALTH.
+ */
+static int cmd_health_control(const char *ns, const char *endpoint, const char *name,
+			      int timeout_ms)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+	struct ferry_peer *peer = NULL;
+	struct ferry_sq *sq = NULL;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe cqe;
+	char me[FERRY_NAME_MAX];
+	int rc;
+
+	snprintf(me, sizeof(me), "ferry-health.%d", (int)getpid());
+	p.name = me;
+	p.ns = ns;
+	p.pool_size = 1u << 20;
+	p.flags = FERRY_ENGINE_NO_PREFAULT;
+	if ((rc = ferry_engine_create(&p, &e)) || (rc = ferry_peer_open(e, name, &peer)) ||
+	    (rc = ferry_peer_connect(peer, endpoint)) || (rc = ferry_sq_get(e, &sq)))
+		goto out;
+	sqe = ferry_sq_get_sqe(sq);
+	ferry_prep_peer_health(sqe, peer, 1);
+	ferry_sqe_set_timeout(sqe, (uint64_t)(timeout_ms > 0 ? timeout_ms : 1000) * 1000000ull);
+	ferry_sq_submit(sq);
+	rc = ferry_cq_wait(ferry_cq_default(e), &cqe, 1, -1);
+	if (rc == 1) {
+		rc = cqe.res < 0 ? cqe.res : 0;
+		if (cqe.res >= 0)
+			printf("%s\n", (const char *)ferry_buf_data(cqe.buf));
+		if (cqe.flags & FERRY_CQE_F_BUF)
+			ferry_buf_release(cqe.buf);
+	}
+out:
+	if (rc < 0)
+		fprintf(stderr, "ferry: health of %s at %s: %s\n", name, endpoint,
+			ferry_strerror(rc));
+	if (e)
+		ferry_engine_destroy(e);
+	return rc < 0 ? 1 : 0;
+}
+
 static int cmd_list(const char *ns, int timeout_ms)
 {
 	char dir[SHM_PATH_MAX], path[SHM_PATH_MAX * 2];
@@ -190,7 +240,7 @@ static int cmd_list(const char *ns, int timeout_ms)
 
 int main(int argc, char **argv)
 {
-	const char *ns = "default";
+	const char *ns = "default", *control = NULL;
 	int timeout_ms = 2000, i;
 
 	if (argc < 2)
@@ -207,6 +257,8 @@ int main(int argc, char **argv)
 			ns = argv[++i];
 		else if (!strcmp(argv[i], "-t") && i + 1 < argc)
 			timeout_ms = atoi(argv[++i]);
+		else if (!strcmp(argv[i], "-c") && i + 1 < argc)
+			control = argv[++i];
 		else
 			return usage(stderr);
 	}
@@ -215,6 +267,8 @@ int main(int argc, char **argv)
 
 		if (i + 1 != argc)
 			return usage(stderr);
+		if (control)
+			return cmd_health_control(ns, control, argv[i], timeout_ms);
 		/* NS/NAME names both at once. */
 		snprintf(both, sizeof(both), "%s", argv[i]);
 		slash = strchr(both, '/');

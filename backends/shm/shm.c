@@ -89,6 +89,7 @@ struct shm_state {
 	uint32_t nlive;
 	struct ferry_buf **lent;  /* by handle index: blocks a peer holds */
 	uint16_t *lent_conn;      /* conn id + 1 */
+	uint64_t *lent_credit;    /* stream_credit_token of a lent chunk (0: none) */
 	uint32_t max_bufs;
 	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
 };
@@ -238,6 +239,10 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	d = &c->tx->puts[tail % SHM_PUT_ENTRIES];
 	d->type = SHM_D_PUT;
 	d->flags = op->flags & WIRE_F__ALL;
+	/* A stream chunk's credit comes back with its block's RELEASE. */
+	st->lent_credit[buf->index] = stream_credit_token(op);
+	if (st->lent_credit[buf->index])
+		d->flags |= WIRE_F_RELCREDIT;
 	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
 	d->buf_cookie = buf->index;
 	d->offset = buf->offset;
@@ -387,6 +392,7 @@ static void free_lent(struct shm_state *st, uint64_t idx)
 
 	st->lent[idx] = NULL;
 	st->lent_conn[idx] = 0;
+	st->lent_credit[idx] = 0;
 	pool_free(buf);
 }
 
@@ -410,11 +416,17 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 			reactor_put_done(e, &e->ops[oi], (uint32_t)d->op_cookie, d->res);
 		return true;
 	}
-	case SHM_C_RELEASE:
+	case SHM_C_RELEASE: {
+		uint64_t credit;
+
 		if (!lent_here)
 			return false;
+		credit = st->lent_credit[idx];
 		free_lent(st, idx);
+		if (credit)
+			stream_chunk_released(e, credit);
 		return true;
+	}
 	default:
 		return false;
 	}
@@ -1028,7 +1040,8 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 	st->max_bufs = e->max_bufs;
 	st->lent = calloc(st->max_bufs, sizeof(*st->lent));
 	st->lent_conn = calloc(st->max_bufs, sizeof(*st->lent_conn));
-	if (!st->lent || !st->lent_conn) {
+	st->lent_credit = calloc(st->max_bufs, sizeof(*st->lent_credit));
+	if (!st->lent || !st->lent_conn || !st->lent_credit) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -1042,6 +1055,7 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 fail:
 	free(st->lent);
 	free(st->lent_conn);
+	free(st->lent_credit);
 	free(st);
 	return rc;
 }
@@ -1068,6 +1082,7 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 	reactor_unresolve_all(e, b);
 	free(st->lent);
 	free(st->lent_conn);
+	free(st->lent_credit);
 	free(st);
 	b->data = NULL;
 }

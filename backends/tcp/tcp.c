@@ -73,6 +73,7 @@
 #define VALGRIND_MAKE_MEM_DEFINED(p, n) ((void)(p), (void)(n))
 #endif
 
+#include "ctl.h"
 #include "internal.h"
 #include "tcp_addr.h"
 #include "tcp_auth.h"
@@ -2673,6 +2674,21 @@ static struct tcp_state *tcp_of(struct ferry_engine *e)
 		if (e->backends[i].ops == &ferry__tcp_backend)
 			return e->backends[i].data;
 	return NULL;
+}
+
+/*
+ * Control channel hook (ctl.h): the control channel declared engine `name`
+ * dead; its data links go too, as if they had gone silent.
+ */
+void ferry__tcp_peer_dead(struct ferry_engine *e, const char *name, int res)
+{
+	struct tcp_state *st = tcp_of(e);
+
+	if (!st)
+		return;
+	for (struct tcp_link *l = st->links; l; l = l->next)
+		if (l->state != LINK_DEAD && strcmp(l->peer_name, name) == 0)
+			link_fail(st, l, res, "the control channel declared it dead");
 }
 
 int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len)

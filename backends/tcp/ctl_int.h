@@ -1,0 +1,166 @@
+/*
+ * backends/tcp/ctl_int.h - the control channel's own types (private to
+ * ctl.c and ctl_req.c; built with libzmq only).
+ *
+ * Owns: the state of one engine's control channel (sockets, sessions, the
+ * table of requests waiting for answers, the ferry_peer_connect mailbox),
+ * its limits, and the calls its two files make into each other: ctl.c runs
+ * the sockets, sessions and handshakes; ctl_req.c the requests that ride a
+ * READY session (asked and answered) and the reactor's op hooks.
+ */
+#ifndef FERRY_CTL_INT_H
+#define FERRY_CTL_INT_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ctl.h"
+#include "ctl_wire.h"
+#include "tcp_addr.h"
+#include "tcp_auth.h"
+
+#define CTL_MAX_SESSIONS 64
+#define CTL_MAX_REQS 1024
+#define CTL_ID_MAX 256
+#define CTL_HANDSHAKE_NS (3000ull * 1000000ull)
+#define CTL_FETCH_MAX_NS (3600ull * 1000000000ull)
+#define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
+#define CTL_DEFAULT_HEARTBEAT_MS 1000
+#define CTL_DEFAULT_PEER_TIMEOUT_MS 10000
+#define ROLE_CALLER "ferry-ctl-caller"
+#define ROLE_CALLEE "ferry-ctl-callee"
+
+/* io_uring cookies: kind in the low 4 bits, socket slot, generation. */
+enum { CK_POLL = 1, CK_TICK = 2, CK_CANCEL = 3 };
+
+static inline uint64_t ck(unsigned kind, uint32_t slot, uint32_t gen)
+{
+	return ((uint64_t)gen << 20) | ((uint64_t)(slot & 0xffff) << 4) | kind;
+}
+
+struct ctl_sock {
+	void *z;
+	int fd;
+	uint32_t gen;
+	bool armed;
+	bool dirty;
+};
+
+enum { CS_FREE = 0, CS_BACKOFF, CS_WAIT_PROOF, CS_WAIT_OK, CS_WAIT_AUTH, CS_READY };
+
+struct ctl_session {
+	uint8_t state;
+	bool caller;            /* we called: our DEALER */
+	bool refused;           /* the peer refused us (or proved nothing) */
+	uint32_t slot;          /* its DEALER polls as socket slot + 1 */
+	struct ctl_sock sock;
+	uint8_t id[CTL_ID_MAX]; /* callee: the routing id at our ROUTER */
+	uint32_t id_len;
+	char peer_name[FERRY_NAME_MAX];
+	struct ferry_peer *peer;
+	char endpoint[TCP_ADDR_MAX]; /* caller: the control endpoint we call */
+	char seen_host[INET6_ADDRSTRLEN]; /* where the peer was seen (a wildcard data address) */
+	uint8_t nonce_me[TCP_NONCE_BYTES], nonce_peer[TCP_NONCE_BYTES];
+	uint32_t peer_caps;
+	uint64_t hs_deadline, last_rx, last_ping, retry_at;
+	struct op *wait_head, *wait_tail; /* PUTs waiting for the handshake */
+};
+
+/* A request of ours waiting for its answer (or for its session to be READY). */
+struct ctl_req {
+	uint8_t type; /* CTL_HEALTH_REQ / LOOKUP / FETCH / CANCEL; 0 = free */
+	bool sent;
+	uint64_t seq;
+	struct op *op;
+	uint32_t op_gen;
+	char peer[FERRY_NAME_MAX];
+	uint32_t flags, timeout_ms;
+	uint16_t key_len;
+	char key[FERRY_KEY_MAX];
+};
+
+struct ctl_connect {
+	struct ferry_peer *peer;
+	char endpoint[TCP_ADDR_MAX];
+};
+
+struct ctl_state {
+	struct ferry_engine *e;
+	struct backend *b;
+	void *zctx;
+	struct ctl_sock router;
+	char bound[TCP_ADDR_MAX];
+	struct tcp_secret secret;
+	uint64_t heartbeat_ns, peer_timeout_ns;
+	bool any_dirty;
+	bool need_arm;         /* a socket may want its poll armed again */
+	bool tick_armed, tick_due;
+	struct __kernel_timespec tick_ts;
+	uint32_t nsessions;
+	/* For the health JSON (written by the reactor, read by anyone). */
+	stat_t ready, declared_dead, dropped, auth_failed;
+	struct ctl_session sessions[CTL_MAX_SESSIONS];
+	uint32_t nreqs;
+	uint64_t next_seq;
+	struct ctl_req reqs[CTL_MAX_REQS];
+	/* ferry_peer_connect's mailbox (any thread -> the reactor). */
+	pthread_mutex_t lock;
+	_Atomic int connects_pending;
+	uint32_t nconnects;
+	struct ctl_connect connects[CTL_MAX_SESSIONS];
+};
+
+/* Log a message dropped (or a peer that failed to prove the secret) and count it. */
+#define CTL_DROP(st, ...)                            \
+	do {                                         \
+		STAT_ADD((st)->dropped, 1);          \
+		log_warn(__VA_ARGS__);               \
+	} while (0)
+#define CTL_REFUSE(st, ...)                          \
+	do {                                         \
+		STAT_ADD((st)->auth_failed, 1);          \
+		log_warn(__VA_ARGS__);               \
+	} while (0)
+
+/* ctl.c */
+struct ctl_state *ctl_state_of(struct ferry_engine *e);
+const char *ctl_type_name(unsigned t);
+/* Take ferry_peer_connect calls still in the mailbox (an op may need them now). */
+void ctl_connects_first(struct ctl_state *st);
+/*
+ * Send one message to a session: header, body, then extra (a key or text).
+ * Returns 0, or a negative errno (the message is dropped; logged).
+ */
+int ctl_send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
+		 const void *body, size_t blen, const void *extra, size_t elen);
+int ctl_send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
+		    int32_t res, uint64_t len);
+/* The best session to peer `name`: a READY one, else (!ready) one in the making. */
+struct ctl_session *ctl_session_for(struct ctl_state *st, const char *name, bool ready);
+
+/* ctl_req.c: our requests */
+void ctl_req_free(struct ctl_state *st, struct ctl_req *r);
+/* Complete a request's op with res (unless it ended meanwhile), then free it. */
+void ctl_req_finish(struct ctl_state *st, struct ctl_req *r, int res, uint64_t len,
+		    struct ferry_buf *buf);
+void ctl_req_send(struct ctl_state *st, struct ctl_session *s, struct ctl_req *r);
+/* An answer (HEALTH, LOOKUP_ANS, FETCH_ANS, CANCEL_ANS) of a READY session. */
+void ctl_on_answer(struct ctl_state *st, struct ctl_session *s, const struct ctl_hdr *h,
+		   const uint8_t *body);
+/* The peer `name` is gone: fail the GETs that asked it through the channel. */
+void ctl_fail_lookup_gets(struct ctl_state *st, const char *name, int res);
+
+/* ctl_req.c: requests of the peer, answered here */
+/* Parse a ctl_key body: 0 and the key (NUL-terminated) or -EPROTO. */
+int ctl_key_parse(const uint8_t *body, size_t blen, struct ctl_key *k, char *key);
+int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
+		 const char *key);
+int ctl_on_lookup(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
+		  const char *key, uint64_t *len);
+int ctl_on_cancel(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
+		  const char *r);
+void ctl_on_health_req(struct ctl_state *st, struct ctl_session *s, uint64_t seq);
+
+#endif
