@@ -28,7 +28,9 @@
  *               benchmark creates and removes, and the peers across it
  *
  * Options: --quick (smoke: fewer samples, no 1 GiB), --reps N (default 3),
- * --no-peers, --veth, --conns N (only the 4 MiB run with N connections).
+ * --no-peers, --veth, --conns N (only the 4 MiB run with N connections),
+ * --only lat|bw (ferry alone: only the latency runs, or only 4 MiB
+ * bandwidth with the default connections; for quick A/B comparisons).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -55,7 +57,8 @@ static struct {
 	bool quick, peers, main_pair, veth;
 	int reps;
 	int conns; /* --conns N: only the connections-per-peer runs, N only */
-} opt = { false, true, true, false, 3, 0 };
+	char only; /* --only lat|bw: 'l' or 'b', else 0 */
+} opt = { false, true, true, false, 3, 0, 0 };
 
 /* Commands the parent sends the child. */
 enum { C_LAT = 1, C_BW = 2, C_QUIT = 3 };
@@ -162,6 +165,19 @@ static void next_cqe(struct ferry_engine *e, struct ferry_cqe *c)
 		die("op failed", c->res);
 }
 
+/*
+ * Keep driving the engine a moment before leaving it idle (blocked on the
+ * command pipe): answers still on their way leave (a RESULT may wait up to
+ * 20 us for a PUT to travel with, docs/design.md section 12).
+ */
+static void drive_for(struct ferry_engine *e, uint64_t ns)
+{
+	uint64_t t0 = now_ns();
+
+	while (now_ns() - t0 < ns)
+		ferry_progress(e);
+}
+
 /* PUTs the receiver refused for want of pool room or key slots (sent again). */
 static uint64_t refused_total;
 
@@ -198,8 +214,7 @@ static void child_lat(struct ferry_engine *e, struct ferry_peer *a, const struct
 		ferry_sq_submit(sq);
 	}
 	/* The last PUTs' completions. */
-	for (int i = 0; i < 100; i++)
-		ferry_progress(e);
+	drive_for(e, 1000000);
 	free(data);
 }
 
@@ -225,6 +240,7 @@ static void child_bw(struct ferry_engine *e, struct ferry_peer *a, const struct 
 		ferry_buf_release(q.buf);
 		got++;
 	}
+	drive_for(e, 1000000); /* the last RESULTs */
 }
 
 static int child_main(void)
@@ -331,8 +347,7 @@ static void lat_once(struct pair *p, size_t size, uint64_t n, double *p50, doubl
 		ferry_buf_release(q.buf);
 	}
 	wait_child_ok();
-	for (int i = 0; i < 100; i++)
-		ferry_progress(p->e);
+	drive_for(p->e, 1000000);
 	/* Drop the first tenth: connection set-up and warm-up. */
 	*p50 = pct(rtt + n / 10, n - n / 10, 50) / 2;
 	*p99 = pct(rtt + n / 10, n - n / 10, 99) / 2;
@@ -624,15 +639,19 @@ int main(int argc, char **argv)
 			opt.reps = atoi(argv[++i]);
 		else if (!strcmp(argv[i], "--conns") && i + 1 < argc)
 			opt.conns = atoi(argv[++i]), opt.main_pair = false;
+		else if (!strcmp(argv[i], "--only") && i + 1 < argc &&
+			 (!strcmp(argv[i + 1], "lat") || !strcmp(argv[i + 1], "bw")))
+			opt.only = argv[++i][0], opt.peers = false;
 		else {
 			fprintf(stderr, "usage: %s [--quick] [--reps N] [--no-peers] [--veth] "
-				"[--conns N]\n", argv[0]);
+				"[--conns N] [--only lat|bw]\n", argv[0]);
 			return 2;
 		}
 	}
 	if (opt.reps < 1 || opt.reps > MAX_REPS)
 		opt.reps = 3;
-	ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
+	if (!getenv("FERRY_LOG")) /* quiet unless asked */
+		ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	if (pipe(cmd_fd) || pipe(rep_fd))
 		die("pipe", -errno);
@@ -647,13 +666,19 @@ int main(int argc, char **argv)
 		for (int r = 0; r < opt.reps; r++) {
 			uint64_t n = opt.quick ? 2000 : 20000;
 
-			progress("latency, rep %d", r);
-			lat_once(&p, 64, n, &lat50[0][r], &lat99[0][r]);
-			lat_once(&p, 64 * KIB, n / 4, &lat50[1][r], &lat99[1][r]);
+			if (opt.only != 'b') {
+				progress("latency, rep %d", r);
+				lat_once(&p, 64, n, &lat50[0][r], &lat99[0][r]);
+				lat_once(&p, 64 * KIB, n / 4, &lat50[1][r], &lat99[1][r]);
+			}
+			if (opt.only == 'l') {
+				bw[0][r] = bw[1][r] = bw[2][r] = -1;
+				continue;
+			}
 			progress("bandwidth, rep %d", r);
-			bw[0][r] = bw_once(&p, 64 * KIB, opt.quick ? 5000 : 40000, 64);
+			bw[0][r] = opt.only ? -1 : bw_once(&p, 64 * KIB, opt.quick ? 5000 : 40000, 64);
 			bw[1][r] = bw_once(&p, 4 * MIB, opt.quick ? 100 : 600, 16);
-			bw[2][r] = opt.quick ? -1 : bw_once(&p, GIB, 2, 1);
+			bw[2][r] = opt.quick || opt.only ? -1 : bw_once(&p, GIB, 2, 1);
 		}
 		pair_close(&p);
 		{
@@ -665,7 +690,7 @@ int main(int argc, char **argv)
 	}
 
 	/* Connections per peer, 4 MiB: a fresh pair for each choice. */
-	for (int ci = 0; ci < 3; ci++) {
+	for (int ci = 0; ci < 3 && !opt.only; ci++) {
 		if (opt.conns && opt.conns != conn_choices[ci])
 			continue;
 		if (pipe(cmd_fd) || pipe(rep_fd))

@@ -351,6 +351,11 @@ struct backend_ops {
 	int (*progress)(struct ferry_engine *e, struct backend *b);
 	/* True if progress() has work right now (checked before sleeping). */
 	bool (*has_work)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Optional: the round is over (after the SQs were drained): send what
+	 * it made (and poll what is polled); returns events handled.
+	 */
+	int (*round_end)(struct ferry_engine *e, struct backend *b);
 	/* An op that is AWAY was cancelled or timed out. */
 	void (*forget)(struct ferry_engine *e, struct backend *b, struct op *op);
 	/* A completion of the engine's io_uring tagged for this backend. */

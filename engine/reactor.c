@@ -956,6 +956,9 @@ int reactor_run_once(struct ferry_engine *e)
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
 	}
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if (e->backends[i].ops->round_end)
+			n += e->backends[i].ops->round_end(e, &e->backends[i]);
 	cq_flush_wakeups(e);
 	reap_dead_cqs(e, drained);
 	return n;

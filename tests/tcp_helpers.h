@@ -33,6 +33,7 @@ struct mk {
 	uint32_t heartbeat_ms, peer_timeout_ms;
 	uint32_t max_ops;
 	uint32_t max_keys;
+	uint32_t max_bufs;
 };
 
 static inline struct ferry_engine *mk_engine(const struct mk *m)
@@ -50,6 +51,7 @@ static inline struct ferry_engine *mk_engine(const struct mk *m)
 	p.peer_timeout_ms = m->peer_timeout_ms;
 	p.max_ops = m->max_ops;
 	p.max_keys = m->max_keys;
+	p.max_bufs = m->max_bufs;
 	p.spin_ns = 20000;
 	if (p.pool_size > 256 * MIB)
 		p.flags = FERRY_ENGINE_NO_PREFAULT;

@@ -261,9 +261,9 @@ static void test_tcp_order_small(void **state)
 	unsigned count = (unsigned)big(100000, 2000);
 	struct producer p = { .name = "prod", .secret = SECRET, .count = count, .size = 64,
 			      .window = 512 };
-	/* Room for every key: the producer may run ahead of the GETs. */
+	/* Room for every key and its block: the producer may run ahead of the GETs. */
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
-			.max_keys = 1u << 17 };
+			.max_keys = 1u << 17, .max_bufs = 1u << 17 };
 	struct child ch;
 	struct ferry_engine *e;
 	char addr[TCP_ADDR_MAX];

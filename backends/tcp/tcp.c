@@ -12,8 +12,19 @@
  * many socket ops neither compete with the reactor's small ring nor depend
  * on its internals: the reactor's ring watches this ring's fd (a multishot
  * poll), so a completion here wakes a sleeping reactor, and progress()
- * reaps it. SQEs are prepared during a round and submitted once at its end:
- * one io_uring_enter per round, however many PUTs it carried.
+ * reaps it. SQEs are prepared during a round and submitted once at its end
+ * (round_end): one io_uring_enter per round, however many PUTs it carried.
+ *
+ * Busy polling: frames queued during a round leave at its end with one
+ * non-blocking sendmsg per connection from this thread (the ring's SENDMSG
+ * only carries what the socket had no room for), and a connection that
+ * carries traffic is "hot": read with a non-blocking recv() every round
+ * rather than through a RECV on the ring, whose completion needs task work
+ * that interrupts the spinning thread. Before the progress thread sleeps,
+ * has_work arms a RECV on every hot connection (it goes cold), so a
+ * sleeping engine still wakes through the ring. A connection is never read
+ * both ways at once. Lone RESULTs wait a moment for the application's next
+ * PUT to share their sendmsg (flush_all).
  *
  * Data path (tcp_wire.h): a PUT of up to TCP_EAGER_MAX bytes goes eagerly,
  * key and data in one frame; the receiver copies it from its staging
@@ -79,6 +90,15 @@
 #define TCP_DEFAULT_HEARTBEAT_MS 1000
 #define TCP_DEFAULT_PEER_TIMEOUT_MS 10000
 #define TCP_BACKLOG 128
+#define TCP_HOT_NS 2000000ull       /* a connection quiet this long is read by io_uring again */
+#define TCP_MAX_HOT 16              /* connections read directly, at most */
+#define TCP_READS_PER_ROUND 8       /* direct reads of one connection per round at most */
+
+/*
+ * RESULTs alone on a connection wait this long for a frame to go with them
+ * (flush_all); FERRY_TCP_HOLD_NS overrides (0: never), benchmarks measure it.
+ */
+#define TCP_RESULT_HOLD_NS 20000ull
 
 /* Connections per link: FERRY_TCP_CONNS overrides (benchmarks measure it). */
 #define TCP_DEFAULT_CONNS 2
@@ -184,6 +204,14 @@ struct tcp_conn {
 	bool dead;
 	bool poll_armed, recv_armed, send_armed;
 	bool rx_stalled;       /* waits for a control frame or an rx slot */
+	bool hot;              /* read directly each round (no RECV armed), see conn_read */
+	bool flush_queued;     /* in st->flushq: its send queue goes out at the round's end */
+	bool flush_held;       /* only RESULTs queued: held back a moment (see flush_all) */
+	uint64_t held_ns;      /* since when */
+	uint32_t hold_skip;    /* flushes not to hold: the last holds caught no PUT */
+	uint8_t hold_vain;     /* holds in a row that caught nothing (backoff 2^n - 1) */
+	uint32_t hot_pos;      /* its place in st->hot */
+	uint64_t last_rx_ns;   /* when it last received bytes */
 	uint16_t index;        /* its place in the link */
 	uint64_t hs_deadline;
 	struct tcp_hello hin;
@@ -245,6 +273,7 @@ struct tcp_state {
 	uint32_t lgen;
 	uint64_t heartbeat_ns, peer_timeout_ns;
 	uint16_t conns_per_link;
+	uint64_t result_hold_ns;
 	/* Tables. */
 	struct tcp_conn *conns[TCP_MAX_SOCKS];
 	uint32_t next_gen;
@@ -261,6 +290,12 @@ struct tcp_state {
 	struct tcp_ctl *free_ctls;
 	struct tcp_conn *stalled;
 	uint32_t ndead;        /* dead connections not yet freed */
+	/* Connections read with recv() each round instead of an armed RECV. */
+	struct tcp_conn *hot[TCP_MAX_SOCKS];
+	uint32_t nhot;
+	/* Connections with frames queued since the last flush. */
+	struct tcp_conn *flushq[TCP_MAX_SOCKS];
+	uint32_t nflush;
 };
 
 static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why);
@@ -495,6 +530,41 @@ static void arm_poll(struct tcp_state *st, struct tcp_conn *c, unsigned events)
 	c->poll_armed = true;
 }
 
+/* Hot connections are read with recv() every round (busy polling). */
+static void hot_add(struct tcp_state *st, struct tcp_conn *c)
+{
+	if (c->hot)
+		return;
+	c->hot = true;
+	c->hot_pos = st->nhot;
+	st->hot[st->nhot++] = c;
+}
+
+static void hot_del(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct tcp_conn *last;
+
+	if (!c->hot)
+		return;
+	c->hot = false;
+	last = st->hot[--st->nhot];
+	st->hot[c->hot_pos] = last;
+	last->hot_pos = c->hot_pos;
+}
+
+static void flushq_del(struct tcp_state *st, struct tcp_conn *c)
+{
+	if (!c->flush_queued)
+		return;
+	c->flush_queued = false;
+	c->flush_held = false;
+	for (uint32_t i = 0; i < st->nflush; i++)
+		if (st->flushq[i] == c) {
+			st->flushq[i] = st->flushq[--st->nflush];
+			break;
+		}
+}
+
 /*
  * Stop a connection: what it had queued is dropped (the link's failure
  * answers the PUTs), the socket is shut so in-flight ops end, and the
@@ -506,6 +576,11 @@ static void conn_kill(struct tcp_state *st, struct tcp_conn *c)
 		return;
 	c->dead = true;
 	st->ndead++;
+	hot_del(st, c);
+	flushq_del(st, c);
+	/* A block no recv writes into is the link's to free (link_fail). */
+	if (!c->recv_armed)
+		c->direct = NULL;
 	shutdown(c->fd, SHUT_RDWR);
 	while (c->txq) {
 		struct tcp_tx *t = c->txq;
@@ -747,14 +822,20 @@ static void tx_done(struct tcp_state *st, struct tcp_tx *t)
 	}
 }
 
-/* Start a sendmsg of what is queued, if none is in flight. */
+/* Frames were queued on c: they leave at the end of the round (tcp_round_end). */
 static void conn_kick(struct tcp_state *st, struct tcp_conn *c)
 {
-	struct io_uring_sqe *sqe;
+	if (c->flush_queued || c->send_armed || c->dead || c->hs != HS_READY)
+		return;
+	c->flush_queued = true;
+	st->flushq[st->nflush++] = c;
+}
+
+/* The iovecs of what is queued (up to TCP_IOV_MAX); returns how many. */
+static unsigned conn_iov(struct tcp_conn *c)
+{
 	unsigned n = 0;
 
-	if (c->send_armed || c->dead || c->hs != HS_READY)
-		return;
 	if (c->link && c->link->rdv_head)
 		conn_take_chunks(c->link, c);
 	for (struct tcp_tx *t = c->txq; t && n + 3 <= TCP_IOV_MAX; t = t->next) {
@@ -773,7 +854,57 @@ static void conn_kick(struct tcp_state *st, struct tcp_conn *c)
 			n++;
 		}
 	}
-	if (!n)
+	memset(&c->mh, 0, sizeof(c->mh));
+	c->mh.msg_iov = c->iov;
+	c->mh.msg_iovlen = n;
+	return n;
+}
+
+/* n bytes of the send queue left: the items sent whole are done. */
+static void tx_consume(struct tcp_state *st, struct tcp_conn *c, uint64_t n)
+{
+	while (n && c->txq) {
+		struct tcp_tx *t = c->txq;
+		uint64_t rest = tx_total(t) - t->sent;
+
+		if (n < rest) {
+			t->sent += n;
+			break;
+		}
+		n -= rest;
+		c->txq = t->next;
+		if (!c->txq)
+			c->txq_tail = NULL;
+		tx_done(st, t);
+	}
+}
+
+/*
+ * Send what is queued: first straight from this thread (a non-blocking
+ * sendmsg, which on an idle connection takes everything: no SQE, no
+ * completion to wait for), then, for what the socket had no room for, a
+ * SENDMSG on the ring, which waits for room in the kernel.
+ */
+static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
+{
+	struct io_uring_sqe *sqe;
+	ssize_t n;
+
+	for (int tries = 0; tries < 4; tries++) {
+		if (c->send_armed || c->dead || c->hs != HS_READY || !conn_iov(c))
+			return;
+		n = sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				break;
+			link_fail(st, c->link, -ECONNRESET, strerror(errno));
+			return;
+		}
+		tx_consume(st, c, (uint64_t)n);
+	}
+	if (c->send_armed || c->dead || !conn_iov(c))
 		return;
 	sqe = get_sqe(st);
 	if (!sqe) {
@@ -781,18 +912,94 @@ static void conn_kick(struct tcp_state *st, struct tcp_conn *c)
 			link_fail(st, c->link, -ECONNRESET, "io_uring full");
 		return;
 	}
-	memset(&c->mh, 0, sizeof(c->mh));
-	c->mh.msg_iov = c->iov;
-	c->mh.msg_iovlen = n;
 	io_uring_prep_sendmsg(sqe, c->fd, &c->mh, MSG_NOSIGNAL);
 	io_uring_sqe_set_data64(sqe, mk_cookie(K_SEND, c->slot, c->gen));
 	c->send_armed = true;
 }
 
+/*
+ * A PUT joined held RESULTs: it goes first, so that the peer meets the
+ * frame that completes its GET (and makes it react) before the RESULTs
+ * that complete its PUTs. Answers may come in any order; PUTs and data
+ * keep theirs.
+ */
+static void results_last(struct tcp_conn *c)
+{
+	struct tcp_tx *head = c->txq, *last = NULL;
+
+	while (c->txq && c->txq->kind == TX_CTL && c->txq->hdr[4] == TCP_F_RESULT &&
+	       !c->txq->sent) {
+		last = c->txq;
+		c->txq = c->txq->next;
+	}
+	if (!last)
+		return;
+	if (!c->txq) {
+		c->txq = head; /* nothing else after all */
+		return;
+	}
+	last->next = NULL;
+	c->txq_tail->next = head;
+	c->txq_tail = last;
+}
+
+/* Nothing but RESULTs queued on c? */
+static bool only_results(const struct tcp_conn *c)
+{
+	for (const struct tcp_tx *t = c->txq; t; t = t->next)
+		if (t->kind != TX_CTL || t->hdr[4] != TCP_F_RESULT)
+			return false;
+	return true;
+}
+
+/*
+ * Send what the round queued. A connection with nothing but RESULTs queued
+ * may keep them up to result_hold_ns (unless hold is false): the PUT they
+ * answer often completed a GET, and the application's reaction (its next
+ * PUT, often to the same peer) then leaves in the same sendmsg: one send and
+ * one receive on the critical path instead of two each. A hold that caught
+ * nothing (a one-way stream) makes the connection skip the next 2^n - 1
+ * holds (n vain holds in a row, up to 6), so streams pay for one in 64 at
+ * most. Held frames keep has_work true: nobody sleeps on them.
+ */
+static void flush_all(struct tcp_state *st, bool hold)
+{
+	uint64_t now = hold ? reactor_now(st->engine) : 0;
+	uint32_t kept = 0;
+
+	while (st->nflush > kept) {
+		struct tcp_conn *c = st->flushq[--st->nflush];
+
+		if (hold && only_results(c)) {
+			if (!c->flush_held && c->hold_skip) {
+				c->hold_skip--;
+			} else if (!c->flush_held || now - c->held_ns < st->result_hold_ns) {
+				if (!c->flush_held)
+					c->held_ns = now;
+				c->flush_held = true;
+				st->flushq[st->nflush] = st->flushq[kept];
+				st->flushq[kept++] = c;
+				st->nflush++;
+				continue;
+			} else {
+				/* Nothing came to go with them: a one-way stream. */
+				if (c->hold_vain < 6)
+					c->hold_vain++;
+				c->hold_skip = (1u << c->hold_vain) - 1;
+			}
+		}
+		if (c->flush_held && !only_results(c)) {
+			c->hold_vain = 0;
+			results_last(c);
+		}
+		c->flush_queued = false;
+		c->flush_held = false;
+		conn_flush(st, c);
+	}
+}
+
 static void on_send(struct tcp_state *st, struct tcp_conn *c, int res)
 {
-	uint64_t left;
-
 	c->send_armed = false;
 	if (c->dead)
 		return;
@@ -804,21 +1011,7 @@ static void on_send(struct tcp_state *st, struct tcp_conn *c, int res)
 		link_fail(st, c->link, -ECONNRESET, res ? ferry_strerror(res) : "send returned 0");
 		return;
 	}
-	left = (uint64_t)res;
-	while (left && c->txq) {
-		struct tcp_tx *t = c->txq;
-		uint64_t rest = tx_total(t) - t->sent;
-
-		if (left < rest) {
-			t->sent += left;
-			break;
-		}
-		left -= rest;
-		c->txq = t->next;
-		if (!c->txq)
-			c->txq_tail = NULL;
-		tx_done(st, t);
-	}
+	tx_consume(st, c, (uint64_t)res);
 	conn_kick(st, c);
 }
 
@@ -1212,31 +1405,40 @@ bad:
 	return -1;
 }
 
+/* Where the next bytes of c go: the rest of a data chunk, or staging. */
+static void rx_target(struct tcp_conn *c, void **p, size_t *len)
+{
+	if (c->direct) {
+		*p = (uint8_t *)c->direct->buf->data + c->direct_off;
+		*len = c->direct_left > (1u << 30) ? (1u << 30) : c->direct_left;
+		return;
+	}
+	/* Room for the largest frame after what is there. */
+	if (c->rx_head && TCP_RX_STAGE - c->rx_tail < TCP_FRAME_BYTES + FERRY_KEY_MAX +
+						      TCP_EAGER_MAX) {
+		memmove(c->rx, c->rx + c->rx_head, c->rx_tail - c->rx_head);
+		c->rx_tail -= c->rx_head;
+		c->rx_head = 0;
+	}
+	*p = c->rx + c->rx_tail;
+	*len = TCP_RX_STAGE - c->rx_tail;
+}
+
 static void conn_arm_recv(struct tcp_state *st, struct tcp_conn *c)
 {
 	struct io_uring_sqe *sqe;
+	size_t len;
+	void *p;
 
-	if (c->recv_armed || c->dead || c->rx_stalled)
+	if (c->recv_armed || c->hot || c->dead || c->rx_stalled)
 		return;
 	sqe = get_sqe(st);
 	if (!sqe) {
 		link_fail(st, c->link, -ECONNRESET, "io_uring full");
 		return;
 	}
-	if (c->direct) {
-		io_uring_prep_recv(sqe, c->fd, (uint8_t *)c->direct->buf->data + c->direct_off,
-				   c->direct_left > (1u << 30) ? (1u << 30) : c->direct_left,
-				   MSG_WAITALL);
-	} else {
-		/* Room for the largest frame after what is there. */
-		if (c->rx_head && TCP_RX_STAGE - c->rx_tail < TCP_FRAME_BYTES + FERRY_KEY_MAX +
-								  TCP_EAGER_MAX) {
-			memmove(c->rx, c->rx + c->rx_head, c->rx_tail - c->rx_head);
-			c->rx_tail -= c->rx_head;
-			c->rx_head = 0;
-		}
-		io_uring_prep_recv(sqe, c->fd, c->rx + c->rx_tail, TCP_RX_STAGE - c->rx_tail, 0);
-	}
+	rx_target(c, &p, &len);
+	io_uring_prep_recv(sqe, c->fd, p, len, c->direct ? MSG_WAITALL : 0);
 	io_uring_sqe_set_data64(sqe, mk_cookie(K_RECV, c->slot, c->gen));
 	c->recv_armed = true;
 }
@@ -1249,7 +1451,33 @@ static void rx_parse(struct tcp_state *st, struct tcp_conn *c)
 		return;
 	if (c->rx_head == c->rx_tail)
 		c->rx_head = c->rx_tail = 0;
-	conn_arm_recv(st, c);
+	conn_arm_recv(st, c); /* a hot connection is read by the next round instead */
+}
+
+/* n bytes came into rx_target's place. */
+static void rx_bytes(struct tcp_state *st, struct tcp_conn *c, uint64_t n)
+{
+	uint64_t now = reactor_now(st->engine);
+
+	c->link->last_rx_ns = now;
+	c->last_rx_ns = now;
+	if (c->direct) {
+		struct tcp_rx *r = c->direct;
+
+		c->direct_off += n;
+		c->direct_left -= n;
+		r->got += n;
+		if (c->direct_left) {
+			conn_arm_recv(st, c);
+			return;
+		}
+		c->direct = NULL;
+		if (r->got == r->len)
+			rx_complete(st, r);
+	} else {
+		c->rx_tail += (uint32_t)n;
+	}
+	rx_parse(st, c);
 }
 
 static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
@@ -1270,29 +1498,90 @@ static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
 		link_fail(st, l, -ECONNRESET, res ? ferry_strerror(res) : NULL);
 		return;
 	}
-	l->last_rx_ns = reactor_now(st->engine);
 	/* The kernel wrote these bytes; valgrind cannot see io_uring do it. */
 	if (c->direct)
 		VALGRIND_MAKE_MEM_DEFINED((uint8_t *)c->direct->buf->data + c->direct_off, res);
 	else
 		VALGRIND_MAKE_MEM_DEFINED(c->rx + c->rx_tail, res);
-	if (c->direct) {
-		struct tcp_rx *r = c->direct;
+	/*
+	 * Traffic: read it directly from now on, until it goes quiet or we
+	 * sleep. At most TCP_MAX_HOT at a time: a round reads every hot
+	 * connection, the others cost nothing while they wait on the ring.
+	 */
+	if (st->nhot < TCP_MAX_HOT)
+		hot_add(st, c);
+	rx_bytes(st, c, (uint64_t)res);
+}
 
-		c->direct_off += (uint64_t)res;
-		c->direct_left -= (uint64_t)res;
-		r->got += (uint64_t)res;
-		if (c->direct_left) {
-			conn_arm_recv(st, c);
-			return;
-		}
-		c->direct = NULL;
-		if (r->got == r->len)
-			rx_complete(st, r);
-	} else {
-		c->rx_tail += (uint32_t)res;
+/*
+ * Busy polling: read a hot connection with a non-blocking recv() in this
+ * thread, which sees bytes as soon as the peer's send put them in the
+ * socket, instead of waiting for io_uring to turn the socket's readiness
+ * into a completion (task work, delivered by interrupting this thread).
+ * Returns 2 if the bytes filled the buffer (more may wait), 1 if fewer
+ * came (or the end), 0 if none were there.
+ */
+static int conn_read(struct tcp_state *st, struct tcp_conn *c)
+{
+	size_t len;
+	ssize_t n;
+	void *p;
+
+	if (c->recv_armed || c->dead || c->rx_stalled || c->hs != HS_READY)
+		return 0;
+	rx_target(c, &p, &len);
+	n = recv(c->fd, p, len, MSG_DONTWAIT);
+	if (n > 0) {
+		rx_bytes(st, c, (uint64_t)n);
+		return (size_t)n == len ? 2 : 1;
 	}
-	rx_parse(st, c);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return 0;
+	if (n == 0)
+		log_info("tcp: engine %s: %s closed the connection", st->engine->name,
+			 c->link->peer_name);
+	link_fail(st, c->link, -ECONNRESET, n ? strerror(errno) : NULL);
+	return 1;
+}
+
+/* A connection quiet for TCP_HOT_NS, with nothing expected, goes back to io_uring. */
+static void conn_cool(struct tcp_state *st, struct tcp_conn *c)
+{
+	hot_del(st, c);
+	conn_arm_recv(st, c);
+}
+
+/* One round of direct reads; returns how many brought bytes. */
+static int read_hot(struct tcp_state *st)
+{
+	uint64_t now = reactor_now(st->engine);
+	int n = 0;
+
+	for (uint32_t i = 0; i < st->nhot;) {
+		struct tcp_conn *c = st->hot[i];
+		int got = 0, reads = 0, rc;
+
+		/* A read that did not fill its buffer drained the socket. */
+		do {
+			rc = conn_read(st, c);
+			got |= rc > 0;
+		} while (rc == 2 && ++reads < TCP_READS_PER_ROUND && c->hot);
+		if (!got && c->hot && !c->dead && !c->rx_stalled && !c->direct &&
+		    now - c->last_rx_ns > TCP_HOT_NS &&
+		    !(c->link && c->link->msgs && link_primary(c->link) == c))
+			conn_cool(st, c);
+		n += got;
+		if (i < st->nhot && st->hot[i] == c)
+			i++;
+	}
+	return n;
+}
+
+/* The progress thread is about to sleep: every connection reads through io_uring. */
+static void cool_all(struct tcp_state *st)
+{
+	while (st->nhot)
+		conn_cool(st, st->hot[st->nhot - 1]);
 }
 
 /* Connections that waited for control frames try again. */
@@ -2012,19 +2301,57 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 		sweep_dead(st);
 	if (links_alive(st) || st->wait_mem_head)
 		arm_tick(st);
+	return n;
+}
+
+/*
+ * The end of the round, after the PUTs of the application's SQs were
+ * taken: what every connection queued in this round leaves now (one
+ * sendmsg each), then the hot connections are read (after the sends, so
+ * that a reply never waits behind a read that finds nothing), what those
+ * frames made is sent, and the ring's SQEs go in one io_uring_enter.
+ */
+static int tcp_round_end(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+	int n = 0;
+
+	(void)e;
+	if (!st->ready)
+		return 0;
+	if (st->nflush)
+		flush_all(st, true);
+	if (st->nhot) {
+		n = read_hot(st);
+		if (st->nflush)
+			flush_all(st, true);
+	}
 	if (io_uring_sq_ready(&st->ring))
 		io_uring_submit(&st->ring);
 	return n;
 }
 
+/*
+ * Asked before the progress thread sleeps (it announced the sleep first):
+ * hot connections get their RECV armed here, so that bytes arriving while
+ * it sleeps wake it through the ring, and held RESULTs leave (nobody
+ * reacts to them in a sleep).
+ */
 static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 {
 	struct tcp_state *st = b->data;
 
-	(void)e;
 	if (!st->ready)
 		return false;
-	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) ||
+	if ((st->nhot || st->nflush) &&
+	    atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed)) {
+		cool_all(st);
+		if (st->nflush)
+			flush_all(st, false);
+		if (io_uring_sq_ready(&st->ring))
+			io_uring_submit(&st->ring);
+	}
+	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) || st->nflush ||
 	       (st->stalled && st->free_ctls);
 }
 
@@ -2237,6 +2564,10 @@ static int tcp_init(struct ferry_engine *e, struct backend *b)
 		goto fail;
 	}
 	st->conns_per_link = TCP_DEFAULT_CONNS;
+	st->result_hold_ns = TCP_RESULT_HOLD_NS;
+	env = getenv("FERRY_TCP_HOLD_NS");
+	if (env && *env)
+		st->result_hold_ns = strtoull(env, NULL, 10);
 	env = getenv("FERRY_TCP_CONNS");
 	if (env && atoi(env) >= 1 && atoi(env) <= TCP_MAX_CONNS)
 		st->conns_per_link = (uint16_t)atoi(env);
@@ -2265,6 +2596,9 @@ static void tcp_fini(struct ferry_engine *e, struct backend *b)
 
 	if (!st)
 		return;
+	/* Answers still queued or held (RESULTs) leave first, as far as the sockets take them. */
+	if (st->ready && st->nflush)
+		flush_all(st, false);
 	if (st->lfd >= 0) {
 		shutdown(st->lfd, SHUT_RDWR);
 		close(st->lfd);
@@ -2325,6 +2659,7 @@ const struct backend_ops ferry__tcp_backend = {
 	.put = tcp_put,
 	.progress = tcp_progress,
 	.has_work = tcp_has_work,
+	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
 };
