@@ -604,6 +604,8 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 	struct ferry_cqe cqe;
 	struct ferry_sq *sq;
 	struct ferry_cq *cq;
+	struct ferry_buf *kept = NULL; /* a buffer sent as a copy, released at the end */
+	struct iovec copy;
 	uint64_t ud, deadline;
 	int rc;
 
@@ -612,6 +614,19 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 	if (!(l = find_link(s, from, to, true, "put"))) {
 		rc = -EINVAL;
 		goto fail;
+	}
+	if (buf && l->edge->transport == STAGE_TRANSPORT_TCP && !l->edge->key_lookup &&
+	    !atomic_load_explicit(&l->reached, memory_order_relaxed)) {
+		/*
+		 * Over tcp a stage that is not up yet refuses, and a refused PUT
+		 * of a buffer frees it: until the edge has carried a PUT, send a
+		 * copy (retried like any iovec) and keep the buffer.
+		 */
+		copy.iov_base = ferry_buf_data(buf);
+		copy.iov_len = ferry_buf_len(buf);
+		iov = &copy;
+		kept = buf;
+		buf = NULL;
 	}
 	if ((rc = thread_cq(s, &cq)))
 		goto fail;
@@ -636,8 +651,11 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 			ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH); /* held here, fetched by gets */
 		ferry_sqe_set_cq(sqe, cq);
 		ferry_sqe_set_timeout(sqe, deadline > now ? deadline - now : 1);
-		if ((rc = submit_wait(s, sq, cq, ud, deadline > now ? deadline - now : 1, &cqe)))
+		if ((rc = submit_wait(s, sq, cq, ud, deadline > now ? deadline - now : 1, &cqe))) {
+			if (kept)
+				ferry_buf_release(kept); /* the submit failed: nothing reads it */
 			return rc;
+		}
 		/* The peer went away (restarting?): an iovec can be sent again. */
 		if (cqe.res == -EHOSTUNREACH && iov && ferry__now_ns() < deadline &&
 		    l->edge->transport != STAGE_TRANSPORT_TCP) {
@@ -653,6 +671,8 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 		}
 		break;
 	}
+	if (kept)
+		ferry_buf_release(kept);
 	if (cqe.res < 0)
 		return cqe.res;
 	atomic_store_explicit(&l->reached, true, memory_order_relaxed);
@@ -673,6 +693,8 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 fail:
 	if (buf)
 		ferry_buf_release(buf);
+	if (kept)
+		ferry_buf_release(kept);
 	return rc;
 }
 
