@@ -1355,13 +1355,9 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 		log_error("ferry_peer_connect: NULL %s", p ? "endpoint" : "peer");
 		return -EINVAL;
 	}
-	rc = tcp_addr_parse(control_endpoint, false, &ss, &len);
+	rc = tcp_addr_parse_peer("ferry_peer_connect", control_endpoint, &ss, &len);
 	if (rc)
 		return rc;
-	if (((struct sockaddr_in *)&ss)->sin_port == 0) {
-		log_error("ferry_peer_connect: %s has no port", control_endpoint);
-		return -EINVAL;
-	}
 	st = ctl_state_of(p->engine);
 	if (!st)
 		return -EOPNOTSUPP;

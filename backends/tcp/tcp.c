@@ -2717,13 +2717,9 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 		log_error("ferry_peer_set_address: NULL %s", p ? "endpoint" : "peer");
 		return -EINVAL;
 	}
-	rc = tcp_addr_parse(endpoint, false, &ss, &len);
+	rc = tcp_addr_parse_peer("ferry_peer_set_address", endpoint, &ss, &len);
 	if (rc)
 		return rc;
-	if (((struct sockaddr_in *)&ss)->sin_port == 0) {
-		log_error("ferry_peer_set_address: %s has no port", endpoint);
-		return -EINVAL;
-	}
 	st = tcp_of(p->engine);
 	if (!st) {
 		log_error("ferry_peer_set_address: engine %s has no tcp transport", p->engine->name);

@@ -111,3 +111,18 @@ int ferry_port_compat(uint32_t base, uint32_t purpose_offset, uint32_t stage, ui
 	}
 	return (int)port;
 }
+
+int tcp_addr_parse_peer(const char *caller, const char *endpoint, struct sockaddr_storage *ss,
+			socklen_t *len)
+{
+	int rc = tcp_addr_parse(endpoint, false, ss, len);
+
+	if (rc)
+		return rc;
+	/* sin6_port sits where sin_port does */
+	if (((struct sockaddr_in *)ss)->sin_port == 0) {
+		log_error("%s: %s has no port", caller, endpoint);
+		return -EINVAL;
+	}
+	return 0;
+}

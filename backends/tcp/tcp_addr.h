@@ -23,6 +23,13 @@
  */
 int tcp_addr_parse(const char *endpoint, bool numeric, struct sockaddr_storage *ss,
 		   socklen_t *len);
+/*
+ * A peer's endpoint, for caller (a public function's name, for the log):
+ * tcp_addr_parse (names looked up), and a port is required. 0 or -EINVAL
+ * (logged).
+ */
+int tcp_addr_parse_peer(const char *caller, const char *endpoint, struct sockaddr_storage *ss,
+			socklen_t *len);
 
 /* "tcp://HOST:PORT" of sa into buf; snprintf-like return. */
 int tcp_addr_format(const struct sockaddr *sa, char *buf, size_t len);
