@@ -113,7 +113,8 @@ struct stream_table {
 	/*
 	 * The records of the last STREAM_PUT and the last chunk that arrived
 	 * (rec_id; 0 = none): a stream's next chunk is matched against them
-	 * before any parsing or hashing of its key (stream_hint_put/get).
+	 * before any parsing or hashing of its key (stream_hint_put,
+	 * stream_chunk_direct).
 	 */
 	uint64_t hint_put, hint_get;
 };
@@ -758,11 +759,6 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
 }
 
 /*
- * An arrival that a STREAM_GET waits for exactly: hand it over without
- * passing through the key table (the common case of a stream being read).
- * Returns true when it took buf.
- */
-/*
  * Is fullkey "{stream}_{r->next}@{from}_{me}", the next chunk of consumer
  * record r ("{stream}@{from}_{me}")? One pass over the key, no hashing.
  */
@@ -787,6 +783,11 @@ static bool is_next_chunk(const struct stream *r, const char *fullkey, size_t le
 	return true;
 }
 
+/*
+ * An arrival that a STREAM_GET waits for exactly: hand it over without
+ * passing through the key table (the common case of a stream being read).
+ * Returns true when it took buf.
+ */
 bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len,
 			 struct ferry_buf *buf, uint64_t blen, uint32_t wflags)
 {
