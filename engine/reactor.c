@@ -948,9 +948,13 @@ int reactor_run_once(struct ferry_engine *e)
 	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed) ||
 	    atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed))
 		n += (int)flush_overflows(e);
+	/*
+	 * Submissions first: a PUT leaves before this round spends time on
+	 * arrivals, and a GET submitted with it is waiting when they come.
+	 */
+	drained = drain_sqs(e, &n);
 	for (unsigned i = 0; i < e->nbackends; i++)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
-	drained = drain_sqs(e, &n);
 	n += stream_round(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
