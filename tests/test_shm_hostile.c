@@ -291,7 +291,68 @@ static void test_garbage_indices_and_descriptors(void **state)
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
+	/* An inline PUT longer than an inline PUT may be. */
+	evil_connect(&v, "evil6");
+	evil_put_type(&v, SHM_D_PUT_INLINE, "big", 0, SHM_INLINE_MAX + 1, 0);
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	/* The RESULT of an inline PUT naming an op the victim cannot have. */
+	evil_connect(&v, "evil7");
+	{
+		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
+		uint64_t one = 1;
+
+		d->type = SHM_C_RESULT_INLINE;
+		d->res = 0;
+		d->op_cookie = ~0ull;
+		atomic_store(&d->seq, 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
 	victim_still_serves(e);
+	ferry_engine_destroy(e);
+}
+
+/* A well-formed inline PUT is delivered and answered with RESULT_INLINE. */
+static void test_inline_put_delivered(void **state)
+{
+	struct ferry_engine *e = victim();
+	struct ferry_cqe c;
+	struct evil v;
+	int64_t end;
+
+	(void)state;
+	evil_connect(&v, "evil");
+	{
+		uint32_t tail = v.put_tail++;
+		struct shm_put_desc *d = &v.tx->puts[tail % SHM_PUT_ENTRIES];
+		uint64_t one = 1;
+
+		memset(d, 0, sizeof(*d));
+		d->type = SHM_D_PUT_INLINE;
+		d->op_cookie = 9;
+		d->len = 6;
+		d->key_len = 2;
+		memcpy(d->body, "in", 3);
+		memcpy(d->body + shm_inline_at(2), "small", 6);
+		atomic_store(&d->seq, tail + 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	end = t_now() + 5 * SEC;
+	while (atomic_load(&v.rx->ctrls[0].seq) == 0 && t_now() < end)
+		usleep(1000);
+	assert_int_equal(atomic_load(&v.rx->ctrls[0].seq), 1);
+	assert_int_equal(v.rx->ctrls[0].type, SHM_C_RESULT_INLINE);
+	assert_int_equal(v.rx->ctrls[0].res, 0);
+	assert_int_equal(v.rx->ctrls[0].op_cookie, 9);
+	t_get(e, t_peer(e, "evil"), "in", NULL, 0, 3, FERRY_SQE_NOWAIT, 0);
+	t_expect(e, NULL, 3, 0, &c);
+	assert_string_equal(ferry_buf_data(c.buf), "small");
+	ferry_buf_release(c.buf);
+	evil_close(&v);
 	ferry_engine_destroy(e);
 }
 
@@ -333,6 +394,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_well_formed_then_out_of_bounds, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_indices_and_descriptors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inline_put_delivered, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unsealed_memory_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_silent_caller, setup, teardown),
 	};

@@ -306,7 +306,11 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	struct shm_put_desc *d;
 	struct ferry_buf *buf = op->buf;
 	uint64_t credit = stream_credit_token(op);
-	/* A stream chunk's credit comes back with its block's RELEASE: never inline. */
+	/*
+	 * A stream chunk's credit comes back with its block's RELEASE: never
+	 * inline. An op without a block (an iovec of <= SHM_INLINE_MAX bytes,
+	 * struct backend_ops) is a plain PUT: always inline.
+	 */
 	bool inline_data = op->len <= SHM_INLINE_MAX && !credit;
 
 	if (room < 0) {
@@ -325,7 +329,16 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 		d->type = SHM_D_PUT_INLINE;
 		d->buf_cookie = 0;
 		d->offset = 0;
-		memcpy(d->body + shm_inline_at(op->key_len), buf->data, op->len);
+		char *dst = d->body + shm_inline_at(op->key_len);
+
+		if (buf) {
+			memcpy(dst, buf->data, op->len);
+		} else {
+			for (uint32_t i = 0; i < op->iovcnt; i++) {
+				memcpy(dst, op->iov[i].iov_base, op->iov[i].iov_len);
+				dst += op->iov[i].iov_len;
+			}
+		}
 	} else {
 		d->type = SHM_D_PUT;
 		d->buf_cookie = buf->index;
@@ -337,7 +350,8 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	atomic_store_explicit(&d->seq, c->put_tail + 1u, memory_order_release);
 	c->put_tail++;
 	if (inline_data) {
-		pool_free(buf); /* its bytes are in the entry */
+		if (buf)
+			pool_free(buf); /* its bytes are in the entry */
 	} else {
 		/* The block is lent until the peer's RESULT (error) or RELEASE. */
 		st->lent[buf->index] = buf;
@@ -376,7 +390,7 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	(void)b;
 	if (c->dead)
 		return -ECONNRESET;
-	if (op->buf->pool != e->pool) {
+	if (op->buf && op->buf->pool != e->pool) {
 		/* Another engine's block (same process): the peer maps only ours. */
 		struct ferry_buf *own;
 		int rc = pool_alloc(e->pool, op->len, &own);
@@ -411,8 +425,8 @@ static void shm_forget(struct ferry_engine *e, struct backend *b, struct op *op)
 
 	(void)e;
 	(void)b;
-	/* Still waiting for ring room: it never left. */
-	if (c && op->buf && (op->prev || op->next || c->pending_head == op))
+	/* Still waiting for ring room: it never left (an AWAY op is in no other list). */
+	if (c && (op->prev || op->next || c->pending_head == op))
 		pending_unlink(c, op);
 }
 
@@ -1293,6 +1307,7 @@ const struct backend_ops ferry__shm_backend = {
 	.resolve = shm_resolve,
 	.unresolve = shm_unresolve,
 	.put = shm_put,
+	.iov_put_max = SHM_INLINE_MAX,
 	.progress = shm_progress,
 	.has_work = shm_has_work,
 	.forget = shm_forget,
