@@ -514,6 +514,12 @@ static void child_bw(struct ferry_engine *e, bool busy, const struct cmd *c)
 			atomic_store(&shm->t_done, now_ns());
 		ferry_sq_submit(sq);
 	}
+	/*
+	 * MANUAL mode: the RELEASE of the last block leaves with our next
+	 * round. Run it now, or the sender's next large allocation waits for
+	 * a block we hold no more while we wait for its next command.
+	 */
+	ferry_progress(e);
 	reply(0, got);
 }
 

@@ -23,7 +23,7 @@
 	X(EEXIST, "key already live at the destination (use REPLACE)")                  \
 	X(EINVAL, "invalid argument")                                                   \
 	X(EMFILE, "too many open files")                                                \
-	X(ENOBUFS, "too many PUTs still away at peers that do not answer")             \
+	X(ENOBUFS, "no buffer room: the receiver's pool is full, or too many PUTs away") \
 	X(ENOSPC, "no room: the destination's key table is full")                       \
 	X(EPIPE, "peer went away")                                                      \
 	X(ENAMETOOLONG, "name or key too long")                                         \

@@ -281,7 +281,9 @@ struct key_entry {
 
 struct key_table {
 	struct key_entry **buckets;
-	uint64_t mask;
+	uint64_t mask;     /* buckets in use - 1: follows `used` (keytable.c) */
+	uint64_t max_mask; /* buckets allocated - 1 */
+	uint32_t frozen;   /* > 0: someone walks the buckets, no resizing */
 	struct key_entry *entries;
 	struct key_entry *free;
 	uint32_t capacity;
@@ -345,8 +347,15 @@ struct backend_ops {
 	int (*resolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
 	/* The peer's transport state is being dropped (re-resolve, destroy). */
 	void (*unresolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
-	/* Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno. */
+	/*
+	 * Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno.
+	 * A PUT of an iovec of at most iov_put_max bytes comes with op->buf
+	 * NULL and its data still in op->iov / op->iovcnt (valid until its
+	 * completion, by the API's contract): the transport copies it once
+	 * where it goes, and no pool block is taken for it.
+	 */
 	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
+	uint64_t iov_put_max;
 	/* Make progress; returns events handled. */
 	int (*progress)(struct ferry_engine *e, struct backend *b);
 	/* True if progress() has work right now (checked before sleeping). */

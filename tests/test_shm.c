@@ -4,7 +4,9 @@
  * Every test forks its peers (separate address spaces, separate engines
  * found by name) inside a private runtime directory: order of many small
  * messages, a large payload with a checksum, 3 producers -> 1 consumer and
- * 1 -> 3, GET before PUT, deadlines, sender pool exhaustion, SIGKILL of
+ * 1 -> 3, GET before PUT, deadlines, sender pool exhaustion, small PUTs
+ * inside the descriptor and larger ones in blocks (sizes around the
+ * boundary, gathered iovecs, a receiver too full to take one), SIGKILL of
  * either side in the middle, isolated namespaces, and no files left
  * behind. Children report through their exit status; the parent asserts.
  */
@@ -660,6 +662,173 @@ static void test_sender_pool_exhaustion(void **state)
 }
 
 /* ------------------------------------------------------------------ */
+/* Small PUTs inside the descriptor (<= 256 B) and the block path above   */
+/* ------------------------------------------------------------------ */
+
+static const size_t inline_sizes[] = { 0, 1, 7, 64, 255, 256, 257, 4096 };
+#define NSIZES (sizeof(inline_sizes) / sizeof(inline_sizes[0]))
+
+static void fill_pattern(char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (char)(seed * 31 + i * 7 + 1);
+}
+
+static int pattern_ok(const char *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (char)(seed * 31 + i * 7 + 1))
+			return 0;
+	return 1;
+}
+
+struct inline_arg {
+	struct gate *ready, *sent;
+};
+
+/*
+ * The receiver: for every size, a GET into an iovec waits before the PUT
+ * comes ("w<i>"), and a zero-copy GET is posted only after the PUT arrived
+ * ("z<i>", held in the key table meanwhile); then "full": its pool is too
+ * small to hold an inline PUT nobody waits for.
+ */
+static int inline_receiver(void *arg)
+{
+	struct inline_arg *a = arg;
+	struct ferry_engine *e = mk("t", "small-rx", 1u << 20);
+	static struct ferry_buf *fill[1u << 17];
+	unsigned nfill = 0;
+	struct ferry_peer *from;
+	static char dst[NSIZES][8192];
+	struct iovec v[NSIZES];
+	struct ferry_sq *sq;
+	struct ferry_cqe c;
+
+	if (!e)
+		return 10;
+	ferry_peer_open(e, "small-tx", &from);
+	ferry_sq_get(e, &sq);
+	for (unsigned i = 0; i < NSIZES; i++) {
+		struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
+		char key[16];
+
+		snprintf(key, sizeof(key), "w%u", i);
+		memset(dst[i], 0x5a, sizeof(dst[i]));
+		v[i] = (struct iovec){ dst[i], sizeof(dst[i]) };
+		ferry_prep_get(sqe, from, key, &v[i], 1, 100 + i);
+		ferry_sqe_set_timeout(sqe, 20 * SEC);
+	}
+	ferry_sq_submit(sq);
+	gate_open(a->ready);
+	for (unsigned n = 0; n < NSIZES; n++) {
+		unsigned i;
+
+		if (wait_one(e, &c, 20 * SEC) != 0)
+			return 11;
+		i = (unsigned)c.user_data - 100;
+		if (i >= NSIZES || c.len != inline_sizes[i] || c.buf ||
+		    !pattern_ok(dst[i], inline_sizes[i], i) ||
+		    (inline_sizes[i] < sizeof(dst[i]) && dst[i][inline_sizes[i]] != 0x5a)) {
+			fprintf(stderr, "inline receiver: w%u wrong\n", i);
+			return 12;
+		}
+	}
+	if (gate_wait(a->sent, 20000))
+		return 13;
+	for (unsigned i = 0; i < NSIZES; i++) {
+		struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
+		char key[16];
+
+		snprintf(key, sizeof(key), "z%u", i);
+		ferry_prep_get(sqe, from, key, NULL, 0, 200 + i);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT); /* it is here already */
+		ferry_sq_submit(sq);
+		if (wait_one(e, &c, 5 * SEC) != 0 || c.len != inline_sizes[i] || !c.buf ||
+		    !pattern_ok(ferry_buf_data(c.buf), inline_sizes[i], 50 + i)) {
+			fprintf(stderr, "inline receiver: z%u wrong (%d)\n", i, c.res);
+			return 14;
+		}
+		ferry_buf_release(c.buf);
+	}
+	/* Our pool full: an inline PUT nobody waits for is refused, nothing else breaks. */
+	while (nfill < sizeof(fill) / sizeof(fill[0]) && ferry_buf_alloc(e, 1, &fill[nfill]) == 0)
+		nfill++;
+	if (nfill == sizeof(fill) / sizeof(fill[0]))
+		return 15;
+	gate_open(a->ready);
+	if (gate_wait(a->sent, 20000))
+		return 16;
+	while (nfill)
+		ferry_buf_release(fill[--nfill]);
+	for (unsigned i = 0; i < 200; i++)
+		ferry_progress(e);
+	usleep(100000);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+static void test_inline_and_block_sizes(void **state)
+{
+	struct gate ready, sent;
+	struct inline_arg a = { &ready, &sent };
+	static char src[NSIZES][4096 + 8], zsrc[NSIZES][4096];
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_cqe c;
+	struct held hd;
+
+	(void)state;
+	gate_init(&ready);
+	gate_init(&sent);
+	spawn_held(&hd, inline_receiver, &a);
+	e = mk("t", "small-tx", 0);
+	assert_non_null(e);
+	to = t_peer(e, "small-rx");
+	held_go(&hd);
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	for (unsigned i = 0; i < NSIZES; i++) {
+		/* Gathered from two pieces when it can be: the copy must join them. */
+		static struct iovec v[NSIZES][2];
+		size_t n = inline_sizes[i], half = n / 2;
+		struct ferry_sqe *sqe = t_sqe(e);
+		char key[16];
+
+		fill_pattern(src[i], n, i);
+		memmove(src[i] + half + 8, src[i] + half, n - half); /* a gap between the pieces */
+		v[i][0] = (struct iovec){ src[i], half };
+		v[i][1] = (struct iovec){ src[i] + half + 8, n - half };
+		snprintf(key, sizeof(key), "w%u", i);
+		ferry_prep_put(sqe, to, key, v[i], 2, i);
+		t_submit(e);
+	}
+	for (unsigned i = 0; i < NSIZES; i++) {
+		struct ferry_buf *b;
+		char key[16];
+
+		/* Zero-copy PUTs of pool buffers, small and large, held by the receiver. */
+		assert_int_equal(ferry_buf_alloc(e, inline_sizes[i], &b), 0);
+		fill_pattern(inline_sizes[i] ? ferry_buf_data(b) : zsrc[i], inline_sizes[i], 50 + i);
+		snprintf(key, sizeof(key), "z%u", i);
+		ferry_prep_put_buf(t_sqe(e), to, key, b, 50 + i);
+		t_submit(e);
+	}
+	for (unsigned n = 0; n < 2 * NSIZES; n++) {
+		if (wait_one(e, &c, 10 * SEC) != 0)
+			fail_msg("PUT %llu: %s", (unsigned long long)c.user_data, ferry_strerror(c.res));
+		assert_true(c.user_data < NSIZES || (c.user_data >= 50 && c.user_data < 50 + NSIZES));
+		assert_int_equal(c.len, inline_sizes[c.user_data % 50]);
+	}
+	gate_open(&sent);
+	assert_int_equal(gate_wait(&ready, 20000), 0);
+	t_put(e, to, "too-many", "x", 1, 99, 0);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), -ENOBUFS);
+	assert_int_equal(c.user_data, 99);
+	gate_open(&sent);
+	assert_int_equal(reap(hd.pid), 0);
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
 
 static int slow_producer(void *arg)
 {
@@ -890,6 +1059,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_get_before_put_and_deadlines, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sender_pool_exhaustion, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inline_and_block_sizes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigkill_producer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigkill_consumer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_namespaces_isolated, setup, teardown),

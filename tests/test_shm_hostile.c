@@ -30,6 +30,7 @@ struct evil {
 	struct shm_dir *tx, *rx;
 	int peer_fds[SHM_MAX_FDS];
 	unsigned npeer;
+	uint32_t put_tail, ctrl_tail; /* our positions in our rings */
 };
 
 static int setup(void **state)
@@ -135,19 +136,19 @@ static void evil_close(struct evil *v)
 static void evil_put_type(struct evil *v, uint32_t type, const char *key, uint64_t offset,
 			  uint64_t len, uint64_t buf_cookie)
 {
-	uint32_t tail = atomic_load(&v->tx->put.tail);
+	uint32_t tail = v->put_tail++;
 	struct shm_put_desc *d = &v->tx->puts[tail % SHM_PUT_ENTRIES];
 	uint64_t one = 1;
 
 	memset(d, 0, sizeof(*d));
-	d->type = type;
+	d->type = (uint16_t)type;
 	d->op_cookie = 7;
 	d->buf_cookie = buf_cookie;
 	d->offset = offset;
 	d->len = len;
 	d->key_len = (uint16_t)strlen(key);
-	memcpy(d->key, key, d->key_len + 1u);
-	atomic_store(&v->tx->put.tail, tail + 1);
+	memcpy(d->body, key, d->key_len + 1u);
+	atomic_store(&d->seq, tail + 1);
 	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
 		fail_msg("doorbell");
 }
@@ -200,9 +201,9 @@ static void test_well_formed_then_out_of_bounds(void **state)
 	memcpy(v.pool + 4096, "fine data", 10);
 	evil_put(&v, "ok", 4096, 10, 1);
 	end = t_now() + 5 * SEC;
-	while (atomic_load(&v.rx->ctrl.tail) == 0 && t_now() < end)
+	while (atomic_load(&v.rx->ctrls[0].seq) == 0 && t_now() < end)
 		usleep(1000);
-	assert_int_equal(atomic_load(&v.rx->ctrl.tail), 1);
+	assert_int_equal(atomic_load(&v.rx->ctrls[0].seq), 1);
 	assert_int_equal(v.rx->ctrls[0].type, SHM_C_RESULT);
 	assert_int_equal(v.rx->ctrls[0].res, 0);
 	/* Now a descriptor pointing past the end of our pool. */
@@ -224,9 +225,9 @@ static void test_garbage_indices_and_descriptors(void **state)
 	struct evil v;
 
 	(void)state;
-	/* A ring tail far ahead of its head. */
+	/* An entry whose sequence word is neither ready nor the last lap's. */
 	evil_connect(&v, "evil1");
-	atomic_store(&v.tx->put.tail, 1u << 30);
+	atomic_store(&v.tx->puts[0].seq, 1u << 30);
 	{
 		uint64_t one = 1;
 
@@ -244,7 +245,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 	/* A key that is not terminated where it says. */
 	evil_connect(&v, "evil3");
 	{
-		uint32_t tail = atomic_load(&v.tx->put.tail);
+		uint32_t tail = v.put_tail++;
 		struct shm_put_desc *d = &v.tx->puts[tail % SHM_PUT_ENTRIES];
 		uint64_t one = 1;
 
@@ -254,7 +255,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 		d->offset = 0;
 		d->len = 1;
 		d->key_len = 5;
-		atomic_store(&v.tx->put.tail, tail + 1);
+		atomic_store(&d->seq, tail + 1);
 		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
 	}
 	assert_true(evil_dropped(&v, 5000));
@@ -269,7 +270,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 		d->type = SHM_C_RELEASE;
 		d->buf_cookie = 12345;
 		d->offset = 0;
-		atomic_store(&v.tx->ctrl.tail, 1);
+		atomic_store(&d->seq, 1);
 		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
 	}
 	assert_true(evil_dropped(&v, 5000));
@@ -284,13 +285,74 @@ static void test_garbage_indices_and_descriptors(void **state)
 		d->res = 0;
 		d->op_cookie = ~0ull;
 		d->buf_cookie = ~0ull;
-		atomic_store(&v.tx->ctrl.tail, 1);
+		atomic_store(&d->seq, 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	/* An inline PUT longer than an inline PUT may be. */
+	evil_connect(&v, "evil6");
+	evil_put_type(&v, SHM_D_PUT_INLINE, "big", 0, SHM_INLINE_MAX + 1, 0);
+	assert_true(evil_dropped(&v, 5000));
+	evil_close(&v);
+
+	/* The RESULT of an inline PUT naming an op the victim cannot have. */
+	evil_connect(&v, "evil7");
+	{
+		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
+		uint64_t one = 1;
+
+		d->type = SHM_C_RESULT_INLINE;
+		d->res = 0;
+		d->op_cookie = ~0ull;
+		atomic_store(&d->seq, 1);
 		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
 	}
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
 	victim_still_serves(e);
+	ferry_engine_destroy(e);
+}
+
+/* A well-formed inline PUT is delivered and answered with RESULT_INLINE. */
+static void test_inline_put_delivered(void **state)
+{
+	struct ferry_engine *e = victim();
+	struct ferry_cqe c;
+	struct evil v;
+	int64_t end;
+
+	(void)state;
+	evil_connect(&v, "evil");
+	{
+		uint32_t tail = v.put_tail++;
+		struct shm_put_desc *d = &v.tx->puts[tail % SHM_PUT_ENTRIES];
+		uint64_t one = 1;
+
+		memset(d, 0, sizeof(*d));
+		d->type = SHM_D_PUT_INLINE;
+		d->op_cookie = 9;
+		d->len = 6;
+		d->key_len = 2;
+		memcpy(d->body, "in", 3);
+		memcpy(d->body + shm_inline_at(2), "small", 6);
+		atomic_store(&d->seq, tail + 1);
+		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+	}
+	end = t_now() + 5 * SEC;
+	while (atomic_load(&v.rx->ctrls[0].seq) == 0 && t_now() < end)
+		usleep(1000);
+	assert_int_equal(atomic_load(&v.rx->ctrls[0].seq), 1);
+	assert_int_equal(v.rx->ctrls[0].type, SHM_C_RESULT_INLINE);
+	assert_int_equal(v.rx->ctrls[0].res, 0);
+	assert_int_equal(v.rx->ctrls[0].op_cookie, 9);
+	t_get(e, t_peer(e, "evil"), "in", NULL, 0, 3, FERRY_SQE_NOWAIT, 0);
+	t_expect(e, NULL, 3, 0, &c);
+	assert_string_equal(ferry_buf_data(c.buf), "small");
+	ferry_buf_release(c.buf);
+	evil_close(&v);
 	ferry_engine_destroy(e);
 }
 
@@ -332,6 +394,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_well_formed_then_out_of_bounds, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_garbage_indices_and_descriptors, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_inline_put_delivered, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unsealed_memory_refused, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_silent_caller, setup, teardown),
 	};

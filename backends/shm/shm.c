@@ -12,9 +12,14 @@
  * directions; each direction has a PUT ring (descriptors {key, offset, len})
  * and a control ring (RESULT of a PUT, RELEASE of a block). The two rings
  * are separate so that draining control never needs room anywhere: that is
- * what rules out a deadlock when both sides push PUTs at each other.
+ * what rules out a deadlock when both sides push PUTs at each other. Each
+ * entry carries its own sequence word: the consumer polls the entry it
+ * wants next, one cache line for "ready" and its content.
  *
- * Data path: a PUT's data is always a block of the sender's pool (the
+ * Data path: a PUT of at most SHM_INLINE_MAX bytes travels inside its
+ * descriptor (the block it came in is free at once); the receiver copies it
+ * into a waiting GET's iovec, or into a block of its own pool, and answers
+ * RESULT_INLINE. A larger PUT's data is a block of the sender's pool (the
  * reactor copied an iovec into one). When a GET into an iovec already waits
  * for its key, the receiver copies the block out through its read-only
  * mapping at once and answers RESULT_FREE (the block is the sender's again).
@@ -23,9 +28,9 @@
  * "lent" until the receiver's RELEASE (when the application releases the
  * buffer, or after a later GET copied it out) or until the receiver dies.
  *
- * Sleep and wake: a PUT is published with a release store of the tail;
- * control entries (RESULTs, RELEASEs) are written as they come and
- * published once per round and connection. The producer then reads the
+ * Sleep and wake: an entry is published with a release store of its
+ * sequence word, PUTs as they go, control entries (RESULTs, RELEASEs) as
+ * they come; once per round and connection the producer then reads the
  * consumer engine's `sleeping` word (its wake page, mapped from the peer)
  * and writes its doorbell eventfd only if it sleeps. While both sides are
  * busy, no syscall per message.
@@ -62,6 +67,15 @@
 
 struct shm_state;
 
+/* A control entry's content, as we build it or copied out of a peer's ring. */
+struct shm_ctrl {
+	uint16_t type;
+	int32_t res;
+	uint64_t op_cookie;
+	uint64_t buf_cookie;
+	uint64_t offset;
+};
+
 struct shm_conn {
 	_Atomic int refs;    /* the table, each peer resolved to it, each wrapped block */
 	_Atomic int closed;  /* release hooks stop queueing */
@@ -82,14 +96,15 @@ struct shm_conn {
 	struct op *pending_head, *pending_tail; /* PUTs waiting for ring room */
 	uint64_t puts_sent, puts_taken;
 	/*
-	 * Our ends of the rings, kept here: the shared indices are only read
-	 * where the peer writes them (its heads of our rings, its tails of
-	 * its rings), so what it scribbles over ours cannot mislead us. The
-	 * peer's heads are read again only when the copy says a ring is full.
+	 * Our ends of the rings, kept here: the shared words are only read
+	 * where the peer writes them (its heads of our rings, the sequence
+	 * words of its entries), so what it scribbles over ours cannot
+	 * mislead us. The peer's heads are read again only when the copy says
+	 * a ring is full.
 	 */
 	uint32_t put_tail, put_head_seen;   /* tx PUT ring */
 	uint32_t ctrl_tail, ctrl_head_seen; /* tx control ring */
-	uint32_t ctrl_published;            /* ctrl_tail as last stored in the ring */
+	uint32_t ctrl_published;            /* ctrl_tail at the last wake check */
 	uint32_t rx_put_head, rx_ctrl_head; /* rx rings */
 	bool peer_takes_result_free;        /* its hello had SHM_CAP_RESULT_FREE */
 };
@@ -204,14 +219,32 @@ static int64_t ring_room(struct shm_ring_ctl *r, uint32_t entries, uint32_t tail
 	return (int64_t)(entries - (tail - head));
 }
 
-/* Entries ready in a ring we consume from head; -1 if the producer's tail is nonsense. */
-static int64_t ring_ready(struct shm_ring_ctl *r, uint32_t entries, uint32_t head)
+/*
+ * The entry at position head of a ring we consume, from its sequence word:
+ * 1 ready (seq == head + 1), 0 not yet (the previous lap's seq, or 0 on the
+ * first lap), -1 garbage (a peer that scribbles: disconnect it).
+ */
+static int entry_state(const _Atomic uint32_t *seq_word, uint32_t head, uint32_t entries)
 {
-	uint32_t tail = atomic_load_explicit(&r->tail, memory_order_acquire);
+	uint32_t seq = atomic_load_explicit(seq_word, memory_order_acquire);
 
-	if (tail - head > entries)
-		return -1;
-	return (int64_t)(tail - head);
+	if (likely(seq == head + 1u))
+		return 1;
+	if (seq == head + 1u - entries || (seq == 0 && head < entries))
+		return 0;
+	return -1;
+}
+
+static int put_entry_state(struct shm_conn *c)
+{
+	return entry_state(&c->rx->puts[c->rx_put_head % SHM_PUT_ENTRIES].seq, c->rx_put_head,
+			   SHM_PUT_ENTRIES);
+}
+
+static int ctrl_entry_state(struct shm_conn *c)
+{
+	return entry_state(&c->rx->ctrls[c->rx_ctrl_head % SHM_CTRL_ENTRIES].seq,
+			   c->rx_ctrl_head, SHM_CTRL_ENTRIES);
 }
 
 static int64_t ctrl_room(struct shm_conn *c)
@@ -227,13 +260,14 @@ static int64_t put_room(struct shm_conn *c)
 static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res);
 
 /*
- * Queue a control entry. It is written now and published (tail, doorbell)
- * once for all of a round's entries, by ctrl_publish at the end of
- * conn_progress, which every round runs for every live connection.
+ * Write and publish a control entry. The peer's sleep word is read once
+ * for all of a round's entries, by ctrl_published_since_check at the end
+ * of conn_progress, which every round runs for every live connection.
  */
-static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl_desc *d)
+static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl *m)
 {
 	int64_t room = ctrl_room(c);
+	struct shm_ctrl_desc *d;
 
 	if (room < 0) {
 		conn_fail(e, c, "control ring head out of range", -ECONNRESET);
@@ -241,17 +275,22 @@ static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 	}
 	if (room == 0)
 		return false;
-	c->tx->ctrls[c->ctrl_tail % SHM_CTRL_ENTRIES] = *d;
+	d = &c->tx->ctrls[c->ctrl_tail % SHM_CTRL_ENTRIES];
+	d->type = m->type;
+	d->res = m->res;
+	d->op_cookie = m->op_cookie;
+	d->buf_cookie = m->buf_cookie;
+	d->offset = m->offset;
+	atomic_store_explicit(&d->seq, c->ctrl_tail + 1u, memory_order_release);
 	c->ctrl_tail++;
 	return true;
 }
 
-/* Publish the queued control entries; true if there were any. */
-static bool ctrl_publish(struct shm_conn *c)
+/* Were control entries written since the last call? */
+static bool ctrl_published_since_check(struct shm_conn *c)
 {
 	if (c->ctrl_tail == c->ctrl_published)
 		return false;
-	atomic_store_explicit(&c->tx->ctrl.tail, c->ctrl_tail, memory_order_release);
 	c->ctrl_published = c->ctrl_tail;
 	return true;
 }
@@ -266,6 +305,13 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	int64_t room = put_room(c);
 	struct shm_put_desc *d;
 	struct ferry_buf *buf = op->buf;
+	uint64_t credit = stream_credit_token(op);
+	/*
+	 * A stream chunk's credit comes back with its block's RELEASE: never
+	 * inline. An op without a block (an iovec of <= SHM_INLINE_MAX bytes,
+	 * struct backend_ops) is a plain PUT: always inline.
+	 */
+	bool inline_data = op->len <= SHM_INLINE_MAX && !credit;
 
 	if (room < 0) {
 		conn_fail(e, c, "PUT ring head out of range", -ECONNRESET);
@@ -274,22 +320,43 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	if (room == 0)
 		return false;
 	d = &c->tx->puts[c->put_tail % SHM_PUT_ENTRIES];
-	d->type = SHM_D_PUT;
 	d->flags = op->flags & WIRE_F__ALL;
-	/* A stream chunk's credit comes back with its block's RELEASE. */
-	st->lent_credit[buf->index] = stream_credit_token(op);
-	if (st->lent_credit[buf->index])
-		d->flags |= WIRE_F_RELCREDIT;
 	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
-	d->buf_cookie = buf->index;
-	d->offset = buf->offset;
 	d->len = op->len;
 	d->key_len = op->key_len;
-	memcpy(d->key, op->key, op->key_len + 1u);
-	atomic_store_explicit(&c->tx->put.tail, ++c->put_tail, memory_order_release);
-	/* The block is lent until the peer's RESULT (error) or RELEASE. */
-	st->lent[buf->index] = buf;
-	st->lent_conn[buf->index] = (uint16_t)(c->id + 1);
+	memcpy(d->body, op->key, op->key_len + 1u);
+	if (inline_data) {
+		d->type = SHM_D_PUT_INLINE;
+		d->buf_cookie = 0;
+		d->offset = 0;
+		char *dst = d->body + shm_inline_at(op->key_len);
+
+		if (buf) {
+			memcpy(dst, buf->data, op->len);
+		} else {
+			for (uint32_t i = 0; i < op->iovcnt; i++) {
+				memcpy(dst, op->iov[i].iov_base, op->iov[i].iov_len);
+				dst += op->iov[i].iov_len;
+			}
+		}
+	} else {
+		d->type = SHM_D_PUT;
+		d->buf_cookie = buf->index;
+		d->offset = buf->offset;
+		st->lent_credit[buf->index] = credit;
+		if (credit)
+			d->flags |= WIRE_F_RELCREDIT;
+	}
+	atomic_store_explicit(&d->seq, c->put_tail + 1u, memory_order_release);
+	c->put_tail++;
+	if (inline_data) {
+		if (buf)
+			pool_free(buf); /* its bytes are in the entry */
+	} else {
+		/* The block is lent until the peer's RESULT (error) or RELEASE. */
+		st->lent[buf->index] = buf;
+		st->lent_conn[buf->index] = (uint16_t)(c->id + 1);
+	}
 	op->buf = NULL;
 	c->puts_sent++;
 	wake_peer(c);
@@ -323,7 +390,7 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	(void)b;
 	if (c->dead)
 		return -ECONNRESET;
-	if (op->buf->pool != e->pool) {
+	if (op->buf && op->buf->pool != e->pool) {
 		/* Another engine's block (same process): the peer maps only ours. */
 		struct ferry_buf *own;
 		int rc = pool_alloc(e->pool, op->len, &own);
@@ -358,8 +425,8 @@ static void shm_forget(struct ferry_engine *e, struct backend *b, struct op *op)
 
 	(void)e;
 	(void)b;
-	/* Still waiting for ring room: it never left. */
-	if (c && op->buf && (op->prev || op->next || c->pending_head == op))
+	/* Still waiting for ring room: it never left (an AWAY op is in no other list). */
+	if (c && (op->prev || op->next || c->pending_head == op))
 		pending_unlink(c, op);
 }
 
@@ -399,8 +466,8 @@ static int flush_releases(struct ferry_engine *e, struct shm_state *st)
 	while (list) {
 		struct ferry_buf *buf = list;
 		struct shm_conn *c = buf->release_ctx;
-		struct shm_ctrl_desc d = { .type = SHM_C_RELEASE, .buf_cookie = buf->remote_cookie,
-					   .offset = buf->offset };
+		struct shm_ctrl d = { .type = SHM_C_RELEASE, .buf_cookie = buf->remote_cookie,
+				      .offset = buf->offset };
 
 		list = atomic_load_explicit(&buf->release_next, memory_order_relaxed);
 		if (!c->dead && !send_ctrl(e, c, &d) && !c->dead) {
@@ -433,7 +500,7 @@ static void free_lent(struct shm_state *st, uint64_t idx)
 	pool_free(buf);
 }
 
-static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl_desc *d)
+static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct shm_ctrl *d)
 {
 	struct shm_state *st = c->st;
 	uint64_t idx = d->buf_cookie;
@@ -467,6 +534,19 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 			stream_chunk_released(e, credit);
 		return true;
 	}
+	case SHM_C_RESULT_INLINE: {
+		uint64_t oi = d->op_cookie >> 32;
+		struct op *op;
+
+		if (oi >= e->max_ops || d->res > 0 || d->res < -4095)
+			return false;
+		op = &e->ops[oi];
+		c->puts_taken++;
+		/* Ours and still away at this peer (or a stale answer: ignored). */
+		if (op->peer && op->peer->transport == c)
+			reactor_put_done(e, op, (uint32_t)d->op_cookie, d->res);
+		return true;
+	}
 	case SHM_C_RELEASE: {
 		uint64_t credit;
 
@@ -483,34 +563,81 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 	}
 }
 
+/*
+ * An inline PUT: its data is read in place from the entry, into a waiting
+ * GET's iovec or into a block of our pool (like tcp's eager data: a full
+ * pool refuses it with -ENOBUFS). Returns the RESULT's res.
+ */
+static int take_inline(struct ferry_engine *e, struct shm_conn *c, const char *fullkey, int n,
+		       const void *src, uint64_t len, uint32_t flags)
+{
+	struct ferry_buf *buf;
+	int rc;
+
+	if (n < 0)
+		return n;
+	if (reactor_deliver_copy(e, fullkey, (size_t)n, src, len, flags))
+		return 0;
+	if (pool_alloc(e->pool, len, &buf)) {
+		log_limited(FERRY__LOG_WARN, "shm: engine %s: pool full, refusing a %llu-byte PUT "
+			    "from %s", e->name, (unsigned long long)len, c->peer_name);
+		return -ENOBUFS;
+	}
+	memcpy(buf->data, src, len);
+	rc = reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len, flags);
+	if (rc)
+		pool_free(buf);
+	return rc;
+}
+
+/*
+ * Take the PUT entry d (in the peer's ring): its fixed fields and key are
+ * copied out first, then checked; only an inline PUT's data is read in
+ * place afterwards (what the peer changes there meanwhile is its own loss).
+ */
 static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct shm_put_desc *d)
 {
-	struct shm_ctrl_desc res = { .type = SHM_C_RESULT, .op_cookie = d->op_cookie,
-				     .buf_cookie = d->buf_cookie, .offset = d->offset };
-	char fullkey[FULLKEY_MAX];
+	uint16_t type = d->type, key_len = d->key_len;
+	uint32_t flags = d->flags;
+	uint64_t offset = d->offset, len = d->len;
+	struct shm_ctrl res = { .type = SHM_C_RESULT, .op_cookie = d->op_cookie,
+				.buf_cookie = d->buf_cookie, .offset = offset };
+	char key[FERRY_KEY_MAX], fullkey[FULLKEY_MAX];
 	struct ferry_buf *buf;
 	int n, rc;
 
-	if (d->type != SHM_D_PUT || d->key_len == 0 || d->key_len >= FERRY_KEY_MAX ||
-	    strnlen(d->key, FERRY_KEY_MAX) != d->key_len || (d->flags & ~WIRE_F__ALL) ||
-	    d->offset > c->peer_pool_size || d->len > c->peer_pool_size - d->offset)
+	if ((type != SHM_D_PUT && type != SHM_D_PUT_INLINE) || key_len == 0 ||
+	    key_len >= FERRY_KEY_MAX || (flags & ~WIRE_F__ALL))
 		return false;
-	n = keytable_compose(fullkey, d->key, d->key_len, c->peer_name, e->name);
+	memcpy(key, d->body, key_len + 1u);
+	if (key[key_len] != '\0' || strnlen(key, key_len) != key_len)
+		return false;
+	if (type == SHM_D_PUT_INLINE) {
+		if (len > SHM_INLINE_MAX || (flags & WIRE_F_RELCREDIT))
+			return false;
+		n = keytable_compose(fullkey, key, key_len, c->peer_name, e->name);
+		res.type = SHM_C_RESULT_INLINE;
+		res.res = take_inline(e, c, fullkey, n, d->body + shm_inline_at(key_len), len, flags);
+		send_ctrl(e, c, &res); /* room was checked by the caller */
+		return true;
+	}
+	if (offset > c->peer_pool_size || len > c->peer_pool_size - offset)
+		return false;
+	n = keytable_compose(fullkey, key, key_len, c->peer_name, e->name);
 	if (n >= 0 && c->peer_takes_result_free &&
-	    reactor_deliver_copy(e, fullkey, (size_t)n, c->peer_pool + d->offset, d->len,
-				 d->flags)) {
+	    reactor_deliver_copy(e, fullkey, (size_t)n, c->peer_pool + offset, len, flags)) {
 		/* A GET into an iovec took a copy: the block goes back with the RESULT. */
 		res.type = SHM_C_RESULT_FREE;
 		res.res = 0;
 		send_ctrl(e, c, &res); /* room was checked by the caller */
 		return true;
 	}
-	rc = n < 0 ? n : pool_wrap(e->pool, (void *)(c->peer_pool + d->offset), d->len, d->offset,
+	rc = n < 0 ? n : pool_wrap(e->pool, (void *)(c->peer_pool + offset), len, offset,
 				   release_hook, c, &buf);
 	if (rc == 0) {
-		buf->remote_cookie = d->buf_cookie;
+		buf->remote_cookie = res.buf_cookie;
 		atomic_fetch_add(&c->refs, 1); /* the mapping lives while the block does */
-		rc = reactor_deliver(e, NULL, fullkey, (size_t)n, buf, d->len, d->flags);
+		rc = reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len, flags);
 		if (rc) {
 			pool_wrap_cancel(buf);
 			conn_unref(c);
@@ -524,65 +651,63 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 /*
  * One connection's share of a round: its control entries, then its PUTs
  * (each needs control room for its RESULT), then what waits for PUT room.
- * The heads and the control entries written are published once at the end,
- * with one fence before the peer's sleep word is read.
+ * The heads are published once at the end, with one fence before the
+ * peer's sleep word is read.
  */
 static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 {
-	uint32_t ctrl_head = c->rx_ctrl_head, put_head = c->rx_put_head;
+	uint32_t put_head = c->rx_put_head;
 	bool published;
-	int64_t ready;
-	int n = 0;
+	int n = 0, ready;
 
 	/* Control first: it never needs room anywhere. */
-	ready = ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES, ctrl_head);
-	if (ready < 0) {
-		conn_fail(e, c, "control ring tail out of range", -ECONNRESET);
-		return 1;
-	}
-	for (int64_t i = 0; i < ready && i < SHM_PER_ROUND; i++) {
-		struct shm_ctrl_desc d = c->rx->ctrls[ctrl_head % SHM_CTRL_ENTRIES];
+	for (int i = 0; i < SHM_PER_ROUND && (ready = ctrl_entry_state(c)) != 0; i++) {
+		const struct shm_ctrl_desc *d = &c->rx->ctrls[c->rx_ctrl_head % SHM_CTRL_ENTRIES];
+		struct shm_ctrl m;
 
-		ctrl_head++;
-		if (!take_ctrl(e, c, &d)) {
+		if (ready < 0) {
+			conn_fail(e, c, "control entry out of sequence", -ECONNRESET);
+			return n + 1;
+		}
+		m.type = d->type;
+		m.res = d->res;
+		m.op_cookie = d->op_cookie;
+		m.buf_cookie = d->buf_cookie;
+		m.offset = d->offset;
+		c->rx_ctrl_head++;
+		if (!take_ctrl(e, c, &m)) {
 			conn_fail(e, c, "malformed control descriptor", -ECONNRESET);
 			return n + 1;
 		}
 		n++;
 	}
-	if (ctrl_head != c->rx_ctrl_head) {
-		c->rx_ctrl_head = ctrl_head;
-		atomic_store_explicit(&c->rx->ctrl.head, ctrl_head, memory_order_release);
-	}
-	ready = ring_ready(&c->rx->put, SHM_PUT_ENTRIES, put_head);
-	if (ready < 0) {
-		conn_fail(e, c, "PUT ring tail out of range", -ECONNRESET);
-		return n + 1;
-	}
-	for (int64_t i = 0; i < ready && i < SHM_PER_ROUND; i++) {
-		struct shm_put_desc d;
-		int64_t room = ctrl_room(c);
+	if (n)
+		atomic_store_explicit(&c->rx->ctrl.head, c->rx_ctrl_head, memory_order_release);
+	for (int i = 0; i < SHM_PER_ROUND && (ready = put_entry_state(c)) != 0; i++) {
+		int64_t room;
 
+		if (ready < 0) {
+			conn_fail(e, c, "PUT entry out of sequence", -ECONNRESET);
+			return n + 1;
+		}
+		room = ctrl_room(c);
 		if (room <= 0) {
 			if (room < 0)
 				conn_fail(e, c, "control ring head out of range", -ECONNRESET);
 			break; /* its RESULT needs room: later */
 		}
-		d = c->rx->puts[put_head % SHM_PUT_ENTRIES];
-		put_head++;
-		if (!take_put(e, c, &d)) {
+		if (!take_put(e, c, &c->rx->puts[c->rx_put_head % SHM_PUT_ENTRIES])) {
 			conn_fail(e, c, "malformed PUT descriptor", -ECONNRESET);
 			return n + 1;
 		}
+		c->rx_put_head++;
 		n++;
 		if (c->dead)
 			return n; /* its control ring went bad under us */
 	}
-	if (put_head != c->rx_put_head) {
-		c->rx_put_head = put_head;
-		atomic_store_explicit(&c->rx->put.head, put_head, memory_order_release);
-	}
-	published = ctrl_publish(c);
+	if (c->rx_put_head != put_head)
+		atomic_store_explicit(&c->rx->put.head, c->rx_put_head, memory_order_release);
+	published = ctrl_published_since_check(c);
 	if (n || published) {
 		/*
 		 * The peer may sleep: until our control entries come (it said so
@@ -1062,11 +1187,10 @@ static bool shm_has_work(struct ferry_engine *e, struct backend *b)
 
 		if (c->dead)
 			return true; /* to be reaped */
-		if (ring_ready(&c->rx->ctrl, SHM_CTRL_ENTRIES, c->rx_ctrl_head) != 0)
-			return true;
+		if (ctrl_entry_state(c) != 0)
+			return true; /* ready, or garbage to disconnect */
 		/* PUTs to take need control room for their RESULT. */
-		if (ring_ready(&c->rx->put, SHM_PUT_ENTRIES, c->rx_put_head) != 0 &&
-		    (ctrl_room(c) != 0 || ctrl_room_appeared(c)))
+		if (put_entry_state(c) != 0 && (ctrl_room(c) != 0 || ctrl_room_appeared(c)))
 			return true;
 		if (c->pending_head &&
 		    (put_room(c) != 0 ||
@@ -1183,6 +1307,7 @@ const struct backend_ops ferry__shm_backend = {
 	.resolve = shm_resolve,
 	.unresolve = shm_unresolve,
 	.put = shm_put,
+	.iov_put_max = SHM_INLINE_MAX,
 	.progress = shm_progress,
 	.has_work = shm_has_work,
 	.forget = shm_forget,

@@ -41,9 +41,11 @@
 /*
  * The wire version: any other value is refused with -EPROTONOSUPPORT.
  * Compatible additions take reserved words and caps bits, so the message
- * size stays sizeof(struct shm_hello) within one version.
+ * size stays sizeof(struct shm_hello) within one version. Version 2: ring
+ * entries carry their own sequence word and small PUTs travel inline
+ * (shm_wire.h).
  */
-#define SHM_VERSION 1
+#define SHM_VERSION 2
 #define SHM_MAX_FDS 4
 
 /*
