@@ -91,7 +91,7 @@ int ferry__cleanup_keys(struct ferry_engine *e, const char *r, size_t rl, const 
 
 				ke->buf = NULL;
 				ke->present = false;
-				t->present--;
+				STAT_ADD(t->present, (uint32_t)-1);
 				dropped++;
 				keytable_put(t, ke);
 				if (buf)

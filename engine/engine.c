@@ -441,7 +441,8 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	J(refused);
 #undef J
 	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"streams_open\":%u,\"threads\":%u},",
-		e->ops_in_use, e->keys.present, stream_count(e), atomic_load(&e->nsqs));
+		STAT_GET(e->ops_in_use), STAT_GET(e->keys.present), stream_count(e),
+		atomic_load(&e->nsqs));
 	jprintf(&j, "\"latency_ns\":{");
 	jhist(&j, "put", s->lat_put);
 	jprintf(&j, ",");

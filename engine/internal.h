@@ -288,7 +288,7 @@ struct key_table {
 	struct key_entry *free;
 	uint32_t capacity;
 	uint32_t used;     /* entries in use (data or waiters) */
-	uint32_t present;  /* entries holding data */
+	_Atomic uint32_t present; /* entries holding data (health reads it unlocked) */
 	uint32_t max_present;
 };
 
@@ -543,7 +543,7 @@ struct ferry_engine {
 	uint32_t max_keys;
 	uint32_t max_bufs;
 	struct op *free_ops;
-	uint32_t ops_in_use;
+	_Atomic uint32_t ops_in_use; /* health reads it unlocked */
 	struct timer_heap timers;
 	struct key_table keys;
 	struct ferry_cq *dirty_cqs;

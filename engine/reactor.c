@@ -90,7 +90,7 @@ static struct op *op_alloc(struct ferry_engine *e)
 	if (!op)
 		return NULL;
 	e->free_ops = op->next;
-	e->ops_in_use++;
+	STAT_ADD(e->ops_in_use, 1);
 	op->gen++;
 	op->next = op->prev = NULL;
 	op->heap_idx = NO_SLOT;
@@ -130,7 +130,7 @@ void ferry__op_free(struct ferry_engine *e, struct op *op)
 	op->gen++;
 	op->next = e->free_ops;
 	e->free_ops = op;
-	e->ops_in_use--;
+	STAT_ADD(e->ops_in_use, (uint32_t)-1);
 }
 
 static unsigned lat_bucket(uint64_t ns)
@@ -298,13 +298,13 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 		pool_free(ke->buf);
 		ke->buf = NULL;
 		ke->present = false;
-		e->keys.present--;
+		STAT_ADD(e->keys.present, (uint32_t)-1);
 	}
 	if (!ke) {
 		if (e->keys.present >= e->keys.max_present ||
 		    !(ke = keytable_get(&e->keys, fullkey, fullkey_len, h))) {
 			log_limited(FERRY__LOG_WARN, "engine %s: key table full (%u keys held), "
-				    "refusing %s", e->name, e->keys.present, fullkey);
+				    "refusing %s", e->name, STAT_GET(e->keys.present), fullkey);
 			STAT_ADD(e->stats.refused, 1);
 			return -ENOSPC;
 		}
@@ -339,7 +339,7 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	ke->from = from;
 	ke->wflags = flags & WIRE_F__ALL;
 	ke->present = true;
-	e->keys.present++;
+	STAT_ADD(e->keys.present, 1);
 	if (flags & WIRE_F_CHUNK)
 		stream_chunk_arrived(e, ke);
 	return 0;
@@ -610,7 +610,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 
 		ke->buf = NULL;
 		ke->present = false;
-		e->keys.present--;
+		STAT_ADD(e->keys.present, (uint32_t)-1);
 		keytable_put(&e->keys, ke);
 		give_to_get(e, op, buf, len, wflags);
 		if (wflags & WIRE_F_CHUNK)

@@ -102,7 +102,8 @@ struct stream_table {
 	uint64_t mask;
 	struct stream *recs;
 	struct stream *free;
-	uint32_t capacity, used;
+	uint32_t capacity;
+	_Atomic uint32_t used; /* also read by ferry_engine_health, unlocked */
 	struct stream *dirty, *stalled;
 	bool credit_urgent;        /* a dirty record may send now: scan this round */
 	bool peer_credit_freed;    /* per-peer credit came back outside a credit: re-pump */
@@ -181,7 +182,7 @@ static struct stream *rec_new(struct ferry_engine *e, uint8_t role, const char *
 
 	if (!r) {
 		log_limited(FERRY__LOG_WARN, "engine %s: stream table full (%u streams)", e->name,
-			    t->used);
+			    STAT_GET(t->used));
 		return NULL;
 	}
 	t->free = r->chain;
@@ -201,7 +202,7 @@ static struct stream *rec_new(struct ferry_engine *e, uint8_t role, const char *
 	r->chain = t->buckets[h & t->mask];
 	t->buckets[h & t->mask] = r;
 	r->hashed = true;
-	t->used++;
+	STAT_ADD(t->used, 1);
 	return r;
 }
 
@@ -245,7 +246,7 @@ static void rec_maybe_free(struct ferry_engine *e, struct stream *r)
 	r->gen++;
 	r->chain = t->free;
 	t->free = r;
-	t->used--;
+	STAT_ADD(t->used, (uint32_t)-1);
 }
 
 static uint64_t rec_id(const struct stream *r)
@@ -747,7 +748,7 @@ static void pump_consumer(struct ferry_engine *e, struct stream *r, struct key_e
 
 			ke->buf = NULL;
 			ke->present = false;
-			e->keys.present--;
+			STAT_ADD(e->keys.present, (uint32_t)-1);
 			keytable_put(&e->keys, ke);
 			if (r->parked)
 				r->parked--;
@@ -1535,5 +1536,5 @@ void stream_fini(struct ferry_engine *e)
 
 uint32_t stream_count(struct ferry_engine *e)
 {
-	return e->streams ? e->streams->used : 0;
+	return e->streams ? STAT_GET(e->streams->used) : 0;
 }

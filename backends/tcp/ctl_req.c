@@ -152,7 +152,7 @@ static int take_published(struct ferry_engine *e, const char *fullkey, size_t n,
 	*len = ke->len;
 	ke->buf = NULL;
 	ke->present = false;
-	e->keys.present--;
+	STAT_ADD(e->keys.present, (uint32_t)-1);
 	keytable_put(&e->keys, ke);
 	return 0;
 }
