@@ -235,10 +235,19 @@ static int entry_state(const _Atomic uint32_t *seq_word, uint32_t head, uint32_t
 	return -1;
 }
 
+/*
+ * While we poll the next PUT entry we also ask for its second cache line
+ * (where a short key's inline data lies), so that both lines can travel
+ * together when the entry comes. Probes put it at ~60 ns less from seeing an
+ * entry to delivering it, in 2 runs of 3; end to end the difference stayed
+ * within this machine's noise (docs/benchmarks.md).
+ */
 static int put_entry_state(struct shm_conn *c)
 {
-	return entry_state(&c->rx->puts[c->rx_put_head % SHM_PUT_ENTRIES].seq, c->rx_put_head,
-			   SHM_PUT_ENTRIES);
+	const struct shm_put_desc *d = &c->rx->puts[c->rx_put_head % SHM_PUT_ENTRIES];
+
+	__builtin_prefetch((const char *)d + 64);
+	return entry_state(&d->seq, c->rx_put_head, SHM_PUT_ENTRIES);
 }
 
 static int ctrl_entry_state(struct shm_conn *c)
