@@ -343,9 +343,15 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 		if (buf) {
 			memcpy(dst, buf->data, op->len);
 		} else {
-			for (uint32_t i = 0; i < op->iovcnt; i++) {
-				memcpy(dst, op->iov[i].iov_base, op->iov[i].iov_len);
-				dst += op->iov[i].iov_len;
+			/* op->len was summed at submission: an iovec changed since cannot overrun. */
+			uint64_t left = op->len;
+
+			for (uint32_t i = 0; i < op->iovcnt && left; i++) {
+				size_t n = op->iov[i].iov_len < left ? op->iov[i].iov_len : left;
+
+				memcpy(dst, op->iov[i].iov_base, n);
+				dst += n;
+				left -= n;
 			}
 		}
 	} else {
