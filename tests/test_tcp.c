@@ -5,7 +5,8 @@
  * it creates an engine of its own; a peer learns the other's address
  * through a pipe (the listener binds port 0). Covered: addresses and
  * parameters, the order of many small messages, 1 GiB with a checksum,
- * GET before PUT, deadlines, 3 producers -> 1 consumer, a wrong secret,
+ * GET before PUT, deadlines, 3 producers -> 1 consumer and 1 -> 3 (eager
+ * and rendezvous sizes, each consumer listening), a wrong secret,
  * malformed frames from a raw socket (after and before the handshake),
  * SIGKILL of either side in the middle of a transfer and a reconnect to
  * the restarted peer, a silent (stopped) peer declared dead by the
@@ -438,6 +439,168 @@ static void test_tcp_eight_concurrent(void **state)
 	go(&ch, addr);
 	big_consume(e, &bp);
 	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+/* ------------------------------------------------------------------ */
+/* 1 producer -> 3 consumers, and the sender's pool running dry          */
+/* ------------------------------------------------------------------ */
+
+/* A consumer child: listens, tells the parent where (back pipe), then GETs. */
+struct listener_child {
+	const char *name;
+	unsigned count;
+	size_t size, pool;
+	int back[2];      /* child writes its address */
+	int hold[2];      /* pool test: the parent says when to start the GETs */
+};
+
+/* GET k0..count-1 from "prod" (zero copy), checking each; 0 or an exit code. */
+static int child_consume(struct ferry_engine *e, unsigned count, size_t size)
+{
+	struct ferry_peer *from;
+	unsigned asked = 0, got = 0;
+	uint8_t *want = malloc(size ? size : 1);
+
+	if (!want || ferry_peer_open(e, "prod", &from))
+		return 20;
+	while (got < count) {
+		struct ferry_cqe c;
+
+		while (asked < count && asked - got < 16) {
+			struct ferry_sqe *sqe = t_sqe(e);
+			char key[32];
+
+			snprintf(key, sizeof(key), "k%u", asked);
+			ferry_prep_get(sqe, from, key, NULL, 0, asked);
+			ferry_sqe_set_timeout(sqe, 30 * SEC);
+			t_submit(e);
+			asked++;
+		}
+		if (wait_one(e, &c, 30 * SEC) != 0 || c.len != size) {
+			fprintf(stderr, "consumer: GET %u: %s\n", got, ferry_err_name(c.res));
+			return 21;
+		}
+		fill(want, size, c.user_data);
+		if (memcmp(ferry_buf_data(c.buf), want, size) != 0) {
+			fprintf(stderr, "consumer: k%llu damaged\n", (unsigned long long)c.user_data);
+			return 22;
+		}
+		ferry_buf_release(c.buf);
+		got++;
+	}
+	free(want);
+	return 0;
+}
+
+static int listener_main(const char *unused, void *arg)
+{
+	struct listener_child *lc = arg;
+	struct mk m = { .name = lc->name, .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.pool = lc->pool };
+	struct ferry_engine *e = mk_engine(&m);
+	char addr[TCP_ADDR_MAX], go_word[8];
+	int n, rc;
+
+	(void)unused;
+	if (!e)
+		return 10;
+	n = ferry_engine_address(e, addr, sizeof(addr));
+	if (n <= 0 || write(lc->back[1], addr, (size_t)n) != n)
+		return 11;
+	if (lc->hold[0] >= 0 && wait_text(lc->hold[0], go_word, sizeof(go_word), 60000))
+		return 12;
+	rc = child_consume(e, lc->count, lc->size);
+	if (!rc && pool_in_use(e) != 0)
+		rc = 13;
+	ferry_engine_destroy(e);
+	return rc;
+}
+
+static void spawn_listener(struct child *ch, struct listener_child *lc, bool hold)
+{
+	assert_int_equal(pipe(lc->back), 0);
+	lc->hold[0] = lc->hold[1] = -1;
+	if (hold)
+		assert_int_equal(pipe(lc->hold), 0);
+	spawn(ch, listener_main, lc);
+	close(lc->back[1]);
+	if (hold)
+		close(lc->hold[0]);
+}
+
+static void listener_addr(struct child *ch, struct listener_child *lc, char *addr)
+{
+	go(ch, "start");
+	assert_int_equal(wait_text(lc->back[0], addr, TCP_ADDR_MAX, 20000), 0);
+	close(lc->back[0]);
+}
+
+static void test_tcp_one_to_three(void **state)
+{
+	unsigned count = (unsigned)big(2000, 100);
+	const char *names[3] = { "c0", "c1", "c2" };
+	size_t sizes[3] = { 100, 20000, 300000 }; /* eager, eager, rendezvous */
+	struct listener_child lc[3];
+	struct child ch[3];
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = 64 * MIB };
+	struct ferry_engine *e;
+	struct ferry_peer *to[3];
+	uint8_t *data[3];
+	struct iovec *v[3];
+	unsigned sent[3] = { 0 }, done = 0;
+
+	(void)state;
+	for (int i = 0; i < 3; i++) {
+		/* Each consumer's pool holds all it may be sent before its GETs. */
+		lc[i] = (struct listener_child){ .name = names[i], .count = count,
+						 .size = sizes[i],
+						 .pool = sizes[i] * count + 64 * MIB };
+		spawn_listener(&ch[i], &lc[i], false);
+	}
+	e = mk_engine(&m);
+	assert_non_null(e);
+	for (int i = 0; i < 3; i++) {
+		char addr[TCP_ADDR_MAX];
+
+		listener_addr(&ch[i], &lc[i], addr);
+		to[i] = t_peer(e, names[i]);
+		assert_int_equal(ferry_peer_set_address(to[i], addr), 0);
+		/* 16 items in flight per consumer, each with its own iovec and data. */
+		data[i] = malloc(16 * sizes[i]);
+		v[i] = calloc(16, sizeof(struct iovec));
+		assert_true(data[i] && v[i]);
+	}
+	/* Round robin over the three, 16 PUTs in flight each. */
+	while (done < 3 * count) {
+		struct ferry_cqe c;
+
+		for (int i = 0; i < 3; i++) {
+			while (sent[i] < count) {
+				unsigned slot = sent[i] % 16;
+				char key[32];
+
+				if (v[i][slot].iov_base)
+					break; /* its previous PUT is still away */
+				v[i][slot].iov_base = data[i] + (size_t)slot * sizes[i];
+				v[i][slot].iov_len = sizes[i];
+				fill(v[i][slot].iov_base, sizes[i], sent[i]);
+				snprintf(key, sizeof(key), "k%u", sent[i]);
+				put_iov(e, to[i], key, &v[i][slot], ((uint64_t)i << 32) | sent[i],
+					20 * SEC);
+				sent[i]++;
+			}
+		}
+		assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+		v[c.user_data >> 32][(uint32_t)c.user_data % 16].iov_base = NULL;
+		done++;
+	}
+	for (int i = 0; i < 3; i++) {
+		assert_int_equal(reap(ch[i].pid), 0); /* each checked every item */
+		free(data[i]);
+		free(v[i]);
+	}
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -1063,6 +1226,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_get_before_put, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_malformed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),
