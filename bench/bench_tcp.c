@@ -29,8 +29,9 @@
  *
  * Options: --quick (smoke: fewer samples, no 1 GiB), --reps N (default 3),
  * --no-peers, --veth, --conns N (only the 4 MiB run with N connections),
- * --only lat|bw (ferry alone: only the latency runs, or only 4 MiB
- * bandwidth with the default connections; for quick A/B comparisons).
+ * --only lat|lat64|bw (ferry alone: only the latency runs, only the 64 B
+ * one, or only 4 MiB bandwidth with the default connections; for quick A/B
+ * comparisons and for counting syscalls per round trip).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -57,7 +58,7 @@ static struct {
 	bool quick, peers, main_pair, veth;
 	int reps;
 	int conns; /* --conns N: only the connections-per-peer runs, N only */
-	char only; /* --only lat|bw: 'l' or 'b', else 0 */
+	char only; /* --only lat|lat64|bw: 'l', '6' or 'b', else 0 */
 } opt = { false, true, true, false, 3, 0, 0 };
 
 /* Commands the parent sends the child. */
@@ -640,11 +641,12 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--conns") && i + 1 < argc)
 			opt.conns = atoi(argv[++i]), opt.main_pair = false;
 		else if (!strcmp(argv[i], "--only") && i + 1 < argc &&
-			 (!strcmp(argv[i + 1], "lat") || !strcmp(argv[i + 1], "bw")))
-			opt.only = argv[++i][0], opt.peers = false;
+			 (!strcmp(argv[i + 1], "lat") || !strcmp(argv[i + 1], "bw") ||
+			  !strcmp(argv[i + 1], "lat64")))
+			opt.only = !strcmp(argv[++i], "lat64") ? '6' : argv[i][0], opt.peers = false;
 		else {
 			fprintf(stderr, "usage: %s [--quick] [--reps N] [--no-peers] [--veth] "
-				"[--conns N] [--only lat|bw]\n", argv[0]);
+				"[--conns N] [--only lat|lat64|bw]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -669,9 +671,10 @@ int main(int argc, char **argv)
 			if (opt.only != 'b') {
 				progress("latency, rep %d", r);
 				lat_once(&p, 64, n, &lat50[0][r], &lat99[0][r]);
-				lat_once(&p, 64 * KIB, n / 4, &lat50[1][r], &lat99[1][r]);
+				if (opt.only != '6')
+					lat_once(&p, 64 * KIB, n / 4, &lat50[1][r], &lat99[1][r]);
 			}
-			if (opt.only == 'l') {
+			if (opt.only == 'l' || opt.only == '6') {
 				bw[0][r] = bw[1][r] = bw[2][r] = -1;
 				continue;
 			}
