@@ -78,6 +78,7 @@ int ferry__cleanup_keys(struct ferry_engine *e, const char *r, size_t rl, const 
 	struct key_table *t = &e->keys;
 	int dropped = 0;
 
+	t->frozen++; /* entries leave below: the buckets must stay as they are */
 	for (uint64_t b = 0; b <= t->mask; b++) {
 		struct key_entry *ke = t->buckets[b], *next;
 
@@ -104,6 +105,7 @@ int ferry__cleanup_keys(struct ferry_engine *e, const char *r, size_t rl, const 
 			}
 		}
 	}
+	t->frozen--;
 	return dropped;
 }
 

@@ -281,7 +281,9 @@ struct key_entry {
 
 struct key_table {
 	struct key_entry **buckets;
-	uint64_t mask;
+	uint64_t mask;     /* buckets in use - 1: follows `used` (keytable.c) */
+	uint64_t max_mask; /* buckets allocated - 1 */
+	uint32_t frozen;   /* > 0: someone walks the buckets, no resizing */
 	struct key_entry *entries;
 	struct key_entry *free;
 	uint32_t capacity;

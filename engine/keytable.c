@@ -6,12 +6,24 @@
  * waiting for it. Entries come from an array sized at creation (the data
  * limit max_keys plus one per op that can wait), so inserting never
  * allocates. Only the thread that holds progress touches it.
+ *
+ * The bucket array is allocated for the largest table (two buckets per
+ * entry), but only the first mask + 1 buckets are used: the active part
+ * doubles when more than half as many keys as buckets are in use and
+ * shrinks to a quarter when fewer than a sixteenth are (never below
+ * KEYTABLE_MIN_BUCKETS). A hash of a fresh key lands on a random bucket;
+ * with the whole array in use (512 KiB for the default limits) that was a
+ * cache miss on every GET and arrival, ~0.3 us of the 64 B tcp round trip
+ * on the test machine (docs/benchmarks.md). A resize rehashes what is in
+ * use, O(buckets in use), a logarithmic number of times as the table grows.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+#define KEYTABLE_MIN_BUCKETS 64
 
 int keytable_init(struct key_table *t, uint32_t max_present, uint32_t max_waiting)
 {
@@ -28,7 +40,8 @@ int keytable_init(struct key_table *t, uint32_t max_present, uint32_t max_waitin
 		keytable_fini(t);
 		return -ENOMEM;
 	}
-	t->mask = nb - 1;
+	t->max_mask = nb - 1;
+	t->mask = (nb < KEYTABLE_MIN_BUCKETS ? nb : KEYTABLE_MIN_BUCKETS) - 1;
 	for (uint32_t i = t->capacity; i-- > 0;) {
 		t->entries[i].chain = t->free;
 		t->free = &t->entries[i];
@@ -62,6 +75,27 @@ uint64_t keytable_hash(const char *key, size_t len)
 	return h ^ (h >> 32);
 }
 
+/* Use buckets [0, new_mask]: every entry in use goes to its new bucket. */
+static void rehash(struct key_table *t, uint64_t new_mask)
+{
+	struct key_entry *all = NULL, *ke, *next;
+
+	for (uint64_t b = 0; b <= t->mask; b++) {
+		for (ke = t->buckets[b]; ke; ke = next) {
+			next = ke->chain;
+			ke->chain = all;
+			all = ke;
+		}
+		t->buckets[b] = NULL;
+	}
+	t->mask = new_mask;
+	for (ke = all; ke; ke = next) {
+		next = ke->chain;
+		ke->chain = t->buckets[ke->hash & new_mask];
+		t->buckets[ke->hash & new_mask] = ke;
+	}
+}
+
 struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h)
 {
 	for (struct key_entry *ke = t->buckets[h & t->mask]; ke; ke = ke->chain)
@@ -78,6 +112,8 @@ struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len,
 		return ke;
 	if (!t->free || len >= FULLKEY_MAX)
 		return NULL;
+	if (t->used >= (t->mask + 1) / 2 && t->mask < t->max_mask && !t->frozen)
+		rehash(t, t->mask * 2 + 1);
 	ke = t->free;
 	t->free = ke->chain;
 	ke->hash = h;
@@ -110,6 +146,9 @@ void keytable_put(struct key_table *t, struct key_entry *ke)
 	ke->chain = t->free;
 	t->free = ke;
 	t->used--;
+	if (t->used < (t->mask + 1) / 16 && t->mask + 1 > KEYTABLE_MIN_BUCKETS && !t->frozen)
+		rehash(t, (t->mask + 1) / 4 - 1 < KEYTABLE_MIN_BUCKETS - 1 ? KEYTABLE_MIN_BUCKETS - 1
+									  : (t->mask + 1) / 4 - 1);
 }
 
 int keytable_compose(char *out, const char *key, size_t key_len, const char *from,

@@ -1,0 +1,183 @@
+/*
+ * tests/test_keytable.c - the key table (engine/keytable.c): lookups while
+ * its active bucket range grows and shrinks with the keys in use, and no
+ * resize while someone walks the buckets (frozen).
+ *
+ * Every test arms an alarm (FERRY_TEST_TIMEOUT seconds, default 120).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+
+#define NKEYS 5000
+
+static int setup(void **state)
+{
+	const char *t = getenv("FERRY_TEST_TIMEOUT");
+
+	(void)state;
+	alarm(t ? (unsigned)atoi(t) : 120);
+	return 0;
+}
+
+static int key_of(char *out, size_t cap, unsigned i)
+{
+	return snprintf(out, cap, "k%u@a_b", i);
+}
+
+static struct key_entry *get(struct key_table *t, unsigned i)
+{
+	char k[32];
+	int n = key_of(k, sizeof(k), i);
+
+	return keytable_get(t, k, (size_t)n, keytable_hash(k, (size_t)n));
+}
+
+static struct key_entry *find(struct key_table *t, unsigned i)
+{
+	char k[32];
+	int n = key_of(k, sizeof(k), i);
+
+	return keytable_find(t, k, (size_t)n, keytable_hash(k, (size_t)n));
+}
+
+/* Mark an entry in use the way the reactor does (data arrived). */
+static void hold(struct key_table *t, struct key_entry *ke)
+{
+	ke->present = true;
+	t->present++;
+}
+
+static void drop(struct key_table *t, struct key_entry *ke)
+{
+	ke->present = false;
+	t->present--;
+	keytable_put(t, ke);
+}
+
+/* Every key in [lo, hi) is found, as its own entry; none outside. */
+static void check_range(struct key_table *t, unsigned lo, unsigned hi)
+{
+	char k[32];
+
+	for (unsigned i = 0; i < NKEYS; i++) {
+		struct key_entry *ke = find(t, i);
+
+		if (i >= lo && i < hi) {
+			assert_non_null(ke);
+			key_of(k, sizeof(k), i);
+			assert_string_equal(ke->key, k);
+		} else {
+			assert_null(ke);
+		}
+	}
+}
+
+static void test_keytable_grows_and_shrinks(void **state)
+{
+	struct key_table t;
+	struct key_entry *e[NKEYS];
+	uint64_t start_mask;
+
+	(void)state;
+	assert_int_equal(keytable_init(&t, NKEYS, NKEYS), 0);
+	start_mask = t.mask;
+	assert_true(start_mask < t.max_mask);
+	for (unsigned i = 0; i < NKEYS; i++) {
+		e[i] = get(&t, i);
+		assert_non_null(e[i]);
+		hold(&t, e[i]);
+		/* At most half as many keys as active buckets (plus the one just added). */
+		assert_true(t.used <= (t.mask + 1) / 2 + 1);
+		assert_true(t.mask <= t.max_mask);
+	}
+	assert_true(t.mask > start_mask);
+	check_range(&t, 0, NKEYS);
+	/* get of a present key finds it, it does not add a second one */
+	assert_ptr_equal(get(&t, 17), e[17]);
+	assert_int_equal(t.used, NKEYS);
+
+	for (unsigned i = 0; i < NKEYS - 10; i++)
+		drop(&t, e[i]);
+	assert_int_equal(t.used, 10);
+	assert_true(t.mask + 1 <= 16 * 10 || t.mask == start_mask);
+	check_range(&t, NKEYS - 10, NKEYS);
+	for (unsigned i = NKEYS - 10; i < NKEYS; i++)
+		drop(&t, e[i]);
+	assert_int_equal(t.used, 0);
+	assert_int_equal(t.mask, start_mask);
+	check_range(&t, 0, 0);
+	keytable_fini(&t);
+}
+
+static void test_keytable_frozen_keeps_buckets(void **state)
+{
+	struct key_table t;
+	struct key_entry *e[NKEYS];
+	uint64_t mask;
+
+	(void)state;
+	assert_int_equal(keytable_init(&t, NKEYS, NKEYS), 0);
+	for (unsigned i = 0; i < 2000; i++) {
+		e[i] = get(&t, i);
+		hold(&t, e[i]);
+	}
+	mask = t.mask;
+	t.frozen++;
+	for (unsigned i = 0; i < 1990; i++)
+		drop(&t, e[i]);
+	for (unsigned i = 2000; i < 3000; i++) {
+		e[i] = get(&t, i);
+		hold(&t, e[i]);
+	}
+	assert_int_equal(t.mask, mask); /* neither shrank nor grew */
+	t.frozen--;
+	for (unsigned i = 1990; i < 2000; i++)
+		assert_ptr_equal(find(&t, i), e[i]);
+	for (unsigned i = 2000; i < 3000; i++)
+		assert_ptr_equal(find(&t, i), e[i]);
+	assert_null(find(&t, 5));
+	keytable_fini(&t);
+}
+
+/* A small table (fewer buckets than the minimum active range) works too. */
+static void test_keytable_small(void **state)
+{
+	struct key_table t;
+	struct key_entry *e[8];
+
+	(void)state;
+	assert_int_equal(keytable_init(&t, 3, 2), 0);
+	assert_true(t.mask <= t.max_mask);
+	for (unsigned i = 0; i < 5; i++) {
+		e[i] = get(&t, i);
+		assert_non_null(e[i]);
+		hold(&t, e[i]);
+	}
+	assert_null(get(&t, 99)); /* full */
+	check_range(&t, 0, 5);
+	for (unsigned i = 0; i < 5; i++)
+		drop(&t, e[i]);
+	check_range(&t, 0, 0);
+	keytable_fini(&t);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_keytable_grows_and_shrinks, setup),
+		cmocka_unit_test_setup(test_keytable_frozen_keeps_buckets, setup),
+		cmocka_unit_test_setup(test_keytable_small, setup),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
