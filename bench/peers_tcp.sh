@@ -5,7 +5,11 @@
 # only the loopback interface up when that is allowed (as root), so that
 # UCX sees loopback only, as ../shared/LIMITS.md describes.
 #
-# Usage: bench/peers_tcp.sh [--reps N] [--quick] [--veth NS_CLIENT NS_SERVER SERVER_IP]
+# Usage: bench/peers_tcp.sh [--reps N] [--quick] [--only lat|bw]
+#                           [--veth NS_CLIENT NS_SERVER SERVER_IP]
+#
+# --only lat runs only ucx tag_lat 64 B (for A/B runs against bench_tcp
+# --only lat); --only bw only ucx tag_bw 4 MiB and iperf3.
 #
 # With --veth the servers run in namespace NS_SERVER and the clients in
 # NS_CLIENT (`ip netns exec`), the clients calling SERVER_IP across the veth
@@ -22,6 +26,7 @@ set -uo pipefail
 
 REPS=3
 QUICK=0
+ONLY=
 INNER=0
 HOST=127.0.0.1
 SRV=()
@@ -31,6 +36,10 @@ while (($# > 0)); do
 	--reps) REPS=$2; shift 2 ;;
 	--quick) QUICK=1; shift ;;
 	--inner) INNER=1; shift ;;
+	--only)
+		case $2 in lat | bw) ONLY=$2 ;; *) echo "--only lat|bw" >&2; exit 2 ;; esac
+		shift 2
+		;;
 	--veth)
 		CLI=(ip netns exec "$2")
 		SRV=(ip netns exec "$3")
@@ -39,7 +48,7 @@ while (($# > 0)); do
 		echo "info veth: client in $2, server in $3 at $4"
 		shift 4
 		;;
-	*) echo "usage: $0 [--reps N] [--quick]" >&2; exit 2 ;;
+	*) echo "usage: $0 [--reps N] [--quick] [--only lat|bw]" >&2; exit 2 ;;
 	esac
 done
 SRV_CPU=1
@@ -48,6 +57,7 @@ CLI_CPU=0
 if ((INNER == 0)); then
 	args=(--reps "$REPS" --inner)
 	((QUICK)) && args+=(--quick)
+	[[ -n $ONLY ]] && args+=(--only "$ONLY")
 	if command -v unshare >/dev/null 2>&1 && unshare -n true 2>/dev/null; then
 		echo "info netns: unshare -n, loopback only"
 		exec unshare -n bash "$0" "${args[@]}"
@@ -133,11 +143,11 @@ command -v iperf3 >/dev/null 2>&1 && have_iperf=1 || echo "info iperf3 not insta
 command -v qperf >/dev/null 2>&1 && have_qperf=1 || echo "info qperf not installed"
 for ((r = 0; r < REPS; r++)); do
 	if ((have_ucx)); then
-		ucx_one tag_lat 64 "$LAT_N" "$r"
-		ucx_one tag_bw 65536 "$BW64_N" "$r"
-		ucx_one tag_bw 4194304 "$BW4M_N" "$r"
+		[[ $ONLY != bw ]] && ucx_one tag_lat 64 "$LAT_N" "$r"
+		[[ -z $ONLY ]] && ucx_one tag_bw 65536 "$BW64_N" "$r"
+		[[ $ONLY != lat ]] && ucx_one tag_bw 4194304 "$BW4M_N" "$r"
 	fi
-	((have_iperf)) && iperf_one "$r"
-	((have_qperf)) && qperf_one "$r"
+	[[ $ONLY != lat ]] && ((have_iperf)) && iperf_one "$r"
+	[[ -z $ONLY ]] && ((have_qperf)) && qperf_one "$r"
 done
 exit 0

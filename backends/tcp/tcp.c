@@ -226,6 +226,7 @@ struct tcp_conn {
 	uint32_t rx_head, rx_tail;
 	struct tcp_rx *direct; /* receiving data straight into a block */
 	uint64_t direct_off, direct_left, direct_len;
+	bool hdr_next;         /* a direct receive ended: read the next header alone */
 	/* Send. */
 	struct tcp_tx *txq, *txq_tail;
 	struct tcp_chunk chunks[TCP_CHUNKS_PER_CONN];
@@ -1422,6 +1423,14 @@ static void rx_target(struct tcp_conn *c, void **p, size_t *len)
 	}
 	*p = c->rx + c->rx_tail;
 	*len = TCP_RX_STAGE - c->rx_tail;
+	/*
+	 * After a chunk received straight into its block, the next frame is
+	 * most often the next chunk: read its header alone, so that its data
+	 * also goes straight to the block instead of through staging and a
+	 * memcpy (which cost the receiver about a third of its copying).
+	 */
+	if (c->hdr_next && c->rx_tail - c->rx_head < TCP_FRAME_BYTES)
+		*len = TCP_FRAME_BYTES - (c->rx_tail - c->rx_head);
 }
 
 static void conn_arm_recv(struct tcp_state *st, struct tcp_conn *c)
@@ -1472,10 +1481,13 @@ static void rx_bytes(struct tcp_state *st, struct tcp_conn *c, uint64_t n)
 			return;
 		}
 		c->direct = NULL;
+		c->hdr_next = true;
 		if (r->got == r->len)
 			rx_complete(st, r);
 	} else {
 		c->rx_tail += (uint32_t)n;
+		if (c->rx_tail - c->rx_head >= TCP_FRAME_BYTES)
+			c->hdr_next = false;
 	}
 	rx_parse(st, c);
 }
