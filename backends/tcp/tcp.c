@@ -101,7 +101,7 @@
 #define TCP_RESULT_HOLD_NS 20000ull
 
 /* Connections per link: FERRY_TCP_CONNS overrides (benchmarks measure it). */
-#define TCP_DEFAULT_CONNS 2
+#define TCP_DEFAULT_CONNS 4
 
 /* io_uring cookies: kind in the low 4 bits, connection slot, generation. */
 enum { K_LISTEN = 1, K_POLL = 2, K_RECV = 3, K_SEND = 4, K_TICK = 5, K_RINGFD = 6 };
