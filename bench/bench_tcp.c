@@ -314,12 +314,16 @@ struct pair {
 	struct ferry_sq *sq;
 };
 
+/* conns 0: the library's default (TCP_DEFAULT_CONNS), as an application gets it. */
 static void pair_open(struct pair *p, size_t pool, int conns)
 {
 	char addr[128], env[16];
 
 	snprintf(env, sizeof(env), "%d", conns);
-	setenv("FERRY_TCP_CONNS", env, 1);
+	if (conns)
+		setenv("FERRY_TCP_CONNS", env, 1);
+	else
+		unsetenv("FERRY_TCP_CONNS");
 	xwrite(cmd_fd[1], &pool, sizeof(pool));
 	xread(rep_fd[0], addr, sizeof(addr));
 	p->e = engine("tx", NULL, pool);
@@ -578,7 +582,7 @@ static void veth_run(struct veth_res *v)
 
 		if (enter_ns(na))
 			die("setns", -errno);
-		pair_open(&p, 256 * MIB, 2);
+		pair_open(&p, 256 * MIB, 0);
 		for (int r = 0; r < opt.reps; r++) {
 			uint64_t n = opt.quick ? 2000 : 10000;
 			double p99;
@@ -685,7 +689,7 @@ int main(int argc, char **argv)
 
 	if (opt.main_pair) {
 		pool = opt.quick ? 256 * MIB : GIB + 64 * MIB;
-		pair_open(&p, pool, 2);
+		pair_open(&p, pool, 0);
 		for (int r = 0; r < opt.reps; r++) {
 			uint64_t n = opt.quick ? 2000 : 20000;
 
@@ -752,6 +756,7 @@ int main(int argc, char **argv)
 	jnum("reps", opt.reps);
 	jbool("quick", opt.quick);
 	jstr("mode", "MANUAL, busy polling; sender on CPU 0, receiver on CPU 1; loopback");
+	jstr("connections", "the library default (TCP_DEFAULT_CONNS) except in the conns section");
 	jnum("refused_and_resent", (double)refused_total);
 	jopen("latency_one_way_ns");
 	for (int s = 0; s < 2; s++) {

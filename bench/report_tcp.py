@@ -44,7 +44,8 @@ def main():
     print("| who | 64 KiB | 4 MiB | 1 GiB |\n| --- | --- | --- | --- |")
     b = r["bandwidth_GBps"]
     cell = lambda k: s3(b[k], "{:.2f}") if k in b else "—"
-    print(f"| ferry tcp, zero copy, 2 connections | {cell('64KiB')} | {cell('4MiB')} | {cell('1GiB')} |")
+    conns = "default connections (4)" if "connections" in r else "2 connections"
+    print(f"| ferry tcp, zero copy, {conns} | {cell('64KiB')} | {cell('4MiB')} | {cell('1GiB')} |")
     g = lambda k: s3(p[k], "{:.2f}") if k in p else "—"
     print(f"| UCX tcp `tag_bw` | {g('ucx_tag_bw_65536')} | {g('ucx_tag_bw_4194304')} | |")
     print(f"| iperf3, one stream | | {g('iperf3_stream_0')} (stream) | |")
