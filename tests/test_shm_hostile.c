@@ -153,6 +153,24 @@ static void evil_put_type(struct evil *v, uint32_t type, const char *key, uint64
 		fail_msg("doorbell");
 }
 
+/* Put one control entry into the ring and ring the victim's doorbell. */
+static void evil_ctrl(struct evil *v, uint16_t type, int32_t res, uint64_t op_cookie,
+		      uint64_t buf_cookie)
+{
+	uint32_t tail = v->ctrl_tail++;
+	struct shm_ctrl_desc *d = &v->tx->ctrls[tail % SHM_CTRL_ENTRIES];
+	uint64_t one = 1;
+
+	d->type = type;
+	d->res = res;
+	d->op_cookie = op_cookie;
+	d->buf_cookie = buf_cookie;
+	d->offset = 0;
+	atomic_store(&d->seq, tail + 1);
+	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
+		fail_msg("doorbell");
+}
+
 static void evil_put(struct evil *v, const char *key, uint64_t offset, uint64_t len,
 		     uint64_t buf_cookie)
 {
@@ -263,31 +281,12 @@ static void test_garbage_indices_and_descriptors(void **state)
 
 	/* A RELEASE of a block it was never lent, and a RESULT for nothing. */
 	evil_connect(&v, "evil4");
-	{
-		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
-		uint64_t one = 1;
-
-		d->type = SHM_C_RELEASE;
-		d->buf_cookie = 12345;
-		d->offset = 0;
-		atomic_store(&d->seq, 1);
-		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
-	}
+	evil_ctrl(&v, SHM_C_RELEASE, 0, 0, 12345);
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
 	evil_connect(&v, "evil5");
-	{
-		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
-		uint64_t one = 1;
-
-		d->type = SHM_C_RESULT;
-		d->res = 0;
-		d->op_cookie = ~0ull;
-		d->buf_cookie = ~0ull;
-		atomic_store(&d->seq, 1);
-		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
-	}
+	evil_ctrl(&v, SHM_C_RESULT, 0, ~0ull, ~0ull);
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
@@ -299,16 +298,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 
 	/* The RESULT of an inline PUT naming an op the victim cannot have. */
 	evil_connect(&v, "evil7");
-	{
-		struct shm_ctrl_desc *d = &v.tx->ctrls[0];
-		uint64_t one = 1;
-
-		d->type = SHM_C_RESULT_INLINE;
-		d->res = 0;
-		d->op_cookie = ~0ull;
-		atomic_store(&d->seq, 1);
-		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
-	}
+	evil_ctrl(&v, SHM_C_RESULT_INLINE, 0, ~0ull, 0);
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
