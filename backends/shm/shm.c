@@ -335,11 +335,11 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	d->key_len = op->key_len;
 	memcpy(d->body, op->key, op->key_len + 1u);
 	if (inline_data) {
+		char *dst = d->body + shm_inline_at(op->key_len);
+
 		d->type = SHM_D_PUT_INLINE;
 		d->buf_cookie = 0;
 		d->offset = 0;
-		char *dst = d->body + shm_inline_at(op->key_len);
-
 		if (buf) {
 			memcpy(dst, buf->data, op->len);
 		} else {
