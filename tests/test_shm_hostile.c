@@ -132,9 +132,12 @@ static void evil_close(struct evil *v)
 	close(v->sock);
 }
 
-/* Put one PUT descriptor into the ring and ring the victim's doorbell. */
+/*
+ * Put one PUT descriptor into the ring and ring the victim's doorbell;
+ * data (when not NULL) goes inside the entry, as an inline PUT's does.
+ */
 static void evil_put_type(struct evil *v, uint32_t type, const char *key, uint64_t offset,
-			  uint64_t len, uint64_t buf_cookie)
+			  uint64_t len, uint64_t buf_cookie, const void *data)
 {
 	uint32_t tail = v->put_tail++;
 	struct shm_put_desc *d = &v->tx->puts[tail % SHM_PUT_ENTRIES];
@@ -148,9 +151,22 @@ static void evil_put_type(struct evil *v, uint32_t type, const char *key, uint64
 	d->len = len;
 	d->key_len = (uint16_t)strlen(key);
 	memcpy(d->body, key, d->key_len + 1u);
+	if (data)
+		memcpy(d->body + shm_inline_at(d->key_len), data, len);
 	atomic_store(&d->seq, tail + 1);
 	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
 		fail_msg("doorbell");
+}
+
+/* Wait for the victim's first control entry (its answer to our first PUT). */
+static const struct shm_ctrl_desc *evil_first_answer(struct evil *v)
+{
+	int64_t end = t_now() + 5 * SEC;
+
+	while (atomic_load(&v->rx->ctrls[0].seq) == 0 && t_now() < end)
+		usleep(1000);
+	assert_int_equal(atomic_load(&v->rx->ctrls[0].seq), 1);
+	return &v->rx->ctrls[0];
 }
 
 /* Put one control entry into the ring and ring the victim's doorbell. */
@@ -174,7 +190,7 @@ static void evil_ctrl(struct evil *v, uint16_t type, int32_t res, uint64_t op_co
 static void evil_put(struct evil *v, const char *key, uint64_t offset, uint64_t len,
 		     uint64_t buf_cookie)
 {
-	evil_put_type(v, SHM_D_PUT, key, offset, len, buf_cookie);
+	evil_put_type(v, SHM_D_PUT, key, offset, len, buf_cookie, NULL);
 }
 
 /* Wait for the victim to hang up on us. Returns 1 if it did. */
@@ -211,19 +227,16 @@ static void test_well_formed_then_out_of_bounds(void **state)
 	struct ferry_peer *from = t_peer(e, "evil");
 	struct ferry_cqe c;
 	struct evil v;
-	int64_t end;
+	const struct shm_ctrl_desc *answer;
 
 	(void)state;
 	evil_connect(&v, "evil");
 	/* A correct PUT first: it is delivered and answered. */
 	memcpy(v.pool + 4096, "fine data", 10);
 	evil_put(&v, "ok", 4096, 10, 1);
-	end = t_now() + 5 * SEC;
-	while (atomic_load(&v.rx->ctrls[0].seq) == 0 && t_now() < end)
-		usleep(1000);
-	assert_int_equal(atomic_load(&v.rx->ctrls[0].seq), 1);
-	assert_int_equal(v.rx->ctrls[0].type, SHM_C_RESULT);
-	assert_int_equal(v.rx->ctrls[0].res, 0);
+	answer = evil_first_answer(&v);
+	assert_int_equal(answer->type, SHM_C_RESULT);
+	assert_int_equal(answer->res, 0);
 	/* Now a descriptor pointing past the end of our pool. */
 	evil_put(&v, "bad", EVIL_POOL - 8, 4096, 2);
 	assert_true(evil_dropped(&v, 5000));
@@ -256,7 +269,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 
 	/* An unknown descriptor type. */
 	evil_connect(&v, "evil2");
-	evil_put_type(&v, 99, "x", 0, 1, 1);
+	evil_put_type(&v, 99, "x", 0, 1, 1, NULL);
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
@@ -292,7 +305,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 
 	/* An inline PUT longer than an inline PUT may be. */
 	evil_connect(&v, "evil6");
-	evil_put_type(&v, SHM_D_PUT_INLINE, "big", 0, SHM_INLINE_MAX + 1, 0);
+	evil_put_type(&v, SHM_D_PUT_INLINE, "big", 0, SHM_INLINE_MAX + 1, 0, NULL);
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
 
@@ -312,32 +325,15 @@ static void test_inline_put_delivered(void **state)
 	struct ferry_engine *e = victim();
 	struct ferry_cqe c;
 	struct evil v;
-	int64_t end;
+	const struct shm_ctrl_desc *answer;
 
 	(void)state;
 	evil_connect(&v, "evil");
-	{
-		uint32_t tail = v.put_tail++;
-		struct shm_put_desc *d = &v.tx->puts[tail % SHM_PUT_ENTRIES];
-		uint64_t one = 1;
-
-		memset(d, 0, sizeof(*d));
-		d->type = SHM_D_PUT_INLINE;
-		d->op_cookie = 9;
-		d->len = 6;
-		d->key_len = 2;
-		memcpy(d->body, "in", 3);
-		memcpy(d->body + shm_inline_at(2), "small", 6);
-		atomic_store(&d->seq, tail + 1);
-		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
-	}
-	end = t_now() + 5 * SEC;
-	while (atomic_load(&v.rx->ctrls[0].seq) == 0 && t_now() < end)
-		usleep(1000);
-	assert_int_equal(atomic_load(&v.rx->ctrls[0].seq), 1);
-	assert_int_equal(v.rx->ctrls[0].type, SHM_C_RESULT_INLINE);
-	assert_int_equal(v.rx->ctrls[0].res, 0);
-	assert_int_equal(v.rx->ctrls[0].op_cookie, 9);
+	evil_put_type(&v, SHM_D_PUT_INLINE, "in", 0, 6, 0, "small");
+	answer = evil_first_answer(&v);
+	assert_int_equal(answer->type, SHM_C_RESULT_INLINE);
+	assert_int_equal(answer->res, 0);
+	assert_int_equal(answer->op_cookie, 7);
 	t_get(e, t_peer(e, "evil"), "in", NULL, 0, 3, FERRY_SQE_NOWAIT, 0);
 	t_expect(e, NULL, 3, 0, &c);
 	assert_string_equal(ferry_buf_data(c.buf), "small");
