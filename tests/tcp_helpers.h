@@ -34,6 +34,7 @@ struct mk {
 	uint32_t max_ops;
 	uint32_t max_keys;
 	uint32_t max_bufs;
+	bool manual;         /* FERRY_PROGRESS_MANUAL: rounds run only when the test calls */
 };
 
 static inline struct ferry_engine *mk_engine(const struct mk *m)
@@ -53,6 +54,8 @@ static inline struct ferry_engine *mk_engine(const struct mk *m)
 	p.max_keys = m->max_keys;
 	p.max_bufs = m->max_bufs;
 	p.spin_ns = 20000;
+	if (m->manual)
+		p.progress = FERRY_PROGRESS_MANUAL;
 	if (p.pool_size > 256 * MIB)
 		p.flags = FERRY_ENGINE_NO_PREFAULT;
 	rc = ferry_engine_create(&p, &e);

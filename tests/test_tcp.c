@@ -1041,19 +1041,63 @@ struct sink {
 	const char *listen;
 	size_t pool;
 	unsigned expect_keys; /* GET these "k<i>" (0: just live until killed) */
+	bool end_one;         /* then end one of the link's connections, keep the others */
 };
 
 /* A consumer child at a fixed address; reports its address on fd 'out'. */
 static int out_fd = -1;
 
+/*
+ * The connections our data listener accepted (local port = its port, with
+ * a peer): how many, and the last fd found.
+ */
+static int accepted_socks(const char *listen_addr, int *last)
+{
+	const char *colon = strrchr(listen_addr, ':');
+	int port = colon ? atoi(colon + 1) : -1, n = 0;
+
+	for (int fd = 3; fd < 1024; fd++) {
+		struct sockaddr_in me, peer;
+		socklen_t ml = sizeof(me), pl = sizeof(peer);
+
+		if (getsockname(fd, (struct sockaddr *)&me, &ml) || me.sin_family != AF_INET ||
+		    ntohs(me.sin_port) != port || getpeername(fd, (struct sockaddr *)&peer, &pl))
+			continue;
+		*last = fd;
+		n++;
+	}
+	return n;
+}
+
+/* The sink counts the connections it authenticated ("connection i of n"). */
+static atomic_uint sink_conns_made, sink_conns_want;
+
+static void sink_count_conns(int level, const char *line, void *arg)
+{
+	const char *p = strstr(line, " connected (connection ");
+	unsigned i, n;
+
+	(void)level;
+	(void)arg;
+	if (getenv("FERRY_LOG"))
+		fprintf(stderr, "cons: %s\n", line);
+	if (p && sscanf(p, " connected (connection %u of %u)", &i, &n) == 2) {
+		atomic_store(&sink_conns_want, n);
+		atomic_fetch_add(&sink_conns_made, 1);
+	}
+}
+
 static int sink_main(const char *unused, void *arg)
 {
 	struct sink *s = arg;
 	struct mk m = { .name = "cons", .listen = s->listen, .secret = SECRET, .pool = s->pool };
-	struct ferry_engine *e = mk_engine(&m);
+	struct ferry_engine *e;
 	char addr[TCP_ADDR_MAX];
 
 	(void)unused;
+	if (s->end_one)
+		ferry_log_set(FERRY_LOG_DEBUG, sink_count_conns, NULL);
+	e = mk_engine(&m);
 	if (!e)
 		return 10;
 	ferry_engine_address(e, addr, sizeof(addr));
@@ -1068,6 +1112,21 @@ static int sink_main(const char *unused, void *arg)
 		if (wait_one(e, &c, 20 * SEC) != 0)
 			return 12;
 		ferry_buf_release(c.buf);
+	}
+	if (s->end_one) {
+		int fd = -1, n = 0;
+
+		/* Every connection of the link authenticated (they follow the first one). */
+		for (int i = 0; i < 5000 && (!atomic_load(&sink_conns_want) ||
+					     atomic_load(&sink_conns_made) <
+						     atomic_load(&sink_conns_want)); i++)
+			usleep(1000);
+		n = accepted_socks(addr, &fd);
+		if (n < 2 || (unsigned)n != atomic_load(&sink_conns_made))
+			return 13;
+		if (shutdown(fd, SHUT_WR))
+			return 14;
+		pause();
 	}
 	if (!s->expect_keys)
 		pause();
@@ -1221,6 +1280,112 @@ static void test_tcp_silent_peer(void **state)
 	ferry_engine_destroy(e);
 }
 
+/*
+ * A peer that leaves right after answering: its RESULT for our last PUT and
+ * the end of every connection of the link are all waiting when we look.
+ * The RESULT rides connection 0, which busy polling reads after the ring's
+ * completions (which bring the other connections' ends), so the link must
+ * not fail at the first end: the PUT was delivered and completes with 0.
+ * MANUAL mode: nothing runs here while the peer leaves.
+ */
+static void test_tcp_peer_leaves_after_answer(void **state)
+{
+	struct sink s = { .listen = "tcp://127.0.0.1:0", .pool = 64 * MIB, .expect_keys = 2 };
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = 64 * MIB, .manual = true };
+	struct child ch;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_buf *b;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+	int64_t t0;
+
+	(void)state;
+	start_sink(&ch, &s, addr, sizeof(addr));
+	e = mk_engine(&m);
+	assert_non_null(e);
+	to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(to, addr), 0);
+	/* k0: the link is up, and its first connection carried traffic (read directly). */
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k0", b, 1, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	/* k1 leaves in one round; the peer takes it, answers and exits meanwhile. */
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k1", b, 2, 10 * SEC);
+	assert_true(ferry_progress(e) >= 0);
+	assert_int_equal(reap(ch.pid), 0);
+	t0 = t_now();
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(c.user_data, 2);
+	assert_true(t_now() - t0 < 5 * SEC);
+	/* The peer is gone now: the next PUT fails, its block comes back. */
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k2", b, 3, 5 * SEC);
+	assert_true(wait_one(e, &c, 10 * SEC) < 0);
+	assert_true(c.res == -ECONNRESET || c.res == -EHOSTUNREACH || c.res == -ETIMEDOUT);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+}
+
+/*
+ * A peer that ends one connection of the link and keeps the others open
+ * (a broken peer, or one lost on the way): the link stops taking PUTs at
+ * once (the next one calls anew and arrives) and is dropped after the
+ * grace period instead of waiting forever for the other ends.
+ */
+static atomic_int kept_open_logged;
+
+static void grab_kept_open(int level, const char *line, void *arg)
+{
+	(void)level;
+	(void)arg;
+	if (getenv("FERRY_LOG"))
+		fprintf(stderr, "prod: %s\n", line);
+	if (strstr(line, "kept the others open"))
+		atomic_store(&kept_open_logged, 1);
+}
+
+static void test_tcp_peer_ends_one_connection(void **state)
+{
+	struct sink s = { .listen = "tcp://127.0.0.1:0", .pool = 64 * MIB, .expect_keys = 1,
+			  .end_one = true };
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = 64 * MIB };
+	struct child ch;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_buf *b;
+	struct ferry_cqe c;
+	char addr[TCP_ADDR_MAX];
+	int64_t t0;
+
+	(void)state;
+	start_sink(&ch, &s, addr, sizeof(addr));
+	atomic_store(&kept_open_logged, 0);
+	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_WARN, grab_kept_open, NULL);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(to, addr), 0);
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k0", b, 1, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	/* The peer ends one connection: the link is dropped after the grace. */
+	t0 = t_now();
+	while (!atomic_load(&kept_open_logged) && t_now() - t0 < 10 * SEC)
+		usleep(5000);
+	assert_true(atomic_load(&kept_open_logged));
+	/* The next PUT calls anew and reaches the live peer. */
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, "k1", b, 2, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	kill(ch.pid, SIGKILL);
+	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1236,10 +1401,14 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_kill_receiver, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_kill_sender, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_peer_leaves_after_answer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_peer_ends_one_connection, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_one_gib, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_eight_concurrent, setup, teardown),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
+	if (getenv("FERRY_TEST_ONLY")) /* e.g. FERRY_TEST_ONLY='*peer_leaves*' */
+		cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

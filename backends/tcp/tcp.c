@@ -93,6 +93,7 @@
 #define TCP_HOT_NS 2000000ull       /* a connection quiet this long is read by io_uring again */
 #define TCP_MAX_HOT 16              /* connections read directly, at most */
 #define TCP_READS_PER_ROUND 8       /* direct reads of one connection per round at most */
+#define TCP_END_GRACE_NS 100000000ull /* a link whose peer ended some connections: see conn_end */
 
 /*
  * RESULTs alone on a connection wait this long for a frame to go with them
@@ -104,7 +105,7 @@
 #define TCP_DEFAULT_CONNS 4
 
 /* io_uring cookies: kind in the low 4 bits, connection slot, generation. */
-enum { K_LISTEN = 1, K_POLL = 2, K_RECV = 3, K_SEND = 4, K_TICK = 5, K_RINGFD = 6 };
+enum { K_LISTEN = 1, K_POLL = 2, K_RECV = 3, K_SEND = 4, K_TICK = 5, K_RINGFD = 6, K_END = 7 };
 
 static uint64_t mk_cookie(unsigned kind, uint32_t slot, uint32_t gen)
 {
@@ -202,6 +203,7 @@ struct tcp_conn {
 	uint8_t hs;
 	bool caller;
 	bool dead;
+	bool ended;            /* the peer closed it, or it broke: nothing more in or out (conn_end) */
 	bool poll_armed, recv_armed, send_armed;
 	bool rx_stalled;       /* waits for a control frame or an rx slot */
 	bool hot;              /* read directly each round (no RECV armed), see conn_read */
@@ -235,7 +237,8 @@ struct tcp_conn {
 	struct tcp_conn *next_stalled;
 };
 
-enum { LINK_CONNECTING = 1, LINK_UP, LINK_DEAD };
+/* ENDING: some connections ended, the others are read until they end too (conn_end). */
+enum { LINK_CONNECTING = 1, LINK_UP, LINK_ENDING, LINK_DEAD };
 
 struct tcp_link {
 	int refs;              /* the table, each peer resolved to it */
@@ -251,6 +254,7 @@ struct tcp_link {
 	struct tcp_msg *wait_head, *wait_tail;  /* PUTs before the link was up */
 	struct tcp_msg *rdv_head, *rdv_tail;    /* data to send */
 	uint64_t last_rx_ns, last_ping_ns;
+	uint64_t ended_ns;     /* when it began ENDING */
 	uint32_t rr;
 	struct tcp_link *next;
 };
@@ -264,8 +268,10 @@ struct tcp_state {
 	uint32_t inflight;     /* SQEs whose CQE has not come */
 	bool tick_armed;
 	bool tick_due;         /* the tick fired: deadlines, heartbeats, reaping */
+	bool end_armed;        /* a K_END timeout is on the ring */
+	uint32_t nending;      /* links ENDING */
 	uint32_t nconns;       /* connections in the table */
-	struct __kernel_timespec tick_ts;
+	struct __kernel_timespec tick_ts, end_ts;
 	/* Configuration. */
 	struct tcp_secret secret;
 	char listen_text[TCP_ADDR_MAX];
@@ -300,6 +306,7 @@ struct tcp_state {
 };
 
 static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why);
+static void conn_end(struct tcp_state *st, struct tcp_conn *c, int err);
 static void conn_kill(struct tcp_state *st, struct tcp_conn *c);
 static void conn_kick(struct tcp_state *st, struct tcp_conn *c);
 static void conn_arm_recv(struct tcp_state *st, struct tcp_conn *c);
@@ -368,6 +375,23 @@ static void arm_tick(struct tcp_state *st)
 	io_uring_prep_timeout(sqe, &st->tick_ts, 0, 0);
 	io_uring_sqe_set_data64(sqe, mk_cookie(K_TICK, 0, 0));
 	st->tick_armed = true;
+}
+
+/* A link is ENDING: check_time looks at it again when its grace may be over. */
+static void arm_end_check(struct tcp_state *st)
+{
+	struct io_uring_sqe *sqe;
+
+	if (st->end_armed)
+		return;
+	sqe = get_sqe(st);
+	if (!sqe)
+		return; /* the next tick does it */
+	st->end_ts.tv_sec = 0;
+	st->end_ts.tv_nsec = (long long)(TCP_END_GRACE_NS / 4);
+	io_uring_prep_timeout(sqe, &st->end_ts, 0, 0);
+	io_uring_sqe_set_data64(sqe, mk_cookie(K_END, 0, 0));
+	st->end_armed = true;
 }
 
 static void tables_free(struct tcp_state *st)
@@ -696,10 +720,16 @@ static struct tcp_conn *link_primary(struct tcp_link *l)
 	for (unsigned i = 0; i < l->nconns; i++) {
 		struct tcp_conn *c = l->conns[i];
 
-		if (c && !c->dead && c->hs == HS_READY)
+		if (c && !c->dead && !c->ended && c->hs == HS_READY)
 			return c;
 	}
 	return NULL;
+}
+
+/* A link that takes new PUTs and connections (not ENDING or DEAD). */
+static bool link_open(const struct tcp_link *l)
+{
+	return l->state == LINK_CONNECTING || l->state == LINK_UP;
 }
 
 static void msg_send(struct tcp_state *st, struct tcp_link *l, struct tcp_msg *m)
@@ -724,7 +754,7 @@ static bool ctl_send(struct tcp_state *st, struct tcp_conn *c, uint8_t type, uin
 {
 	struct tcp_ctl *k = st->free_ctls;
 
-	if (!k || c->dead)
+	if (!k || c->dead || c->ended)
 		return false;
 	st->free_ctls = k->free_next;
 	tcp_frame_pack(k->tx.hdr, type, 0, 0, 0, cookie, arg);
@@ -826,7 +856,7 @@ static void tx_done(struct tcp_state *st, struct tcp_tx *t)
 /* Frames were queued on c: they leave at the end of the round (tcp_round_end). */
 static void conn_kick(struct tcp_state *st, struct tcp_conn *c)
 {
-	if (c->flush_queued || c->send_armed || c->dead || c->hs != HS_READY)
+	if (c->flush_queued || c->send_armed || c->dead || c->ended || c->hs != HS_READY)
 		return;
 	c->flush_queued = true;
 	st->flushq[st->nflush++] = c;
@@ -892,7 +922,7 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 	ssize_t n;
 
 	for (int tries = 0; tries < 4; tries++) {
-		if (c->send_armed || c->dead || c->hs != HS_READY || !conn_iov(c))
+		if (c->send_armed || c->dead || c->ended || c->hs != HS_READY || !conn_iov(c))
 			return;
 		n = sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n < 0) {
@@ -900,7 +930,7 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 				continue;
 			if (errno == EAGAIN || errno == EWOULDBLOCK)
 				break;
-			link_fail(st, c->link, -ECONNRESET, strerror(errno));
+			conn_end(st, c, errno);
 			return;
 		}
 		tx_consume(st, c, (uint64_t)n);
@@ -1009,7 +1039,7 @@ static void on_send(struct tcp_state *st, struct tcp_conn *c, int res)
 			conn_kick(st, c);
 			return;
 		}
-		link_fail(st, c->link, -ECONNRESET, res ? ferry_strerror(res) : "send returned 0");
+		conn_end(st, c, res ? -res : EPIPE);
 		return;
 	}
 	tx_consume(st, c, (uint64_t)res);
@@ -1439,7 +1469,7 @@ static void conn_arm_recv(struct tcp_state *st, struct tcp_conn *c)
 	size_t len;
 	void *p;
 
-	if (c->recv_armed || c->hot || c->dead || c->rx_stalled)
+	if (c->recv_armed || c->hot || c->dead || c->ended || c->rx_stalled)
 		return;
 	sqe = get_sqe(st);
 	if (!sqe) {
@@ -1494,8 +1524,6 @@ static void rx_bytes(struct tcp_state *st, struct tcp_conn *c, uint64_t n)
 
 static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
 {
-	struct tcp_link *l = c->link;
-
 	c->recv_armed = false;
 	if (c->dead)
 		return;
@@ -1504,10 +1532,7 @@ static void on_recv(struct tcp_state *st, struct tcp_conn *c, int res)
 			conn_arm_recv(st, c);
 			return;
 		}
-		if (res == 0)
-			log_info("tcp: engine %s: %s closed the connection", st->engine->name,
-				 l->peer_name);
-		link_fail(st, l, -ECONNRESET, res ? ferry_strerror(res) : NULL);
+		conn_end(st, c, -res);
 		return;
 	}
 	/* The kernel wrote these bytes; valgrind cannot see io_uring do it. */
@@ -1539,7 +1564,7 @@ static int conn_read(struct tcp_state *st, struct tcp_conn *c)
 	ssize_t n;
 	void *p;
 
-	if (c->recv_armed || c->dead || c->rx_stalled || c->hs != HS_READY)
+	if (c->recv_armed || c->dead || c->ended || c->rx_stalled || c->hs != HS_READY)
 		return 0;
 	rx_target(c, &p, &len);
 	n = recv(c->fd, p, len, MSG_DONTWAIT);
@@ -1549,10 +1574,7 @@ static int conn_read(struct tcp_state *st, struct tcp_conn *c)
 	}
 	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 		return 0;
-	if (n == 0)
-		log_info("tcp: engine %s: %s closed the connection", st->engine->name,
-			 c->link->peer_name);
-	link_fail(st, c->link, -ECONNRESET, n ? strerror(errno) : NULL);
+	conn_end(st, c, n ? errno : 0);
 	return 1;
 }
 
@@ -1630,6 +1652,57 @@ static bool other_live_link(struct tcp_state *st, struct tcp_link *l)
 }
 
 /*
+ * c ended: the peer closed it (err 0: the end of its stream) or it broke
+ * (err: the receive's or the send's errno). A peer engine that leaves ends
+ * every connection of its link, and we see those ends in no particular
+ * order, while another connection may still hold frames sent before them:
+ * the RESULTs of our last PUTs ride connection 0, and busy polling reads
+ * it after the ring's completions, which bring the others' ends. So the
+ * first end makes the link ENDING, not dead: it takes no new PUTs (the next
+ * one calls anew), sends nothing more on ended connections, and keeps
+ * reading the others; it fails once every ready connection ended, or
+ * TCP_END_GRACE_NS after its first end (check_time) if the peer keeps
+ * some open. What was queued on an ended connection then fails with the
+ * link, as before.
+ */
+static void conn_end(struct tcp_state *st, struct tcp_conn *c, int err)
+{
+	struct tcp_link *l = c->link;
+
+	if (c->dead || c->ended)
+		return;
+	if (err)
+		log_info("tcp: engine %s: connection %u to %s: %s", st->engine->name, c->index,
+			 l ? l->peer_name : "?", strerror(err));
+	else
+		log_info("tcp: engine %s: %s closed connection %u", st->engine->name,
+			 l ? l->peer_name : "?", c->index);
+	if (!l || (l->state != LINK_UP && l->state != LINK_ENDING)) {
+		if (l)
+			link_fail(st, l, -ECONNRESET, NULL);
+		else
+			conn_kill(st, c);
+		return;
+	}
+	c->ended = true;
+	hot_del(st, c);
+	flushq_del(st, c);
+	if (l->state == LINK_UP) {
+		l->state = LINK_ENDING;
+		l->ended_ns = reactor_now(st->engine);
+		st->nending++;
+		arm_end_check(st);
+	}
+	for (unsigned i = 0; i < TCP_MAX_CONNS; i++) {
+		struct tcp_conn *o = l->conns[i];
+
+		if (o && !o->dead && !o->ended && o->hs == HS_READY)
+			return; /* it may still bring frames */
+	}
+	link_fail(st, l, -ECONNRESET, NULL);
+}
+
+/*
  * The peer is gone (or broke the protocol, or could not be reached): its
  * PUTs fail with res, GETs waiting on it give up, every block it held comes
  * back. why == NULL: already logged (or no error, a peer leaving).
@@ -1640,6 +1713,8 @@ static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const c
 
 	if (!l || l->state == LINK_DEAD)
 		return;
+	if (l->state == LINK_ENDING)
+		st->nending--;
 	l->state = LINK_DEAD;
 	if (why)
 		log_warn("tcp: engine %s: link to %s lost: %s", e->name, l->peer_name, why);
@@ -1848,7 +1923,7 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 	}
 	/* Join the caller's link, or start it. */
 	for (l = st->links; l; l = l->next)
-		if (!l->caller && l->state != LINK_DEAD && l->link_id == c->link_id &&
+		if (!l->caller && link_open(l) && l->link_id == c->link_id &&
 		    strcmp(l->peer_name, c->peer_name) == 0)
 			break;
 	if (!l) {
@@ -1879,6 +1954,27 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 	conn_ready(st, c);
 }
 
+/*
+ * The handshake of our connection c failed (res; why, or NULL: logged). A
+ * link still calling fails with it. A link already up only loses c and
+ * goes on with its other connections: they are authenticated and may
+ * carry answers to PUTs already sent (if the peer is leaving, their ends
+ * follow, see conn_end).
+ */
+static void hs_fail(struct tcp_state *st, struct tcp_conn *c, int res, const char *why)
+{
+	struct tcp_link *l = c->link;
+
+	if (l && (l->state == LINK_UP || l->state == LINK_ENDING)) {
+		log_info("tcp: engine %s: connection %u to %s not made (%s): the link goes on "
+			 "without it", st->engine->name, c->index, l->peer_name,
+			 why ? why : ferry_strerror(res));
+		conn_kill(st, c);
+		return;
+	}
+	link_fail(st, l, res, why);
+}
+
 /* Caller: the callee's proof came. */
 static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 {
@@ -1892,19 +1988,19 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 
 		log_warn("tcp: engine %s: %s refused us: %s", e->name, l->peer_name,
 			 ferry_strerror(-err));
-		link_fail(st, l, err == EACCES ? -EACCES : -EHOSTUNREACH, NULL);
+		hs_fail(st, c, err == EACCES ? -EACCES : -EHOSTUNREACH, NULL);
 		return;
 	}
 	if (c->hin.type != TCP_H_PROOF || c->hin.version != TCP_PROTO_VERSION) {
 		log_warn("tcp: engine %s: %s answered with version %u type %u", e->name,
 			 l->peer_name, c->hin.version, c->hin.type);
-		link_fail(st, l, -EHOSTUNREACH, NULL);
+		hs_fail(st, c, -EHOSTUNREACH, NULL);
 		return;
 	}
 	if (strcmp(c->hin.name, l->peer_name) != 0 || strcmp(c->hin.ns, e->ns) != 0) {
 		log_warn("tcp: engine %s: called %s, \"%s\" in namespace \"%s\" answered", e->name,
 			 l->peer_name, c->hin.name, c->hin.ns);
-		link_fail(st, l, -EHOSTUNREACH, NULL);
+		hs_fail(st, c, -EHOSTUNREACH, NULL);
 		return;
 	}
 	memcpy(c->nonce_peer, c->hin.nonce, TCP_NONCE_BYTES);
@@ -1913,14 +2009,14 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 	if (!tcp_proof_equal(want, c->hin.mac)) {
 		log_warn("tcp: engine %s: %s does not hold our secret: hung up", e->name,
 			 l->peer_name);
-		link_fail(st, l, -EACCES, NULL);
+		hs_fail(st, c, -EACCES, NULL);
 		return;
 	}
 	hello_fill(st, &h, TCP_H_AUTH);
 	tcp_proof(&st->secret, "ferry-caller", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
 		  e->ns, l->link_id, c->index, h.mac);
 	if (hello_send(c, &h)) {
-		link_fail(st, l, -EHOSTUNREACH, "handshake send failed");
+		hs_fail(st, c, -EHOSTUNREACH, "handshake send failed");
 		return;
 	}
 	c->hs = HS_WAIT_OK;
@@ -1937,7 +2033,7 @@ static void caller_ok(struct tcp_state *st, struct tcp_conn *c)
 
 		log_warn("tcp: engine %s: %s refused us: %s", st->engine->name, l->peer_name,
 			 ferry_strerror(-err));
-		link_fail(st, l, err == EACCES ? -EACCES : -EHOSTUNREACH, NULL);
+		hs_fail(st, c, err == EACCES ? -EACCES : -EHOSTUNREACH, NULL);
 		return;
 	}
 	conn_ready(st, c);
@@ -1976,7 +2072,7 @@ static void on_poll(struct tcp_state *st, struct tcp_conn *c, int res)
 		return;
 	if (res < 0 && res != -EINTR) {
 		if (c->link)
-			link_fail(st, c->link, -EHOSTUNREACH, ferry_strerror(res));
+			hs_fail(st, c, -EHOSTUNREACH, ferry_strerror(res));
 		else
 			conn_kill(st, c);
 		return;
@@ -1993,7 +2089,7 @@ static void on_poll(struct tcp_state *st, struct tcp_conn *c, int res)
 		if (err) {
 			log_info("tcp: engine %s: cannot reach %s: %s", st->engine->name,
 				 c->link->peer_name, strerror(err));
-			link_fail(st, c->link, -EHOSTUNREACH, NULL);
+			hs_fail(st, c, -EHOSTUNREACH, NULL);
 			return;
 		}
 		hello_fill(st, &h, TCP_H_HELLO);
@@ -2002,7 +2098,7 @@ static void on_poll(struct tcp_state *st, struct tcp_conn *c, int res)
 		h.link_id = c->link->link_id;
 		memcpy(h.nonce, c->nonce_me, TCP_NONCE_BYTES);
 		if ((rc = hello_send(c, &h))) {
-			link_fail(st, c->link, -EHOSTUNREACH, ferry_strerror(rc));
+			hs_fail(st, c, -EHOSTUNREACH, ferry_strerror(rc));
 			return;
 		}
 		c->hs = HS_WAIT_PROOF;
@@ -2018,7 +2114,7 @@ static void on_poll(struct tcp_state *st, struct tcp_conn *c, int res)
 		if (c->link && c->caller) {
 			log_info("tcp: engine %s: handshake with %s: %s", st->engine->name,
 				 c->link->peer_name, ferry_strerror(rc));
-			link_fail(st, c->link, -EHOSTUNREACH, NULL);
+			hs_fail(st, c, -EHOSTUNREACH, NULL);
 		} else {
 			log_info("tcp: engine %s: a caller left during its handshake: %s",
 				 st->engine->name, ferry_strerror(rc));
@@ -2200,7 +2296,7 @@ static int check_time(struct tcp_state *st)
 		if (c->link && c->caller) {
 			log_info("tcp: engine %s: handshake with %s timed out", st->engine->name,
 				 c->link->peer_name);
-			link_fail(st, c->link, -EHOSTUNREACH, NULL);
+			hs_fail(st, c, -EHOSTUNREACH, NULL);
 		} else {
 			log_info("tcp: engine %s: a caller stayed silent: hung up", st->engine->name);
 			conn_kill(st, c);
@@ -2210,6 +2306,14 @@ static int check_time(struct tcp_state *st)
 	for (struct tcp_link *l = st->links; l; l = l->next) {
 		struct tcp_conn *c;
 
+		if (l->state == LINK_ENDING && now - l->ended_ns >= TCP_END_GRACE_NS) {
+			log_warn("tcp: engine %s: %s ended some connections of its link and kept "
+				 "the others open for %llu ms: link dropped", st->engine->name,
+				 l->peer_name, (unsigned long long)(TCP_END_GRACE_NS / 1000000));
+			link_fail(st, l, -ECONNRESET, NULL);
+			n++;
+			continue;
+		}
 		if (l->state != LINK_UP)
 			continue;
 		if (now - l->last_rx_ns > st->peer_timeout_ns) {
@@ -2250,6 +2354,10 @@ static void on_ring_cqe(struct tcp_state *st, uint64_t ud, int res)
 		return;
 	case K_TICK:
 		st->tick_armed = false;
+		st->tick_due = true;
+		return;
+	case K_END:
+		st->end_armed = false;
 		st->tick_due = true;
 		return;
 	case K_POLL:
@@ -2308,6 +2416,8 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 		st->tick_due = false;
 		check_time(st);
 		reap_links(st);
+		if (st->nending)
+			arm_end_check(st);
 	}
 	if (st->ndead)
 		sweep_dead(st);
@@ -2395,7 +2505,7 @@ static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_li
 	memcpy(address, peer->address, sizeof(address));
 	pthread_mutex_unlock(&e->lock);
 	for (l = st->links; l; l = l->next)
-		if (l->state != LINK_DEAD && strcmp(l->peer_name, peer->name) == 0)
+		if (link_open(l) && strcmp(l->peer_name, peer->name) == 0)
 			break;
 	if (l) {
 		*out = l;
@@ -2461,8 +2571,8 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	struct tcp_link *l = op->peer->transport;
 	struct tcp_msg *m;
 
-	if (l->state == LINK_DEAD) {
-		/* Lost since: call again (the peer may be back), or give up. */
+	if (!link_open(l)) {
+		/* Lost or ending since: call again (the peer may be back), or give up. */
 		struct tcp_link *nl;
 
 		if (link_for(st, op->peer, &nl))
