@@ -815,19 +815,74 @@ static void test_stage_three_processes_shm(void **state)
 	run_pipeline("pipeline3.yaml", "pipe-shm");
 }
 
-/* A port nobody listens on now, on loopback. */
-static int free_port(void)
+/* Is port free on loopback right now? */
+static bool port_bindable(int port)
 {
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				 .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	bool ok;
 
 	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&a, &len), 0);
-	port = ntohs(a.sin_port);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
 	close(fd);
-	return port;
+	return ok;
+}
+
+/*
+ * A port nobody listens on now, on loopback, below the kernel's ephemeral
+ * range (ip_local_port_range): no connection made between this check and
+ * the stage's bind can get it as its local port (a port the kernel picked
+ * for us could, and once did).
+ */
+static int free_port(void)
+{
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	int lo = 0, hi = 0, span = 8000, start;
+
+	if (f) {
+		if (fscanf(f, "%d %d", &lo, &hi) != 2)
+			lo = 0;
+		fclose(f);
+	}
+	if (lo < 10000 + span)
+		lo = 10000 + span; /* an odd range: stay in the registered ports anyway */
+	start = (int)(((unsigned)getpid() * 7919u + (unsigned)t_now()) % (unsigned)span);
+	for (int i = 0; i < span; i++) {
+		int port = lo - span + (start + i) % span;
+
+		if (port_bindable(port))
+			return port;
+	}
+	fail_msg("no free port in [%d, %d)", lo - span, lo);
+	return -1;
+}
+
+/*
+ * Copy the fixture with its "zmq_port: 0" set so that the stage listening
+ * on zmq_port + offset finds its port free; returns the new file's path in
+ * path (a mkstemps template ending in ".yaml").
+ */
+static void fixture_with_port(const char *fixture, int offset, char *path)
+{
+	char text[4096];
+	FILE *in = fopen(fixture, "r");
+	size_t n;
+	char *at;
+	int fd;
+
+	assert_non_null(in);
+	n = fread(text, 1, sizeof(text) - 64, in);
+	fclose(in);
+	text[n] = '\0';
+	at = strstr(text, "zmq_port: 0");
+	assert_non_null(at);
+	fd = mkstemps(path, 5);
+	assert_true(fd >= 0);
+	assert_true(dprintf(fd, "%.*szmq_port: %d%s", (int)(at - text), text,
+			    free_port() - offset, at + strlen("zmq_port: 0")) > 0);
+	close(fd);
 }
 
 /*
@@ -836,26 +891,11 @@ static int free_port(void)
  */
 static void test_stage_three_processes_tcp(void **state)
 {
-	char path[] = "/tmp/ferry-test-pipeline3-tcp-XXXXXX.yaml", text[4096];
-	FILE *in = fopen(FIX "pipeline3_tcp.yaml", "r");
-	size_t n;
-	int fd, port;
-	char *at;
+	char path[] = "/tmp/ferry-test-pipeline3-tcp-XXXXXX.yaml";
 
 	(void)state;
-	assert_non_null(in);
-	n = fread(text, 1, sizeof(text) - 64, in);
-	fclose(in);
-	text[n] = '\0';
 	/* Stage 2 rank 0 listens on zmq_port + 2 (upstream's scheme). */
-	port = free_port() - 2;
-	at = strstr(text, "zmq_port: 0");
-	assert_non_null(at);
-	fd = mkstemps(path, 5);
-	assert_true(fd >= 0);
-	assert_true(dprintf(fd, "%.*szmq_port: %d%s", (int)(at - text), text, port,
-			    at + strlen("zmq_port: 0")) > 0);
-	close(fd);
+	fixture_with_port(FIX "pipeline3_tcp.yaml", 2, path);
 	run_pipeline(path, "pipe-tcp");
 	unlink(path);
 }
@@ -869,28 +909,14 @@ static void test_stage_three_processes_tcp(void **state)
  */
 static void test_stage_three_processes_store(void **state)
 {
-	char path[] = "/tmp/ferry-test-pipeline3-store-tcp-XXXXXX.yaml", text[4096];
-	FILE *in = fopen(FIX "pipeline3_store.yaml", "r");
-	size_t n;
-	int fd, port;
-	char *at;
+	char path[] = "/tmp/ferry-test-pipeline3-store-tcp-XXXXXX.yaml";
 
 	(void)state;
 #ifndef FERRY_HAVE_ZMQ
 	skip(); /* the control channel needs libzmq */
 #endif
-	assert_non_null(in);
-	n = fread(text, 1, sizeof(text) - 64, in);
-	fclose(in);
-	text[n] = '\0';
-	port = free_port() - 1; /* the holder, stage 1 rank 0, listens on zmq_port + 1 */
-	at = strstr(text, "zmq_port: 0");
-	assert_non_null(at);
-	fd = mkstemps(path, 5);
-	assert_true(fd >= 0);
-	assert_true(dprintf(fd, "%.*szmq_port: %d%s", (int)(at - text), text, port,
-			    at + strlen("zmq_port: 0")) > 0);
-	close(fd);
+	/* The holder, stage 1 rank 0, listens on zmq_port + 1. */
+	fixture_with_port(FIX "pipeline3_store.yaml", 1, path);
 	run_pipeline(path, "pipe-store");
 	unlink(path);
 }
