@@ -3,18 +3,23 @@
  *
  * Owns: creating engines with test-sized parameters, submitting one SQE,
  * and waiting for a completion while driving both sides of a loopback pair
- * (MANUAL mode needs every engine driven). Every wait is bounded.
+ * (MANUAL mode needs every engine driven), a free loopback port for tests
+ * that must write one into a configuration. Every wait is bounded.
  */
 #ifndef FERRY_TEST_HELPERS_H
 #define FERRY_TEST_HELPERS_H
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -183,6 +188,50 @@ static inline void t_get(struct ferry_engine *e, struct ferry_peer *from, const 
 	ferry_sqe_set_flags(sqe, flags);
 	ferry_sqe_set_timeout(sqe, timeout_ns);
 	t_submit(e);
+}
+
+/* Is port free on loopback right now? */
+static inline bool t_port_bindable(int port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
+				 .sin_port = htons((uint16_t)port) };
+	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+	bool ok;
+
+	assert_true(fd >= 0);
+	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	close(fd);
+	return ok;
+}
+
+/*
+ * A port nobody listens on now, on loopback, below the kernel's ephemeral
+ * range (ip_local_port_range): no connection made between this check and
+ * the stage's bind can get it as its local port (a port the kernel picked
+ * for us could, and once did).
+ */
+static inline int t_free_tcp_port(void)
+{
+	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+	int lo = 0, hi = 0, span = 8000, start;
+
+	if (f) {
+		if (fscanf(f, "%d %d", &lo, &hi) != 2)
+			lo = 0;
+		fclose(f);
+	}
+	if (lo < 10000 + span)
+		lo = 10000 + span; /* an odd range: stay in the registered ports anyway */
+	start = (int)(((unsigned)getpid() * 7919u + (unsigned)t_now()) % (unsigned)span);
+	for (int i = 0; i < span; i++) {
+		int port = lo - span + (start + i) % span;
+
+		if (t_port_bindable(port))
+			return port;
+	}
+	fail_msg("no free port in [%d, %d)", lo - span, lo);
+	return -1;
 }
 
 #endif

@@ -617,20 +617,6 @@ static int serve_on_port(const char *unused, void *arg)
 	return 0;
 }
 
-static int free_tcp_port(void)
-{
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(sa);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-
-	assert_true(fd >= 0);
-	assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-	port = ntohs(sa.sin_port);
-	close(fd);
-	return port;
-}
-
 /* A peer restarted at the same control address is called again and found. */
 static void test_ctl_peer_restarts(void **state)
 {
@@ -642,7 +628,7 @@ static void test_ctl_peer_restarts(void **state)
 
 	(void)state;
 	assert_int_equal(pipe(back), 0);
-	arg[0] = free_tcp_port();
+	arg[0] = t_free_tcp_port();
 	arg[1] = back[1];
 	spawn(&first, serve_on_port, arg);
 	spawn(&second, serve_on_port, arg);
@@ -681,7 +667,7 @@ static void test_ctl_nobody_there(void **state)
 	struct ferry_cqe c;
 
 	(void)state;
-	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", free_tcp_port());
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", t_free_tcp_port());
 	assert_int_equal(ferry_peer_connect(p, ep), 0);
 	t_put(a, p, "k", x, sizeof(x), 1, 0);
 	assert_int_equal(t_wait_cqe(a, NULL, &c, 10 * SEC), 1); /* the 3 s handshake bound */

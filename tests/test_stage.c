@@ -815,50 +815,6 @@ static void test_stage_three_processes_shm(void **state)
 	run_pipeline("pipeline3.yaml", "pipe-shm");
 }
 
-/* Is port free on loopback right now? */
-static bool port_bindable(int port)
-{
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK),
-				 .sin_port = htons((uint16_t)port) };
-	int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-	bool ok;
-
-	assert_true(fd >= 0);
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	ok = bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
-	close(fd);
-	return ok;
-}
-
-/*
- * A port nobody listens on now, on loopback, below the kernel's ephemeral
- * range (ip_local_port_range): no connection made between this check and
- * the stage's bind can get it as its local port (a port the kernel picked
- * for us could, and once did).
- */
-static int free_port(void)
-{
-	FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
-	int lo = 0, hi = 0, span = 8000, start;
-
-	if (f) {
-		if (fscanf(f, "%d %d", &lo, &hi) != 2)
-			lo = 0;
-		fclose(f);
-	}
-	if (lo < 10000 + span)
-		lo = 10000 + span; /* an odd range: stay in the registered ports anyway */
-	start = (int)(((unsigned)getpid() * 7919u + (unsigned)t_now()) % (unsigned)span);
-	for (int i = 0; i < span; i++) {
-		int port = lo - span + (start + i) % span;
-
-		if (port_bindable(port))
-			return port;
-	}
-	fail_msg("no free port in [%d, %d)", lo - span, lo);
-	return -1;
-}
-
 /*
  * Copy the fixture with its "zmq_port: 0" set so that the stage listening
  * on zmq_port + offset finds its port free; returns the new file's path in
@@ -881,7 +837,7 @@ static void fixture_with_port(const char *fixture, int offset, char *path)
 	fd = mkstemps(path, 5);
 	assert_true(fd >= 0);
 	assert_true(dprintf(fd, "%.*szmq_port: %d%s", (int)(at - text), text,
-			    free_port() - offset, at + strlen("zmq_port: 0")) > 0);
+			    t_free_tcp_port() - offset, at + strlen("zmq_port: 0")) > 0);
 	close(fd);
 }
 
