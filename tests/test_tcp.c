@@ -1147,6 +1147,38 @@ static void start_sink(struct child *ch, struct sink *s, char *addr, size_t len)
 	close(p[0]);
 }
 
+/* A PUT of a fresh 100-byte pool buffer. */
+static void put_small(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+		      uint64_t ud)
+{
+	struct ferry_buf *b;
+
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	put_buf(e, to, key, b, ud, 10 * SEC);
+}
+
+/*
+ * A sink child, and our engine (m) linked to it: its first PUT, k0
+ * (user_data 1), made it and the link is up. to: the sink's peer handle;
+ * addr (TCP_ADDR_MAX bytes): the sink's address.
+ */
+static struct ferry_engine *linked_to_sink(struct child *ch, struct sink *s, const struct mk *m,
+					   struct ferry_peer **to, char *addr)
+{
+	struct ferry_engine *e;
+	struct ferry_cqe c;
+
+	start_sink(ch, s, addr, TCP_ADDR_MAX);
+	e = mk_engine(m);
+	assert_non_null(e);
+	*to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(*to, addr), 0);
+	put_small(e, *to, "k0", 1);
+	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(c.user_data, 1);
+	return e;
+}
+
 static void test_tcp_kill_receiver(void **state)
 {
 	struct sink s = { .listen = "tcp://127.0.0.1:0", .pool = big(600 * MIB, 64 * MIB) };
@@ -1161,15 +1193,7 @@ static void test_tcp_kill_receiver(void **state)
 	int rc;
 
 	(void)state;
-	start_sink(&ch, &s, addr, sizeof(addr));
-	e = mk_engine(&m);
-	assert_non_null(e);
-	to = t_peer(e, "cons");
-	assert_int_equal(ferry_peer_set_address(to, addr), 0);
-	/* A first PUT: the link is up. */
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "first", b, 1, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	e = linked_to_sink(&ch, &s, &m, &to, addr);
 	/* A large one, and the receiver dies under it. */
 	assert_int_equal(ferry_buf_alloc(e, big(512 * MIB, 48 * MIB), &b), 0);
 	memset(ferry_buf_data(b), 1, ferry_buf_len(b));
@@ -1245,31 +1269,21 @@ static void test_tcp_silent_peer(void **state)
 	struct child ch;
 	struct ferry_engine *e;
 	struct ferry_peer *to;
-	struct ferry_buf *b;
 	struct ferry_cqe c;
 	char addr[TCP_ADDR_MAX];
 	int64_t t0, dt;
 
 	(void)state;
-	start_sink(&ch, &s, addr, sizeof(addr));
-	e = mk_engine(&m);
-	assert_non_null(e);
-	to = t_peer(e, "cons");
-	assert_int_equal(ferry_peer_set_address(to, addr), 0);
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k0", b, 1, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	e = linked_to_sink(&ch, &s, &m, &to, addr);
 	/* Idle for a few heartbeats: the live peer answers, the link stays. */
 	usleep(400000);
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k1", b, 2, 10 * SEC);
+	put_small(e, to, "k1", 2);
 	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
 	/* Now it stops: the next PUT fails once the peer timeout passed. */
 	kill(ch.pid, SIGSTOP);
 	usleep(50000);
 	t0 = t_now();
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k2", b, 3, 10 * SEC);
+	put_small(e, to, "k2", 3);
 	assert_int_equal(wait_one(e, &c, 10 * SEC), -ECONNRESET);
 	dt = t_now() - t0;
 	assert_true(dt >= 300 * MS && dt < 3 * SEC);
@@ -1295,24 +1309,15 @@ static void test_tcp_peer_leaves_after_answer(void **state)
 	struct child ch;
 	struct ferry_engine *e;
 	struct ferry_peer *to;
-	struct ferry_buf *b;
 	struct ferry_cqe c;
 	char addr[TCP_ADDR_MAX];
 	int64_t t0;
 
 	(void)state;
-	start_sink(&ch, &s, addr, sizeof(addr));
-	e = mk_engine(&m);
-	assert_non_null(e);
-	to = t_peer(e, "cons");
-	assert_int_equal(ferry_peer_set_address(to, addr), 0);
 	/* k0: the link is up, and its first connection carried traffic (read directly). */
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k0", b, 1, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	e = linked_to_sink(&ch, &s, &m, &to, addr);
 	/* k1 leaves in one round; the peer takes it, answers and exits meanwhile. */
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k1", b, 2, 10 * SEC);
+	put_small(e, to, "k1", 2);
 	assert_true(ferry_progress(e) >= 0);
 	assert_int_equal(reap(ch.pid), 0);
 	t0 = t_now();
@@ -1320,8 +1325,7 @@ static void test_tcp_peer_leaves_after_answer(void **state)
 	assert_int_equal(c.user_data, 2);
 	assert_true(t_now() - t0 < 5 * SEC);
 	/* The peer is gone now: the next PUT fails, its block comes back. */
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k2", b, 3, 5 * SEC);
+	put_small(e, to, "k2", 3);
 	assert_true(wait_one(e, &c, 10 * SEC) < 0);
 	assert_true(c.res == -ECONNRESET || c.res == -EHOSTUNREACH || c.res == -ETIMEDOUT);
 	assert_int_equal(pool_in_use(e), 0);
@@ -1354,30 +1358,21 @@ static void test_tcp_peer_ends_one_connection(void **state)
 	struct child ch;
 	struct ferry_engine *e;
 	struct ferry_peer *to;
-	struct ferry_buf *b;
 	struct ferry_cqe c;
 	char addr[TCP_ADDR_MAX];
 	int64_t t0;
 
 	(void)state;
-	start_sink(&ch, &s, addr, sizeof(addr));
 	atomic_store(&kept_open_logged, 0);
 	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_WARN, grab_kept_open, NULL);
-	e = mk_engine(&m);
-	assert_non_null(e);
-	to = t_peer(e, "cons");
-	assert_int_equal(ferry_peer_set_address(to, addr), 0);
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k0", b, 1, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	e = linked_to_sink(&ch, &s, &m, &to, addr);
 	/* The peer ends one connection: the link is dropped after the grace. */
 	t0 = t_now();
 	while (!atomic_load(&kept_open_logged) && t_now() - t0 < 10 * SEC)
 		usleep(5000);
 	assert_true(atomic_load(&kept_open_logged));
 	/* The next PUT calls anew and reaches the live peer. */
-	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
-	put_buf(e, to, "k1", b, 2, 10 * SEC);
+	put_small(e, to, "k1", 2);
 	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
 	kill(ch.pid, SIGKILL);
 	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
