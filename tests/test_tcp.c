@@ -513,9 +513,9 @@ static int listener_main(const char *unused, void *arg)
 	if (!rc && pool_in_use(e) != 0)
 		rc = 13;
 	/*
-	 * Stay until the producer has every RESULT: an engine destroyed at
-	 * once may close its sockets with unread bytes (a heartbeat), and the
-	 * reset can take the last RESULTs with it (seen under valgrind).
+	 * Stay until the producer has every RESULT, so that this test is about
+	 * the data path alone; a peer leaving right after its last GET is
+	 * peer_leaves_after_answer's case.
 	 */
 	if (!rc && wait_text(lc->done[0], go_word, sizeof(go_word), 120000))
 		rc = 14;
