@@ -80,6 +80,13 @@
 #include "tcp_wire.h"
 
 #define TCP_EAGER_MAX (64u * 1024u) /* payloads up to this go in one frame */
+/*
+ * A PUT of an iovec of at most this many bytes is copied into its message
+ * (backend_ops.iov_put_max) instead of a pool block: no block to take and
+ * give back per small PUT. 2 * max_ops messages: 512 KiB of them per 1024
+ * ops, touched only as messages are used.
+ */
+#define TCP_INLINE_MAX 256u
 #define TCP_RX_STAGE (256u * 1024u) /* per connection: frames are parsed from here */
 #define TCP_CHUNK (512u * 1024u)    /* rendezvous data per frame */
 #define TCP_CHUNKS_PER_CONN 4       /* chunks one connection has queued at most */
@@ -142,7 +149,7 @@ struct tcp_msg {
 	bool resulted;         /* the peer answered (or the link died) */
 	bool rendezvous;
 	bool cts;              /* the receiver said where the data goes */
-	struct ferry_buf *buf;
+	struct ferry_buf *buf; /* its data; NULL when it is in inl */
 	uint64_t len;
 	uint64_t rx_slot;      /* the receiver's slot (from CTS) */
 	uint64_t next_off;     /* rendezvous: next byte to put in a chunk */
@@ -153,6 +160,7 @@ struct tcp_msg {
 	uint32_t flags;
 	uint16_t key_len;
 	char key[FERRY_KEY_MAX];
+	uint8_t inl[TCP_INLINE_MAX]; /* the data of a small PUT made from an iovec */
 };
 
 /* A control frame (RESULT, CTS, PING, PONG): header only. */
@@ -2494,6 +2502,24 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->buf = op->buf;
 	op->buf = NULL; /* the message owns the block now */
 	m->len = op->len;
+	if (!m->buf) {
+		/*
+		 * An iovec of at most TCP_INLINE_MAX bytes (iov_put_max), summed
+		 * at submission: copied here, so a deadline that ends the op
+		 * before the frame leaves cannot leave it pointing at the
+		 * caller's memory.
+		 */
+		uint8_t *dst = m->inl;
+		uint64_t left = m->len;
+
+		for (uint32_t i = 0; i < op->iovcnt && left; i++) {
+			size_t n = op->iov[i].iov_len < left ? op->iov[i].iov_len : left;
+
+			memcpy(dst, op->iov[i].iov_base, n);
+			dst += n;
+			left -= n;
+		}
+	}
 	m->link = l;
 	l->refs++;
 	m->resulted = false;
@@ -2515,7 +2541,7 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	} else {
 		tcp_frame_pack(m->tx.hdr, TCP_F_PUT, (uint8_t)m->flags, m->key_len,
 			       (uint32_t)(m->key_len + m->len), msg_cookie(m), m->len);
-		m->tx.data = m->buf->data;
+		m->tx.data = m->buf ? m->buf->data : m->inl;
 		m->tx.data_len = m->len;
 	}
 	m->prev = NULL;
@@ -2677,6 +2703,7 @@ const struct backend_ops ferry__tcp_backend = {
 	.resolve = tcp_resolve,
 	.unresolve = tcp_unresolve,
 	.put = tcp_put,
+	.iov_put_max = TCP_INLINE_MAX,
 	.progress = tcp_progress,
 	.has_work = tcp_has_work,
 	.round_end = tcp_round_end,
