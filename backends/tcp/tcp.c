@@ -2360,6 +2360,20 @@ static int tcp_round_end(struct ferry_engine *e, struct backend *b)
 }
 
 /*
+ * The round took the application's entries: what they queued (PUTs, with
+ * any RESULTs held for them) leaves now, before the round spends time on
+ * the other backends, its timers and its reads. round_end sends the rest.
+ */
+static void tcp_sqs_drained(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	if (st->ready && st->nflush)
+		flush_all(st, true);
+}
+
+/*
  * Asked before the progress thread sleeps (it announced the sleep first):
  * hot connections get their RECV armed here, so that bytes arriving while
  * it sleeps wake it through the ring, and held RESULTs leave (nobody
@@ -2706,6 +2720,7 @@ const struct backend_ops ferry__tcp_backend = {
 	.iov_put_max = TCP_INLINE_MAX,
 	.progress = tcp_progress,
 	.has_work = tcp_has_work,
+	.sqs_drained = tcp_sqs_drained,
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
