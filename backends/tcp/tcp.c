@@ -912,6 +912,8 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 			return;
 		}
 		tx_consume(st, c, (uint64_t)n);
+		if (!c->txq && !(c->link && c->link->rdv_head))
+			return; /* all of it left (the common case): no other look */
 	}
 	if (c->send_armed || c->dead || !conn_iov(c))
 		return;
@@ -1068,6 +1070,9 @@ static uint8_t frame_flags(uint32_t wire)
 {
 	uint8_t f = 0;
 
+	if (!(wire & WIRE_F__ALL))
+		return 0; /* a plain PUT */
+
 	for (size_t i = 0; i < sizeof(flag_map) / sizeof(flag_map[0]); i++)
 		if (wire & flag_map[i].wire)
 			f |= flag_map[i].frame;
@@ -1077,6 +1082,9 @@ static uint8_t frame_flags(uint32_t wire)
 static uint32_t wire_flags(uint8_t frame)
 {
 	uint32_t w = 0;
+
+	if (!frame)
+		return 0; /* a plain PUT */
 
 	for (size_t i = 0; i < sizeof(flag_map) / sizeof(flag_map[0]); i++)
 		if (frame & flag_map[i].frame)
