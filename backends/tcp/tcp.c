@@ -15,31 +15,35 @@
  * reaps it. SQEs are prepared during a round and submitted once at its end
  * (round_end): one io_uring_enter per round, however many PUTs it carried.
  *
- * Busy polling: frames queued during a round leave at its end with one
- * non-blocking sendmsg per connection from this thread (the ring's SENDMSG
- * only carries what the socket had no room for), and a connection that
- * carries traffic is "hot": read with a non-blocking recv() every round
- * rather than through a RECV on the ring, whose completion needs task work
- * that interrupts the spinning thread. Before the progress thread sleeps,
- * has_work arms a RECV on every hot connection (it goes cold), so a
- * sleeping engine still wakes through the ring. A connection is never read
- * both ways at once. Lone RESULTs wait a moment for the application's next
- * PUT to share their sendmsg (flush_all).
+ * Busy polling: frames queued during a round leave with one non-blocking
+ * sendmsg per connection from this thread, the application's PUTs right
+ * after the round took them (sqs_drained), the rest at the round's end
+ * (round_end); the ring's SENDMSG only carries what the socket had no room
+ * for. A connection that carries traffic is "hot": read with a non-blocking
+ * recv() every round rather than through a RECV on the ring, whose
+ * completion needs task work that interrupts the spinning thread. Before
+ * the progress thread sleeps, has_work arms a RECV on every hot connection
+ * (it goes cold), so a sleeping engine still wakes through the ring. A
+ * connection is never read both ways at once. Lone RESULTs wait a moment
+ * for the application's next PUT to share their sendmsg (flush_all).
  *
  * Data path (tcp_wire.h): a PUT of up to TCP_EAGER_MAX bytes goes eagerly,
- * key and data in one frame; the receiver copies it from its staging
- * buffer into a block of its pool and answers RESULT. A larger PUT sends an
- * offer (RTS); the receiver answers CTS once a block of its pool holds room
- * for it (or RESULT with an error), and only then does the data move, in
- * TCP_CHUNK frames spread over every connection of the link, received
- * straight into that block. A receiver that is slow to consume therefore
- * makes its sender wait with the data in the sender's own pool block (which
- * the PUT held anyway), never buffer more. An eager frame that finds the
- * receiver's pool full is refused (-ENOBUFS) rather than held: holding it
- * would stop the socket that also carries the RESULTs freeing that pool.
+ * key and data in one frame (up to TCP_INLINE_MAX bytes of an iovec are
+ * copied into the message, not into a pool block); the receiver copies it
+ * from its staging buffer into a block of its pool and answers RESULT. A
+ * larger PUT sends an offer (RTS); the receiver answers CTS once a block of
+ * its pool holds room for it (or RESULT with an error), and only then does
+ * the data move, in TCP_CHUNK frames spread over every connection of the
+ * link, received straight into that block. A receiver that is slow to
+ * consume therefore makes its sender wait with the data in the sender's own
+ * pool block (which the PUT held anyway), never buffer more. An eager frame
+ * that finds the receiver's pool full is refused (-ENOBUFS) rather than
+ * held: holding it would stop the socket that also carries the RESULTs
+ * freeing that pool.
  *
  * Ownership: a PUT's block moves from the op to a tcp_msg when the PUT is
- * taken. The msg lives until the peer's RESULT came (or the link died) AND
+ * taken (a small PUT from an iovec has none: its data is copied into the
+ * msg). The msg lives until the peer's RESULT came (or the link died) AND
  * no send of ours still reads it; only then is the block freed. A deadline
  * or a cancel completes the op but leaves the msg to finish (the data may
  * still be delivered, as the API says).
