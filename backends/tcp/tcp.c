@@ -16,16 +16,17 @@
  * (round_end): one io_uring_enter per round, however many PUTs it carried.
  *
  * Busy polling: frames queued during a round leave with one non-blocking
- * sendmsg per connection from this thread, the application's PUTs right
- * after the round took them (sqs_drained), the rest at the round's end
- * (round_end); the ring's SENDMSG only carries what the socket had no room
- * for. A connection that carries traffic is "hot": read with a non-blocking
- * recv() every round rather than through a RECV on the ring, whose
- * completion needs task work that interrupts the spinning thread. Before
- * the progress thread sleeps, has_work arms a RECV on every hot connection
- * (it goes cold), so a sleeping engine still wakes through the ring. A
- * connection is never read both ways at once. Lone RESULTs wait a moment
- * for the application's next PUT to share their sendmsg (flush_all).
+ * send (sendmsg for more than TCP_COALESCE_MAX bytes) per connection from
+ * this thread, the application's PUTs right after the round took them
+ * (sqs_drained), the rest at the round's end (round_end); the ring's SENDMSG
+ * only carries what the socket had no room for. A connection that carries
+ * traffic is "hot": read with a non-blocking recv() every round rather than
+ * through a RECV on the ring, whose completion needs task work that
+ * interrupts the spinning thread. Before the progress thread sleeps,
+ * has_work arms a RECV on every hot connection (it goes cold), so a sleeping
+ * engine still wakes through the ring. A connection is never read both ways
+ * at once. Lone RESULTs wait a moment for the application's next PUT to
+ * share their send (flush_all).
  *
  * Data path (tcp_wire.h): a PUT of up to TCP_EAGER_MAX bytes goes eagerly,
  * key and data in one frame (up to TCP_INLINE_MAX bytes of an iovec are
@@ -926,9 +927,10 @@ static ssize_t conn_send_now(struct tcp_state *st, struct tcp_conn *c, unsigned 
 
 /*
  * Send what is queued: first straight from this thread (a non-blocking
- * sendmsg, which on an idle connection takes everything: no SQE, no
- * completion to wait for), then, for what the socket had no room for, a
- * SENDMSG on the ring, which waits for room in the kernel.
+ * send or sendmsg, conn_send_now, which on an idle connection takes
+ * everything: no SQE, no completion to wait for), then, for what the
+ * socket had no room for, a SENDMSG on the ring, which waits for room in
+ * the kernel.
  */
 static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 {
