@@ -317,7 +317,7 @@ struct tcp_state {
 	/* Connections with frames queued since the last flush. */
 	struct tcp_conn *flushq[TCP_MAX_SOCKS];
 	uint32_t nflush;
-	/* A small send queue gathered for one send() (conn_send_now). */
+	/* A small send queue gathered for one send() (conn_gather). */
 	uint8_t coalesce[TCP_COALESCE_MAX];
 };
 
@@ -903,45 +903,65 @@ static void tx_consume(struct tcp_state *st, struct tcp_conn *c, uint64_t n)
 }
 
 /*
- * One non-blocking send of the niov iovecs conn_iov made: a small queue
- * gathered into one buffer and sent with send() (cheaper in the kernel
- * than sendmsg's iovec import), a larger one with sendmsg().
+ * A queue of at most TCP_COALESCE_MAX bytes (and no rendezvous data waiting
+ * for a chunk slot) gathered straight into st->coalesce, for one send():
+ * cheaper in the kernel than sendmsg's iovec import, and no iovecs to
+ * build. Returns its length; 0 when it is empty or larger (conn_iov and
+ * sendmsg then).
  */
-static ssize_t conn_send_now(struct tcp_state *st, struct tcp_conn *c, unsigned niov)
+static size_t conn_gather(struct tcp_state *st, struct tcp_conn *c)
 {
 	size_t total = 0;
+	uint8_t *p = st->coalesce;
 
-	for (unsigned i = 0; i < niov; i++)
-		total += c->iov[i].iov_len;
-	if (total <= TCP_COALESCE_MAX) {
-		uint8_t *p = st->coalesce;
-
-		for (unsigned i = 0; i < niov; i++) {
-			memcpy(p, c->iov[i].iov_base, c->iov[i].iov_len);
-			p += c->iov[i].iov_len;
-		}
-		return send(c->fd, st->coalesce, total, MSG_NOSIGNAL | MSG_DONTWAIT);
+	if (c->link && c->link->rdv_head)
+		return 0;
+	for (const struct tcp_tx *t = c->txq; t; t = t->next) {
+		total += tx_total(t) - t->sent;
+		if (total > TCP_COALESCE_MAX)
+			return 0;
 	}
-	return sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+	for (const struct tcp_tx *t = c->txq; t; t = t->next) {
+		const uint8_t *part[3] = { t->hdr, t->key, t->data };
+		uint64_t plen[3] = { TCP_FRAME_BYTES, t->key_len, t->data_len };
+		uint64_t skip = t->sent;
+
+		for (unsigned i = 0; i < 3; i++) {
+			if (skip >= plen[i]) {
+				skip -= plen[i];
+				continue;
+			}
+			memcpy(p, part[i] + skip, plen[i] - skip);
+			p += plen[i] - skip;
+			skip = 0;
+		}
+	}
+	return total;
 }
 
 /*
  * Send what is queued: first straight from this thread (a non-blocking
- * send or sendmsg, conn_send_now, which on an idle connection takes
- * everything: no SQE, no completion to wait for), then, for what the
+ * send of the gathered queue, or a sendmsg, which on an idle connection
+ * takes everything: no SQE, no completion to wait for), then, for what the
  * socket had no room for, a SENDMSG on the ring, which waits for room in
  * the kernel.
  */
 static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 {
 	struct io_uring_sqe *sqe;
-	unsigned niov;
+	size_t small;
 	ssize_t n;
 
 	for (int tries = 0; tries < 4; tries++) {
-		if (c->send_armed || c->dead || c->hs != HS_READY || !(niov = conn_iov(c)))
+		if (c->send_armed || c->dead || c->hs != HS_READY)
 			return;
-		n = conn_send_now(st, c, niov);
+		if ((small = conn_gather(st, c))) {
+			n = send(c->fd, st->coalesce, small, MSG_NOSIGNAL | MSG_DONTWAIT);
+		} else {
+			if (!conn_iov(c))
+				return;
+			n = sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		}
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
