@@ -361,6 +361,12 @@ struct backend_ops {
 	/* True if progress() has work right now (checked before sleeping). */
 	bool (*has_work)(struct ferry_engine *e, struct backend *b);
 	/*
+	 * Optional: the round took entries from the SQs (before the backends'
+	 * progress): send what they made now, so that a PUT leaves before the
+	 * round spends time elsewhere. round_end still sends the rest.
+	 */
+	void (*sqs_drained)(struct ferry_engine *e, struct backend *b);
+	/*
 	 * Optional: the round is over (after the SQs were drained): send what
 	 * it made (and poll what is polled); returns events handled.
 	 */

@@ -956,6 +956,10 @@ int reactor_run_once(struct ferry_engine *e)
 	 * arrivals, and a GET submitted with it is waiting when they come.
 	 */
 	drained = drain_sqs(e, &n);
+	if (n)
+		for (unsigned i = 0; i < e->nbackends; i++)
+			if (e->backends[i].ops->sqs_drained)
+				e->backends[i].ops->sqs_drained(e, &e->backends[i]);
 	for (unsigned i = 0; i < e->nbackends; i++)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
 	n += stream_round(e);

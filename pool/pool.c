@@ -537,7 +537,8 @@ static int small_free(struct pool *p, uint32_t si, uint32_t page, uint64_t off,
 		c->nempty++;
 		if (c->nempty > 1) {
 			slab_release(p, ci, si);
-		} else {
+		} else if (!s->listed || c->tail != si) {
+			/* To the tail (already there: a block taken and freed in turn). */
 			if (s->listed)
 				class_unlink(p, c, si);
 			class_link(p, c, si, true);

@@ -1,10 +1,12 @@
 /*
  * tests/test_keytable.c - the key table (engine/keytable.c): lookups while
- * its active bucket range grows and shrinks with the keys in use, and no
- * resize while someone walks the buckets (frozen).
+ * its active bucket range grows and shrinks with the keys in use, no
+ * resize while someone walks the buckets (frozen), and stored keys
+ * "{key}@{from}_{to}" composed up to their length limit and refused past it.
  *
  * Every test arms an alarm (FERRY_TEST_TIMEOUT seconds, default 120).
  */
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -171,12 +173,55 @@ static void test_keytable_small(void **state)
 	keytable_fini(&t);
 }
 
+/* keytable_compose: the stored form, the longest that fits, one byte more refused. */
+static void test_keytable_compose(void **state)
+{
+	char out[FULLKEY_MAX + 8], key[FULLKEY_MAX], from[FULLKEY_MAX], to[FULLKEY_MAX];
+	size_t room = FULLKEY_MAX - 1; /* the longest composed key: its NUL is the last byte */
+
+	(void)state;
+	assert_int_equal(keytable_compose(out, "k17", 3, "tx", "rx"), 9);
+	assert_string_equal(out, "k17@tx_rx");
+	assert_int_equal(keytable_compose(out, "k", 1, "", ""), 3);
+	assert_string_equal(out, "k@_");
+	/* Split the room between key, from and to in every way; the limit holds for each. */
+	for (size_t fl = 0; fl + 2 < room; fl += 37) {
+		for (size_t tl = 0; fl + tl + 2 < room; tl += 41) {
+			size_t kl = room - 2 - fl - tl;
+
+			memset(key, 'k', kl);
+			memset(from, 'f', fl);
+			from[fl] = '\0';
+			memset(to, 't', tl);
+			to[tl] = '\0';
+			memset(out, 'x', sizeof(out));
+			assert_int_equal(keytable_compose(out, key, kl, from, to), (int)room);
+			assert_int_equal(out[room], '\0');
+			assert_int_equal(out[kl], '@');
+			assert_int_equal(out[kl + 1 + fl], '_');
+			assert_int_equal(out[room + 1], 'x');
+			/* One byte more, wherever it is, does not fit. */
+			key[kl] = 'k';
+			assert_int_equal(keytable_compose(out, key, kl + 1, from, to), -ENAMETOOLONG);
+			from[fl] = 'f';
+			from[fl + 1] = '\0';
+			assert_int_equal(keytable_compose(out, key, kl, from, to), -ENAMETOOLONG);
+			from[fl] = '\0';
+			to[tl] = 't';
+			to[tl + 1] = '\0';
+			assert_int_equal(keytable_compose(out, key, kl, from, to), -ENAMETOOLONG);
+			assert_int_equal(out[room + 1], 'x');
+		}
+	}
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_keytable_grows_and_shrinks, setup),
 		cmocka_unit_test_setup(test_keytable_frozen_keeps_buckets, setup),
 		cmocka_unit_test_setup(test_keytable_small, setup),
+		cmocka_unit_test_setup(test_keytable_compose, setup),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

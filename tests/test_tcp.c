@@ -284,18 +284,24 @@ static void test_tcp_order_small(void **state)
 	ferry_engine_destroy(e);
 }
 
-/* Sizes across the eager / rendezvous boundary, each checked. */
+/*
+ * Sizes across the boundaries, each checked: data copied into the message
+ * (up to 256 bytes, TCP_INLINE_MAX) or taken from a pool block, eager or
+ * rendezvous.
+ */
 static void test_tcp_sizes(void **state)
 {
-	static const size_t sizes[] = { 1, 63, 4096, 65535, 65536, 65537, 200000, 3 * MIB + 5 };
+	static const size_t sizes[] = { 1, 63, 256, 257, 4096, 65535, 65536, 65537, 200000,
+					3 * MIB + 5 };
+	enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
-	struct producer p[8];
-	struct child ch[8];
+	struct producer p[NSIZES];
+	struct child ch[NSIZES];
 	struct ferry_engine *e;
 	char addr[TCP_ADDR_MAX];
 
 	(void)state;
-	for (unsigned i = 0; i < 8; i++) {
+	for (unsigned i = 0; i < NSIZES; i++) {
 		p[i] = (struct producer){ .name = "prod", .secret = SECRET, .first = i * 10,
 					  .count = 10, .size = sizes[i], .window = 10 };
 		spawn(&ch[i], producer_main, &p[i]);
@@ -303,7 +309,7 @@ static void test_tcp_sizes(void **state)
 	e = mk_engine(&m);
 	assert_non_null(e);
 	engine_addr(e, addr, sizeof(addr));
-	for (unsigned i = 0; i < 8; i++) {
+	for (unsigned i = 0; i < NSIZES; i++) {
 		/* One after the other: they share the name "prod". */
 		go(&ch[i], addr);
 		consume(e, "prod", i * 10, 10, sizes[i], 10);

@@ -15,31 +15,36 @@
  * reaps it. SQEs are prepared during a round and submitted once at its end
  * (round_end): one io_uring_enter per round, however many PUTs it carried.
  *
- * Busy polling: frames queued during a round leave at its end with one
- * non-blocking sendmsg per connection from this thread (the ring's SENDMSG
- * only carries what the socket had no room for), and a connection that
- * carries traffic is "hot": read with a non-blocking recv() every round
- * rather than through a RECV on the ring, whose completion needs task work
- * that interrupts the spinning thread. Before the progress thread sleeps,
- * has_work arms a RECV on every hot connection (it goes cold), so a
- * sleeping engine still wakes through the ring. A connection is never read
- * both ways at once. Lone RESULTs wait a moment for the application's next
- * PUT to share their sendmsg (flush_all).
+ * Busy polling: frames queued during a round leave with one non-blocking
+ * send (sendmsg for more than TCP_COALESCE_MAX bytes) per connection from
+ * this thread, the application's PUTs right after the round took them
+ * (sqs_drained), the rest at the round's end (round_end); the ring's SENDMSG
+ * only carries what the socket had no room for. A connection that carries
+ * traffic is "hot": read with a non-blocking recv() every round rather than
+ * through a RECV on the ring, whose completion needs task work that
+ * interrupts the spinning thread. Before the progress thread sleeps,
+ * has_work arms a RECV on every hot connection (it goes cold), so a sleeping
+ * engine still wakes through the ring. A connection is never read both ways
+ * at once. Lone RESULTs wait a moment for the application's next PUT to
+ * share their send (flush_all).
  *
  * Data path (tcp_wire.h): a PUT of up to TCP_EAGER_MAX bytes goes eagerly,
- * key and data in one frame; the receiver copies it from its staging
- * buffer into a block of its pool and answers RESULT. A larger PUT sends an
- * offer (RTS); the receiver answers CTS once a block of its pool holds room
- * for it (or RESULT with an error), and only then does the data move, in
- * TCP_CHUNK frames spread over every connection of the link, received
- * straight into that block. A receiver that is slow to consume therefore
- * makes its sender wait with the data in the sender's own pool block (which
- * the PUT held anyway), never buffer more. An eager frame that finds the
- * receiver's pool full is refused (-ENOBUFS) rather than held: holding it
- * would stop the socket that also carries the RESULTs freeing that pool.
+ * key and data in one frame (up to TCP_INLINE_MAX bytes of an iovec are
+ * copied into the message, not into a pool block); the receiver copies it
+ * from its staging buffer into a block of its pool and answers RESULT. A
+ * larger PUT sends an offer (RTS); the receiver answers CTS once a block of
+ * its pool holds room for it (or RESULT with an error), and only then does
+ * the data move, in TCP_CHUNK frames spread over every connection of the
+ * link, received straight into that block. A receiver that is slow to
+ * consume therefore makes its sender wait with the data in the sender's own
+ * pool block (which the PUT held anyway), never buffer more. An eager frame
+ * that finds the receiver's pool full is refused (-ENOBUFS) rather than
+ * held: holding it would stop the socket that also carries the RESULTs
+ * freeing that pool.
  *
  * Ownership: a PUT's block moves from the op to a tcp_msg when the PUT is
- * taken. The msg lives until the peer's RESULT came (or the link died) AND
+ * taken (a small PUT from an iovec has none: its data is copied into the
+ * msg). The msg lives until the peer's RESULT came (or the link died) AND
  * no send of ours still reads it; only then is the block freed. A deadline
  * or a cancel completes the op but leaves the msg to finish (the data may
  * still be delivered, as the API says).
@@ -80,10 +85,24 @@
 #include "tcp_wire.h"
 
 #define TCP_EAGER_MAX (64u * 1024u) /* payloads up to this go in one frame */
+/*
+ * A PUT of an iovec of at most this many bytes is copied into its message
+ * (backend_ops.iov_put_max) instead of a pool block: no block to take and
+ * give back per small PUT. 2 * max_ops messages: 512 KiB of them per 1024
+ * ops, touched only as messages are used.
+ */
+#define TCP_INLINE_MAX 256u
 #define TCP_RX_STAGE (256u * 1024u) /* per connection: frames are parsed from here */
 #define TCP_CHUNK (512u * 1024u)    /* rendezvous data per frame */
 #define TCP_CHUNKS_PER_CONN 4       /* chunks one connection has queued at most */
 #define TCP_IOV_MAX 64              /* iovecs per sendmsg */
+/*
+ * A send queue of at most this many bytes is gathered into one buffer and
+ * leaves with send() instead of sendmsg(): on the test machine a 133-byte
+ * send() cost ~0.4 us less than a sendmsg() of the same bytes in 4 iovecs
+ * (docs/benchmarks.md); copying that little costs far less.
+ */
+#define TCP_COALESCE_MAX 2048u
 #define TCP_MAX_SOCKS 1024          /* connections of one engine */
 #define TCP_RING_ENTRIES 256
 #define TCP_HANDSHAKE_MS 3000
@@ -143,7 +162,7 @@ struct tcp_msg {
 	bool resulted;         /* the peer answered (or the link died) */
 	bool rendezvous;
 	bool cts;              /* the receiver said where the data goes */
-	struct ferry_buf *buf;
+	struct ferry_buf *buf; /* its data; NULL when it is in inl */
 	uint64_t len;
 	uint64_t rx_slot;      /* the receiver's slot (from CTS) */
 	uint64_t next_off;     /* rendezvous: next byte to put in a chunk */
@@ -154,6 +173,7 @@ struct tcp_msg {
 	uint32_t flags;
 	uint16_t key_len;
 	char key[FERRY_KEY_MAX];
+	uint8_t inl[TCP_INLINE_MAX]; /* the data of a small PUT made from an iovec */
 };
 
 /* A control frame (RESULT, CTS, PING, PONG): header only. */
@@ -303,6 +323,8 @@ struct tcp_state {
 	/* Connections with frames queued since the last flush. */
 	struct tcp_conn *flushq[TCP_MAX_SOCKS];
 	uint32_t nflush;
+	/* A small send queue gathered for one send() (conn_gather). */
+	uint8_t coalesce[TCP_COALESCE_MAX];
 };
 
 static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why);
@@ -911,20 +933,65 @@ static void tx_consume(struct tcp_state *st, struct tcp_conn *c, uint64_t n)
 }
 
 /*
+ * A queue of at most TCP_COALESCE_MAX bytes (and no rendezvous data waiting
+ * for a chunk slot) gathered straight into st->coalesce, for one send():
+ * cheaper in the kernel than sendmsg's iovec import, and no iovecs to
+ * build. Returns its length; 0 when it is empty or larger (conn_iov and
+ * sendmsg then).
+ */
+static size_t conn_gather(struct tcp_state *st, struct tcp_conn *c)
+{
+	size_t total = 0;
+	uint8_t *p = st->coalesce;
+
+	if (c->link && c->link->rdv_head)
+		return 0;
+	for (const struct tcp_tx *t = c->txq; t; t = t->next) {
+		total += tx_total(t) - t->sent;
+		if (total > TCP_COALESCE_MAX)
+			return 0;
+	}
+	for (const struct tcp_tx *t = c->txq; t; t = t->next) {
+		const uint8_t *part[3] = { t->hdr, t->key, t->data };
+		uint64_t plen[3] = { TCP_FRAME_BYTES, t->key_len, t->data_len };
+		uint64_t skip = t->sent;
+
+		for (unsigned i = 0; i < 3; i++) {
+			if (skip >= plen[i]) {
+				skip -= plen[i];
+				continue;
+			}
+			memcpy(p, part[i] + skip, plen[i] - skip);
+			p += plen[i] - skip;
+			skip = 0;
+		}
+	}
+	return total;
+}
+
+/*
  * Send what is queued: first straight from this thread (a non-blocking
- * sendmsg, which on an idle connection takes everything: no SQE, no
- * completion to wait for), then, for what the socket had no room for, a
- * SENDMSG on the ring, which waits for room in the kernel.
+ * send of the gathered queue, or a sendmsg, which on an idle connection
+ * takes everything: no SQE, no completion to wait for), then, for what the
+ * socket had no room for, a SENDMSG on the ring, which waits for room in
+ * the kernel.
  */
 static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 {
 	struct io_uring_sqe *sqe;
+	size_t small;
 	ssize_t n;
 
 	for (int tries = 0; tries < 4; tries++) {
-		if (c->send_armed || c->dead || c->ended || c->hs != HS_READY || !conn_iov(c))
+		if (c->send_armed || c->dead || c->ended || c->hs != HS_READY)
 			return;
-		n = sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if ((small = conn_gather(st, c))) {
+			n = send(c->fd, st->coalesce, small, MSG_NOSIGNAL | MSG_DONTWAIT);
+		} else {
+			if (!conn_iov(c))
+				return;
+			n = sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		}
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -934,6 +1001,8 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 			return;
 		}
 		tx_consume(st, c, (uint64_t)n);
+		if (!c->txq && !(c->link && c->link->rdv_head))
+			return; /* all of it left (the common case): no other look */
 	}
 	if (c->send_armed || c->dead || !conn_iov(c))
 		return;
@@ -1090,6 +1159,9 @@ static uint8_t frame_flags(uint32_t wire)
 {
 	uint8_t f = 0;
 
+	if (!(wire & WIRE_F__ALL))
+		return 0; /* a plain PUT */
+
 	for (size_t i = 0; i < sizeof(flag_map) / sizeof(flag_map[0]); i++)
 		if (wire & flag_map[i].wire)
 			f |= flag_map[i].frame;
@@ -1099,6 +1171,9 @@ static uint8_t frame_flags(uint32_t wire)
 static uint32_t wire_flags(uint8_t frame)
 {
 	uint32_t w = 0;
+
+	if (!frame)
+		return 0; /* a plain PUT */
 
 	for (size_t i = 0; i < sizeof(flag_map) / sizeof(flag_map[0]); i++)
 		if (frame & flag_map[i].frame)
@@ -2383,6 +2458,14 @@ static int reap_own(struct tcp_state *st)
 	struct io_uring_cqe *cqe;
 	int n = 0;
 
+	/*
+	 * Every round asks: an empty ring answers here, without
+	 * io_uring_peek_cqe's call into liburing (which enters the kernel
+	 * only when completions overflowed).
+	 */
+	if (!io_uring_cq_ready(&st->ring) &&
+	    !(IO_URING_READ_ONCE(*st->ring.sq.kflags) & IORING_SQ_CQ_OVERFLOW))
+		return 0;
 	while (io_uring_peek_cqe(&st->ring, &cqe) == 0) {
 		uint64_t ud = cqe->user_data;
 		int res = cqe->res;
@@ -2451,6 +2534,20 @@ static int tcp_round_end(struct ferry_engine *e, struct backend *b)
 	if (io_uring_sq_ready(&st->ring))
 		io_uring_submit(&st->ring);
 	return n;
+}
+
+/*
+ * The round took the application's entries: what they queued (PUTs, with
+ * any RESULTs held for them) leaves now, before the round spends time on
+ * the other backends, its timers and its reads. round_end sends the rest.
+ */
+static void tcp_sqs_drained(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	if (st->ready && st->nflush)
+		flush_all(st, true);
 }
 
 /*
@@ -2596,6 +2693,24 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->buf = op->buf;
 	op->buf = NULL; /* the message owns the block now */
 	m->len = op->len;
+	if (!m->buf) {
+		/*
+		 * An iovec of at most TCP_INLINE_MAX bytes (iov_put_max), summed
+		 * at submission: copied here, so a deadline that ends the op
+		 * before the frame leaves cannot leave it pointing at the
+		 * caller's memory.
+		 */
+		uint8_t *dst = m->inl;
+		uint64_t left = m->len;
+
+		for (uint32_t i = 0; i < op->iovcnt && left; i++) {
+			size_t n = op->iov[i].iov_len < left ? op->iov[i].iov_len : left;
+
+			memcpy(dst, op->iov[i].iov_base, n);
+			dst += n;
+			left -= n;
+		}
+	}
 	m->link = l;
 	l->refs++;
 	m->resulted = false;
@@ -2617,7 +2732,7 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	} else {
 		tcp_frame_pack(m->tx.hdr, TCP_F_PUT, (uint8_t)m->flags, m->key_len,
 			       (uint32_t)(m->key_len + m->len), msg_cookie(m), m->len);
-		m->tx.data = m->buf->data;
+		m->tx.data = m->buf ? m->buf->data : m->inl;
 		m->tx.data_len = m->len;
 	}
 	m->prev = NULL;
@@ -2779,8 +2894,10 @@ const struct backend_ops ferry__tcp_backend = {
 	.resolve = tcp_resolve,
 	.unresolve = tcp_unresolve,
 	.put = tcp_put,
+	.iov_put_max = TCP_INLINE_MAX,
 	.progress = tcp_progress,
 	.has_work = tcp_has_work,
+	.sqs_drained = tcp_sqs_drained,
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
