@@ -16,6 +16,8 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
 
 #include "ferry.h"
 #include "log.h"
@@ -149,6 +151,25 @@ enum op_state {
 	OP_QUEUED,   /* STREAM_PUT waiting for credit (stream.c) */
 	OP_STREAMING, /* STREAM_GET / STREAM_ACCEPT between two CQEs (stream.c) */
 };
+
+/*
+ * Copy at most len bytes of iov[0..n) to dst, in order; returns the bytes
+ * copied. A PUT passes op->len, summed at submission, so an iovec the
+ * caller changed since cannot overrun dst.
+ */
+static inline uint64_t iov_gather(const struct iovec *iov, uint32_t n, void *dst, uint64_t len)
+{
+	char *p = dst;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		size_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
+
+		memcpy(p, iov[i].iov_base, c);
+		p += c;
+		len -= c;
+	}
+	return (uint64_t)(p - (char *)dst);
+}
 
 /* Waiting for something: a CANCEL, a deadline or the destroy can end it. */
 static inline bool op_state_pending(uint8_t state)

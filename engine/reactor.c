@@ -506,7 +506,6 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 		STAT_ADD(e->stats.zero_copies, 1);
 	} else {
 		uint64_t total = iov_total(iov, iovcnt);
-		char *dst;
 
 		rc = pool_alloc(e->pool, total, &op->buf);
 		if (rc) {
@@ -514,11 +513,7 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 				 (unsigned long long)op->user_data, (unsigned long long)total);
 			return rc;
 		}
-		dst = op->buf->data;
-		for (uint32_t i = 0; i < iovcnt; i++) {
-			memcpy(dst, iov[i].iov_base, iov[i].iov_len);
-			dst += iov[i].iov_len;
-		}
+		iov_gather(iov, iovcnt, op->buf->data, total);
 		op->len = total;
 		STAT_ADD(e->stats.copies, 1);
 	}

@@ -340,20 +340,10 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 		d->type = SHM_D_PUT_INLINE;
 		d->buf_cookie = 0;
 		d->offset = 0;
-		if (buf) {
+		if (buf)
 			memcpy(dst, buf->data, op->len);
-		} else {
-			/* op->len was summed at submission: an iovec changed since cannot overrun. */
-			uint64_t left = op->len;
-
-			for (uint32_t i = 0; i < op->iovcnt && left; i++) {
-				size_t n = op->iov[i].iov_len < left ? op->iov[i].iov_len : left;
-
-				memcpy(dst, op->iov[i].iov_base, n);
-				dst += n;
-				left -= n;
-			}
-		}
+		else
+			iov_gather(op->iov, op->iovcnt, dst, op->len);
 	} else {
 		d->type = SHM_D_PUT;
 		d->buf_cookie = buf->index;

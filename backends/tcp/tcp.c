@@ -884,6 +884,26 @@ static void conn_kick(struct tcp_state *st, struct tcp_conn *c)
 	st->flushq[st->nflush++] = c;
 }
 
+/* The pieces of t not sent yet (of its header, key, data): how many, into p / len. */
+static unsigned tx_unsent(const struct tcp_tx *t, const uint8_t *p[3], uint64_t len[3])
+{
+	const uint8_t *part[3] = { t->hdr, t->key, t->data };
+	uint64_t plen[3] = { TCP_FRAME_BYTES, t->key_len, t->data_len };
+	uint64_t skip = t->sent;
+	unsigned k = 0;
+
+	for (unsigned i = 0; i < 3; i++) {
+		if (skip >= plen[i]) {
+			skip -= plen[i];
+			continue;
+		}
+		p[k] = part[i] + skip;
+		len[k++] = plen[i] - skip;
+		skip = 0;
+	}
+	return k;
+}
+
 /* The iovecs of what is queued (up to TCP_IOV_MAX); returns how many. */
 static unsigned conn_iov(struct tcp_conn *c)
 {
@@ -892,19 +912,13 @@ static unsigned conn_iov(struct tcp_conn *c)
 	if (c->link && c->link->rdv_head)
 		conn_take_chunks(c->link, c);
 	for (struct tcp_tx *t = c->txq; t && n + 3 <= TCP_IOV_MAX; t = t->next) {
-		const void *part[3] = { t->hdr, t->key, t->data };
-		uint64_t plen[3] = { TCP_FRAME_BYTES, t->key_len, t->data_len };
-		uint64_t skip = t->sent;
+		const uint8_t *p[3];
+		uint64_t len[3];
+		unsigned k = tx_unsent(t, p, len);
 
-		for (unsigned i = 0; i < 3; i++) {
-			if (skip >= plen[i]) {
-				skip -= plen[i];
-				continue;
-			}
-			c->iov[n].iov_base = (uint8_t *)part[i] + skip;
-			c->iov[n].iov_len = plen[i] - skip;
-			skip = 0;
-			n++;
+		for (unsigned i = 0; i < k; i++, n++) {
+			c->iov[n].iov_base = (void *)p[i];
+			c->iov[n].iov_len = len[i];
 		}
 	}
 	memset(&c->mh, 0, sizeof(c->mh));
@@ -952,18 +966,13 @@ static size_t conn_gather(struct tcp_state *st, struct tcp_conn *c)
 			return 0;
 	}
 	for (const struct tcp_tx *t = c->txq; t; t = t->next) {
-		const uint8_t *part[3] = { t->hdr, t->key, t->data };
-		uint64_t plen[3] = { TCP_FRAME_BYTES, t->key_len, t->data_len };
-		uint64_t skip = t->sent;
+		const uint8_t *part[3];
+		uint64_t len[3];
+		unsigned k = tx_unsent(t, part, len);
 
-		for (unsigned i = 0; i < 3; i++) {
-			if (skip >= plen[i]) {
-				skip -= plen[i];
-				continue;
-			}
-			memcpy(p, part[i] + skip, plen[i] - skip);
-			p += plen[i] - skip;
-			skip = 0;
+		for (unsigned i = 0; i < k; i++) {
+			memcpy(p, part[i], len[i]);
+			p += len[i];
 		}
 	}
 	return total;
@@ -2693,24 +2702,13 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->buf = op->buf;
 	op->buf = NULL; /* the message owns the block now */
 	m->len = op->len;
-	if (!m->buf) {
-		/*
-		 * An iovec of at most TCP_INLINE_MAX bytes (iov_put_max), summed
-		 * at submission: copied here, so a deadline that ends the op
-		 * before the frame leaves cannot leave it pointing at the
-		 * caller's memory.
-		 */
-		uint8_t *dst = m->inl;
-		uint64_t left = m->len;
-
-		for (uint32_t i = 0; i < op->iovcnt && left; i++) {
-			size_t n = op->iov[i].iov_len < left ? op->iov[i].iov_len : left;
-
-			memcpy(dst, op->iov[i].iov_base, n);
-			dst += n;
-			left -= n;
-		}
-	}
+	/*
+	 * An iovec of at most TCP_INLINE_MAX bytes (iov_put_max): copied here,
+	 * so a deadline that ends the op before the frame leaves cannot leave it
+	 * pointing at the caller's memory.
+	 */
+	if (!m->buf)
+		iov_gather(op->iov, op->iovcnt, m->inl, m->len);
 	m->link = l;
 	l->refs++;
 	m->resulted = false;
