@@ -516,8 +516,9 @@ static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
 }
 
 /*
- * PUT of an iovec: the data is copied once into the pool when the op runs;
- * iov and the memory it points to must stay valid until the CQE.
+ * PUT of an iovec: the data is copied once when the op runs, into the pool
+ * (or, for at most 256 bytes over shm and tcp, into the transport's
+ * descriptor); iov and the memory it points to must stay valid until the CQE.
  * Completes with res 0 and len = bytes once the destination holds the key;
  * -EEXIST if the key is live there (unless FERRY_SQE_REPLACE), -ENOMEM if
  * the pool is exhausted, -ENOSPC if the destination's key table is full,
