@@ -1756,7 +1756,7 @@ static void conn_end(struct tcp_state *st, struct tcp_conn *c, int err)
 	if (c->dead || c->ended)
 		return;
 	if (err)
-		log_info("tcp: engine %s: connection %u to %s: %s", st->engine->name, c->index,
+		log_warn("tcp: engine %s: connection %u to %s: %s", st->engine->name, c->index,
 			 l ? l->peer_name : "?", strerror(err));
 	else
 		log_info("tcp: engine %s: %s closed connection %u", st->engine->name,
