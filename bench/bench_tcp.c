@@ -21,7 +21,12 @@
  *   peers       bench/peers_tcp.sh: ucx_perftest tag_lat / tag_bw, iperf3 one
  *               stream, qperf tcp_bw / tcp_lat, pinned the same way
  *   targets     pass / fail / n/a of the issue's targets
- * Every figure is the median (and min/max) over --reps repetitions.
+ * Every figure is the median (and min/max) over --reps repetitions. The
+ * loopback peers run once after each rep of ferry's main pair, not all at
+ * the end: this machine's speed changes from one minute to the next, so
+ * ferry rep r and the peers' rep r are measured side by side, and `paired`
+ * gives the median of the per-rep ratios ferry / peer beside the targets
+ * (which compare the medians, as before).
  *
  *   veth        (--veth, root) the same latency and 64 KiB / 4 MiB streams
  *               between two network namespaces joined by a veth pair that the
@@ -480,7 +485,7 @@ static struct peer_fig *peer_of(const char *tool, const char *test, uint64_t byt
 	return &peers[npeers++];
 }
 
-static void peers_run_args(const char *extra, const char *prefix)
+static void peers_run_args(int reps, const char *extra, const char *prefix)
 {
 	char script[1024], cmdline[1600], line[512];
 	char *slash;
@@ -492,7 +497,7 @@ static void peers_run_args(const char *extra, const char *prefix)
 		snprintf(slash + 1, sizeof(script) - (size_t)(slash + 1 - script), "peers_tcp.sh");
 	if (getenv("FERRY_BENCH_DIR"))
 		snprintf(script, sizeof(script), "%s/peers_tcp.sh", getenv("FERRY_BENCH_DIR"));
-	snprintf(cmdline, sizeof(cmdline), "bash '%s' --reps %d %s %s", script, opt.reps,
+	snprintf(cmdline, sizeof(cmdline), "bash '%s' --reps %d %s %s", script, reps,
 		 opt.quick ? "--quick" : "", extra);
 	f = popen(cmdline, "r");
 	if (!f)
@@ -508,6 +513,8 @@ static void peers_run_args(const char *extra, const char *prefix)
 		if (!strncmp(line, "info ", 5)) {
 			size_t l = strlen(peer_info);
 
+			if (strstr(peer_info, line + 5))
+				continue; /* said by an earlier rep */
 			snprintf(peer_info + l, sizeof(peer_info) - l, "%s%.100s", l ? "; " : "",
 				 line + 5);
 			for (char *s = peer_info; *s; s++)
@@ -528,9 +535,10 @@ static void peers_run_args(const char *extra, const char *prefix)
 	pclose(f);
 }
 
-static void peers_run(void)
+/* One rep of the loopback peers (their figures are appended in rep order). */
+static void peers_run_rep(void)
 {
-	peers_run_args("", "");
+	peers_run_args(1, "", "");
 }
 
 static double peer_median(const char *tool, const char *test, uint64_t bytes)
@@ -540,6 +548,37 @@ static double peer_median(const char *tool, const char *test, uint64_t bytes)
 		    peers[i].bytes == bytes && peers[i].n)
 			return stat_of(peers[i].v, peers[i].n).median;
 	return -1;
+}
+
+/*
+ * The per-rep ratios ferry / peer (ferry's rep r scaled by `scale`, the peer's
+ * rep r run right after it), when the peer has one figure per rep; JSON
+ * `paired.<name>` with their median, min and max and how many reps ferry
+ * did as well or better (`higher_is_better` says which way that is).
+ */
+static void jpaired(const char *name, const double *ours, double scale, const char *tool,
+		    const char *test, uint64_t bytes, bool higher_is_better)
+{
+	double ratio[MAX_REPS];
+	int better = 0;
+
+	for (int i = 0; i < npeers; i++) {
+		const struct peer_fig *pf = &peers[i];
+
+		if (strcmp(pf->tool, tool) || strcmp(pf->test, test) || pf->bytes != bytes ||
+		    pf->n != opt.reps)
+			continue;
+		for (int r = 0; r < opt.reps; r++) {
+			ratio[r] = ours[r] * scale / pf->v[r];
+			better += higher_is_better ? ratio[r] >= 1.0 : ratio[r] <= 1.0;
+		}
+		jopen(name);
+		jstat("ferry_over_peer", stat_of(ratio, opt.reps), 3);
+		jnum("reps_ferry_as_good_or_better", better);
+		jnum("reps", opt.reps);
+		jclose();
+		return;
+	}
 }
 
 /* ------------------------------------------------------------------ */
@@ -621,7 +660,7 @@ static void veth_run(struct veth_res *v)
 	/* The peers across the same pair. */
 	if (opt.peers) {
 		snprintf(cmd, sizeof(cmd), "--veth %s %s 10.%d.1.2", na, nb, net);
-		peers_run_args(cmd, "veth_");
+		peers_run_args(opt.reps, cmd, "veth_");
 	}
 out:
 	snprintf(cmd, sizeof(cmd), "ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", na,
@@ -718,6 +757,10 @@ int main(int argc, char **argv)
 			bw[0][r] = opt.only ? -1 : bw_once(&p, 64 * KIB, opt.quick ? 5000 : 40000, 64);
 			bw[1][r] = bw_once(&p, 4 * MIB, opt.quick ? 100 : 600, 16);
 			bw[2][r] = opt.quick || opt.only ? -1 : bw_once(&p, GIB, 2, 1);
+			if (opt.peers) {
+				progress("peers (ucx_perftest, iperf3, qperf), rep %d", r);
+				peers_run_rep();
+			}
 		}
 		pair_close(&p);
 		{
@@ -749,10 +792,11 @@ int main(int argc, char **argv)
 		}
 		waitpid(child_pid, NULL, 0);
 	}
-	if (opt.peers) {
-		progress("peers (ucx_perftest, iperf3, qperf)");
-		peers_run();
-	}
+	if (opt.peers && !opt.main_pair)
+		for (int r = 0; r < opt.reps; r++) {
+			progress("peers (ucx_perftest, iperf3, qperf), rep %d", r);
+			peers_run_rep();
+		}
 	struct veth_res vr = { 0 };
 
 	if (opt.veth)
@@ -830,6 +874,12 @@ int main(int argc, char **argv)
 	jnum("pass", t_pass);
 	jnum("fail", t_fail);
 	jnum("n_a", t_na);
+	jclose();
+	jopen("paired");
+	jpaired("bw_4MiB_vs_ucx_tcp_tag_bw", bw[1], 1.0, "ucx", "tag_bw", 4 * MIB, true);
+	jpaired("bw_4MiB_vs_iperf3_one_stream", bw[1], 1.0, "iperf3", "stream", 0, true);
+	jpaired("lat_64B_one_way_vs_ucx_tcp_tag_lat", lat50[0], 1e-3, "ucx", "tag_lat", 64,
+		false);
 	jclose();
 	jclose();
 	printf("%s\n", js.p);

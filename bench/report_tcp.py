@@ -29,6 +29,14 @@ def main():
             continue
         res = {"pass": "**pass**", "fail": "**FAIL**"}.get(t["verdict"], t["verdict"])
         print(f"| `{k}` | {t['ferry']:.3g} | {t['peer']:.3g} | {res} |")
+    pr = r.get("paired", {})
+    if pr:
+        print("\nPaired, rep by rep (each peer rep runs right after ferry's rep): ratio "
+              "ferry / peer, median [min–max], and the reps where ferry did as well or better.\n")
+        print("| comparison | ferry / peer | reps as good or better |\n| --- | --- | --- |")
+        for k, t in pr.items():
+            print(f"| `{k}` | {s3(t['ferry_over_peer'], '{:.2f}')} | "
+                  f"{t['reps_ferry_as_good_or_better']} of {t['reps']} |")
     print("\n#### Latency, one way (RTT / 2), 64 B and 64 KiB\n")
     print("| who | 64 B p50 | 64 B p99 | 64 KiB p50 | 64 KiB p99 |\n| --- | --- | --- | --- | --- |")
     l = r["latency_one_way_ns"]
