@@ -24,7 +24,10 @@
  *               and copy (PUT of an iovec: one copy into the sender's pool;
  *               GET zero-copy + release)
  *   put_get_190MB  one 190,000,000 B payload: PUT submit -> GET complete
- *   ucx         ucx_perftest UCX_TLS=shm tag_lat / tag_bw (bench/peers_shm.sh)
+ *   ucx         ucx_perftest UCX_TLS=shm tag_lat / tag_bw (bench/peers_shm.sh),
+ *               one run of each after each rep of the busy MANUAL ping-pong
+ *               (the machine's speed changes from minute to minute; ferry's
+ *               rep r and UCX's are measured side by side: paired_vs_ucx)
  *   targets     pass / fail / n/a of the issue's targets
  * Every figure is the median (and min/max) over --reps repetitions.
  *
@@ -626,14 +629,19 @@ struct lat_result {
 	uint64_t samples;      /* per rep */
 };
 
-static struct lat_result lat_from(double *p50, double *p99, uint64_t samples)
+static struct lat_result lat_from_n(double *p50, double *p99, uint64_t samples, int reps)
 {
 	struct lat_result r;
 
-	r.p50 = stat_of(p50, opt.reps);
-	r.p99 = stat_of(p99, opt.reps);
+	r.p50 = stat_of(p50, reps);
+	r.p99 = stat_of(p99, reps);
 	r.samples = samples;
 	return r;
+}
+
+static struct lat_result lat_from(double *p50, double *p99, uint64_t samples)
+{
+	return lat_from_n(p50, p99, samples, opt.reps);
 }
 
 /* Shared cache lines, both processes spinning; one-way = RTT / 2. */
@@ -757,10 +765,10 @@ static void pair_close(struct pair *p)
  * variant 1: PUT of a pool buffer, zero-copy GET + release. pause_ns > 0
  * sleeps between round trips (adaptive mode). One-way = RTT / 2.
  */
-static struct lat_result lat_bench(struct pair *p, int variant, bool cb, uint64_t n,
-				   uint64_t pause_ns)
+static struct lat_result lat_bench_reps(struct pair *p, int variant, bool cb, uint64_t n,
+					uint64_t pause_ns, int reps)
 {
-	uint64_t warm = n / 10 + 10, total = warm + n * (uint64_t)opt.reps;
+	uint64_t warm = n / 10 + 10, total = warm + n * (uint64_t)reps;
 	struct cmd c = { .op = C_LAT, .variant = variant, .cb = cb, .n = total };
 	uint64_t *s = malloc(sizeof(uint64_t) * total), puts = 0;
 	double p50[64], p99[64];
@@ -839,7 +847,7 @@ static struct lat_result lat_bench(struct pair *p, int variant, bool cb, uint64_
 		}
 	}
 	get_reply();
-	for (int r = 0; r < opt.reps; r++) {
+	for (int r = 0; r < reps; r++) {
 		uint64_t *v = s + warm + (uint64_t)r * n;
 
 		for (uint64_t i = 0; i < n; i++)
@@ -848,7 +856,13 @@ static struct lat_result lat_bench(struct pair *p, int variant, bool cb, uint64_
 		p99[r] = pct(v, n, 99);
 	}
 	free(s);
-	return lat_from(p50, p99, n);
+	return lat_from_n(p50, p99, n, reps);
+}
+
+static struct lat_result lat_bench(struct pair *p, int variant, bool cb, uint64_t n,
+				   uint64_t pause_ns)
+{
+	return lat_bench_reps(p, variant, cb, n, pause_ns, opt.reps);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1074,13 +1088,13 @@ struct ucx_result {
 	int fails;
 };
 
-static void ucx_run(struct ucx_result *u)
+/* reps runs of every UCX test, their figures appended to u's (zeroed once). */
+static void ucx_run(struct ucx_result *u, int reps)
 {
 	char script[1024], cmdline[1400], line[512];
 	const char *dir = getenv("FERRY_BENCH_DIR");
 	FILE *f;
 
-	memset(u, 0, sizeof(*u));
 	if (dir) {
 		snprintf(script, sizeof(script), "%s/peers_shm.sh", dir);
 	} else {
@@ -1099,7 +1113,7 @@ static void ucx_run(struct ucx_result *u)
 		return;
 	}
 	snprintf(cmdline, sizeof(cmdline), "bash '%s' --reps %d --server-cpu %d --client-cpu %d %s",
-		 script, opt.reps, cpu_child < 0 ? 0 : cpu_child, cpu_parent < 0 ? 0 : cpu_parent,
+		 script, reps, cpu_child < 0 ? 0 : cpu_child, cpu_parent < 0 ? 0 : cpu_parent,
 		 opt.quick ? "--quick" : "");
 	f = popen(cmdline, "r");
 	if (!f) {
@@ -1239,6 +1253,8 @@ int main(int argc, char **argv)
 	size_t bw_sizes[4] = { 64 * KIB, 4 * MIB, 64 * MIB, 1 * GIB };
 	struct big_result big_zc, big_copy, big_adapt;
 	struct ucx_result *ucx = calloc(1, sizeof(*ucx));
+	double busy_copy_p50[64] = { 0 }; /* per rep, when the UCX peers are interleaved */
+	bool ucx_interleaved;
 	struct pair p;
 	uint64_t lat_n, adapt_n, spin_n, efd_n, pause_ns = 200000;
 	size_t pool_big;
@@ -1274,6 +1290,7 @@ int main(int argc, char **argv)
 	}
 	if (!opt.reps)
 		opt.reps = opt.quick ? 3 : 5;
+	ucx_interleaved = !opt.no_ucx && want("ucx") && want("busy");
 	lat_n = opt.quick ? 5000 : 50000;
 	adapt_n = opt.quick ? 300 : 2000;
 	spin_n = opt.quick ? 20000 : 200000;
@@ -1347,11 +1364,35 @@ int main(int argc, char **argv)
 	/* --- ferry latency: busy -------------------------------------------- */
 	progress("64 B ping-pong, MANUAL, both callers spinning (%llu x %d)",
 		 (unsigned long long)lat_n, opt.reps);
-	if (want("busy")) {
+	if (want("busy") && !ucx_interleaved) {
 		pair_open(&p, FERRY_PROGRESS_MANUAL, 0, 16 * MIB, 16 * MIB, true);
 		l_man_copy = lat_bench(&p, 0, false, lat_n, 0);
 		l_man_zc = lat_bench(&p, 1, false, lat_n, 0);
 		pair_close(&p);
+	} else if (want("busy")) {
+		/*
+		 * The UCX peers run after each rep (nothing of ours runs
+		 * meanwhile: the peer process waits on its command pipe), so
+		 * ferry's rep r and UCX's rep r see the machine in the same
+		 * state; paired_vs_ucx holds the per-rep ratios.
+		 */
+		double c50[64], c99[64], z50[64], z99[64];
+
+		pair_open(&p, FERRY_PROGRESS_MANUAL, 0, 16 * MIB, 16 * MIB, true);
+		for (int r = 0; r < opt.reps; r++) {
+			struct lat_result c = lat_bench_reps(&p, 0, false, lat_n, 0, 1);
+			struct lat_result z = lat_bench_reps(&p, 1, false, lat_n, 0, 1);
+
+			c50[r] = c.p50.median, c99[r] = c.p99.median;
+			z50[r] = z.p50.median, z99[r] = z.p99.median;
+			progress("rep %d: MANUAL copy p50 %.0f ns; UCX peers (bench/peers_shm.sh)", r,
+				 c50[r]);
+			ucx_run(ucx, 1);
+		}
+		pair_close(&p);
+		l_man_copy = lat_from(c50, c99, lat_n);
+		l_man_zc = lat_from(z50, z99, lat_n);
+		memcpy(busy_copy_p50, c50, sizeof(c50));
 	}
 	progress("MANUAL one-way p50/p99: copy %.0f/%.0f ns, zero-copy %.0f/%.0f ns",
 		 l_man_copy.p50.median, l_man_copy.p99.median, l_man_zc.p50.median,
@@ -1371,8 +1412,10 @@ int main(int argc, char **argv)
 
 	/* --- UCX peers (nothing of ours runs meanwhile) --------------------- */
 	if (!opt.no_ucx && want("ucx")) {
-		progress("UCX peers: bench/peers_shm.sh (ucx_perftest, UCX_TLS=shm)");
-		ucx_run(ucx);
+		if (!ucx_interleaved) {
+			progress("UCX peers: bench/peers_shm.sh (ucx_perftest, UCX_TLS=shm)");
+			ucx_run(ucx, opt.reps);
+		}
 		for (int t = 0; t < UCX_TESTS && ucx->ran; t++)
 			progress("UCX %s %zu B: p50 %.3f us, %.2f GB/s (%d runs)", ucx_tests[t].test,
 				 ucx_tests[t].bytes, stat_of(ucx->p50_us[t], ucx->n[t]).median,
@@ -1636,6 +1679,23 @@ int main(int argc, char **argv)
 			jfix("copy_64KiB_vs_ucx_tag_bw_64KiB",
 			     bw[0].copy_gbps.median / stat_of(ucx->gbps[2], ucx->n[2]).median, 3);
 		jclose();
+		if (have_lat && ucx_interleaved && ucx->n[1] == opt.reps) {
+			/* Rep r of ferry against the UCX run right after it. */
+			double ratio[64];
+			int better = 0;
+
+			for (int r = 0; r < opt.reps; r++) {
+				ratio[r] = busy_copy_p50[r] / (ucx->p50_us[1][r] * 1e3);
+				better += ratio[r] <= 1.0;
+			}
+			jopen("paired_vs_ucx");
+			jstr("measures", "per rep: ferry MANUAL copy p50 / the UCX tag_lat 64 B p50 "
+				 "run right after it");
+			jstat("busy_manual_copy_p50_vs_ucx_tag_lat_64B", stat_of(ratio, opt.reps), 3);
+			jnum("reps_ferry_as_fast_or_faster", better);
+			jnum("reps", opt.reps);
+			jclose();
+		}
 
 		jkey("targets");
 		jraw("[");

@@ -37,6 +37,13 @@ def main():
         fv = lambda x: x if isinstance(x, str) else f"{x:.4g}"
         res = {"pass": "**pass**", "fail": "**FAIL**"}.get(t["result"], t["result"])
         print(f"| `{t['name']}`: {t['target']} | {fv(v)} {t['unit']} | {fv(th)} {t['unit']} | {res} |")
+    pv = r.get("paired_vs_ucx")
+    if pv:
+        x = pv["busy_manual_copy_p50_vs_ucx_tag_lat_64B"]
+        print(f"\nPaired, rep by rep (a UCX `tag_lat` run right after each rep of ferry's busy "
+              f"MANUAL copy ping-pong): ferry / UCX {x['median']:.2f} [{x['min']:.2f}–"
+              f"{x['max']:.2f}]; ferry as fast or faster in {pv['reps_ferry_as_fast_or_faster']} "
+              f"of {pv['reps']} reps.")
 
     fl, l = r["floor"], r["latency_64B"]
     u64 = med(ucx["tag_lat_64B"]["p50_us"]) * 1000 if ucx else None
