@@ -10,7 +10,9 @@
  * malformed frames from a raw socket (after and before the handshake),
  * SIGKILL of either side in the middle of a transfer and a reconnect to
  * the restarted peer, a silent (stopped) peer declared dead by the
- * heartbeat, and 8 concurrent 256 MiB transfers with checksums. Children
+ * heartbeat, both pools running dry (the receiver's: eager PUTs refused,
+ * rendezvous PUTs wait; then the sender's: -ENOMEM; nothing sent is lost),
+ * and 8 concurrent 256 MiB transfers with checksums. Children
  * report through their exit status; the parent asserts. No test leaves a
  * pool block behind (checked through the pool statistics).
  */
@@ -709,6 +711,213 @@ static void test_tcp_deadlines(void **state)
 	ferry_engine_destroy(e);
 }
 
+/* ------------------------------------------------------------------ */
+/* Pools running dry on both sides                                     */
+/* ------------------------------------------------------------------ */
+
+#define HOLD_ITEM (256u * 1024u) /* rendezvous size: > the eager limit (64 KiB) */
+#define HOLD_ITEMS 10u
+#define HOLD_TINY 200u           /* eager, and inline at the sender: no pool block there */
+
+/* The holder's pipes: [0] holder -> test ("A<address>", "F" full), [1] test -> holder. */
+static int hold_up[2], hold_down[2];
+
+static void hold_say(const char *s)
+{
+	if (write(hold_up[1], s, strlen(s)) != (ssize_t)strlen(s))
+		_exit(30);
+}
+
+/*
+ * A consumer whose pool holds exactly four items. It GETs k0..k9 and
+ * "tiny" (zero copy) and holds what comes, saying "F" once its pool is
+ * full, until the test writes to hold_down; then it releases what it
+ * held and takes the rest. Every item is checked (length, content, once
+ * only): it exits 0 only if all eleven came intact.
+ */
+static int holder_main(const char *unused, void *arg)
+{
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.pool = 4 * HOLD_ITEM };
+	struct ferry_buf *held[HOLD_ITEMS + 1];
+	bool seen[HOLD_ITEMS + 1] = { false }, full_said = false, released = false;
+	unsigned nheld = 0, got = 0;
+	struct ferry_engine *e;
+	struct ferry_peer *from;
+	char addr[TCP_ADDR_MAX + 1] = "A";
+	uint8_t tiny[HOLD_TINY];
+
+	(void)unused;
+	(void)arg;
+	e = mk_engine(&m);
+	if (!e)
+		return 10;
+	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
+	hold_say(addr);
+	from = t_peer(e, "prod");
+	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		get(e, from, key, NULL, i, 60 * SEC, 0);
+	}
+	get(e, from, "tiny", NULL, HOLD_ITEMS, 60 * SEC, 0);
+	fill(tiny, sizeof(tiny), 777);
+	while (got < HOLD_ITEMS + 1) {
+		struct pollfd pd = { .fd = hold_down[0], .events = POLLIN };
+		struct ferry_cqe c;
+		struct pool_stats ps;
+		int rc = wait_one(e, &c, 20 * MS);
+
+		if (rc != -ETIME) {
+			uint64_t i = c.user_data;
+
+			if (rc != 0 || i > HOLD_ITEMS || seen[i])
+				return 11;
+			if (i == HOLD_ITEMS ? c.len != HOLD_TINY || memcmp(ferry_buf_data(c.buf), tiny,
+									      HOLD_TINY)
+					    : c.len != HOLD_ITEM ||
+						      checksum(ferry_buf_data(c.buf), HOLD_ITEM) !=
+							      expected_sum(HOLD_ITEM, i))
+				return 12;
+			seen[i] = true;
+			got++;
+			if (released)
+				ferry_buf_release(c.buf);
+			else
+				held[nheld++] = c.buf;
+		}
+		pool_get_stats(e->pool, &ps);
+		if (!full_said && ps.largest_free == 0 && ps.free_bytes == 0) {
+			hold_say("F");
+			full_said = true;
+		}
+		if (!released && poll(&pd, 1, 0) == 1) {
+			for (unsigned k = 0; k < nheld; k++)
+				ferry_buf_release(held[k]);
+			released = true;
+		}
+	}
+	if (!full_said || !released)
+		return 13;
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/* Drain completions for up to ms; counts them by result. */
+static void count_results(struct ferry_engine *e, int ms, unsigned *ok, unsigned *enomem,
+			  unsigned *other)
+{
+	struct ferry_cqe c;
+	int64_t until = t_now() + ms * MS;
+
+	while (t_now() < until) {
+		int rc = wait_one(e, &c, 10 * MS);
+
+		if (rc == -ETIME)
+			continue;
+		if (rc == 0)
+			(*ok)++;
+		else if (rc == -ENOMEM)
+			(*enomem)++;
+		else
+			(*other)++;
+	}
+}
+
+/*
+ * The receiver's pool is full (its application holds every block): a
+ * small eager PUT is refused with -ENOBUFS; rendezvous PUTs wait for room
+ * (backpressure), each holding its block of the sender's pool, until that
+ * pool is dry too and the next PUT fails with -ENOMEM. Once the receiver
+ * lets go, the waiting PUTs complete, the refused ones are sent again, and
+ * everything arrives intact, once (the holder checks); no block is left.
+ */
+static void test_tcp_pool_exhaustion(void **state)
+{
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = 4 * HOLD_ITEM };
+	uint8_t *data = malloc((size_t)HOLD_ITEMS * HOLD_ITEM), tiny[HOLD_TINY];
+	struct iovec v[HOLD_ITEMS], tv = { tiny, sizeof(tiny) };
+	unsigned ok = 0, enomem = 0, other = 0, sent, waiting;
+	int slow = t_under_valgrind() ? 10 : 1;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_cqe c;
+	struct child ch;
+	char msg[TCP_ADDR_MAX + 2];
+
+	(void)state;
+	assert_non_null(data);
+	assert_int_equal(pipe(hold_up), 0);
+	assert_int_equal(pipe(hold_down), 0);
+	spawn(&ch, holder_main, NULL);
+	go(&ch, "-");
+	assert_int_equal(wait_text(hold_up[0], msg, sizeof(msg), 20000), 0);
+	assert_int_equal(msg[0], 'A');
+	e = mk_engine(&m);
+	assert_non_null(e);
+	to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(to, msg + 1), 0);
+	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
+		v[i] = (struct iovec){ data + (size_t)i * HOLD_ITEM, HOLD_ITEM };
+		fill(v[i].iov_base, HOLD_ITEM, i);
+	}
+	fill(tiny, sizeof(tiny), 777);
+
+	/* Four fill the receiver's pool; it holds them. */
+	for (sent = 0; sent < 4; sent++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "k%u", sent);
+		put_iov(e, to, key, &v[sent], sent, 30 * SEC);
+		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+	}
+	assert_int_equal(wait_text(hold_up[0], msg, sizeof(msg), 20000), 0);
+	assert_string_equal(msg, "F");
+
+	/* Nothing fits there: the eager PUT is refused, not held. */
+	put_iov(e, to, "tiny", &tv, 100, 30 * SEC);
+	assert_int_equal(wait_one(e, &c, 20 * SEC), -ENOBUFS);
+
+	/* Rendezvous PUTs wait, until our own pool is dry. */
+	for (; sent < HOLD_ITEMS && !enomem; sent++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "k%u", sent);
+		put_iov(e, to, key, &v[sent], sent, 30 * SEC);
+		count_results(e, 300 * slow, &ok, &enomem, &other);
+	}
+	assert_int_equal(ok, 0);    /* none got through */
+	assert_int_equal(other, 0); /* none failed otherwise */
+	assert_int_equal(enomem, 1);
+	waiting = sent - 4 - 1;
+	assert_true(waiting >= 1);
+	assert_int_equal(pool_in_use(e), waiting); /* each holds its block here */
+
+	/* The receiver lets go: the waiting PUTs complete. */
+	assert_int_equal(write(hold_down[1], "R", 1), 1);
+	for (unsigned i = 0; i < waiting; i++)
+		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+	/* The refused ones again, and the rest. */
+	for (unsigned i = sent - 1; i < HOLD_ITEMS; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		put_iov(e, to, key, &v[i], i, 30 * SEC);
+		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+	}
+	put_iov(e, to, "tiny", &tv, 100, 30 * SEC);
+	assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+	for (int i = 0; i < 2; i++) {
+		close(hold_up[i]);
+		close(hold_down[i]);
+	}
+	free(data);
+}
+
 static void test_tcp_three_to_one(void **state)
 {
 	unsigned count = (unsigned)big(3000, 200);
@@ -1395,6 +1604,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_sizes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_get_before_put, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_pool_exhaustion, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
