@@ -27,6 +27,7 @@ static inline uint64_t big(uint64_t real, uint64_t small)
 
 struct mk {
 	const char *name;
+	const char *ns;      /* NULL: NS */
 	const char *listen;  /* NULL: none */
 	const char *secret;  /* NULL: none */
 	size_t pool;
@@ -44,7 +45,7 @@ static inline struct ferry_engine *mk_engine(const struct mk *m)
 	int rc;
 
 	p.name = m->name;
-	p.ns = NS;
+	p.ns = m->ns ? m->ns : NS;
 	p.pool_size = m->pool ? m->pool : 32 * MIB;
 	p.listen = m->listen;
 	p.secret = m->secret;

@@ -12,7 +12,8 @@
  * the restarted peer, a silent (stopped) peer declared dead by the
  * heartbeat, both pools running dry (the receiver's: eager PUTs refused,
  * rendezvous PUTs wait; then the sender's: -ENOMEM; nothing sent is lost),
- * and 8 concurrent 256 MiB transfers with checksums. Children
+ * engines of two namespaces kept apart, and 8 concurrent 256 MiB transfers
+ * with checksums. Children
  * report through their exit status; the parent asserts. No test leaves a
  * pool block behind (checked through the pool statistics).
  */
@@ -719,19 +720,19 @@ static void test_tcp_deadlines(void **state)
 #define HOLD_ITEMS 10u
 #define HOLD_TINY 200u           /* eager, and inline at the sender: no pool block there */
 
-/* The holder's pipes: [0] holder -> test ("A<address>", "F" full), [1] test -> holder. */
-static int hold_up[2], hold_down[2];
+/* A child's pipes besides its address pipe: up_pipe child -> test, down_pipe test -> child. */
+static int up_pipe[2], down_pipe[2];
 
-static void hold_say(const char *s)
+static void tell_test(const char *s)
 {
-	if (write(hold_up[1], s, strlen(s)) != (ssize_t)strlen(s))
+	if (write(up_pipe[1], s, strlen(s)) != (ssize_t)strlen(s))
 		_exit(30);
 }
 
 /*
  * A consumer whose pool holds exactly four items. It GETs k0..k9 and
  * "tiny" (zero copy) and holds what comes, saying "F" once its pool is
- * full, until the test writes to hold_down; then it releases what it
+ * full, until the test writes to down_pipe; then it releases what it
  * held and takes the rest. Every item is checked (length, content, once
  * only): it exits 0 only if all eleven came intact.
  */
@@ -753,7 +754,7 @@ static int holder_main(const char *unused, void *arg)
 	if (!e)
 		return 10;
 	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
-	hold_say(addr);
+	tell_test(addr);
 	from = t_peer(e, "prod");
 	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
 		char key[16];
@@ -764,7 +765,7 @@ static int holder_main(const char *unused, void *arg)
 	get(e, from, "tiny", NULL, HOLD_ITEMS, 60 * SEC, 0);
 	fill(tiny, sizeof(tiny), 777);
 	while (got < HOLD_ITEMS + 1) {
-		struct pollfd pd = { .fd = hold_down[0], .events = POLLIN };
+		struct pollfd pd = { .fd = down_pipe[0], .events = POLLIN };
 		struct ferry_cqe c;
 		struct pool_stats ps;
 		int rc = wait_one(e, &c, 20 * MS);
@@ -789,7 +790,7 @@ static int holder_main(const char *unused, void *arg)
 		}
 		pool_get_stats(e->pool, &ps);
 		if (!full_said && ps.largest_free == 0 && ps.free_bytes == 0) {
-			hold_say("F");
+			tell_test("F");
 			full_said = true;
 		}
 		if (!released && poll(&pd, 1, 0) == 1) {
@@ -825,6 +826,68 @@ static void count_results(struct ferry_engine *e, int ms, unsigned *ok, unsigned
 	}
 }
 
+/* A consumer in another namespace: nothing may reach it. Exits 0 if nothing did. */
+static int stranger_main(const char *unused, void *arg)
+{
+	struct mk m = { .name = "cons", .ns = "elsewhere", .listen = "tcp://127.0.0.1:0",
+			.secret = SECRET, .pool = 8 * MIB };
+	char addr[TCP_ADDR_MAX + 1] = "A";
+	struct ferry_engine *e;
+	struct ferry_cqe c;
+
+	(void)unused;
+	(void)arg;
+	e = mk_engine(&m);
+	if (!e)
+		return 10;
+	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
+	tell_test(addr);
+	get(e, t_peer(e, "prod"), "k0", NULL, 1, 2 * SEC, 0);
+	if (wait_one(e, &c, 20 * SEC) != -ETIMEDOUT || pool_in_use(e) != 0)
+		return 11;
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/*
+ * Engines of two namespaces at the same secret never exchange a byte: the
+ * callee refuses a caller of another namespace at the handshake, and the
+ * PUT fails with -EHOSTUNREACH (as for an engine of another name).
+ */
+static void test_tcp_namespaces_isolated(void **state)
+{
+	struct mk m = { .name = "prod", .secret = SECRET, .pool = 8 * MIB };
+	char bytes[100] = "hello";
+	struct iovec small = { bytes, sizeof(bytes) };
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_buf *b;
+	struct ferry_cqe c;
+	struct child ch;
+	char msg[TCP_ADDR_MAX + 2];
+
+	(void)state;
+	assert_int_equal(pipe(up_pipe), 0);
+	spawn(&ch, stranger_main, NULL);
+	go(&ch, "-");
+	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
+	assert_int_equal(msg[0], 'A');
+	e = mk_engine(&m);
+	assert_non_null(e);
+	to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(to, msg + 1), 0);
+	assert_int_equal(ferry_buf_alloc(e, 100000, &b), 0); /* rendezvous */
+	put_buf(e, to, "k0", b, 1, 10 * SEC);
+	assert_int_equal(wait_one(e, &c, 15 * SEC), -EHOSTUNREACH);
+	put_iov(e, to, "k0", &small, 2, 10 * SEC); /* eager, inline */
+	assert_int_equal(wait_one(e, &c, 15 * SEC), -EHOSTUNREACH);
+	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(pool_in_use(e), 0);
+	ferry_engine_destroy(e);
+	close(up_pipe[0]);
+	close(up_pipe[1]);
+}
+
 /*
  * The receiver's pool is full (its application holds every block): a
  * small eager PUT is refused with -ENOBUFS; rendezvous PUTs wait for room
@@ -848,11 +911,11 @@ static void test_tcp_pool_exhaustion(void **state)
 
 	(void)state;
 	assert_non_null(data);
-	assert_int_equal(pipe(hold_up), 0);
-	assert_int_equal(pipe(hold_down), 0);
+	assert_int_equal(pipe(up_pipe), 0);
+	assert_int_equal(pipe(down_pipe), 0);
 	spawn(&ch, holder_main, NULL);
 	go(&ch, "-");
-	assert_int_equal(wait_text(hold_up[0], msg, sizeof(msg), 20000), 0);
+	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
 	assert_int_equal(msg[0], 'A');
 	e = mk_engine(&m);
 	assert_non_null(e);
@@ -872,7 +935,7 @@ static void test_tcp_pool_exhaustion(void **state)
 		put_iov(e, to, key, &v[sent], sent, 30 * SEC);
 		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
 	}
-	assert_int_equal(wait_text(hold_up[0], msg, sizeof(msg), 20000), 0);
+	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
 	assert_string_equal(msg, "F");
 
 	/* Nothing fits there: the eager PUT is refused, not held. */
@@ -895,7 +958,7 @@ static void test_tcp_pool_exhaustion(void **state)
 	assert_int_equal(pool_in_use(e), waiting); /* each holds its block here */
 
 	/* The receiver lets go: the waiting PUTs complete. */
-	assert_int_equal(write(hold_down[1], "R", 1), 1);
+	assert_int_equal(write(down_pipe[1], "R", 1), 1);
 	for (unsigned i = 0; i < waiting; i++)
 		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
 	/* The refused ones again, and the rest. */
@@ -912,8 +975,8 @@ static void test_tcp_pool_exhaustion(void **state)
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 	for (int i = 0; i < 2; i++) {
-		close(hold_up[i]);
-		close(hold_down[i]);
+		close(up_pipe[i]);
+		close(down_pipe[i]);
 	}
 	free(data);
 }
@@ -1605,6 +1668,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_get_before_put, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_pool_exhaustion, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_namespaces_isolated, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
