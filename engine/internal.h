@@ -201,6 +201,8 @@ static inline bool op_state_pending(uint8_t state)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */
+/* LOOKUP GET: its holder remembers the wish (FETCH answered 1): wish_seq, key */
+#define OP_F_WISH (1u << 27)
 
 struct key_entry;
 
@@ -228,7 +230,8 @@ struct op {
 	struct stream *stream;       /* STREAM_*: its stream (stream.c) */
 	uint64_t interval;           /* STREAM_*: the op's timeout (STREAM_GET: per gap) */
 	uint32_t chunk;              /* STREAM_PUT: the index it was sent as */
-	uint16_t key_len;            /* PUT: the key, for the transport */
+	uint64_t wish_seq;           /* OP_F_WISH: the FETCH's seq; a wish parked here: its asker's */
+	uint16_t key_len;            /* PUT: the key, for the transport; OP_F_WISH: the key asked */
 	char key[FERRY_KEY_MAX];
 };
 

@@ -158,6 +158,11 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		timer_del(&e->timers, op);
 	if (op->opcode >= FERRY_OP_STREAM_PUT || (op->flags & OP_F_INTERNAL))
 		res = stream_op_ending(e, op, res);
+	if (unlikely(op->flags & OP_F_WISH)) {
+		op->flags &= ~OP_F_WISH;
+		if (res < 0)
+			ferry__ctl_forget(e, op); /* control channel hook: the holder forgets */
+	}
 	if (op->state == OP_PARKED)
 		unpark(e, op);
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&

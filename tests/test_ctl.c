@@ -1,7 +1,8 @@
 /*
  * tests/test_ctl.c - the control channel (backends/tcp/ctl.c): handshake and
  * the data address it publishes (control port 0, data port 0), directory
- * queries, store-like keys (PUBLISH / LOOKUP GETs), remote health, remote
+ * queries, store-like keys (PUBLISH / LOOKUP GETs, and the wish of one that
+ * ended withdrawn from the holder), remote health, remote
  * cancellation, a wrong secret, malformed messages from a raw ZeroMQ socket,
  * a taken control address (-EADDRINUSE naming it), and a peer killed with
  * SIGKILL declared dead within the configured time. Engines talk over
@@ -303,6 +304,75 @@ static void test_ctl_directory_and_store(void **state)
 	t_expect(b, NULL, 12, 2, NULL);
 	t_get(a, pb, "req3_a", NULL, 0, 13, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT, 0);
 	t_expect(a, NULL, 13, -EAGAIN, NULL);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
+/* Where is key waiting at the peer (a LOOKUP over the control channel): 0, 1 or 2. */
+static int lookup_at(struct ferry_engine *e, struct ferry_peer *p, const char *key, uint64_t ud)
+{
+	struct ferry_cqe c;
+
+	ferry_prep_lookup(t_sqe(e), p, key, ud);
+	t_submit(e);
+	assert_int_equal(t_wait_cqe(e, NULL, &c, 5 * SEC), 1);
+	assert_int_equal(c.user_data, ud);
+	return c.res;
+}
+
+/*
+ * A LOOKUP GET that ends without its data (deadline, cancel) withdraws the
+ * wish its holder remembered: the key published after that stays at the
+ * holder (where a later GET fetches it) instead of being pushed to an
+ * engine that no longer waits for it. A wish of another GET of the same key
+ * stays and is served.
+ */
+static void test_ctl_lookup_withdrawn(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	struct ferry_peer *pa = connect_to(b, a); /* b -> a */
+	struct ferry_peer *pb = t_peer(a, "ctlB");
+	const char data[] = "published after the wait ended";
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+
+	(void)state;
+	/* Its deadline passes: the LOOKUP that follows on the session finds the wish gone. */
+	t_get(a, pb, "req4_k", NULL, 0, 1, FERRY_SQE_LOOKUP, 300 * MS);
+	t_expect(a, NULL, 1, -ETIMEDOUT, NULL);
+	assert_int_equal(lookup_at(a, pb, "req4_k", 2), 0);
+	t_put(b, pa, "req4_k", data, sizeof(data), 3, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 3, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req4_k", 4), 1); /* kept at b, for a */
+	t_get(a, pb, "req4_k", NULL, 0, 5, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT, 0);
+	t_expect(a, NULL, 5, 0, &c);
+	assert_memory_equal(ferry_buf_data(c.buf), data, sizeof(data));
+	ferry_buf_release(c.buf);
+
+	/* Cancelled. */
+	t_get(a, pb, "req5_k", NULL, 0, 6, FERRY_SQE_LOOKUP, 0);
+	t_expect_none(a, NULL, 200); /* asked, and remembered there */
+	sqe = t_sqe(a);
+	ferry_prep_cancel(sqe, 6, 7);
+	t_submit(a);
+	t_expect(a, NULL, 6, -ECANCELED, NULL);
+	t_expect(a, NULL, 7, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req5_k", 8), 0);
+	t_put(b, pa, "req5_k", data, sizeof(data), 9, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 9, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req5_k", 10), 1);
+
+	/* Two GETs of one key: the one that gave up takes only its own wish. */
+	t_get(a, pb, "req6_k", NULL, 0, 11, FERRY_SQE_LOOKUP, 300 * MS);
+	t_get(a, pb, "req6_k", NULL, 0, 12, FERRY_SQE_LOOKUP, 10 * SEC);
+	t_expect(a, NULL, 11, -ETIMEDOUT, NULL);
+	assert_int_equal(lookup_at(a, pb, "req6_k", 13), 0);
+	t_put(b, pa, "req6_k", data, sizeof(data), 14, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 14, 0, NULL);
+	t_expect(a, NULL, 12, 0, &c);
+	assert_memory_equal(ferry_buf_data(c.buf), data, sizeof(data));
+	ferry_buf_release(c.buf);
+	assert_int_equal(lookup_at(a, pb, "req6_k", 15), 0); /* pushed, taken */
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }
@@ -721,6 +791,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_handshake_publishes_data_address),
 		cmocka_unit_test(test_ctl_no_session),
 		cmocka_unit_test(test_ctl_directory_and_store),
+		cmocka_unit_test(test_ctl_lookup_withdrawn),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_malformed_messages),

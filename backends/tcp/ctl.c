@@ -79,7 +79,7 @@ const char *ctl_type_name(unsigned t)
 	static const char *const names[CTL__MAX] = {
 		"?", "HELLO", "PROOF", "AUTH", "OK", "NO", "PING", "PONG", "HEALTH_REQ",
 		"HEALTH", "LOOKUP", "LOOKUP_ANS", "FETCH", "FETCH_ANS", "CANCEL",
-		"CANCEL_ANS", "BYE",
+		"CANCEL_ANS", "BYE", "FORGET",
 	};
 
 	return t < CTL__MAX ? names[t] : "?";
@@ -565,12 +565,17 @@ static void on_ready_msg(struct ctl_state *st, struct ctl_session *s, const stru
 			res = ctl_on_lookup(st, s, &k, key, &len);
 			ctl_send_answer(st, s, CTL_LOOKUP_ANS, h->seq, res, len);
 		} else if (h->type == CTL_FETCH) {
-			res = ctl_on_fetch(st, s, &k, key);
+			res = ctl_on_fetch(st, s, &k, key, h->seq);
 			ctl_send_answer(st, s, CTL_FETCH_ANS, h->seq, res, 0);
 		} else {
 			res = ctl_on_cancel(st, s, &k, key);
 			ctl_send_answer(st, s, CTL_CANCEL_ANS, h->seq, res, 0);
 		}
+		break;
+	case CTL_FORGET:
+		if (ctl_key_parse(body, h->len, &k, key) || k.flags || k.timeout_ms)
+			goto malformed;
+		ctl_on_forget(st, s, key, k.key_len, h->seq);
 		break;
 	case CTL_HEALTH:
 	case CTL_LOOKUP_ANS:
@@ -1460,6 +1465,12 @@ void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_
 {
 	(void)sqe;
 	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
+}
+
+void ferry__ctl_forget(struct ferry_engine *e, struct op *op)
+{
+	(void)e;
+	(void)op;
 }
 
 int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)

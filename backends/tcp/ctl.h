@@ -30,6 +30,13 @@ void ferry__ctl_publish(struct ferry_engine *e, struct op *op);
 void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 
 /*
+ * A LOOKUP GET whose holder remembers its wish (OP_F_WISH) ends without the
+ * data (deadline, cancel): tell the holder to forget the wish, so that a
+ * later publish stays there instead of landing here unclaimed.
+ */
+void ferry__ctl_forget(struct ferry_engine *e, struct op *op);
+
+/*
  * Drop what this engine holds of request r whose stored key is
  * "{key}@{from}_{to}" (NULL: any name): arrived data, parked GETs. Returns
  * how many (engine/cleanup.c).

@@ -156,7 +156,10 @@ void ctl_fail_lookup_gets(struct ctl_state *st, const char *name, int res);
 /* Parse a ctl_key body: 0 and the key (NUL-terminated) or -EPROTO. */
 int ctl_key_parse(const uint8_t *body, size_t blen, struct ctl_key *k, char *key);
 int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		 const char *key);
+		 const char *key, uint64_t seq);
+/* FORGET: drop the wish the peer's FETCH seq left on key here, if it is still parked. */
+void ctl_on_forget(struct ctl_state *st, struct ctl_session *s, const char *key,
+		   uint16_t key_len, uint64_t seq);
 int ctl_on_lookup(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
 		  const char *key, uint64_t *len);
 int ctl_on_cancel(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,

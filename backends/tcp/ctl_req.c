@@ -158,7 +158,7 @@ static int take_published(struct ferry_engine *e, const char *fullkey, size_t n,
 }
 
 int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_key *k,
-		 const char *key)
+		 const char *key, uint64_t seq)
 {
 	struct ferry_engine *e = st->e;
 	char fullkey[FULLKEY_MAX];
@@ -198,12 +198,38 @@ int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_k
 	op->peer = s->peer;
 	op->key_len = k->key_len;
 	memcpy(op->key, key, (size_t)k->key_len + 1);
+	op->wish_seq = seq;
 	op->state = OP_PARKED;
 	op->entry = ke;
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	timeout = k->timeout_ms ? (uint64_t)k->timeout_ms * 1000000ull : CTL_FETCH_MAX_NS;
 	op_arm_deadline(e, op, timeout < CTL_FETCH_MAX_NS ? timeout : CTL_FETCH_MAX_NS);
 	return 1;
+}
+
+void ctl_on_forget(struct ctl_state *st, struct ctl_session *s, const char *key,
+		   uint16_t key_len, uint64_t seq)
+{
+	struct ferry_engine *e = st->e;
+	char fullkey[FULLKEY_MAX];
+	struct key_entry *ke;
+	int n = keytable_compose(fullkey, key, key_len, e->name, s->peer_name);
+
+	if (n < 0)
+		return;
+	ke = keytable_find(&e->keys, fullkey, (size_t)n, keytable_hash(fullkey, (size_t)n));
+	for (struct op *op = ke ? ke->waiters : NULL; op; op = op->next) {
+		if (op->cb == fetch_ready && op->cb_arg == st && op->peer == s->peer &&
+		    op->wish_seq == seq) {
+			log_debug("ctl: engine %s: %s no longer waits for %s: wish dropped", e->name,
+				  s->peer_name, key);
+			op_complete(e, op, -ECANCELED, 0, NULL);
+			return;
+		}
+	}
+	/* Served meanwhile (the data is on its way), or its deadline passed. */
+	log_debug("ctl: engine %s: %s forgets %s, which waits for nothing here", e->name,
+		  s->peer_name, key);
 }
 
 /*
@@ -341,10 +367,20 @@ void ctl_on_answer(struct ctl_state *st, struct ctl_session *s, const struct ctl
 		ctl_req_finish(st, r, res, res > 0 ? a.len : 0, NULL);
 		return;
 	case CTL_FETCH_ANS:
-		if (res < 0)
+		if (res < 0) {
 			ctl_req_finish(st, r, res, 0, NULL); /* -EAGAIN: nobody holds it yet */
-		else
-			ctl_req_free(st, r); /* sent, or remembered: the data completes the GET */
+			return;
+		}
+		/* Sent, or remembered: the data completes the GET. */
+		if (res == 1 && (s->peer_caps & CTL_CAP_FORGET) && r->op &&
+		    r->op->gen == r->op_gen && op_state_pending(r->op->state)) {
+			/* Should the GET end without it, the holder is told to forget. */
+			r->op->flags |= OP_F_WISH;
+			r->op->wish_seq = r->seq;
+			r->op->key_len = r->key_len;
+			memcpy(r->op->key, r->key, (size_t)r->key_len + 1);
+		}
+		ctl_req_free(st, r);
 		return;
 	default: /* CTL_CANCEL_ANS */
 		ctl_req_finish(st, r, res, 0, NULL);
@@ -454,6 +490,17 @@ void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
 	if (rc == 0)
 		op->buf = NULL;
 	op_complete(e, op, rc, rc ? 0 : len, NULL);
+}
+
+void ferry__ctl_forget(struct ferry_engine *e, struct op *op)
+{
+	struct ctl_state *st = ctl_state_of(e);
+	struct ctl_session *s = st && op->peer ? ctl_session_for(st, op->peer->name, true) : NULL;
+	struct ctl_key k = { .key_len = htole16(op->key_len) };
+
+	if (!s || s->state != CS_READY || !(s->peer_caps & CTL_CAP_FORGET))
+		return; /* a session that ended took the wish with it */
+	ctl_send_msg(st, s, CTL_FORGET, op->wish_seq, &k, sizeof(k), op->key, op->key_len);
 }
 
 void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)

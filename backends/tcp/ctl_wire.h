@@ -41,7 +41,8 @@
 #define CTL_CAP_DIRECTORY (1u << 0) /* LOOKUP and FETCH */
 #define CTL_CAP_CANCEL (1u << 1)    /* CANCEL */
 #define CTL_CAP_HEALTH (1u << 2)    /* HEALTH_REQ */
-#define CTL_CAPS (CTL_CAP_DIRECTORY | CTL_CAP_CANCEL | CTL_CAP_HEALTH)
+#define CTL_CAP_FORGET (1u << 3)    /* FORGET: sent only to a peer that has it */
+#define CTL_CAPS (CTL_CAP_DIRECTORY | CTL_CAP_CANCEL | CTL_CAP_HEALTH | CTL_CAP_FORGET)
 
 enum ctl_type {
 	CTL_HELLO = 1,
@@ -60,6 +61,12 @@ enum ctl_type {
 	CTL_CANCEL = 14,    /* ctl_key: the request id; answer CANCEL_ANS */
 	CTL_CANCEL_ANS = 15, /* ctl_answer: res = things dropped */
 	CTL_BYE = 16,       /* empty: the sender closes the session */
+	/*
+	 * ctl_key: the key of a FETCH answered 1 (remembered) whose GET ended
+	 * without its data; seq = that FETCH's seq. The holder drops that wish
+	 * (nothing if it was served meanwhile). No answer.
+	 */
+	CTL_FORGET = 17,
 	CTL__MAX
 };
 
