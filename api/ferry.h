@@ -654,6 +654,14 @@ static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pe
  * FERRY_SQE_PUBLISH to us: a LOOKUP GET would fetch it), 2 when our PUT of
  * it arrived there and was not taken yet, 0 when neither; len = its size.
  * Nothing moves. Errors as for ferry_prep_peer_health.
+ *
+ * peer NULL asks every peer with a ready control session at once and
+ * completes when the last has answered: res = how many hold the key, and
+ * when some do, cqe->buf (FERRY_CQE_F_BUF: release it) holds one line per
+ * such peer, "NAME WHERE LEN\n" (WHERE 1 or 2 as above), NUL-terminated,
+ * len = the text's length. A peer whose session ends before it answers is
+ * left out (logged). -ENOTCONN when no session is ready; -ETIMEDOUT at the
+ * op's deadline.
  */
 static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)

@@ -221,15 +221,16 @@ struct op {
 	void *cb_arg;
 	struct ferry_peer *peer;
 	const struct iovec *iov;
-	uint32_t iovcnt;
-	struct ferry_buf *buf;
+	uint32_t iovcnt;             /* LOOKUP of every peer: answers still to come */
+	struct ferry_buf *buf;       /* ... and its text so far, len bytes */
 	uint64_t len;
 	struct key_entry *entry;     /* PARKED: the key it waits on */
 	struct op *next, *prev;      /* PARKED list / overflow list */
 	struct ferry_cqe cqe;        /* OVERFLOW: the completion to post */
 	struct stream *stream;       /* STREAM_*: its stream (stream.c) */
 	uint64_t interval;           /* STREAM_*: the op's timeout (STREAM_GET: per gap) */
-	uint32_t chunk;              /* STREAM_PUT: the index it was sent as */
+	uint32_t chunk;              /* STREAM_PUT: the index it was sent as; LOOKUP of every
+					peer: the peers that hold the key */
 	uint64_t wish_seq;           /* OP_F_WISH: the FETCH's seq; a wish parked here: its asker's */
 	uint16_t key_len;            /* PUT: the key, for the transport; OP_F_WISH: the key asked */
 	char key[FERRY_KEY_MAX];

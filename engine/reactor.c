@@ -171,8 +171,8 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	op->state = OP_FREE;
 
 	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
-	     op->opcode == FERRY_OP_STREAM_ABORT) && op->buf) {
-		/* Still ours: the PUT never handed its data over. */
+	     op->opcode == FERRY_OP_STREAM_ABORT || op->opcode == FERRY_OP_LOOKUP) && op->buf) {
+		/* Still ours: the PUT never handed its data over (a LOOKUP: its partial text). */
 		pool_free(op->buf);
 		op->buf = NULL;
 	}

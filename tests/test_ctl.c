@@ -2,7 +2,8 @@
  * tests/test_ctl.c - the control channel (backends/tcp/ctl.c): handshake and
  * the data address it publishes (control port 0, data port 0), directory
  * queries, store-like keys (PUBLISH / LOOKUP GETs, and the wish of one that
- * ended withdrawn from the holder), remote health, remote
+ * ended withdrawn from the holder), a directory query to every peer at once,
+ * remote health, remote
  * cancellation, a wrong secret, malformed messages from a raw ZeroMQ socket,
  * a taken control address (-EADDRINUSE naming it), and a peer killed with
  * SIGKILL declared dead within the configured time. Engines talk over
@@ -375,6 +376,66 @@ static void test_ctl_lookup_withdrawn(void **state)
 	assert_int_equal(lookup_at(a, pb, "req6_k", 15), 0); /* pushed, taken */
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
+}
+
+/*
+ * A LOOKUP with no peer asks every peer with a session at once: res = how
+ * many hold the key, their lines "NAME WHERE LEN" in cqe->buf.
+ */
+static void test_ctl_lookup_every_peer(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	struct ferry_engine *c = mk_ctl("ctlC", SECRET, 0, 0), *d = mk_ctl("ctlD", SECRET, 0, 0);
+	struct ferry_peer *pab = connect_to(a, b), *pac = connect_to(a, c);
+	struct ferry_peer *pba = t_peer(b, "ctlA");
+	const char one[] = "published at b", two[] = "put at c by a";
+	struct ferry_sqe *sqe;
+	struct ferry_cqe q;
+
+	(void)state;
+	(void)pab;
+	/* b publishes k for a (1); a's PUT of k waits untaken at c (2). */
+	t_put(b, pba, "req9_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 1, 0, NULL);
+	t_put(a, pac, "req9_k", two, sizeof(two), 2, 0);
+	t_expect(a, NULL, 2, 0, NULL);
+
+	sqe = t_sqe(a);
+	ferry_prep_lookup(sqe, NULL, "req9_k", 3);
+	ferry_sqe_set_timeout(sqe, 5 * SEC);
+	t_submit(a);
+	t_expect(a, NULL, 3, 2, &q);
+	assert_true(q.flags & FERRY_CQE_F_BUF);
+	assert_int_equal(strlen(ferry_buf_data(q.buf)), q.len);
+	{
+		char want_b[64], want_c[64];
+
+		snprintf(want_b, sizeof(want_b), "ctlB 1 %zu\n", sizeof(one));
+		snprintf(want_c, sizeof(want_c), "ctlC 2 %zu\n", sizeof(two));
+		assert_non_null(strstr(ferry_buf_data(q.buf), want_b));
+		assert_non_null(strstr(ferry_buf_data(q.buf), want_c));
+		assert_int_equal(q.len, strlen(want_b) + strlen(want_c));
+	}
+	ferry_buf_release(q.buf);
+
+	/* Nobody holds it: 0, no buffer. Nothing moved: b still holds its key. */
+	ferry_prep_lookup(t_sqe(a), NULL, "req9_none", 4);
+	t_submit(a);
+	t_expect(a, NULL, 4, 0, &q);
+	assert_false(q.flags & FERRY_CQE_F_BUF);
+	assert_int_equal(lookup_at(a, pab, "req9_k", 5), 1);
+
+	/* An engine without sessions: -ENOTCONN. A NULL peer on another request: -EINVAL. */
+	ferry_prep_lookup(t_sqe(d), NULL, "req9_k", 6);
+	t_submit(d);
+	t_expect(d, NULL, 6, -ENOTCONN, NULL);
+	ferry_prep_peer_health(t_sqe(d), NULL, 7);
+	t_submit(d);
+	t_expect(d, NULL, 7, -EINVAL, NULL);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(c);
+	ferry_engine_destroy(d);
 }
 
 static void test_ctl_remote_cancel(void **state)
@@ -792,6 +853,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_no_session),
 		cmocka_unit_test(test_ctl_directory_and_store),
 		cmocka_unit_test(test_ctl_lookup_withdrawn),
+		cmocka_unit_test(test_ctl_lookup_every_peer),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_malformed_messages),

@@ -24,11 +24,56 @@ void ctl_req_free(struct ctl_state *st, struct ctl_req *r)
 	st->nreqs--;
 }
 
+/* One line of a LOOKUP of every peer's text: "NAME WHERE LEN\n". */
+#define LOOKUP_LINE_MAX (FERRY_NAME_MAX + 32)
+
+/*
+ * One peer's part of a LOOKUP of every peer (res: 1 or 2 it holds the key,
+ * 0 not, < 0 it did not answer). The last part completes the op: res = the
+ * peers that hold it, and their lines in a buffer when there are any.
+ */
+static void lookup_all_part(struct ctl_state *st, struct ctl_req *r, int res, uint64_t len)
+{
+	struct op *op = r->op;
+	struct ferry_buf *buf;
+
+	if (!op || op->gen != r->op_gen || !op_state_pending(op->state))
+		return; /* it ended (deadline, cancel): its buffer went with it */
+	if (res > 0) {
+		int n = snprintf((char *)op->buf->data + op->len, LOOKUP_LINE_MAX, "%s %d %llu\n",
+				 r->peer, res, (unsigned long long)len);
+
+		op->len += n > 0 && n < (int)LOOKUP_LINE_MAX ? (uint64_t)n : 0;
+		op->chunk++;
+	} else if (res < 0) {
+		log_info("ctl: engine %s: LOOKUP of %s at every peer: %s did not answer: %s",
+			 st->e->name, r->key, r->peer, ferry_strerror(res));
+	}
+	if (--op->iovcnt)
+		return;
+	buf = op->buf;
+	op->buf = NULL;
+	if (!op->chunk) {
+		pool_free(buf);
+		op_complete(st->e, op, 0, 0, NULL);
+		return;
+	}
+	((char *)buf->data)[op->len] = '\0';
+	buf->len = op->len;
+	op_complete(st->e, op, (int)op->chunk, op->len, buf);
+}
+
 /* Complete a request's op with res (unless it ended meanwhile). */
 void ctl_req_finish(struct ctl_state *st, struct ctl_req *r, int res, uint64_t len,
 		    struct ferry_buf *buf)
 {
 	struct op *op = r->op;
+
+	if (r->all) {
+		lookup_all_part(st, r, res, len);
+		ctl_req_free(st, r);
+		return;
+	}
 
 	if (op && op->gen == r->op_gen && op_state_pending(op->state))
 		op_complete(st->e, op, res, len, buf);
@@ -439,6 +484,53 @@ static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const ch
 	return 0;
 }
 
+/*
+ * LOOKUP with no peer: ask every peer with a READY session at once. The op
+ * completes when the last has answered (or failed); see lookup_all_part.
+ */
+static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint16_t key_len)
+{
+	struct ferry_engine *e = st->e;
+	uint32_t ready = 0, sent = 0;
+	int rc;
+
+	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
+		ready += st->sessions[i].state == CS_READY;
+	if (!ready)
+		return -ENOTCONN;
+	if (CTL_MAX_REQS - st->nreqs < ready) {
+		log_limited(FERRY__LOG_WARN, "ctl: engine %s: %d requests wait for answers: "
+			    "refusing a LOOKUP of every peer", e->name, CTL_MAX_REQS);
+		return -ENOBUFS;
+	}
+	rc = pool_alloc(e->pool, (size_t)ready * LOOKUP_LINE_MAX + 1, &op->buf);
+	if (rc)
+		return rc;
+	op->len = 0;
+	op->chunk = 0;
+	op->iovcnt = ready;
+	op->state = OP_AWAY;
+	for (uint32_t i = 0; i < CTL_MAX_SESSIONS && sent < ready; i++) {
+		struct ctl_session *s = &st->sessions[i];
+		struct ctl_req *r;
+
+		if (s->state != CS_READY)
+			continue;
+		r = req_new(st); /* room was counted above */
+		r->type = CTL_LOOKUP;
+		r->all = true;
+		r->op = op;
+		r->op_gen = op->gen;
+		snprintf(r->peer, sizeof(r->peer), "%s", s->peer_name);
+		r->key_len = key_len;
+		memcpy(r->key, key, key_len);
+		r->key[key_len] = '\0';
+		sent++;
+		ctl_req_send(st, s, r); /* may finish it (and, as the last, the op) */
+	}
+	return 0;
+}
+
 void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
 {
 	struct ctl_state *st = ctl_state_of(e);
@@ -447,7 +539,7 @@ void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_
 							   : CTL_CANCEL;
 	int rc;
 
-	if (!sqe->peer || sqe->peer->engine != e) {
+	if ((!sqe->peer && type != CTL_LOOKUP) || (sqe->peer && sqe->peer->engine != e)) {
 		log_error("op %llx: %s peer", (unsigned long long)sqe->user_data,
 			  sqe->peer ? "foreign" : "NULL");
 		op_complete(e, op, -EINVAL, 0, NULL);
@@ -461,6 +553,15 @@ void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_
 	}
 	if (!st) {
 		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
+		return;
+	}
+	if (!sqe->peer) {
+		ctl_connects_first(st);
+		rc = lookup_all(st, op, sqe->key, sqe->key_len);
+		if (rc)
+			op_complete(e, op, rc, 0, NULL);
+		else if (op_state_pending(op->state) && op->iovcnt)
+			op_arm_deadline(e, op, sqe->timeout_ns);
 		return;
 	}
 	op->state = OP_AWAY;
