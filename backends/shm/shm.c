@@ -67,7 +67,7 @@
  * only holds a slot of the half-open table meanwhile.
  */
 #define SHM_ACCEPT_HELLO_MS 250
-/* Accepted callers whose hello has not come yet; beyond, new ones are refused. */
+/* Accepted callers whose hello has not come yet; beyond, the oldest is hung up on. */
 #define SHM_HALF_OPEN_MAX 64u
 /*
  * While handshakes are under way, a timer looks at their bounds (and tries
@@ -1109,7 +1109,7 @@ static void half_open_close(struct shm_state *st, uint32_t i)
 /*
  * A caller was accepted: its hello is normally there already. If not, it
  * waits in a half-open slot, its socket polled, for SHM_ACCEPT_HELLO_MS;
- * when every slot is taken, the newcomer is refused.
+ * when every slot is taken, the oldest is hung up on to make room.
  */
 static void accept_caller(struct ferry_engine *e, struct backend *b, int fd)
 {
@@ -1123,14 +1123,24 @@ static void accept_caller(struct ferry_engine *e, struct backend *b, int fd)
 		accept_hello(e, b, fd, rc, &h, fds, nfds);
 		return;
 	}
-	for (i = 0; i < SHM_HALF_OPEN_MAX && st->half_open[i].fd >= 0; i++)
-		;
-	if (i == SHM_HALF_OPEN_MAX) {
+	if (st->nhalf_open == SHM_HALF_OPEN_MAX) {
+		/*
+		 * Full: the oldest goes. A caller that means it sends its hello
+		 * right after connecting, so a flood of silent ones cannot keep
+		 * it out; refusing the newest could (it may be accepted in the
+		 * moment between its connect and its hello).
+		 */
+		uint32_t oldest = 0;
+
+		for (i = 1; i < SHM_HALF_OPEN_MAX; i++)
+			if (st->half_open[i].deadline < st->half_open[oldest].deadline)
+				oldest = i;
 		log_limited(FERRY__LOG_WARN, "shm: engine %s: %u callers have not sent their hello "
-			    "yet; refusing one more", e->name, SHM_HALF_OPEN_MAX);
-		close(fd);
-		return;
+			    "yet; hanging up on the oldest", e->name, SHM_HALF_OPEN_MAX);
+		half_open_close(st, oldest);
 	}
+	for (i = 0; st->half_open[i].fd >= 0; i++)
+		;
 	st->half_open[i].fd = fd;
 	st->half_open[i].gen = ++st->next_gen;
 	st->half_open[i].deadline = ferry__now_ns() + SHM_ACCEPT_HELLO_MS * 1000000ull;
