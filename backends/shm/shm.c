@@ -3,10 +3,24 @@
  * processes of one host.
  *
  * Owns: connections to peer engines found by name (shm_sock.c does the
- * socket, the names and the hello), the descriptor rings in shared memory
- * that carry PUTs and their results, the read-only mapping of each peer's
- * pool, the accounting of blocks lent to peers, and what happens when a
- * peer dies or misbehaves.
+ * socket, the names and the hello) and their handshakes, the descriptor
+ * rings in shared memory that carry PUTs and their results, the read-only
+ * mapping of each peer's pool, the accounting of blocks lent to peers, and
+ * what happens when a peer dies or misbehaves.
+ *
+ * Handshakes never block a round. Calling a peer is a non-blocking connect
+ * and our hello; the connection then waits for the answer (an io_uring poll
+ * on its socket), not up and not in st->live, its PUTs queued in order on
+ * the pending list, and comes up (st->live, queued PUTs sent) when the
+ * answer is checked and mapped. Accepting, the caller's hello is read at
+ * once if it is there, else the caller waits in a bounded table of
+ * half-open slots, its socket polled. A timer on the same io_uring, armed
+ * only while handshakes are under way, ends calls unanswered within
+ * SHM_HANDSHAKE_MS (their PUTs fail with -EHOSTUNREACH and the peer is
+ * resolved again by its next PUT), retries a connect that found a full
+ * accept queue, and hangs up on callers silent for SHM_ACCEPT_HELLO_MS.
+ * The data path never looks at handshake state: only connections that are
+ * up are in st->live.
  *
  * Per connection, the connecting side creates one memfd holding two
  * directions; each direction has a PUT ring (descriptors {key, offset, len})

@@ -4,7 +4,8 @@
  * Owns: the runtime and namespace directories, the socket and lock files of
  * a listening name, the sweep of crashed engines' leftovers, connect and
  * accept with the SO_PEERCRED check, and sending and checking the hello
- * (see shm_sock.h for the contract).
+ * (see shm_sock.h for the contract). Connect and receive come in a bounded
+ * waiting form and a never-waiting one (-EAGAIN) for the reactor.
  *
  * Locking: a name is live while its <name>.lock is flocked (LOCK_EX). Taking
  * a name, sweeping a namespace and removing an empty namespace directory
