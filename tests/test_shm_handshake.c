@@ -8,8 +8,9 @@
  * while the caller serves a third engine, and go once it is driven); a
  * "peer" that accepts nothing and never answers (the PUTs fail with
  * -EHOSTUNREACH after the handshake's bound, an op's own earlier deadline
- * still applies, the next PUT calls again); and engines destroyed in the
- * middle of handshakes. No fd, mapping or file is left behind.
+ * still applies, the next PUT calls again); a callee whose accept queue is
+ * full (the call is tried again within its bound); and engines destroyed in
+ * the middle of handshakes. No fd, mapping or file is left behind.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -496,18 +497,50 @@ static int fake_listener(const char *name, char *path, size_t len)
 	return s;
 }
 
+/* Engine `name` in THREAD mode once `go` opens: GETs h0 from a, waits for `done`. */
+struct late_arg {
+	const char *name;
+	struct gate go, ready, done;
+};
+
+static int late_main(void *arg)
+{
+	struct late_arg *l = arg;
+	struct ferry_engine *e;
+	int rc;
+
+	if (gate_wait(&l->go, 60000))
+		return 20;
+	e = mk(l->name, FERRY_PROGRESS_THREAD);
+	if (!e)
+		return 21;
+	gate_open(&l->ready);
+	rc = get_all(e, "a", "h", 1);
+	if (rc == 0 && gate_wait(&l->done, 60000))
+		rc = 22;
+	ferry_engine_destroy(e);
+	return rc;
+}
+
 static void test_silent_peer_times_out(void **state)
 {
+	struct late_arg la = { .name = "ghost" };
 	char path[SHM_PATH_MAX];
 	uint32_t vals[4], v;
 	struct iovec iovs[4], iov;
-	struct ferry_engine *a, *g;
-	struct ferry_peer *to, *from;
+	struct ferry_engine *a;
+	struct ferry_peer *to;
 	struct ferry_cqe c;
-	int fds_before = count_fds(), lis;
+	int fds_before, lis;
 	int64_t t0, took;
+	pid_t pid;
 
 	(void)state;
+	gate_init(&la.go);
+	gate_init(&la.ready);
+	gate_init(&la.done);
+	pid = spawn(late_main, &la);
+	fds_before = count_fds();
 	a = mk("a", FERRY_PROGRESS_THREAD);
 	assert_non_null(a);
 	lis = fake_listener("ghost", path, sizeof(path));
@@ -529,31 +562,109 @@ static void test_silent_peer_times_out(void **state)
 	assert_int_equal(wait_one(a, &c, 20 * SEC), -ETIMEDOUT);
 	assert_int_equal(c.user_data, 3);
 
-	/* The name now belongs to a real engine: the next PUT calls again. */
+	/*
+	 * The name now belongs to a real engine (another process): the next
+	 * PUT calls again and is delivered.
+	 */
 	close(lis);
 	assert_int_equal(unlink(path), 0);
-	g = mk("ghost", FERRY_PROGRESS_THREAD);
-	assert_non_null(g);
+	gate_open(&la.go);
+	assert_int_equal(gate_wait(&la.ready, 60000), 0);
 	put_u32(a, to, "h", 0, &v, &iov, 30 * SEC);
 	assert_int_equal(wait_one(a, &c, 20 * SEC), 0);
-	assert_int_equal(ferry_peer_open(g, "a", &from), 0);
-	{
-		struct ferry_sq *sq;
-		struct ferry_sqe *sqe;
-
-		assert_int_equal(ferry_sq_get(g, &sq), 0);
-		sqe = ferry_sq_get_sqe(sq);
-		assert_non_null(sqe);
-		ferry_prep_get(sqe, from, "h0", NULL, 0, 7);
-		ferry_sqe_set_timeout(sqe, 20 * SEC);
-		ferry_sq_submit(sq);
-		assert_int_equal(wait_one(g, &c, 20 * SEC), 0);
-		assert_int_equal(*(uint32_t *)ferry_buf_data(c.buf), 0);
-		ferry_buf_release(c.buf);
-	}
-	assert_int_equal(ferry_engine_destroy(g), 0);
+	gate_open(&la.done);
+	assert_int_equal(reap(pid), 0);
 	assert_int_equal(ferry_engine_destroy(a), 0);
 	assert_int_equal(count_fds(), fds_before);
+	gate_close(&la.go);
+	gate_close(&la.ready);
+	gate_close(&la.done);
+}
+
+/* Engine m in MANUAL mode: driven only between `go` and `done`. */
+struct driven_arg {
+	struct gate ready, go, done;
+};
+
+static int driven_main(void *arg)
+{
+	struct driven_arg *d = arg;
+	struct ferry_engine *e = mk("m", FERRY_PROGRESS_MANUAL);
+	int64_t end;
+
+	if (!e)
+		return 30;
+	gate_open(&d->ready);
+	if (gate_wait(&d->go, 60000))
+		return 31;
+	end = t_now() + 60 * SEC;
+	while (gate_wait(&d->done, 0) != 0) {
+		if (t_now() > end)
+			return 32;
+		ferry_progress(e);
+		usleep(500);
+	}
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/*
+ * The callee's accept queue is full (an engine in MANUAL mode, not driven,
+ * whose backlog we fill with silent connects): a call finds no room and is
+ * tried again by the timer; if the queue stays full, the PUT fails with
+ * -EHOSTUNREACH after the bound; once the callee is driven (it empties its
+ * queue) a call gets through and the PUT completes.
+ */
+static void test_full_accept_queue(void **state)
+{
+	enum { MAX_FILL = 4096 };
+	struct driven_arg d;
+	int *fill = calloc(MAX_FILL, sizeof(int)), nfill = 0;
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	struct ferry_cqe c;
+	uint32_t v[2];
+	struct iovec iov[2];
+	pid_t pid;
+
+	(void)state;
+	assert_non_null(fill);
+	gate_init(&d.ready);
+	gate_init(&d.go);
+	gate_init(&d.done);
+	pid = spawn(driven_main, &d);
+	assert_int_equal(gate_wait(&d.ready, 60000), 0);
+	for (; nfill < MAX_FILL; nfill++) {
+		int fd = shm_sock_connect_nowait(NS, "m");
+
+		if (fd == -EAGAIN)
+			break;
+		assert_true(fd >= 0);
+		fill[nfill] = fd;
+	}
+	assert_true(nfill < MAX_FILL); /* the queue is full now */
+	a = mk("a", FERRY_PROGRESS_THREAD);
+	assert_non_null(a);
+	assert_int_equal(ferry_peer_open(a, "m", &to), 0);
+
+	/* Nobody drives m: the queue stays full past the bound. */
+	put_u32(a, to, "x", 0, &v[0], &iov[0], 30 * SEC);
+	assert_int_equal(wait_one(a, &c, 20 * SEC), -EHOSTUNREACH);
+
+	/* The next PUT calls again; m is driven, empties its queue, answers. */
+	put_u32(a, to, "x", 1, &v[1], &iov[1], 30 * SEC);
+	gate_open(&d.go);
+	assert_int_equal(wait_one(a, &c, 20 * SEC), 0);
+	assert_int_equal(c.user_data, 1);
+	gate_open(&d.done);
+	assert_int_equal(reap(pid), 0);
+	for (int i = 0; i < nfill; i++)
+		close(fill[i]);
+	free(fill);
+	assert_int_equal(ferry_engine_destroy(a), 0);
+	gate_close(&d.ready);
+	gate_close(&d.go);
+	gate_close(&d.done);
 }
 
 /*
@@ -604,6 +715,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_silent_caller_flood, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_manual_peer_not_driven, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_silent_peer_times_out, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_full_accept_queue, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_destroy_mid_handshake, setup, teardown),
 	};
 

@@ -1220,9 +1220,11 @@ static void call_fail(struct ferry_engine *e, struct backend *b, struct shm_conn
 {
 	log_warn("shm: engine %s: handshake with %s: %s", e->name, c->peer_name, why);
 	conn_fail(e, c, NULL, -EHOSTUNREACH);
+	pthread_mutex_lock(&e->lock); /* ferry_peer_open adds to the list */
 	for (struct ferry_peer *p = e->peers; p; p = p->next)
 		if (p->backend == b && p->transport == c)
 			reactor_unresolve(e, p);
+	pthread_mutex_unlock(&e->lock);
 	conn_reap(b->data, c);
 }
 
@@ -1357,8 +1359,9 @@ static void handshakes_check(struct ferry_engine *e, struct backend *b)
 		if (now >= c->hs_deadline) {
 			char why[64];
 
-			snprintf(why, sizeof(why), "%s within %d ms",
-				 c->connect_again ? "its accept queue stayed full" : "no answer",
+			snprintf(why, sizeof(why), "%s %d ms",
+				 c->connect_again ? "its accept queue stayed full for" :
+						    "no answer within",
 				 SHM_HANDSHAKE_MS);
 			call_fail(e, b, c, why);
 			continue;
