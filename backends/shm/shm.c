@@ -120,8 +120,6 @@ struct shm_conn {
 	bool up;             /* handshake done, in st->live (else: we are calling) */
 	bool connect_again;  /* calling: the peer's accept queue was full */
 	int sock;            /* -1 while connect_again */
-	int ring_fd;         /* calling: the rings' memfd, until our hello is sent */
-	uint64_t hs_deadline; /* calling: the handshake's bound */
 	struct shm_state *st;
 	char peer_name[FERRY_NAME_MAX];
 	struct shm_rings *rings;
@@ -144,6 +142,9 @@ struct shm_conn {
 	uint32_t ctrl_published;            /* ctrl_tail at the last wake check */
 	uint32_t rx_put_head, rx_ctrl_head; /* rx rings */
 	bool peer_takes_result_free;        /* its hello had SHM_CAP_RESULT_FREE */
+	/* Calling (cold: the data path never looks). */
+	int ring_fd;         /* the rings' memfd, until our hello is sent */
+	uint64_t hs_deadline; /* the handshake's bound */
 };
 
 struct shm_state {
