@@ -522,11 +522,12 @@ static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
  * Completes with res 0 and len = bytes once the destination holds the key;
  * -EEXIST if the key is live there (unless FERRY_SQE_REPLACE), -ENOMEM if
  * the pool is exhausted, -ENOSPC if the destination's key table is full,
- * -EHOSTUNREACH if no engine holds the peer's name, -ECONNRESET if the peer
- * went away meanwhile, -ENOBUFS if too many earlier PUTs are still away at
- * peers that do not answer or if the destination's pool has no room for a
- * small (eager or inline) PUT. A PUT that times out or is cancelled after its
- * data left may still be delivered.
+ * -EHOSTUNREACH if no engine holds the peer's name (or, on this host, the
+ * engine holding it did not answer the connection within 2 s), -ECONNRESET
+ * if the peer went away meanwhile, -ENOBUFS if too many earlier PUTs are
+ * still away at peers that do not answer or if the destination's pool has no
+ * room for a small (eager or inline) PUT. A PUT that times out or is
+ * cancelled after its data left may still be delivered.
  */
 static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 				  const char *key, const struct iovec *iov,

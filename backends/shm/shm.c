@@ -3,10 +3,24 @@
  * processes of one host.
  *
  * Owns: connections to peer engines found by name (shm_sock.c does the
- * socket, the names and the hello), the descriptor rings in shared memory
- * that carry PUTs and their results, the read-only mapping of each peer's
- * pool, the accounting of blocks lent to peers, and what happens when a
- * peer dies or misbehaves.
+ * socket, the names and the hello) and their handshakes, the descriptor
+ * rings in shared memory that carry PUTs and their results, the read-only
+ * mapping of each peer's pool, the accounting of blocks lent to peers, and
+ * what happens when a peer dies or misbehaves.
+ *
+ * Handshakes never block a round. Calling a peer is a non-blocking connect
+ * and our hello; the connection then waits for the answer (an io_uring poll
+ * on its socket), not up and not in st->live, its PUTs queued in order on
+ * the pending list, and comes up (st->live, queued PUTs sent) when the
+ * answer is checked and mapped. Accepting, the caller's hello is read at
+ * once if it is there, else the caller waits in a bounded table of
+ * half-open slots, its socket polled. A timer on the same io_uring, armed
+ * only while handshakes are under way, ends calls unanswered within
+ * SHM_HANDSHAKE_MS (their PUTs fail with -EHOSTUNREACH and the peer is
+ * resolved again by its next PUT), retries a connect that found a full
+ * accept queue, and hangs up on callers silent for SHM_ACCEPT_HELLO_MS.
+ * The data path never looks at handshake state: only connections that are
+ * up are in st->live.
  *
  * Per connection, the connecting side creates one memfd holding two
  * directions; each direction has a PUT ring (descriptors {key, offset, len})
@@ -56,14 +70,34 @@
 #include "shm_wire.h"
 
 #define SHM_MAX_CONNS 256u
+/*
+ * How long a connection we start may take to be answered (the peer's hello
+ * with its fds). PUTs queued on it meanwhile keep their own deadlines.
+ */
 #define SHM_HANDSHAKE_MS 2000
 /*
- * How long the reactor waits for a caller's hello after accepting it. A
- * caller sends it right after connecting, so it is normally there already;
- * a silent caller costs the engine at most this once.
+ * How long an accepted caller may take to send its hello. A caller sends it
+ * right after connecting, so it is normally there at once; a silent one
+ * only holds a slot of the half-open table meanwhile.
  */
-#define SHM_ACCEPT_HELLO_MS 200
+#define SHM_ACCEPT_HELLO_MS 250
+/* Accepted callers whose hello has not come yet; beyond, the oldest is hung up on. */
+#define SHM_HALF_OPEN_MAX 64u
+/*
+ * While handshakes are under way, a timer looks at their bounds (and tries
+ * again a connect that found the peer's accept queue full) this often.
+ */
+#define SHM_TICK_MS 25
 #define SHM_PER_ROUND 256
+
+/*
+ * io_uring cookies (below backend_tag's byte): the listener, a connection
+ * (gen << 16 | id + 1), a half-open accept (gen << 16 | COOKIE_HALF_OPEN +
+ * slot), the handshake timer.
+ */
+#define COOKIE_LISTENER 0u
+#define COOKIE_HALF_OPEN 0x1000u
+#define COOKIE_TICK 0xffffu
 
 struct shm_state;
 
@@ -83,8 +117,9 @@ struct shm_conn {
 	uint32_t id;
 	uint32_t gen;        /* tells its io_uring poll from a former one's */
 	bool dead;
-	bool poll_armed;
-	int sock;
+	bool up;             /* handshake done, in st->live (else: we are calling) */
+	bool connect_again;  /* calling: the peer's accept queue was full */
+	int sock;            /* -1 while connect_again */
 	struct shm_state *st;
 	char peer_name[FERRY_NAME_MAX];
 	struct shm_rings *rings;
@@ -107,6 +142,9 @@ struct shm_conn {
 	uint32_t ctrl_published;            /* ctrl_tail at the last wake check */
 	uint32_t rx_put_head, rx_ctrl_head; /* rx rings */
 	bool peer_takes_result_free;        /* its hello had SHM_CAP_RESULT_FREE */
+	/* Calling (cold: the data path never looks). */
+	int ring_fd;         /* the rings' memfd, until our hello is sent */
+	uint64_t hs_deadline; /* the handshake's bound */
 };
 
 struct shm_state {
@@ -114,6 +152,16 @@ struct shm_state {
 	struct backend *b;
 	struct shm_listener lis;
 	uint32_t next_gen;
+	/* Accepted callers whose hello has not come yet (fd -1: free slot). */
+	struct shm_half_open {
+		int fd;
+		uint32_t gen;
+		uint64_t deadline;
+	} half_open[SHM_HALF_OPEN_MAX];
+	uint32_t nhalf_open;
+	uint32_t nconnecting;    /* connections we started, not up nor failed yet */
+	bool tick_armed;
+	struct __kernel_timespec tick_ts;
 	struct shm_conn *conns[SHM_MAX_CONNS]; /* by slot (the id peers' cookies name) */
 	struct shm_conn *live[SHM_MAX_CONNS];  /* the same, packed: what rounds walk */
 	uint32_t nlive;
@@ -140,6 +188,8 @@ static void conn_unref(struct shm_conn *c)
 		munmap(c->peer_wake, 4096);
 	if (c->peer_doorbell >= 0)
 		close(c->peer_doorbell);
+	if (c->ring_fd >= 0)
+		close(c->ring_fd);
 	if (c->sock >= 0)
 		close(c->sock);
 	free(c);
@@ -179,7 +229,7 @@ static void wake_peer(struct shm_conn *c)
 		ring_peer(c);
 }
 
-static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie)
+static struct io_uring_sqe *ring_sqe(struct ferry_engine *e)
 {
 	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
 
@@ -187,6 +237,13 @@ static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t
 		io_uring_submit(&e->ring);
 		sqe = io_uring_get_sqe(&e->ring);
 	}
+	return sqe;
+}
+
+static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie)
+{
+	struct io_uring_sqe *sqe = ring_sqe(e);
+
 	if (!sqe) {
 		log_error("shm: io_uring full, cannot watch fd %d", fd);
 		return;
@@ -412,14 +469,14 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	 * reactor completes it once, from our return value.
 	 */
 	op->state = OP_FREE;
-	if (!c->pending_head && send_put(e, c, op)) {
+	if (likely(c->up) && !c->pending_head && send_put(e, c, op)) {
 		op->state = OP_AWAY;
 		return 0;
 	}
 	if (c->dead)
 		return -ECONNRESET;
 	op->state = OP_AWAY;
-	/* No room: wait in order behind the others. */
+	/* No room, or the peer has not answered yet: wait in order behind the others. */
 	op_list_append(&c->pending_head, &c->pending_tail, op);
 	return 0;
 }
@@ -430,7 +487,10 @@ static void shm_forget(struct ferry_engine *e, struct backend *b, struct op *op)
 
 	(void)e;
 	(void)b;
-	/* Still waiting for ring room: it never left (an AWAY op is in no other list). */
+	/*
+	 * Still waiting for ring room or the handshake: it never left (an
+	 * AWAY op is in no other list).
+	 */
 	if (c && (op->prev || op->next || c->pending_head == op))
 		pending_unlink(c, op);
 }
@@ -772,6 +832,17 @@ static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *wh
 		op->state = OP_FREE;
 		op_complete(e, op, res, 0, NULL);
 	}
+	if (!c->up) {
+		/*
+		 * A call that never got its answer: only the PUTs queued on it
+		 * knew of it (no block was lent, nothing arrived through it).
+		 */
+		st->nconnecting--;
+		if (c->sock >= 0)
+			shutdown(c->sock, SHUT_RDWR); /* ends its poll */
+		atomic_store(&c->closed, 1);
+		return;
+	}
 	others = other_live_conn(st, c);
 	for (uint32_t i = 0; i < e->max_ops; i++) {
 		struct op *op = &e->ops[i];
@@ -860,146 +931,262 @@ static void fill_hello(struct ferry_engine *e, struct shm_hello *h)
 	h->ring_bytes = (uint32_t)SHM_RINGS_BYTES;
 }
 
-/*
- * Build a connection from a hello and its fds: [pool, doorbell, wake] and,
- * from the connector, [rings]. Takes ownership of sock and every fd.
- */
-static int conn_create(struct ferry_engine *e, struct backend *b, int sock,
-		       const struct shm_hello *h, int *fds, unsigned nfds, struct shm_rings *rings,
-		       bool connector, struct shm_conn **out)
+/* A connection not yet up, in a free slot; NULL (logged) when none is free. */
+static struct shm_conn *conn_new(struct ferry_engine *e, struct shm_state *st, int sock,
+				 const char *peer_name)
 {
-	struct shm_state *st = b->data;
-	struct shm_conn *c = NULL;
-	uint64_t sz;
+	struct shm_conn *c;
 	uint32_t slot;
-	int rc = -EPROTO;
 
 	for (slot = 0; slot < SHM_MAX_CONNS && st->conns[slot]; slot++)
 		;
 	if (slot == SHM_MAX_CONNS) {
 		log_error("shm: engine %s: more than %u connections", e->name, SHM_MAX_CONNS);
-		rc = -EMFILE;
-		goto fail;
-	}
-	if (strcmp(h->ns, e->ns) != 0 || h->ring_entries != SHM_PUT_ENTRIES ||
-	    h->ring_bytes != SHM_RINGS_BYTES || nfds != (connector ? 3u : 4u)) {
-		log_error("shm: engine %s: hello from %s does not match (namespace %s, ring %u/%u, "
-			  "%u fds)", e->name, h->name, h->ns, h->ring_entries, h->ring_bytes, nfds);
-		goto fail;
+		return NULL;
 	}
 	c = calloc(1, sizeof(*c));
 	if (!c) {
-		rc = -ENOMEM;
-		goto fail;
+		log_error("shm: engine %s: out of memory for a connection", e->name);
+		return NULL;
 	}
 	atomic_init(&c->refs, 1);
 	c->id = slot;
 	c->st = st;
 	c->sock = sock;
+	c->ring_fd = -1;
+	c->peer_doorbell = -1;
+	snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
+	c->gen = ++st->next_gen;
+	st->conns[slot] = c;
+	return c;
+}
+
+/*
+ * The peer's hello came: check it, take its fds [pool, doorbell, wake] and,
+ * from a caller, [rings], and bring the connection up (st->live, its
+ * socket watched for the hang-up). Closes every fd of fds; on failure c is
+ * left as it was (not up), for the caller to drop.
+ */
+static int conn_attach(struct ferry_engine *e, struct backend *b, struct shm_conn *c,
+		       const struct shm_hello *h, int *fds, unsigned nfds, bool connector)
+{
+	struct shm_state *st = b->data;
+	uint64_t sz;
+	int rc = -EPROTO;
+
+	if (strcmp(h->ns, e->ns) != 0 || h->ring_entries != SHM_PUT_ENTRIES ||
+	    h->ring_bytes != SHM_RINGS_BYTES || nfds != (connector ? 3u : 4u)) {
+		log_error("shm: engine %s: hello from %s does not match (namespace %s, ring %u/%u, "
+			  "%u fds)", e->name, h->name, h->ns, h->ring_entries, h->ring_bytes, nfds);
+		goto out;
+	}
 	if (!is_eventfd(fds[1])) {
 		log_error("shm: the doorbell %s sent is not an eventfd: refused", h->name);
-		rc = -EPROTO;
-		goto fail_conn;
+		goto out;
 	}
 	c->peer_doorbell = fds[1];
 	fds[1] = -1;
-	snprintf(c->peer_name, sizeof(c->peer_name), "%s", h->name);
 	c->peer_takes_result_free = (h->caps & SHM_CAP_RESULT_FREE) != 0;
-	if ((rc = fd_size(fds[0], &sz)) || sz < h->pool_size || h->pool_size == 0) {
+	if (fd_size(fds[0], &sz) || sz < h->pool_size || h->pool_size == 0) {
 		log_error("shm: pool of %s: %llu bytes, announced %llu", h->name,
 			  (unsigned long long)sz, (unsigned long long)h->pool_size);
-		rc = -EPROTO;
-		goto fail_conn;
+		goto out;
 	}
-	c->peer_pool_size = h->pool_size;
 	c->peer_pool = mmap(NULL, h->pool_size, PROT_READ, MAP_SHARED, fds[0], 0);
 	if (c->peer_pool == MAP_FAILED) {
 		c->peer_pool = NULL;
 		rc = -errno;
-		goto fail_conn;
+		goto out;
 	}
-	if ((rc = fd_size(fds[2], &sz)) || sz < 4096) {
-		rc = -EPROTO;
-		goto fail_conn;
-	}
+	c->peer_pool_size = h->pool_size;
+	if (fd_size(fds[2], &sz) || sz < 4096)
+		goto out;
 	c->peer_wake = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[2], 0);
 	if (c->peer_wake == MAP_FAILED) {
 		c->peer_wake = NULL;
 		rc = -errno;
-		goto fail_conn;
+		goto out;
 	}
 	if (!connector) {
-		if ((rc = fd_size(fds[3], &sz)) || sz != SHM_RINGS_BYTES) {
-			rc = -EPROTO;
-			goto fail_conn;
-		}
+		void *rings;
+
+		if (fd_size(fds[3], &sz) || sz != SHM_RINGS_BYTES)
+			goto out;
 		rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[3], 0);
 		if (rings == MAP_FAILED) {
 			rc = -errno;
-			goto fail_conn;
+			goto out;
 		}
+		c->rings = rings;
 	}
-	c->rings = rings;
-	c->tx = &rings->dir[connector ? 0 : 1];
-	c->rx = &rings->dir[connector ? 1 : 0];
-	for (unsigned i = 0; i < nfds; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-	c->gen = ++st->next_gen;
-	st->conns[slot] = c;
+	c->tx = &c->rings->dir[connector ? 0 : 1];
+	c->rx = &c->rings->dir[connector ? 1 : 0];
+	c->up = true;
 	st->live[st->nlive++] = c;
-	arm_poll(e, b, sock, conn_cookie(c));
+	arm_poll(e, b, c->sock, conn_cookie(c));
 	log_debug("shm: engine %s connected to %s (%s)", e->name, c->peer_name,
 		  connector ? "we called" : "it called");
-	*out = c;
-	return 0;
-fail_conn:
-	c->sock = -1;
-	conn_unref(c);
-	rings = connector ? rings : NULL;
-fail:
-	if (connector && rings)
-		munmap(rings, SHM_RINGS_BYTES);
+	rc = 0;
+out:
 	for (unsigned i = 0; i < nfds; i++)
 		if (fds[i] >= 0)
 			close(fds[i]);
-	close(sock);
 	return rc;
 }
 
-/* Someone calls us: take its hello, answer with ours. */
-static void accept_one(struct ferry_engine *e, struct backend *b, int fd)
-{
-	struct shm_hello h;
-	int fds[SHM_MAX_FDS], ours[3] = { pool_fd(e->pool), e->doorbell_fd, e->wake_fd };
-	unsigned nfds = SHM_MAX_FDS;
-	struct shm_conn *c;
-	int rc;
+/* ------------------------------------------------------------------ */
+/* Handshakes: the timer                                               */
+/* ------------------------------------------------------------------ */
 
-	rc = shm_sock_recv_hello(fd, &h, fds, &nfds, SHM_ACCEPT_HELLO_MS);
+/* While any handshake is under way, look at the bounds every SHM_TICK_MS. */
+static void arm_tick(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+	struct io_uring_sqe *sqe;
+
+	if (st->tick_armed || (!st->nhalf_open && !st->nconnecting))
+		return;
+	sqe = ring_sqe(e);
+	if (!sqe) {
+		log_error("shm: io_uring full, handshakes go unwatched");
+		return;
+	}
+	st->tick_ts.tv_sec = 0;
+	st->tick_ts.tv_nsec = SHM_TICK_MS * 1000000ll;
+	io_uring_prep_timeout(sqe, &st->tick_ts, 0, 0);
+	io_uring_sqe_set_data64(sqe, backend_tag(b, COOKIE_TICK));
+	io_uring_submit(&e->ring);
+	st->tick_armed = true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Handshakes: someone calls us                                        */
+/* ------------------------------------------------------------------ */
+
+/*
+ * An accepted caller's hello came (rc 0) or will never come (rc < 0):
+ * answer a health request, or answer with our hello and bring the
+ * connection up, or hang up. Takes fd and the fds received.
+ */
+static void accept_hello(struct ferry_engine *e, struct backend *b, int fd, int rc,
+			 const struct shm_hello *h, int *fds, unsigned nfds)
+{
+	struct shm_state *st = b->data;
+	int ours[3] = { pool_fd(e->pool), e->doorbell_fd, e->wake_fd };
+	struct shm_hello me;
+	struct shm_conn *c = NULL;
+
 	if (rc) {
-		log_warn("shm: engine %s: refused a caller: %s", e->name, ferry_strerror(rc));
+		log_limited(FERRY__LOG_WARN, "shm: engine %s: refused a caller: %s", e->name,
+			    ferry_strerror(rc));
 		close(fd);
 		return;
 	}
-	if ((h.caps & SHM_CAP_HEALTH) && nfds == 0) {
+	if ((h->caps & SHM_CAP_HEALTH) && nfds == 0) {
 		shm_health_answer(e, fd); /* `ferry health`: one answer, then hang up */
 		close(fd);
 		return;
 	}
-	{
-		struct shm_hello me;
-
-		fill_hello(e, &me);
-		rc = shm_sock_send_hello(fd, &me, ours, 3);
-	}
-	if (rc) {
+	fill_hello(e, &me);
+	if (shm_sock_send_hello(fd, &me, ours, 3) != 0 || !(c = conn_new(e, st, fd, h->name))) {
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
 		close(fd);
 		return;
 	}
-	conn_create(e, b, fd, &h, fds, nfds, NULL, false, &c);
+	if (conn_attach(e, b, c, h, fds, nfds, false) != 0)
+		conn_reap(st, c); /* nobody else knew of it; closes fd */
+}
+
+static uint64_t half_open_cookie(const struct shm_state *st, uint32_t slot)
+{
+	return ((uint64_t)st->half_open[slot].gen << 16) | (COOKIE_HALF_OPEN + slot);
+}
+
+/* Take fd out of half-open slot i (it stays open). */
+static int half_open_take(struct shm_state *st, uint32_t i)
+{
+	int fd = st->half_open[i].fd;
+
+	st->half_open[i].fd = -1;
+	st->nhalf_open--;
+	return fd;
+}
+
+static void half_open_close(struct shm_state *st, uint32_t i)
+{
+	int fd = half_open_take(st, i);
+
+	shutdown(fd, SHUT_RDWR); /* ends its poll */
+	close(fd);
+}
+
+/*
+ * A caller was accepted: its hello is normally there already. If not, it
+ * waits in a half-open slot, its socket polled, for SHM_ACCEPT_HELLO_MS;
+ * when every slot is taken, the oldest is hung up on to make room.
+ */
+static void accept_caller(struct ferry_engine *e, struct backend *b, int fd)
+{
+	struct shm_state *st = b->data;
+	struct shm_hello h;
+	int fds[SHM_MAX_FDS];
+	unsigned nfds = SHM_MAX_FDS, i;
+	int rc = shm_sock_try_recv_hello(fd, &h, fds, &nfds);
+
+	if (rc != -EAGAIN) {
+		accept_hello(e, b, fd, rc, &h, fds, nfds);
+		return;
+	}
+	if (st->nhalf_open == SHM_HALF_OPEN_MAX) {
+		/*
+		 * Full: the oldest goes. A caller that means it sends its hello
+		 * right after connecting, so a flood of silent ones cannot keep
+		 * it out; refusing the newest could (it may be accepted in the
+		 * moment between its connect and its hello).
+		 */
+		uint32_t oldest = 0;
+
+		for (i = 1; i < SHM_HALF_OPEN_MAX; i++)
+			if (st->half_open[i].deadline < st->half_open[oldest].deadline)
+				oldest = i;
+		log_limited(FERRY__LOG_WARN, "shm: engine %s: %u callers have not sent their hello "
+			    "yet; hanging up on the oldest", e->name, SHM_HALF_OPEN_MAX);
+		half_open_close(st, oldest);
+	}
+	for (i = 0; st->half_open[i].fd >= 0; i++)
+		;
+	st->half_open[i].fd = fd;
+	st->half_open[i].gen = ++st->next_gen;
+	st->half_open[i].deadline = ferry__now_ns() + SHM_ACCEPT_HELLO_MS * 1000000ull;
+	st->nhalf_open++;
+	arm_poll(e, b, fd, half_open_cookie(st, i));
+	arm_tick(e, b);
+}
+
+/* The socket of half-open slot i woke up (res: the poll's revents or an error). */
+static void half_open_cqe(struct ferry_engine *e, struct backend *b, uint32_t i, uint32_t gen,
+			  int res)
+{
+	struct shm_state *st = b->data;
+	struct shm_hello h;
+	int fds[SHM_MAX_FDS], rc;
+	unsigned nfds = SHM_MAX_FDS;
+
+	if (i >= SHM_HALF_OPEN_MAX || st->half_open[i].fd < 0 || st->half_open[i].gen != gen)
+		return; /* a slot already closed (its poll ended with the shutdown) */
+	memset(&h, 0, sizeof(h));
+	rc = res < 0 ? res : shm_sock_try_recv_hello(st->half_open[i].fd, &h, fds, &nfds);
+	if (rc == -EAGAIN) {
+		if (!(res & (POLLHUP | POLLRDHUP | POLLERR))) {
+			arm_poll(e, b, st->half_open[i].fd, half_open_cookie(st, i));
+			return;
+		}
+		rc = -ECONNRESET;
+	}
+	if (rc)
+		nfds = 0;
+	accept_hello(e, b, half_open_take(st, i), rc, &h, fds, nfds);
 }
 
 static void accept_all(struct ferry_engine *e, struct backend *b)
@@ -1016,88 +1203,184 @@ static void accept_all(struct ferry_engine *e, struct backend *b)
 				continue;
 			break;
 		}
-		accept_one(e, b, fd);
+		accept_caller(e, b, fd);
 	}
 }
 
-/* We call the peer: hello with our fds and the rings, then wait for its. */
-static int connect_peer(struct ferry_engine *e, struct backend *b, const char *name,
-			struct shm_conn **out)
+/* ------------------------------------------------------------------ */
+/* Handshakes: we call                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * The call failed (why) or ran out of time: the PUTs queued on it fail with
+ * -EHOSTUNREACH, and the peers it carried are resolved again by their next
+ * PUT.
+ */
+static void call_fail(struct ferry_engine *e, struct backend *b, struct shm_conn *c,
+		      const char *why)
+{
+	log_warn("shm: engine %s: handshake with %s: %s", e->name, c->peer_name, why);
+	conn_fail(e, c, NULL, -EHOSTUNREACH);
+	pthread_mutex_lock(&e->lock); /* ferry_peer_open adds to the list */
+	for (struct ferry_peer *p = e->peers; p; p = p->next)
+		if (p->backend == b && p->transport == c)
+			reactor_unresolve(e, p);
+	pthread_mutex_unlock(&e->lock);
+	conn_reap(b->data, c);
+}
+
+/*
+ * Our call got through (c->sock): send our hello with our pool, doorbell
+ * and wake page, and the rings, then watch the socket for the answer.
+ */
+static int call_hello(struct ferry_engine *e, struct backend *b, struct shm_conn *c)
+{
+	int ours[4] = { pool_fd(e->pool), e->doorbell_fd, e->wake_fd, c->ring_fd };
+	struct shm_hello me;
+	int rc;
+
+	fill_hello(e, &me);
+	rc = shm_sock_send_hello(c->sock, &me, ours, 4);
+	if (rc)
+		return rc;
+	close(c->ring_fd);
+	c->ring_fd = -1;
+	arm_poll(e, b, c->sock, conn_cookie(c));
+	return 0;
+}
+
+/*
+ * Call the engine called name: connect (without waiting: a full accept
+ * queue is tried again by the timer) and send our hello. The connection
+ * waits for the answer, not up, PUTs queueing on it; call_answered or the
+ * timer ends the wait. -EHOSTUNREACH at once when nobody holds the name.
+ */
+static int call_start(struct ferry_engine *e, struct backend *b, const char *name,
+		      struct shm_conn **out)
 {
 	struct shm_state *st = b->data;
-	struct shm_hello me, h;
 	struct shm_rings *rings;
-	int fds[SHM_MAX_FDS], ringfd, sock, rc, ours[4];
-	unsigned nfds = SHM_MAX_FDS;
-	uint64_t deadline;
+	struct shm_conn *c;
+	int ringfd, sock, rc;
 
-	sock = shm_sock_connect_timeout(e->ns, name, SHM_HANDSHAKE_MS);
-	if (sock < 0)
-		return sock == -EPERM ? -EPERM : -EHOSTUNREACH;
+	sock = shm_sock_connect_nowait(e->ns, name);
+	if (sock < 0 && sock != -EAGAIN)
+		return sock;
 	ringfd = memfd_create("ferry-shm-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (ringfd < 0 || ftruncate(ringfd, (off_t)SHM_RINGS_BYTES) < 0 ||
 	    fcntl(ringfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		rc = -errno;
-		if (ringfd >= 0)
-			close(ringfd);
-		close(sock);
-		return rc;
+		goto fail;
 	}
 	rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ringfd, 0);
 	if (rings == MAP_FAILED) {
 		rc = -errno;
-		close(ringfd);
-		close(sock);
+		goto fail;
+	}
+	c = conn_new(e, st, sock >= 0 ? sock : -1, name);
+	if (!c) {
+		munmap(rings, SHM_RINGS_BYTES);
+		rc = -EMFILE;
+		goto fail;
+	}
+	c->rings = rings;
+	c->ring_fd = ringfd;
+	c->connect_again = sock == -EAGAIN;
+	c->hs_deadline = ferry__now_ns() + SHM_HANDSHAKE_MS * 1000000ull;
+	st->nconnecting++;
+	if (sock >= 0 && (rc = call_hello(e, b, c)) != 0) {
+		log_info("shm: engine %s: calling %s: %s", e->name, name, ferry_strerror(rc));
+		conn_fail(e, c, NULL, rc); /* nothing waits on it yet */
+		conn_reap(st, c);
 		return rc;
 	}
-	fill_hello(e, &me);
-	ours[0] = pool_fd(e->pool);
-	ours[1] = e->doorbell_fd;
-	ours[2] = e->wake_fd;
-	ours[3] = ringfd;
-	rc = shm_sock_send_hello(sock, &me, ours, 4);
-	close(ringfd);
-	if (rc)
-		goto fail;
-	/*
-	 * Wait for the answer, answering callers meanwhile: two engines that
-	 * call each other at once must not wait on each other.
-	 */
-	deadline = ferry__now_ns() + SHM_HANDSHAKE_MS * 1000000ull;
-	for (;;) {
-		struct pollfd p[2] = { { .fd = sock, .events = POLLIN },
-				       { .fd = st->lis.fd, .events = POLLIN } };
-		uint64_t now = ferry__now_ns();
+	arm_tick(e, b);
+	*out = c;
+	return 0;
+fail:
+	log_error("shm: engine %s: calling %s: %s", e->name, name, ferry_strerror(rc));
+	if (ringfd >= 0)
+		close(ringfd);
+	if (sock >= 0)
+		close(sock);
+	return rc;
+}
 
-		if (now >= deadline) {
-			rc = -ETIMEDOUT;
-			goto fail;
+/* The socket of a call under way woke up: the answer, or the end of it. */
+static void call_answered(struct ferry_engine *e, struct backend *b, struct shm_conn *c, int res)
+{
+	struct shm_state *st = b->data;
+	struct shm_hello h;
+	int fds[SHM_MAX_FDS], rc;
+	unsigned nfds = SHM_MAX_FDS;
+
+	rc = res < 0 ? res : shm_sock_try_recv_hello(c->sock, &h, fds, &nfds);
+	if (rc == -EAGAIN) {
+		if (!(res & (POLLHUP | POLLRDHUP | POLLERR))) {
+			arm_poll(e, b, c->sock, conn_cookie(c));
+			return;
 		}
-		if (poll(p, 2, (int)((deadline - now) / 1000000) + 1) < 0 && errno != EINTR) {
-			rc = -errno;
-			goto fail;
-		}
-		if (p[1].revents & POLLIN)
-			accept_all(e, b);
-		if (p[0].revents)
-			break;
+		rc = -ECONNRESET;
 	}
-	rc = shm_sock_recv_hello(sock, &h, fds, &nfds, 0);
-	if (rc)
-		goto fail;
-	if (strcmp(h.name, name) != 0) {
-		log_error("shm: called %s, %s answered", name, h.name);
+	if (rc == 0 && strcmp(h.name, c->peer_name) != 0) {
+		log_error("shm: called %s, %s answered", c->peer_name, h.name);
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
 		rc = -EPROTO;
-		goto fail;
 	}
-	return conn_create(e, b, sock, &h, fds, nfds, rings, true, out);
-fail:
-	log_info("shm: engine %s: handshake with %s: %s", e->name, name, ferry_strerror(rc));
-	munmap(rings, SHM_RINGS_BYTES);
-	close(sock);
-	return rc == -EPERM ? rc : -EHOSTUNREACH;
+	if (rc == 0)
+		rc = conn_attach(e, b, c, &h, fds, nfds, true);
+	if (rc) {
+		call_fail(e, b, c, rc == -ECONNRESET ? "it hung up" : ferry_strerror(rc));
+		return;
+	}
+	st->nconnecting--;
+	flush_pending(e, c); /* what was queued meanwhile, in order */
+}
+
+/* The timer: bounds of half-open accepts and of calls, calls to try again. */
+static void handshakes_check(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+	uint64_t now = ferry__now_ns();
+
+	for (uint32_t i = 0; i < SHM_HALF_OPEN_MAX && st->nhalf_open; i++) {
+		if (st->half_open[i].fd >= 0 && now >= st->half_open[i].deadline) {
+			log_limited(FERRY__LOG_WARN, "shm: engine %s: a caller sent no hello "
+				    "within %d ms: hung up", e->name, SHM_ACCEPT_HELLO_MS);
+			half_open_close(st, i);
+		}
+	}
+	for (uint32_t i = 0; i < SHM_MAX_CONNS && st->nconnecting; i++) {
+		struct shm_conn *c = st->conns[i];
+		int sock;
+
+		if (!c || c->up || c->dead)
+			continue;
+		if (now >= c->hs_deadline) {
+			char why[64];
+
+			snprintf(why, sizeof(why), "%s %d ms",
+				 c->connect_again ? "its accept queue stayed full for" :
+						    "no answer within",
+				 SHM_HANDSHAKE_MS);
+			call_fail(e, b, c, why);
+			continue;
+		}
+		if (!c->connect_again)
+			continue;
+		sock = shm_sock_connect_nowait(e->ns, c->peer_name);
+		if (sock == -EAGAIN)
+			continue;
+		if (sock < 0) {
+			call_fail(e, b, c, ferry_strerror(sock));
+			continue;
+		}
+		c->sock = sock;
+		c->connect_again = false;
+		if ((sock = call_hello(e, b, c)) != 0)
+			call_fail(e, b, c, ferry_strerror(sock));
+	}
 }
 
 /* ------------------------------------------------------------------ */
@@ -1109,13 +1392,14 @@ static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 	struct shm_state *st = b->data;
 	struct shm_conn *c = NULL;
 
-	for (uint32_t i = 0; i < st->nlive && !c; i++) {
-		struct shm_conn *o = st->live[i];
+	/* A connection up, or a call under way (its PUTs queue). */
+	for (uint32_t i = 0; i < SHM_MAX_CONNS && !c; i++) {
+		struct shm_conn *o = st->conns[i];
 
-		if (!o->dead && strcmp(o->peer_name, peer->name) == 0)
+		if (o && !o->dead && strcmp(o->peer_name, peer->name) == 0)
 			c = o;
 	}
-	if (!c && connect_peer(e, b, peer->name, &c) != 0)
+	if (!c && call_start(e, b, peer->name, &c) != 0)
 		return -EHOSTUNREACH;
 	atomic_fetch_add(&c->refs, 1);
 	peer->transport = c;
@@ -1211,21 +1495,40 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 {
 	struct shm_state *st = b->data;
 
+	uint32_t low = (uint32_t)(cookie & 0xffff), gen = (uint32_t)(cookie >> 16);
+
 	(void)flags;
-	if (cookie == 0) {
+	if (!st)
+		return; /* after fini */
+	if (low == COOKIE_LISTENER) {
 		if (!st->lis.live || res == -ECANCELED)
 			return;
 		if (res >= 0)
 			accept_all(e, b);
-		arm_poll(e, b, st->lis.fd, 0);
+		arm_poll(e, b, st->lis.fd, COOKIE_LISTENER);
+		return;
+	}
+	if (low == COOKIE_TICK) {
+		st->tick_armed = false;
+		handshakes_check(e, b);
+		arm_tick(e, b);
+		return;
+	}
+	if (low >= COOKIE_HALF_OPEN) {
+		half_open_cqe(e, b, low - COOKIE_HALF_OPEN, gen, res);
 		return;
 	}
 	{
-		uint64_t slot = (cookie & 0xffff) - 1;
+		uint32_t slot = low - 1;
 		struct shm_conn *c = slot < SHM_MAX_CONNS ? st->conns[slot] : NULL;
 
-		if (!c || c->gen != (cookie >> 16))
+		if (!c || c->gen != gen)
 			return; /* a connection already gone */
+		if (!c->up) {
+			if (!c->dead)
+				call_answered(e, b, c, res);
+			return;
+		}
 		/*
 		 * After the hello, the socket only speaks by hanging up. What the
 		 * peer wrote into the rings before it went (its last RESULTs and
@@ -1263,12 +1566,14 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 		rc = -ENOMEM;
 		goto fail;
 	}
+	for (uint32_t i = 0; i < SHM_HALF_OPEN_MAX; i++)
+		st->half_open[i].fd = -1;
 	shm_sock_sweep(e->ns); /* leftovers of crashed engines */
 	rc = shm_sock_listen(e->ns, e->name, &st->lis);
 	if (rc < 0)
 		goto fail;
 	b->data = st;
-	arm_poll(e, b, st->lis.fd, 0);
+	arm_poll(e, b, st->lis.fd, COOKIE_LISTENER);
 	return 0;
 fail:
 	free(st->lent);
@@ -1285,6 +1590,9 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 	if (!st)
 		return;
 	shm_sock_unlisten(&st->lis);
+	for (uint32_t i = 0; i < SHM_HALF_OPEN_MAX; i++)
+		if (st->half_open[i].fd >= 0)
+			half_open_close(st, i);
 	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
 		if (st->conns[i]) {
 			conn_fail(e, st->conns[i], NULL, -ECANCELED);

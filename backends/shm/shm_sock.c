@@ -4,7 +4,8 @@
  * Owns: the runtime and namespace directories, the socket and lock files of
  * a listening name, the sweep of crashed engines' leftovers, connect and
  * accept with the SO_PEERCRED check, and sending and checking the hello
- * (see shm_sock.h for the contract).
+ * (see shm_sock.h for the contract). Connect and receive come in a bounded
+ * waiting form and a never-waiting one (-EAGAIN) for the reactor.
  *
  * Locking: a name is live while its <name>.lock is flocked (LOCK_EX). Taking
  * a name, sweeping a namespace and removing an empty namespace directory
@@ -749,7 +750,11 @@ int shm_sock_peer_ok(int fd)
 	return 0;
 }
 
-int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms)
+/*
+ * Connect to (ns, name): with timeout_ms > 0 wait up to that long for room
+ * in a full accept backlog, with 0 never wait (-EAGAIN, unlogged).
+ */
+static int connect_name(const char *ns, const char *name, int timeout_ms)
 {
 	char path[SHM_PATH_MAX];
 	struct sockaddr_un sa;
@@ -761,18 +766,18 @@ int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms)
 	rc = shm_sock_path(ns, name, path, sizeof(path));
 	if (rc < 0)
 		return rc;
-	if (timeout_ms <= 0)
-		timeout_ms = SHM_CONNECT_TIMEOUT_MS;
-	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | (timeout_ms ? 0 : SOCK_NONBLOCK), 0);
 	if (s < 0) {
 		rc = -errno;
 		log_error("shm: socket: %s", strerror(-rc));
 		return rc;
 	}
 	/* A full backlog makes connect wait; SO_SNDTIMEO bounds the wait. */
-	tv.tv_sec = timeout_ms / 1000;
-	tv.tv_usec = (timeout_ms % 1000) * 1000;
-	(void)setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	if (timeout_ms) {
+		tv.tv_sec = timeout_ms / 1000;
+		tv.tv_usec = (timeout_ms % 1000) * 1000;
+		(void)setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	}
 	sun_of(&sa, path);
 	do
 		rc = connect(s, (struct sockaddr *)&sa, sizeof(sa));
@@ -781,6 +786,8 @@ int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms)
 		int e = errno;
 
 		close(s);
+		if (!timeout_ms && (e == EAGAIN || e == EWOULDBLOCK))
+			return -EAGAIN;
 		switch (e) {
 		case ENOENT:
 		case ECONNREFUSED:
@@ -802,15 +809,17 @@ int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms)
 			return -e;
 		}
 	}
-	tv.tv_sec = 0;
-	tv.tv_usec = 0;
-	(void)setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	fl = fcntl(s, F_GETFL);
-	if (fl < 0 || fcntl(s, F_SETFL, fl | O_NONBLOCK) < 0) {
-		rc = -errno;
-		close(s);
-		log_error("shm: fcntl: %s", strerror(-rc));
-		return rc;
+	if (timeout_ms) {
+		tv.tv_sec = 0;
+		tv.tv_usec = 0;
+		(void)setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+		fl = fcntl(s, F_GETFL);
+		if (fl < 0 || fcntl(s, F_SETFL, fl | O_NONBLOCK) < 0) {
+			rc = -errno;
+			close(s);
+			log_error("shm: fcntl: %s", strerror(-rc));
+			return rc;
+		}
 	}
 	rc = shm_sock_peer_ok(s);
 	if (rc < 0) {
@@ -820,6 +829,16 @@ int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms)
 		return rc;
 	}
 	return s;
+}
+
+int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms)
+{
+	return connect_name(ns, name, timeout_ms > 0 ? timeout_ms : SHM_CONNECT_TIMEOUT_MS);
+}
+
+int shm_sock_connect_nowait(const char *ns, const char *name)
+{
+	return connect_name(ns, name, 0);
 }
 
 int shm_sock_connect(const char *ns, const char *name)
@@ -938,7 +957,12 @@ static int str_ok(const char *s, size_t len)
 	return memchr(s, '\0', len) != NULL && shm_name_valid(s);
 }
 
-int shm_sock_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, int timeout_ms)
+/*
+ * shm_sock_recv_hello's body; with try_only (timeout_ms 0), nothing there
+ * yet is -EAGAIN, unlogged.
+ */
+static int recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, int timeout_ms,
+		      int try_only)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * SHM_MAX_FDS)];
@@ -988,6 +1012,8 @@ int shm_sock_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, i
 			return rc;
 		}
 		if (pr == 0) {
+			if (try_only)
+				return -EAGAIN;
 			log_warn("shm: recv_hello: no hello within %d ms", timeout_ms);
 			return -ETIMEDOUT;
 		}
@@ -1095,4 +1121,14 @@ int shm_sock_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, i
 		fds[i] = got[i];
 	*nfds = ngot;
 	return 0;
+}
+
+int shm_sock_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, int timeout_ms)
+{
+	return recv_hello(fd, h, fds, nfds, timeout_ms, 0);
+}
+
+int shm_sock_try_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds)
+{
+	return recv_hello(fd, h, fds, nfds, 0, 1);
 }

@@ -157,6 +157,13 @@ int shm_sock_sweep(const char *ns);
  */
 int shm_sock_connect_timeout(const char *ns, const char *name, int timeout_ms);
 
+/*
+ * shm_sock_connect_timeout without any wait, for the reactor: -EAGAIN
+ * (nothing logged) when the listener's accept backlog is full (call again
+ * later). Every other result is as above.
+ */
+int shm_sock_connect_nowait(const char *ns, const char *name);
+
 /* shm_sock_connect_timeout with the default bound. */
 int shm_sock_connect(const char *ns, const char *name);
 
@@ -196,6 +203,13 @@ int shm_sock_send_hello(int fd, const struct shm_hello *h, const int *fds, unsig
  * 0 and *h is zeroed; nothing is written outside *h and fds[0..room).
  */
 int shm_sock_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds, int timeout_ms);
+
+/*
+ * shm_sock_recv_hello without waiting, for the reactor: -EAGAIN (nothing
+ * logged, nothing received) when no message is there yet; every other
+ * result is as above.
+ */
+int shm_sock_try_recv_hello(int fd, struct shm_hello *h, int *fds, unsigned *nfds);
 
 /*
  * Ask the engine (ns, name) on this host for its health JSON (shm_health.c).
