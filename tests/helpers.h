@@ -4,12 +4,18 @@
  * Owns: creating engines with test-sized parameters, submitting one SQE,
  * and waiting for a completion while driving both sides of a loopback pair
  * (MANUAL mode needs every engine driven), a free loopback port for tests
- * that must write one into a configuration. Every wait is bounded.
+ * that must write one into a configuration, and for tests with real
+ * processes: forking a bounded child, its exit status, a one-way "go" pipe
+ * (gate), waiting for one completion, and counting what a directory holds
+ * (files left behind). Every wait is bounded.
  */
 #ifndef FERRY_TEST_HELPERS_H
 #define FERRY_TEST_HELPERS_H
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -20,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <cmocka.h>
@@ -232,6 +240,105 @@ static inline int t_free_tcp_port(void)
 	}
 	fail_msg("no free port in [%d, %d)", lo - span, lo);
 	return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Real processes                                                      */
+/* ------------------------------------------------------------------ */
+
+/* Wait for one CQE on e's default CQ, up to timeout ns: its res, or -ETIME when none came. */
+static inline int t_wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
+{
+	int rc = ferry_cq_wait(ferry_cq_default(e), c, 1, timeout);
+
+	return rc == 1 ? c->res : -ETIME;
+}
+
+/* Fork fn(arg) as a child process (bounded by alarm); its exit status is fn's result. */
+static inline pid_t t_fork(int (*fn)(void *), void *arg)
+{
+	pid_t pid = fork();
+
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		alarm(t_under_valgrind() ? 600 : 100);
+		_exit(fn(arg));
+	}
+	return pid;
+}
+
+/* The exit status of child pid; 128 + the signal when one killed it. */
+static inline int t_reap(pid_t pid)
+{
+	int st = 0;
+
+	assert_int_equal(waitpid(pid, &st, 0), pid);
+	if (WIFSIGNALED(st))
+		return 128 + WTERMSIG(st);
+	return WEXITSTATUS(st);
+}
+
+/* Files below dir, recursively (directories themselves not counted); 0 if it is absent. */
+static inline int t_count_files(const char *dir)
+{
+	DIR *d = opendir(dir);
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d))) {
+		char path[4096];
+		struct stat sb;
+		int len;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+			continue;
+		len = snprintf(path, sizeof(path), "%.2000s/%.255s", dir, de->d_name);
+		if (len < 0 || (size_t)len >= sizeof(path))
+			continue;
+		if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+			n += t_count_files(path);
+		else
+			n++;
+	}
+	closedir(d);
+	return n;
+}
+
+/* A pipe to say "go" (or "ready") across processes; made before the fork. */
+struct t_gate {
+	int fd[2];
+};
+
+static inline void t_gate_init(struct t_gate *g)
+{
+	assert_int_equal(pipe2(g->fd, O_NONBLOCK | O_CLOEXEC), 0);
+}
+
+static inline void t_gate_open(struct t_gate *g)
+{
+	char c = 1;
+
+	if (write(g->fd[1], &c, 1) != 1)
+		abort();
+}
+
+/* 0 once the gate was opened (one opening each), -1 after ms without. */
+static inline int t_gate_wait(struct t_gate *g, int ms)
+{
+	struct pollfd p = { .fd = g->fd[0], .events = POLLIN };
+	char c;
+
+	if (poll(&p, 1, ms) != 1 || read(g->fd[0], &c, 1) != 1)
+		return -1;
+	return 0;
+}
+
+static inline void t_gate_close(struct t_gate *g)
+{
+	close(g->fd[0]);
+	close(g->fd[1]);
 }
 
 #endif

@@ -165,23 +165,6 @@ static inline void go(struct child *c, const char *addr)
 	close(c->fd[1]);
 }
 
-static inline int reap(pid_t pid)
-{
-	int st = 0;
-
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	if (WIFSIGNALED(st))
-		return 128 + WTERMSIG(st);
-	return WEXITSTATUS(st);
-}
-
-static inline int wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
-{
-	int rc = ferry_cq_wait(ferry_cq_default(e), c, 1, timeout);
-
-	return rc == 1 ? c->res : -ETIME;
-}
-
 static inline void engine_addr(struct ferry_engine *e, char *buf, size_t len)
 {
 	int n = ferry_engine_address(e, buf, len);

@@ -706,7 +706,7 @@ static void test_ctl_dead_peer(void **state)
 	t_expect_none(a, NULL, 300); /* heartbeats keep the session alive meanwhile */
 	kill(ch.pid, SIGKILL);
 	t0 = t_now();
-	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
 	t_expect(a, NULL, 2, -ECONNRESET, &c);
 	took = t_now() - t0;
 	/* Declared after peer_timeout_ms of silence, within a tick or two more. */
@@ -772,7 +772,7 @@ static void test_ctl_peer_restarts(void **state)
 	health_to(a, pb, 1, 5 * SEC);
 	expect_health_of(a, 1, "ctlB");
 	kill(first.pid, SIGKILL);
-	assert_int_equal(reap(first.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(first.pid), 128 + SIGKILL);
 	/* Declared dead, then called again until somebody answers there. */
 	for (int i = 0; i < 100 && ctl_stat(a, "declared_dead") == 0; i++)
 		usleep(50000);
@@ -782,7 +782,7 @@ static void test_ctl_peer_restarts(void **state)
 	health_to(a, pb, 2, 10 * SEC); /* waits for the new session */
 	expect_health_of(a, 2, "ctlB");
 	kill(second.pid, SIGKILL);
-	assert_int_equal(reap(second.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(second.pid), 128 + SIGKILL);
 	close(back[0]);
 	close(back[1]);
 	ferry_engine_destroy(a);

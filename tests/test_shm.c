@@ -34,36 +34,11 @@ static int setup(void **state)
 	return 0;
 }
 
-/* Count files under the runtime dir (recursively). */
-static int count_files(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *de;
-	int n = 0;
-
-	if (!d)
-		return 0;
-	while ((de = readdir(d))) {
-		char path[512];
-		struct stat sb;
-
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-		if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-			n += count_files(path);
-		else
-			n++;
-	}
-	closedir(d);
-	return n;
-}
-
 static int teardown(void **state)
 {
 	(void)state;
 	alarm(0);
-	assert_int_equal(count_files(rundir), 0); /* nothing left behind */
+	assert_int_equal(t_count_files(rundir), 0); /* nothing left behind */
 	rmdir(rundir);
 	return 0;
 }
@@ -103,68 +78,6 @@ static uint64_t checksum(const void *p, size_t n)
 	return h;
 }
 
-/* Fork fn(arg) as a child process; returns its pid. */
-static pid_t spawn(int (*fn)(void *), void *arg)
-{
-	pid_t pid = fork();
-
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		alarm(t_under_valgrind() ? 600 : 100);
-		_exit(fn(arg));
-	}
-	return pid;
-}
-
-static int reap(pid_t pid)
-{
-	int st = 0;
-
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	if (WIFSIGNALED(st))
-		return 128 + WTERMSIG(st);
-	return WEXITSTATUS(st);
-}
-
-/* Wait for one CQE, up to timeout. Returns res, or -ETIME on no completion. */
-static int wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
-{
-	int rc = ferry_cq_wait(ferry_cq_default(e), c, 1, timeout);
-
-	return rc == 1 ? c->res : -ETIME;
-}
-
-/* A pipe to say "ready" across processes. */
-struct gate {
-	int fd[2];
-};
-
-static void gate_init(struct gate *g)
-{
-	assert_int_equal(pipe2(g->fd, O_NONBLOCK), 0);
-}
-
-static void gate_open(struct gate *g)
-{
-	char c = 1;
-
-	if (write(g->fd[1], &c, 1) != 1)
-		abort();
-}
-
-static int gate_wait(struct gate *g, int ms)
-{
-	struct timespec ts = { 0, 1000000 };
-	char c;
-
-	for (int i = 0; i < ms; i++) {
-		if (read(g->fd[0], &c, 1) == 1)
-			return 0;
-		nanosleep(&ts, NULL);
-	}
-	return -1;
-}
-
 /*
  * Fork fn(arg) now and let it start at held_go(). Tests fork every child
  * before the parent creates its engines: a child forked from a process
@@ -173,17 +86,17 @@ static int gate_wait(struct gate *g, int ms)
  */
 struct held {
 	pid_t pid;
-	struct gate go;
+	struct t_gate go;
 };
 
 static void spawn_held(struct held *h, int (*fn)(void *), void *arg)
 {
-	gate_init(&h->go);
+	t_gate_init(&h->go);
 	h->pid = fork();
 	assert_true(h->pid >= 0);
 	if (h->pid == 0) {
 		alarm(t_under_valgrind() ? 600 : 100);
-		if (gate_wait(&h->go, 100000))
+		if (t_gate_wait(&h->go, 100000))
 			_exit(99);
 		_exit(fn(arg));
 	}
@@ -191,7 +104,7 @@ static void spawn_held(struct held *h, int (*fn)(void *), void *arg)
 
 static void held_go(struct held *h)
 {
-	gate_open(&h->go);
+	t_gate_open(&h->go);
 }
 
 /* ------------------------------------------------------------------ */
@@ -201,7 +114,7 @@ static void held_go(struct held *h)
 struct producer {
 	const char *ns, *name, *to;
 	unsigned first, count, size;
-	struct gate *go; /* optional: wait for it before putting */
+	struct t_gate *go; /* optional: wait for it before putting */
 	unsigned window;
 	uint32_t max_bufs; /* 0: default */
 };
@@ -217,7 +130,7 @@ static int producer_main(void *arg)
 
 	if (!e)
 		return 10;
-	if (p->go && gate_wait(p->go, 20000))
+	if (p->go && t_gate_wait(p->go, 20000))
 		return 11;
 	ferry_peer_open(e, p->to, &to);
 	ferry_sq_get(e, &sq);
@@ -244,7 +157,7 @@ static int producer_main(void *arg)
 			sent++;
 		}
 		ferry_sq_submit(sq);
-		rc = wait_one(e, &c, 10 * SEC);
+		rc = t_wait_one(e, &c, 10 * SEC);
 		if (rc == -ETIME) {
 			fprintf(stderr, "producer %s: no completion after %u\n", p->name, done);
 			return 12;
@@ -300,7 +213,7 @@ static int consume(struct ferry_engine *e, const char *from, unsigned first, uns
 			posted++;
 		}
 		ferry_sq_submit(sq);
-		rc = wait_one(e, &c, 20 * SEC);
+		rc = t_wait_one(e, &c, 20 * SEC);
 		if (rc != 0) {
 			fprintf(stderr, "consumer: GET %u from %s: %s\n", done, from,
 				rc == -ETIME ? "no completion" : ferry_strerror(rc));
@@ -340,7 +253,7 @@ static void test_order_many_small(void **state)
 	held_go(&h);
 	/* The GETs wait in order; each completes in the order its PUT came. */
 	assert_int_equal(consume(c, "prod", 0, n, 32, 1), 0);
-	assert_int_equal(reap(h.pid), 0);
+	assert_int_equal(t_reap(h.pid), 0);
 	ferry_engine_destroy(c);
 }
 
@@ -371,7 +284,7 @@ static int big_producer(void *arg)
 	sqe = ferry_sq_get_sqe(sq);
 	ferry_prep_put_buf(sqe, to, "big", buf, 1);
 	ferry_sq_submit(sq);
-	if (wait_one(e, &c, 30 * SEC) != 0)
+	if (t_wait_one(e, &c, 30 * SEC) != 0)
 		return 11;
 	/* Stay until the consumer took it: the data lives in our pool. */
 	sleep(1);
@@ -419,12 +332,12 @@ static void test_big_payload_checksum(void **state)
 	ferry_prep_get(sqe, from, "big", NULL, 0, 1);
 	ferry_sqe_set_timeout(sqe, 60 * SEC);
 	ferry_sq_submit(sq);
-	assert_int_equal(wait_one(c, &cqe, 60 * SEC), 0);
+	assert_int_equal(t_wait_one(c, &cqe, 60 * SEC), 0);
 	assert_int_equal(cqe.len, b.size);
 	assert_true(cqe.flags & FERRY_CQE_F_BUF);
 	assert_true(checksum(ferry_buf_data(cqe.buf), b.size) == want);
 	assert_int_equal(ferry_buf_release(cqe.buf), 0);
-	assert_int_equal(reap(h.pid), 0);
+	assert_int_equal(t_reap(h.pid), 0);
 	ferry_engine_destroy(c);
 }
 
@@ -456,14 +369,14 @@ static void test_three_to_one(void **state)
 	assert_int_equal(consume(c, "p1", 0, n, 1000, 0), 0);
 	assert_int_equal(consume(c, "p2", 0, n, 5000, 0), 0);
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(reap(h[i].pid), 0);
+		assert_int_equal(t_reap(h[i].pid), 0);
 	ferry_engine_destroy(c);
 }
 
 struct cons_arg {
 	const char *name;
 	unsigned count;
-	struct gate *ready;
+	struct t_gate *ready;
 };
 
 static int consumer_main(void *arg)
@@ -474,7 +387,7 @@ static int consumer_main(void *arg)
 
 	if (!e)
 		return 10;
-	gate_open(a->ready);
+	t_gate_open(a->ready);
 	rc = consume(e, "src", 0, a->count, 64, 1);
 	ferry_engine_destroy(e);
 	return rc ? 20 - rc : 0;
@@ -483,7 +396,7 @@ static int consumer_main(void *arg)
 static void test_one_to_three(void **state)
 {
 	unsigned n = t_under_valgrind() ? 300 : 5000;
-	struct gate ready;
+	struct t_gate ready;
 	struct cons_arg a[3] = { { "c0", n, &ready }, { "c1", n, &ready }, { "c2", n, &ready } };
 	struct ferry_engine *e;
 	struct ferry_peer *to[3];
@@ -492,14 +405,14 @@ static void test_one_to_three(void **state)
 	unsigned done = 0, sent = 0;
 
 	(void)state;
-	gate_init(&ready);
+	t_gate_init(&ready);
 	for (int i = 0; i < 3; i++)
 		spawn_held(&h[i], consumer_main, &a[i]);
 	e = mk("t", "src", 32u << 20);
 	assert_non_null(e);
 	for (int i = 0; i < 3; i++) {
 		held_go(&h[i]);
-		assert_int_equal(gate_wait(&ready, 20000), 0);
+		assert_int_equal(t_gate_wait(&ready, 20000), 0);
 		to[i] = t_peer(e, a[i].name);
 	}
 	ferry_sq_get(e, &sq);
@@ -521,11 +434,11 @@ static void test_one_to_three(void **state)
 			sent++;
 		}
 		ferry_sq_submit(sq);
-		assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 		done++;
 	}
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(reap(h[i].pid), 0);
+		assert_int_equal(t_reap(h[i].pid), 0);
 	ferry_engine_destroy(e);
 }
 
@@ -550,27 +463,27 @@ static void test_get_before_put_and_deadlines(void **state)
 	/* A GET with a short deadline on a key that never comes. */
 	t0 = t_now();
 	t_get(c, from, "never", NULL, 0, 101, 0, 100 * MS);
-	assert_int_equal(wait_one(c, &cqe, 5 * SEC), -ETIMEDOUT);
+	assert_int_equal(t_wait_one(c, &cqe, 5 * SEC), -ETIMEDOUT);
 	assert_int_equal(cqe.user_data, 101);
 	assert_true(t_now() - t0 >= 100 * MS);
 	/* A PUT to a name nobody holds on this host. */
 	t_put(c, t_peer(c, "ghost"), "x", "x", 1, 102, 0);
-	assert_int_equal(wait_one(c, &cqe, 5 * SEC), -EHOSTUNREACH);
+	assert_int_equal(t_wait_one(c, &cqe, 5 * SEC), -EHOSTUNREACH);
 
 	held_go(&h);
-	assert_int_equal(wait_one(c, &cqe, 20 * SEC), 0);
+	assert_int_equal(t_wait_one(c, &cqe, 20 * SEC), 0);
 	assert_int_equal(cqe.user_data, 100);
 	assert_int_equal(*(unsigned *)ferry_buf_data(cqe.buf), 0);
 	ferry_buf_release(cqe.buf);
 	assert_int_equal(consume(c, "late", 1, 9, 64, 1), 0);
-	assert_int_equal(reap(h.pid), 0);
+	assert_int_equal(t_reap(h.pid), 0);
 	ferry_engine_destroy(c);
 }
 
 /* ------------------------------------------------------------------ */
 
 struct hold_arg {
-	struct gate *ready, *done;
+	struct t_gate *ready, *done;
 	unsigned count;
 };
 
@@ -587,19 +500,19 @@ static int holder_main(void *arg)
 	if (!e)
 		return 10;
 	ferry_peer_open(e, "filler", &from);
-	gate_open(a->ready);
+	t_gate_open(a->ready);
 	while (got < a->count) {
 		char key[32];
 
 		snprintf(key, sizeof(key), "k%u", got);
 		t_get(e, from, key, NULL, 0, got, 0, 20 * SEC);
-		if (wait_one(e, &c, 20 * SEC) != 0)
+		if (t_wait_one(e, &c, 20 * SEC) != 0)
 			return 11;
 		if (*(unsigned *)ferry_buf_data(c.buf) != got)
 			return 12;
 		held[got++] = c.buf;
 	}
-	gate_wait(a->done, 30000);
+	t_gate_wait(a->done, 30000);
 	for (unsigned i = 0; i < got; i++)
 		ferry_buf_release(held[i]);
 	usleep(200000);
@@ -610,7 +523,7 @@ static int holder_main(void *arg)
 /* The receiver holds every block: the sender's pool runs dry -> -ENOMEM. */
 static void test_sender_pool_exhaustion(void **state)
 {
-	struct gate ready, done;
+	struct t_gate ready, done;
 	struct hold_arg a = { &ready, &done, 5 };
 	struct ferry_engine *e;
 	struct ferry_peer *to;
@@ -622,21 +535,21 @@ static void test_sender_pool_exhaustion(void **state)
 	char h[4096];
 
 	(void)state;
-	gate_init(&ready);
-	gate_init(&done);
+	t_gate_init(&ready);
+	t_gate_init(&done);
 	spawn_held(&hd, holder_main, &a);
 	e = mk("t", "filler", 1u << 20);
 	assert_non_null(e);
 	to = t_peer(e, "holder");
 	held_go(&hd);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	for (unsigned i = 0; i < 7; i++) {
 		char key[32];
 
 		snprintf(key, sizeof(key), "k%u", i);
 		memcpy(block, &i, sizeof(i));
 		t_put(e, to, key, block, sizeof(block), i, 0);
-		if (wait_one(e, &c, 10 * SEC) == 0)
+		if (t_wait_one(e, &c, 10 * SEC) == 0)
 			ok++;
 		else if (c.res == -ENOMEM)
 			enomem++;
@@ -646,9 +559,9 @@ static void test_sender_pool_exhaustion(void **state)
 	/* 1 MiB pool, 200 kB blocks held by the peer: the 6th does not fit. */
 	assert_int_equal(ok, 5);
 	assert_int_equal(enomem, 2);
-	gate_open(&done);
+	t_gate_open(&done);
 	/* The holder checked that everything sent arrived intact: it exits 0 only then. */
-	assert_int_equal(reap(hd.pid), 0);
+	assert_int_equal(t_reap(hd.pid), 0);
 	/* Its blocks came back when it released them or died. */
 	for (int i = 0; i < 200; i++) {
 		ferry_progress(e);
@@ -683,7 +596,7 @@ static int pattern_ok(const char *p, size_t n, unsigned seed)
 }
 
 struct inline_arg {
-	struct gate *ready, *sent;
+	struct t_gate *ready, *sent;
 };
 
 /*
@@ -719,11 +632,11 @@ static int inline_receiver(void *arg)
 		ferry_sqe_set_timeout(sqe, 20 * SEC);
 	}
 	ferry_sq_submit(sq);
-	gate_open(a->ready);
+	t_gate_open(a->ready);
 	for (unsigned n = 0; n < NSIZES; n++) {
 		unsigned i;
 
-		if (wait_one(e, &c, 20 * SEC) != 0)
+		if (t_wait_one(e, &c, 20 * SEC) != 0)
 			return 11;
 		i = (unsigned)c.user_data - 100;
 		if (i >= NSIZES || c.len != inline_sizes[i] || c.buf ||
@@ -733,7 +646,7 @@ static int inline_receiver(void *arg)
 			return 12;
 		}
 	}
-	if (gate_wait(a->sent, 20000))
+	if (t_gate_wait(a->sent, 20000))
 		return 13;
 	for (unsigned i = 0; i < NSIZES; i++) {
 		struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
@@ -743,7 +656,7 @@ static int inline_receiver(void *arg)
 		ferry_prep_get(sqe, from, key, NULL, 0, 200 + i);
 		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT); /* it is here already */
 		ferry_sq_submit(sq);
-		if (wait_one(e, &c, 5 * SEC) != 0 || c.len != inline_sizes[i] || !c.buf ||
+		if (t_wait_one(e, &c, 5 * SEC) != 0 || c.len != inline_sizes[i] || !c.buf ||
 		    !pattern_ok(ferry_buf_data(c.buf), inline_sizes[i], 50 + i)) {
 			fprintf(stderr, "inline receiver: z%u wrong (%d)\n", i, c.res);
 			return 14;
@@ -755,8 +668,8 @@ static int inline_receiver(void *arg)
 		nfill++;
 	if (nfill == sizeof(fill) / sizeof(fill[0]))
 		return 15;
-	gate_open(a->ready);
-	if (gate_wait(a->sent, 20000))
+	t_gate_open(a->ready);
+	if (t_gate_wait(a->sent, 20000))
 		return 16;
 	while (nfill)
 		ferry_buf_release(fill[--nfill]);
@@ -769,7 +682,7 @@ static int inline_receiver(void *arg)
 
 static void test_inline_and_block_sizes(void **state)
 {
-	struct gate ready, sent;
+	struct t_gate ready, sent;
 	struct inline_arg a = { &ready, &sent };
 	static char src[NSIZES][4096 + 8], zsrc[NSIZES][4096];
 	struct ferry_engine *e;
@@ -778,14 +691,14 @@ static void test_inline_and_block_sizes(void **state)
 	struct held hd;
 
 	(void)state;
-	gate_init(&ready);
-	gate_init(&sent);
+	t_gate_init(&ready);
+	t_gate_init(&sent);
 	spawn_held(&hd, inline_receiver, &a);
 	e = mk("t", "small-tx", 0);
 	assert_non_null(e);
 	to = t_peer(e, "small-rx");
 	held_go(&hd);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	for (unsigned i = 0; i < NSIZES; i++) {
 		/* Gathered from two pieces when it can be: the copy must join them. */
 		static struct iovec v[NSIZES][2];
@@ -813,18 +726,18 @@ static void test_inline_and_block_sizes(void **state)
 		t_submit(e);
 	}
 	for (unsigned n = 0; n < 2 * NSIZES; n++) {
-		if (wait_one(e, &c, 10 * SEC) != 0)
+		if (t_wait_one(e, &c, 10 * SEC) != 0)
 			fail_msg("PUT %llu: %s", (unsigned long long)c.user_data, ferry_strerror(c.res));
 		assert_true(c.user_data < NSIZES || (c.user_data >= 50 && c.user_data < 50 + NSIZES));
 		assert_int_equal(c.len, inline_sizes[c.user_data % 50]);
 	}
-	gate_open(&sent);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	t_gate_open(&sent);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	t_put(e, to, "too-many", "x", 1, 99, 0);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), -ENOBUFS);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), -ENOBUFS);
 	assert_int_equal(c.user_data, 99);
-	gate_open(&sent);
-	assert_int_equal(reap(hd.pid), 0);
+	t_gate_open(&sent);
+	assert_int_equal(t_reap(hd.pid), 0);
 	ferry_engine_destroy(e);
 }
 
@@ -832,7 +745,7 @@ static void test_inline_and_block_sizes(void **state)
 
 static int slow_producer(void *arg)
 {
-	struct gate *ready = arg;
+	struct t_gate *ready = arg;
 	struct ferry_engine *e = mk("t", "victim", 0);
 	struct ferry_peer *to;
 
@@ -840,7 +753,7 @@ static int slow_producer(void *arg)
 		return 10;
 	ferry_peer_open(e, "survivor", &to);
 	t_put(e, to, "k0", "first", 6, 1, 0);
-	gate_open(ready);
+	t_gate_open(ready);
 	pause(); /* killed here */
 	return 0;
 }
@@ -852,13 +765,13 @@ static void test_sigkill_producer(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *from;
 	struct ferry_cqe c;
-	struct gate ready;
+	struct t_gate ready;
 	struct held victim, h2;
 	int64_t t0;
 	pid_t pid;
 
 	(void)state;
-	gate_init(&ready);
+	t_gate_init(&ready);
 	spawn_held(&victim, slow_producer, &ready);
 	spawn_held(&h2, producer_main, &other);
 	e = mk("t", "survivor", 0);
@@ -866,19 +779,19 @@ static void test_sigkill_producer(void **state)
 	from = t_peer(e, "victim");
 	pid = victim.pid;
 	held_go(&victim);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	t_get(e, from, "k0", NULL, 0, 1, 0, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 	/* Keep the buffer: it is in the victim's pool, mapped here. */
 	t_get(e, from, "k1", NULL, 0, 2, 0, 60 * SEC);
 	usleep(50000);
 	t0 = t_now();
 	kill(pid, SIGKILL);
-	assert_int_equal(reap(pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(pid), 128 + SIGKILL);
 	{
 		struct ferry_cqe c2;
 
-		assert_int_equal(wait_one(e, &c2, 5 * SEC), -ECONNRESET);
+		assert_int_equal(t_wait_one(e, &c2, 5 * SEC), -ECONNRESET);
 		assert_int_equal(c2.user_data, 2);
 	}
 	assert_true(t_now() - t0 < 1 * SEC); /* within 1 s, not the 60 s deadline */
@@ -888,13 +801,13 @@ static void test_sigkill_producer(void **state)
 	/* The survivor goes on serving others. */
 	held_go(&h2);
 	assert_int_equal(consume(e, "other", 0, 100, 64, 1), 0);
-	assert_int_equal(reap(h2.pid), 0);
+	assert_int_equal(t_reap(h2.pid), 0);
 	ferry_engine_destroy(e);
 }
 
 static int greedy_consumer(void *arg)
 {
-	struct gate *ready = arg;
+	struct t_gate *ready = arg;
 	struct ferry_engine *e = mk("t", "eater", 0);
 	struct ferry_peer *from;
 	struct ferry_cqe c;
@@ -902,13 +815,13 @@ static int greedy_consumer(void *arg)
 	if (!e)
 		return 10;
 	ferry_peer_open(e, "feeder", &from);
-	gate_open(ready);
+	t_gate_open(ready);
 	for (unsigned i = 0;; i++) {
 		char key[32];
 
 		snprintf(key, sizeof(key), "k%u", i);
 		t_get(e, from, key, NULL, 0, i, 0, 60 * SEC);
-		if (wait_one(e, &c, 60 * SEC) != 0)
+		if (t_wait_one(e, &c, 60 * SEC) != 0)
 			return 11;
 		/* Never released: the feeder's blocks stay lent to us until we die. */
 	}
@@ -922,32 +835,32 @@ static void test_sigkill_consumer(void **state)
 	struct ferry_peer *to;
 	static char block[100000];
 	struct ferry_cqe c;
-	struct gate ready;
+	struct t_gate ready;
 	struct held eater;
 	char h[4096];
 	pid_t pid;
 	int rc = 0;
 
 	(void)state;
-	gate_init(&ready);
+	t_gate_init(&ready);
 	spawn_held(&eater, greedy_consumer, &ready);
 	e = mk("t", "feeder", 8u << 20);
 	assert_non_null(e);
 	to = t_peer(e, "eater");
 	pid = eater.pid;
 	held_go(&eater);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	for (unsigned i = 0; i < 20; i++) {
 		char key[32];
 
 		snprintf(key, sizeof(key), "k%u", i);
 		t_put(e, to, key, block, sizeof(block), i, 0);
-		assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 	}
 	ferry_engine_health(e, h, sizeof(h));
 	assert_null(strstr(h, "\"blocks_in_use\":0,")); /* lent to the eater */
 	kill(pid, SIGKILL);
-	assert_int_equal(reap(pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(pid), 128 + SIGKILL);
 	for (int i = 0; i < 100; i++) {
 		ferry_engine_health(e, h, sizeof(h));
 		if (strstr(h, "\"blocks_in_use\":0,"))
@@ -956,11 +869,11 @@ static void test_sigkill_consumer(void **state)
 	}
 	assert_non_null(strstr(h, "\"blocks_in_use\":0,")); /* every block came back */
 	t_put(e, to, "after", block, 10, 99, 0);
-	rc = wait_one(e, &c, 5 * SEC);
+	rc = t_wait_one(e, &c, 5 * SEC);
 	assert_true(rc == -EHOSTUNREACH || rc == -ECONNRESET);
 	ferry_engine_destroy(e);
 	/* The eater's files stay until the next engine starts in the namespace. */
-	assert_true(count_files(rundir) > 0);
+	assert_true(t_count_files(rundir) > 0);
 	e = mk("t", "next", 0);
 	ferry_engine_destroy(e);
 }
@@ -969,7 +882,7 @@ static void test_sigkill_consumer(void **state)
 
 static int ns_twin(void *arg)
 {
-	struct gate *ready = arg;
+	struct t_gate *ready = arg;
 	struct ferry_engine *e = mk("ns2", "rx", 0);
 	struct ferry_peer *from;
 	struct ferry_cqe c;
@@ -978,9 +891,9 @@ static int ns_twin(void *arg)
 	if (!e)
 		return 10;
 	ferry_peer_open(e, "tx", &from);
-	gate_open(ready);
+	t_gate_open(ready);
 	t_get(e, from, "secret", NULL, 0, 1, 0, 500 * MS);
-	rc = wait_one(e, &c, 5 * SEC);
+	rc = t_wait_one(e, &c, 5 * SEC);
 	ferry_engine_destroy(e);
 	return rc == -ETIMEDOUT ? 0 : 20; /* ns1's PUT must not reach ns2 */
 }
@@ -989,12 +902,12 @@ static void test_namespaces_isolated(void **state)
 {
 	struct ferry_engine *tx, *rx;
 	struct ferry_cqe c;
-	struct gate ready;
+	struct t_gate ready;
 	struct held twin;
 	pid_t pid;
 
 	(void)state;
-	gate_init(&ready);
+	t_gate_init(&ready);
 	spawn_held(&twin, ns_twin, &ready); /* same names, namespace ns2, another process */
 	tx = mk("ns1", "tx", 0);
 	rx = mk("ns1", "rx", 0);
@@ -1002,25 +915,25 @@ static void test_namespaces_isolated(void **state)
 	assert_non_null(rx);
 	pid = twin.pid;
 	held_go(&twin);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	t_put(tx, t_peer(tx, "rx"), "secret", "s", 2, 1, 0);
-	assert_int_equal(wait_one(tx, &c, 5 * SEC), 0);
+	assert_int_equal(t_wait_one(tx, &c, 5 * SEC), 0);
 	t_get(rx, t_peer(rx, "tx"), "secret", NULL, 0, 2, FERRY_SQE_NOWAIT, 0);
-	assert_int_equal(wait_one(rx, &c, 5 * SEC), 0);
+	assert_int_equal(t_wait_one(rx, &c, 5 * SEC), 0);
 	ferry_buf_release(c.buf);
-	assert_int_equal(reap(pid), 0);
+	assert_int_equal(t_reap(pid), 0);
 	ferry_engine_destroy(tx);
 	ferry_engine_destroy(rx);
 }
 
 static int name_holder(void *arg)
 {
-	struct gate *ready = arg;
+	struct t_gate *ready = arg;
 	struct ferry_engine *e = mk("t", "taken", 0);
 
 	if (!e)
 		return 10;
-	gate_open(ready);
+	t_gate_open(ready);
 	pause(); /* killed: its socket and lock stay behind */
 	return 0;
 }
@@ -1030,24 +943,24 @@ static void test_name_taken_and_leftovers(void **state)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_engine *e;
-	struct gate ready;
+	struct t_gate ready;
 	pid_t pid;
 
 	(void)state;
-	gate_init(&ready);
-	pid = spawn(name_holder, &ready);
-	assert_int_equal(gate_wait(&ready, 20000), 0);
+	t_gate_init(&ready);
+	pid = t_fork(name_holder, &ready);
+	assert_int_equal(t_gate_wait(&ready, 20000), 0);
 	p.name = "taken";
 	p.ns = "t";
 	p.pool_size = 1u << 20;
 	ferry_log_set(-1, NULL, NULL);
 	assert_int_equal(ferry_engine_create(&p, &e), -EADDRINUSE);
 	kill(pid, SIGKILL);
-	reap(pid);
-	assert_true(count_files(rundir) > 0); /* the crashed engine's files */
+	t_reap(pid);
+	assert_true(t_count_files(rundir) > 0); /* the crashed engine's files */
 	assert_int_equal(ferry_engine_create(&p, &e), 0); /* cleaned up at start */
 	ferry_engine_destroy(e);
-	assert_int_equal(count_files(rundir), 0);
+	assert_int_equal(t_count_files(rundir), 0);
 }
 
 int main(void)

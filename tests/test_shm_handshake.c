@@ -29,34 +29,10 @@
 
 static char rundir[256];
 
-static int count_files(const char *dir)
-{
-	DIR *d = opendir(dir);
-	struct dirent *de;
-	int n = 0;
-
-	if (!d)
-		return 0;
-	while ((de = readdir(d))) {
-		char path[512];
-		struct stat sb;
-
-		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
-			continue;
-		snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
-		if (lstat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-			n += count_files(path);
-		else
-			n++;
-	}
-	closedir(d);
-	return n;
-}
-
 /* Open fds of this process. */
 static int count_fds(void)
 {
-	return count_files("/proc/self/fd") - 1; /* the one opendir holds */
+	return t_count_files("/proc/self/fd") - 1; /* the one opendir holds */
 }
 
 static int setup(void **state)
@@ -76,7 +52,7 @@ static int teardown(void **state)
 {
 	(void)state;
 	alarm(0);
-	assert_int_equal(count_files(rundir), 0); /* nothing left behind */
+	assert_int_equal(t_count_files(rundir), 0); /* nothing left behind */
 	rmdir(rundir);
 	return 0;
 }
@@ -97,71 +73,6 @@ static struct ferry_engine *mk(const char *name, enum ferry_progress_mode mode)
 		return NULL;
 	}
 	return e;
-}
-
-/* A pipe to say "go" across processes. */
-struct gate {
-	int fd[2];
-};
-
-static void gate_init(struct gate *g)
-{
-	assert_int_equal(pipe2(g->fd, O_NONBLOCK | O_CLOEXEC), 0);
-}
-
-static void gate_open(struct gate *g)
-{
-	char c = 1;
-
-	if (write(g->fd[1], &c, 1) != 1)
-		abort();
-}
-
-static int gate_wait(struct gate *g, int ms)
-{
-	struct pollfd p = { .fd = g->fd[0], .events = POLLIN };
-	char c;
-
-	if (poll(&p, 1, ms) != 1 || read(g->fd[0], &c, 1) != 1)
-		return -1;
-	return 0;
-}
-
-static void gate_close(struct gate *g)
-{
-	close(g->fd[0]);
-	close(g->fd[1]);
-}
-
-/* Fork fn(arg); the child's exit status is fn's result. */
-static pid_t spawn(int (*fn)(void *), void *arg)
-{
-	pid_t pid = fork();
-
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		alarm(t_under_valgrind() ? 600 : 100);
-		_exit(fn(arg));
-	}
-	return pid;
-}
-
-static int reap(pid_t pid)
-{
-	int st = 0;
-
-	assert_int_equal(waitpid(pid, &st, 0), pid);
-	if (WIFSIGNALED(st))
-		return 128 + WTERMSIG(st);
-	return WEXITSTATUS(st);
-}
-
-/* Wait for one CQE on e's default CQ, up to timeout; -ETIME when none came. */
-static int wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_t timeout)
-{
-	int rc = ferry_cq_wait(ferry_cq_default(e), c, 1, timeout);
-
-	return rc == 1 ? c->res : -ETIME;
 }
 
 /* PUT a 4-byte value (i) under key <prefix><i>: iovs must outlive the op. */
@@ -208,7 +119,7 @@ static int get_all(struct ferry_engine *e, const char *from, const char *prefix,
 	ferry_sq_submit(sq);
 	for (uint32_t done = 0; done < n; done++) {
 		struct ferry_cqe c;
-		int rc = wait_one(e, &c, 30 * SEC);
+		int rc = t_wait_one(e, &c, 30 * SEC);
 
 		if (rc) {
 			fprintf(stderr, "get_all %s: %u done: %s\n", prefix, done, ferry_strerror(rc));
@@ -228,7 +139,7 @@ static int get_all(struct ferry_engine *e, const char *from, const char *prefix,
 struct serve_arg {
 	const char *name, *from, *prefix;
 	uint32_t n;
-	struct gate ready, done;
+	struct t_gate ready, done;
 };
 
 /* An engine that GETs n keys from `from`, then waits for `done` to go. */
@@ -240,9 +151,9 @@ static int serve_main(void *arg)
 
 	if (!e)
 		return 10;
-	gate_open(&a->ready);
+	t_gate_open(&a->ready);
 	rc = get_all(e, a->from, a->prefix, a->n);
-	if (rc == 0 && gate_wait(&a->done, 60000))
+	if (rc == 0 && t_gate_wait(&a->done, 60000))
 		rc = 11;
 	ferry_engine_destroy(e);
 	return rc;
@@ -294,10 +205,10 @@ static void silent_callers(int nsilent)
 	pid_t pid;
 
 	assert_non_null(silent);
-	gate_init(&sa.ready);
-	gate_init(&sa.done);
-	pid = spawn(serve_main, &sa);
-	assert_int_equal(gate_wait(&sa.ready, 60000), 0);
+	t_gate_init(&sa.ready);
+	t_gate_init(&sa.done);
+	pid = t_fork(serve_main, &sa);
+	assert_int_equal(t_gate_wait(&sa.ready, 60000), 0);
 	for (int i = 0; i < nsilent; i++) {
 		silent[i] = shm_sock_connect(NS, "b");
 		assert_true(silent[i] >= 0);
@@ -311,7 +222,7 @@ static void silent_callers(int nsilent)
 	for (uint32_t i = 0; i < 100; i++) {
 		struct ferry_cqe c;
 
-		assert_int_equal(wait_one(a, &c, 30 * SEC), 0);
+		assert_int_equal(t_wait_one(a, &c, 30 * SEC), 0);
 	}
 	took = t_now() - t0;
 	if (took >= 5 * SEC)
@@ -319,14 +230,14 @@ static void silent_callers(int nsilent)
 			 (long long)(took / MS));
 	/* b hangs up on all of them while it lives (its engine still runs). */
 	assert_int_equal(hung_up(silent, nsilent, 10000), nsilent);
-	gate_open(&sa.done);
-	assert_int_equal(reap(pid), 0);
+	t_gate_open(&sa.done);
+	assert_int_equal(t_reap(pid), 0);
 	for (int i = 0; i < nsilent; i++)
 		close(silent[i]);
 	free(silent);
 	assert_int_equal(ferry_engine_destroy(a), 0);
-	gate_close(&sa.ready);
-	gate_close(&sa.done);
+	t_gate_close(&sa.ready);
+	t_gate_close(&sa.done);
 }
 
 static void test_silent_callers_cost_nothing(void **state)
@@ -347,7 +258,7 @@ static void test_silent_caller_flood(void **state)
 /* ------------------------------------------------------------------ */
 
 struct manual_arg {
-	struct gate ready, go;
+	struct t_gate ready, go;
 };
 
 /*
@@ -380,8 +291,8 @@ static int manual_main(void *arg)
 		ferry_sqe_set_timeout(sqe, 60 * SEC);
 	}
 	ferry_sq_submit(sq); /* taken by the first ferry_progress */
-	gate_open(&a->ready);
-	if (gate_wait(&a->go, 60000))
+	t_gate_open(&a->ready);
+	if (t_gate_wait(&a->go, 60000))
 		return 13;
 	end = t_now() + 30 * SEC;
 	while (got < 3 && t_now() < end) {
@@ -426,14 +337,14 @@ static void test_manual_peer_not_driven(void **state)
 	pid_t pm, pc;
 
 	(void)state;
-	gate_init(&ma.ready);
-	gate_init(&ma.go);
-	gate_init(&sa.ready);
-	gate_init(&sa.done);
-	pm = spawn(manual_main, &ma);
-	pc = spawn(serve_main, &sa);
-	assert_int_equal(gate_wait(&ma.ready, 60000), 0);
-	assert_int_equal(gate_wait(&sa.ready, 60000), 0);
+	t_gate_init(&ma.ready);
+	t_gate_init(&ma.go);
+	t_gate_init(&sa.ready);
+	t_gate_init(&sa.done);
+	pm = t_fork(manual_main, &ma);
+	pc = t_fork(serve_main, &sa);
+	assert_int_equal(t_gate_wait(&ma.ready, 60000), 0);
+	assert_int_equal(t_gate_wait(&sa.ready, 60000), 0);
 	a = mk("a", FERRY_PROGRESS_THREAD);
 	assert_non_null(a);
 	assert_int_equal(ferry_peer_open(a, "m", &tm), 0);
@@ -447,7 +358,7 @@ static void test_manual_peer_not_driven(void **state)
 	while (t_done < 20) {
 		struct ferry_cqe c;
 
-		assert_int_equal(wait_one(a, &c, 30 * SEC), 0);
+		assert_int_equal(t_wait_one(a, &c, 30 * SEC), 0);
 		assert_true(c.user_data < 20);
 		t_done++;
 	}
@@ -457,23 +368,23 @@ static void test_manual_peer_not_driven(void **state)
 
 		assert_int_equal(ferry_cq_poll(ferry_cq_default(a), &c, 1), 0);
 	}
-	gate_open(&ma.go);
+	t_gate_open(&ma.go);
 	/* m drives now: its PUTs complete, in the order they were sent. */
 	while (q_done < 3) {
 		struct ferry_cqe c;
 
-		assert_int_equal(wait_one(a, &c, 30 * SEC), 0);
+		assert_int_equal(t_wait_one(a, &c, 30 * SEC), 0);
 		assert_int_equal(c.user_data, q_done);
 		q_done++;
 	}
-	assert_int_equal(reap(pm), 0);
-	gate_open(&sa.done);
-	assert_int_equal(reap(pc), 0);
+	assert_int_equal(t_reap(pm), 0);
+	t_gate_open(&sa.done);
+	assert_int_equal(t_reap(pc), 0);
 	assert_int_equal(ferry_engine_destroy(a), 0);
-	gate_close(&ma.ready);
-	gate_close(&ma.go);
-	gate_close(&sa.ready);
-	gate_close(&sa.done);
+	t_gate_close(&ma.ready);
+	t_gate_close(&ma.go);
+	t_gate_close(&sa.ready);
+	t_gate_close(&sa.done);
 }
 
 /* ------------------------------------------------------------------ */
@@ -500,7 +411,7 @@ static int fake_listener(const char *name, char *path, size_t len)
 /* Engine `name` in THREAD mode once `go` opens: GETs h0 from a, waits for `done`. */
 struct late_arg {
 	const char *name;
-	struct gate go, ready, done;
+	struct t_gate go, ready, done;
 };
 
 static int late_main(void *arg)
@@ -509,14 +420,14 @@ static int late_main(void *arg)
 	struct ferry_engine *e;
 	int rc;
 
-	if (gate_wait(&l->go, 60000))
+	if (t_gate_wait(&l->go, 60000))
 		return 20;
 	e = mk(l->name, FERRY_PROGRESS_THREAD);
 	if (!e)
 		return 21;
-	gate_open(&l->ready);
+	t_gate_open(&l->ready);
 	rc = get_all(e, "a", "h", 1);
-	if (rc == 0 && gate_wait(&l->done, 60000))
+	if (rc == 0 && t_gate_wait(&l->done, 60000))
 		rc = 22;
 	ferry_engine_destroy(e);
 	return rc;
@@ -536,10 +447,10 @@ static void test_silent_peer_times_out(void **state)
 	pid_t pid;
 
 	(void)state;
-	gate_init(&la.go);
-	gate_init(&la.ready);
-	gate_init(&la.done);
-	pid = spawn(late_main, &la);
+	t_gate_init(&la.go);
+	t_gate_init(&la.ready);
+	t_gate_init(&la.done);
+	pid = t_fork(late_main, &la);
 	fds_before = count_fds();
 	a = mk("a", FERRY_PROGRESS_THREAD);
 	assert_non_null(a);
@@ -551,7 +462,7 @@ static void test_silent_peer_times_out(void **state)
 	for (uint32_t i = 0; i < 3; i++)
 		put_u32(a, to, "g", i, &vals[i], &iovs[i], 30 * SEC);
 	for (uint32_t i = 0; i < 3; i++) {
-		assert_int_equal(wait_one(a, &c, 20 * SEC), -EHOSTUNREACH);
+		assert_int_equal(t_wait_one(a, &c, 20 * SEC), -EHOSTUNREACH);
 		assert_int_equal(c.user_data, i);
 	}
 	took = t_now() - t0;
@@ -559,7 +470,7 @@ static void test_silent_peer_times_out(void **state)
 
 	/* An op's own deadline, earlier than the bound, still applies. */
 	put_u32(a, to, "g", 3, &vals[3], &iovs[3], 200 * MS);
-	assert_int_equal(wait_one(a, &c, 20 * SEC), -ETIMEDOUT);
+	assert_int_equal(t_wait_one(a, &c, 20 * SEC), -ETIMEDOUT);
 	assert_int_equal(c.user_data, 3);
 
 	/*
@@ -568,22 +479,22 @@ static void test_silent_peer_times_out(void **state)
 	 */
 	close(lis);
 	assert_int_equal(unlink(path), 0);
-	gate_open(&la.go);
-	assert_int_equal(gate_wait(&la.ready, 60000), 0);
+	t_gate_open(&la.go);
+	assert_int_equal(t_gate_wait(&la.ready, 60000), 0);
 	put_u32(a, to, "h", 0, &v, &iov, 30 * SEC);
-	assert_int_equal(wait_one(a, &c, 20 * SEC), 0);
-	gate_open(&la.done);
-	assert_int_equal(reap(pid), 0);
+	assert_int_equal(t_wait_one(a, &c, 20 * SEC), 0);
+	t_gate_open(&la.done);
+	assert_int_equal(t_reap(pid), 0);
 	assert_int_equal(ferry_engine_destroy(a), 0);
 	assert_int_equal(count_fds(), fds_before);
-	gate_close(&la.go);
-	gate_close(&la.ready);
-	gate_close(&la.done);
+	t_gate_close(&la.go);
+	t_gate_close(&la.ready);
+	t_gate_close(&la.done);
 }
 
 /* Engine m in MANUAL mode: driven only between `go` and `done`. */
 struct driven_arg {
-	struct gate ready, go, done;
+	struct t_gate ready, go, done;
 };
 
 static int driven_main(void *arg)
@@ -594,11 +505,11 @@ static int driven_main(void *arg)
 
 	if (!e)
 		return 30;
-	gate_open(&d->ready);
-	if (gate_wait(&d->go, 60000))
+	t_gate_open(&d->ready);
+	if (t_gate_wait(&d->go, 60000))
 		return 31;
 	end = t_now() + 60 * SEC;
-	while (gate_wait(&d->done, 0) != 0) {
+	while (t_gate_wait(&d->done, 0) != 0) {
 		if (t_now() > end)
 			return 32;
 		ferry_progress(e);
@@ -629,11 +540,11 @@ static void test_full_accept_queue(void **state)
 
 	(void)state;
 	assert_non_null(fill);
-	gate_init(&d.ready);
-	gate_init(&d.go);
-	gate_init(&d.done);
-	pid = spawn(driven_main, &d);
-	assert_int_equal(gate_wait(&d.ready, 60000), 0);
+	t_gate_init(&d.ready);
+	t_gate_init(&d.go);
+	t_gate_init(&d.done);
+	pid = t_fork(driven_main, &d);
+	assert_int_equal(t_gate_wait(&d.ready, 60000), 0);
 	for (; nfill < MAX_FILL; nfill++) {
 		int fd = shm_sock_connect_nowait(NS, "m");
 
@@ -649,22 +560,22 @@ static void test_full_accept_queue(void **state)
 
 	/* Nobody drives m: the queue stays full past the bound. */
 	put_u32(a, to, "x", 0, &v[0], &iov[0], 30 * SEC);
-	assert_int_equal(wait_one(a, &c, 20 * SEC), -EHOSTUNREACH);
+	assert_int_equal(t_wait_one(a, &c, 20 * SEC), -EHOSTUNREACH);
 
 	/* The next PUT calls again; m is driven, empties its queue, answers. */
 	put_u32(a, to, "x", 1, &v[1], &iov[1], 30 * SEC);
-	gate_open(&d.go);
-	assert_int_equal(wait_one(a, &c, 20 * SEC), 0);
+	t_gate_open(&d.go);
+	assert_int_equal(t_wait_one(a, &c, 20 * SEC), 0);
 	assert_int_equal(c.user_data, 1);
-	gate_open(&d.done);
-	assert_int_equal(reap(pid), 0);
+	t_gate_open(&d.done);
+	assert_int_equal(t_reap(pid), 0);
 	for (int i = 0; i < nfill; i++)
 		close(fill[i]);
 	free(fill);
 	assert_int_equal(ferry_engine_destroy(a), 0);
-	gate_close(&d.ready);
-	gate_close(&d.go);
-	gate_close(&d.done);
+	t_gate_close(&d.ready);
+	t_gate_close(&d.go);
+	t_gate_close(&d.done);
 }
 
 /*

@@ -51,7 +51,7 @@ static int producer(const char *addr, void *arg)
 		}
 	}
 	while (done < (hang ? 3u : ORDER_N)) {
-		int res = wait_one(e, &c, 30 * SEC);
+		int res = t_wait_one(e, &c, 30 * SEC);
 
 		if (res != (int)c.user_data)
 			return 5;
@@ -100,7 +100,7 @@ static void test_order_and_credits(void **state)
 	while (got < ORDER_N) {
 		struct ferry_cqe c;
 
-		assert_int_equal(wait_one(e, &c, 20 * SEC), (int)got);
+		assert_int_equal(t_wait_one(e, &c, 20 * SEC), (int)got);
 		assert_int_equal(*(uint32_t *)ferry_buf_data(c.buf), got);
 		assert_int_equal(!!(c.flags & FERRY_CQE_F_MORE), got < ORDER_N - 1);
 		held[nheld++] = c.buf;
@@ -112,7 +112,7 @@ static void test_order_and_credits(void **state)
 	}
 	while (nheld)
 		ferry_buf_release(held[--nheld]);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	ferry_engine_destroy(e);
 }
 
@@ -134,14 +134,14 @@ static void test_producer_death(void **state)
 	stream_get(e, from, "t_0", 1, 30 * SEC); /* the death, not the gap, ends it */
 	go(&ch, addr);
 	for (unsigned i = 0; i < 3; i++) {
-		assert_int_equal(wait_one(e, &c, 10 * SEC), (int)i);
+		assert_int_equal(t_wait_one(e, &c, 10 * SEC), (int)i);
 		ferry_buf_release(c.buf);
 	}
 	usleep(50000);
 	t0 = t_now();
 	kill(ch.pid, SIGKILL);
-	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), -ECONNRESET);
+	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), -ECONNRESET);
 	assert_false(c.flags & FERRY_CQE_F_MORE);
 	assert_true(t_now() - t0 < (t_under_valgrind() ? 20 : 2) * SEC);
 	ferry_engine_destroy(e);
@@ -179,7 +179,7 @@ static int kv_sender(const char *addr, void *arg)
 		ferry_prep_put(sqe, to, round ? "kv_b" : "kv_a", iov, 2 * KV_LAYERS, round);
 		ferry_sqe_set_timeout(sqe, 60 * SEC);
 		t_submit(e);
-		if (wait_one(e, &c, 60 * SEC) != 0 || c.len != 2 * KV_LAYERS * lb)
+		if (t_wait_one(e, &c, 60 * SEC) != 0 || c.len != 2 * KV_LAYERS * lb)
 			return 4;
 	}
 	for (unsigned i = 0; i < 2 * KV_LAYERS; i++)
@@ -215,7 +215,7 @@ static void test_kv_handoff(void **state)
 	go(&ch, addr);
 	/* Contiguous: one buffer of our pool holds every layer, in order. */
 	get(e, from, "kv_a", NULL, 1, 60 * SEC, 0);
-	assert_int_equal(wait_one(e, &c, 60 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 60 * SEC), 0);
 	assert_int_equal(c.len, total);
 	whole = ferry_buf_data(c.buf);
 	for (unsigned i = 0; i < 2 * KV_LAYERS; i++)
@@ -229,13 +229,13 @@ static void test_kv_handoff(void **state)
 		ferry_sqe_set_timeout(sqe, 60 * SEC);
 		t_submit(e);
 	}
-	assert_int_equal(wait_one(e, &c, 60 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 60 * SEC), 0);
 	assert_int_equal(c.len, total);
 	for (unsigned i = 0; i < 2 * KV_LAYERS; i++) {
 		assert_true(checksum(dst[i].iov_base, lb) == expected_sum(lb, 0x4b56 + i));
 		free(dst[i].iov_base);
 	}
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	ferry_engine_destroy(e);
 }
 

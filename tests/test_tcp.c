@@ -119,7 +119,7 @@ static int producer_main(const char *addr, void *arg)
 			sent++;
 		}
 		ferry_sq_submit(sq);
-		if (wait_one(e, &c, 20 * SEC) == -ETIME) {
+		if (t_wait_one(e, &c, 20 * SEC) == -ETIME) {
 			fprintf(stderr, "producer %s: no completion after %u\n", p->name, done);
 			return 13;
 		}
@@ -160,7 +160,7 @@ static void consume(struct ferry_engine *e, const char *from, unsigned first, un
 			get(e, pf, key, NULL, first + asked, 30 * SEC, 0);
 			asked++;
 		}
-		assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 30 * SEC), 0);
 		assert_int_equal(c.len, size);
 		assert_true(c.flags & FERRY_CQE_F_BUF);
 		fill(want, size, c.user_data);
@@ -281,7 +281,7 @@ static void test_tcp_order_small(void **state)
 	go(&ch, addr);
 	t0 = t_now();
 	consume(e, "prod", 0, count, 64, 128);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	fprintf(stderr, "# %u x 64 B in %.2f s\n", count, (double)(t_now() - t0) / SEC);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
@@ -316,7 +316,7 @@ static void test_tcp_sizes(void **state)
 		/* One after the other: they share the name "prod". */
 		go(&ch[i], addr);
 		consume(e, "prod", i * 10, 10, sizes[i], 10);
-		assert_int_equal(reap(ch[i].pid), 0);
+		assert_int_equal(t_reap(ch[i].pid), 0);
 	}
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
@@ -361,7 +361,7 @@ static int big_producer(const char *addr, void *arg)
 			put_buf(e, to, key, b, sent, 60 * SEC);
 			sent++;
 		}
-		if (wait_one(e, &c, 60 * SEC) != 0) {
+		if (t_wait_one(e, &c, 60 * SEC) != 0) {
 			fprintf(stderr, "big producer: PUT %u: %s\n", done, ferry_err_name(c.res));
 			rc = 12;
 			break;
@@ -392,7 +392,7 @@ static void big_consume(struct ferry_engine *e, struct big_put *bp)
 	for (unsigned i = 0; i < bp->n; i++) {
 		struct ferry_cqe c;
 
-		assert_int_equal(wait_one(e, &c, 60 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 60 * SEC), 0);
 		assert_int_equal(c.len, bp->size);
 		assert_true(checksum(ferry_buf_data(c.buf), bp->size) == want[c.user_data]);
 		ferry_buf_release(c.buf);
@@ -421,7 +421,7 @@ static void test_tcp_one_gib(void **state)
 	big_consume(e, &bp);
 	fprintf(stderr, "# 1 x %llu MiB in %.2f s\n", (unsigned long long)(bp.size / MIB),
 		(double)(t_now() - t0) / SEC);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -447,7 +447,7 @@ static void test_tcp_eight_concurrent(void **state)
 	engine_addr(e, addr, sizeof(addr));
 	go(&ch, addr);
 	big_consume(e, &bp);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -487,7 +487,7 @@ static int child_consume(struct ferry_engine *e, unsigned count, size_t size)
 			t_submit(e);
 			asked++;
 		}
-		if (wait_one(e, &c, 30 * SEC) != 0 || c.len != size) {
+		if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != size) {
 			fprintf(stderr, "consumer: GET %u: %s\n", got, ferry_err_name(c.res));
 			return 21;
 		}
@@ -603,14 +603,14 @@ static void test_tcp_one_to_three(void **state)
 				sent[i]++;
 			}
 		}
-		assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 30 * SEC), 0);
 		v[c.user_data >> 32][(uint32_t)c.user_data % 16].iov_base = NULL;
 		done++;
 	}
 	for (int i = 0; i < 3; i++) {
 		assert_int_equal(write(lc[i].done[1], "done", 4), 4);
 		close(lc[i].done[1]);
-		assert_int_equal(reap(ch[i].pid), 0); /* each checked every item */
+		assert_int_equal(t_reap(ch[i].pid), 0); /* each checked every item */
 		free(data[i]);
 		free(v[i]);
 	}
@@ -636,15 +636,15 @@ static void test_tcp_get_before_put(void **state)
 	assert_non_null(e);
 	from = t_peer(e, "prod");
 	get(e, from, "b0", NULL, 1, 0, FERRY_SQE_NOWAIT);
-	assert_int_equal(wait_one(e, &c, 5 * SEC), -EAGAIN);
+	assert_int_equal(t_wait_one(e, &c, 5 * SEC), -EAGAIN);
 	get(e, from, "b0", &v, 2, 20 * SEC, 0); /* parked before the peer even exists */
 	engine_addr(e, addr, sizeof(addr));
 	go(&ch, addr);
-	assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
 	assert_int_equal(c.user_data, 2);
 	assert_int_equal(c.len, 1000);
 	assert_true(checksum(out, 1000) == expected_sum(1000, 3));
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -689,18 +689,18 @@ static void test_tcp_deadlines(void **state)
 
 	t0 = t_now();
 	put_iov(e, nobody, "k", &v, 1, 5 * SEC);
-	assert_int_equal(wait_one(e, &c, 5 * SEC), -EHOSTUNREACH);
+	assert_int_equal(t_wait_one(e, &c, 5 * SEC), -EHOSTUNREACH);
 	assert_true(t_now() - t0 < 2 * SEC);
 
 	t0 = t_now();
 	put_iov(e, silent, "k", &v, 2, 300 * MS);
-	assert_int_equal(wait_one(e, &c, 5 * SEC), -ETIMEDOUT);
+	assert_int_equal(t_wait_one(e, &c, 5 * SEC), -ETIMEDOUT);
 	dt = t_now() - t0;
 	assert_true(dt >= 250 * MS && dt < 2 * SEC);
 
 	t0 = t_now();
 	get(e, from, "never", NULL, 3, 200 * MS, 0);
-	assert_int_equal(wait_one(e, &c, 5 * SEC), -ETIMEDOUT);
+	assert_int_equal(t_wait_one(e, &c, 5 * SEC), -ETIMEDOUT);
 	dt = t_now() - t0;
 	assert_true(dt >= 150 * MS && dt < 2 * SEC);
 
@@ -729,6 +729,19 @@ static void tell_test(const char *s)
 		_exit(30);
 }
 
+/* Child side of linked_to_child: make engine m and say "A<its address>" on up_pipe. */
+static struct ferry_engine *child_engine(const struct mk *m)
+{
+	char addr[TCP_ADDR_MAX + 1] = "A";
+	struct ferry_engine *e = mk_engine(m);
+
+	if (!e)
+		return NULL;
+	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
+	tell_test(addr);
+	return e;
+}
+
 /*
  * A consumer whose pool holds exactly four items. It GETs k0..k9 and
  * "tiny" (zero copy) and holds what comes, saying "F" once its pool is
@@ -745,16 +758,13 @@ static int holder_main(const char *unused, void *arg)
 	unsigned nheld = 0, got = 0;
 	struct ferry_engine *e;
 	struct ferry_peer *from;
-	char addr[TCP_ADDR_MAX + 1] = "A";
 	uint8_t tiny[HOLD_TINY];
 
 	(void)unused;
 	(void)arg;
-	e = mk_engine(&m);
+	e = child_engine(&m);
 	if (!e)
 		return 10;
-	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
-	tell_test(addr);
 	from = t_peer(e, "prod");
 	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
 		char key[16];
@@ -768,7 +778,7 @@ static int holder_main(const char *unused, void *arg)
 		struct pollfd pd = { .fd = down_pipe[0], .events = POLLIN };
 		struct ferry_cqe c;
 		struct pool_stats ps;
-		int rc = wait_one(e, &c, 20 * MS);
+		int rc = t_wait_one(e, &c, 20 * MS);
 
 		if (rc != -ETIME) {
 			uint64_t i = c.user_data;
@@ -813,7 +823,7 @@ static void count_results(struct ferry_engine *e, int ms, unsigned *ok, unsigned
 	int64_t until = t_now() + ms * MS;
 
 	while (t_now() < until) {
-		int rc = wait_one(e, &c, 10 * MS);
+		int rc = t_wait_one(e, &c, 10 * MS);
 
 		if (rc == -ETIME)
 			continue;
@@ -826,24 +836,44 @@ static void count_results(struct ferry_engine *e, int ms, unsigned *ok, unsigned
 	}
 }
 
+/*
+ * Fork fn, a consumer "cons" that says "A<its address>" on up_pipe, then
+ * make our engine (m) and point its peer "cons" (to) at that address.
+ */
+static struct ferry_engine *linked_to_child(struct child *ch,
+					    int (*fn)(const char *, void *),
+					    const struct mk *m, struct ferry_peer **to)
+{
+	struct ferry_engine *e;
+	char msg[TCP_ADDR_MAX + 2];
+
+	assert_int_equal(pipe(up_pipe), 0);
+	spawn(ch, fn, NULL);
+	go(ch, "-");
+	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
+	assert_int_equal(msg[0], 'A');
+	e = mk_engine(m);
+	assert_non_null(e);
+	*to = t_peer(e, "cons");
+	assert_int_equal(ferry_peer_set_address(*to, msg + 1), 0);
+	return e;
+}
+
 /* A consumer in another namespace: nothing may reach it. Exits 0 if nothing did. */
 static int stranger_main(const char *unused, void *arg)
 {
 	struct mk m = { .name = "cons", .ns = "elsewhere", .listen = "tcp://127.0.0.1:0",
 			.secret = SECRET, .pool = 8 * MIB };
-	char addr[TCP_ADDR_MAX + 1] = "A";
 	struct ferry_engine *e;
 	struct ferry_cqe c;
 
 	(void)unused;
 	(void)arg;
-	e = mk_engine(&m);
+	e = child_engine(&m);
 	if (!e)
 		return 10;
-	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
-	tell_test(addr);
 	get(e, t_peer(e, "prod"), "k0", NULL, 1, 2 * SEC, 0);
-	if (wait_one(e, &c, 20 * SEC) != -ETIMEDOUT || pool_in_use(e) != 0)
+	if (t_wait_one(e, &c, 20 * SEC) != -ETIMEDOUT || pool_in_use(e) != 0)
 		return 11;
 	ferry_engine_destroy(e);
 	return 0;
@@ -864,24 +894,15 @@ static void test_tcp_namespaces_isolated(void **state)
 	struct ferry_buf *b;
 	struct ferry_cqe c;
 	struct child ch;
-	char msg[TCP_ADDR_MAX + 2];
 
 	(void)state;
-	assert_int_equal(pipe(up_pipe), 0);
-	spawn(&ch, stranger_main, NULL);
-	go(&ch, "-");
-	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
-	assert_int_equal(msg[0], 'A');
-	e = mk_engine(&m);
-	assert_non_null(e);
-	to = t_peer(e, "cons");
-	assert_int_equal(ferry_peer_set_address(to, msg + 1), 0);
+	e = linked_to_child(&ch, stranger_main, &m, &to);
 	assert_int_equal(ferry_buf_alloc(e, 100000, &b), 0); /* rendezvous */
 	put_buf(e, to, "k0", b, 1, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 15 * SEC), -EHOSTUNREACH);
+	assert_int_equal(t_wait_one(e, &c, 15 * SEC), -EHOSTUNREACH);
 	put_iov(e, to, "k0", &small, 2, 10 * SEC); /* eager, inline */
-	assert_int_equal(wait_one(e, &c, 15 * SEC), -EHOSTUNREACH);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_wait_one(e, &c, 15 * SEC), -EHOSTUNREACH);
+	assert_int_equal(t_reap(ch.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 	close(up_pipe[0]);
@@ -911,16 +932,8 @@ static void test_tcp_pool_exhaustion(void **state)
 
 	(void)state;
 	assert_non_null(data);
-	assert_int_equal(pipe(up_pipe), 0);
 	assert_int_equal(pipe(down_pipe), 0);
-	spawn(&ch, holder_main, NULL);
-	go(&ch, "-");
-	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
-	assert_int_equal(msg[0], 'A');
-	e = mk_engine(&m);
-	assert_non_null(e);
-	to = t_peer(e, "cons");
-	assert_int_equal(ferry_peer_set_address(to, msg + 1), 0);
+	e = linked_to_child(&ch, holder_main, &m, &to);
 	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
 		v[i] = (struct iovec){ data + (size_t)i * HOLD_ITEM, HOLD_ITEM };
 		fill(v[i].iov_base, HOLD_ITEM, i);
@@ -933,14 +946,14 @@ static void test_tcp_pool_exhaustion(void **state)
 
 		snprintf(key, sizeof(key), "k%u", sent);
 		put_iov(e, to, key, &v[sent], sent, 30 * SEC);
-		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
 	}
 	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
 	assert_string_equal(msg, "F");
 
 	/* Nothing fits there: the eager PUT is refused, not held. */
 	put_iov(e, to, "tiny", &tv, 100, 30 * SEC);
-	assert_int_equal(wait_one(e, &c, 20 * SEC), -ENOBUFS);
+	assert_int_equal(t_wait_one(e, &c, 20 * SEC), -ENOBUFS);
 
 	/* Rendezvous PUTs wait, until our own pool is dry. */
 	for (; sent < HOLD_ITEMS && !enomem; sent++) {
@@ -960,18 +973,18 @@ static void test_tcp_pool_exhaustion(void **state)
 	/* The receiver lets go: the waiting PUTs complete. */
 	assert_int_equal(write(down_pipe[1], "R", 1), 1);
 	for (unsigned i = 0; i < waiting; i++)
-		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
 	/* The refused ones again, and the rest. */
 	for (unsigned i = sent - 1; i < HOLD_ITEMS; i++) {
 		char key[16];
 
 		snprintf(key, sizeof(key), "k%u", i);
 		put_iov(e, to, key, &v[i], i, 30 * SEC);
-		assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
 	}
 	put_iov(e, to, "tiny", &tv, 100, 30 * SEC);
-	assert_int_equal(wait_one(e, &c, 20 * SEC), 0);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 	for (int i = 0; i < 2; i++) {
@@ -1034,7 +1047,7 @@ static void test_tcp_three_to_one(void **state)
 					asked[i]++;
 				}
 			}
-			assert_int_equal(wait_one(e, &c, 30 * SEC), 0);
+			assert_int_equal(t_wait_one(e, &c, 30 * SEC), 0);
 			who = (unsigned)(c.user_data >> 32);
 			assert_true(who < 3);
 			assert_int_equal(c.len, sizes[who]);
@@ -1047,7 +1060,7 @@ static void test_tcp_three_to_one(void **state)
 		free(want);
 	}
 	for (int i = 0; i < 3; i++)
-		assert_int_equal(reap(ch[i].pid), 0);
+		assert_int_equal(t_reap(ch[i].pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -1073,16 +1086,16 @@ static void test_tcp_wrong_secret(void **state)
 	assert_non_null(e);
 	engine_addr(e, addr, sizeof(addr));
 	go(&c1, addr);
-	assert_int_equal(reap(c1.pid), 0); /* its PUT failed with -EACCES */
+	assert_int_equal(t_reap(c1.pid), 0); /* its PUT failed with -EACCES */
 	go(&c2, addr);
-	assert_int_equal(reap(c2.pid), 0);
+	assert_int_equal(t_reap(c2.pid), 0);
 	/* Nothing of theirs arrived. */
 	get(e, t_peer(e, "prod"), "k0", NULL, 1, 0, FERRY_SQE_NOWAIT);
-	assert_int_equal(wait_one(e, &c, 5 * SEC), -EAGAIN);
+	assert_int_equal(t_wait_one(e, &c, 5 * SEC), -EAGAIN);
 	/* And the engine still serves those who hold the secret. */
 	go(&c3, addr);
 	consume(e, "prod", 0, 5, 100, 5);
-	assert_int_equal(reap(c3.pid), 0);
+	assert_int_equal(t_reap(c3.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -1235,7 +1248,7 @@ static void test_tcp_malformed(void **state)
 		assert_int_equal(f.cookie, 77);
 		assert_int_equal((int64_t)f.arg, 0);
 		get(e, t_peer(e, "raw"), "rawkey", &v, 1, 5 * SEC, 0);
-		assert_int_equal(wait_one(e, &c, 5 * SEC), 0);
+		assert_int_equal(t_wait_one(e, &c, 5 * SEC), 0);
 		assert_int_equal(c.len, 10);
 		assert_int_equal(out[9], 0x5a);
 	}
@@ -1304,7 +1317,7 @@ static void test_tcp_malformed(void **state)
 	/* The engine still works for a good peer, and kept nothing. */
 	go(&ch, addr);
 	consume(e, "prod", 0, 20, 5000, 20);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	usleep(100000);
 	ferry_progress(e);
 	assert_int_equal(pool_in_use(e), 0);
@@ -1387,7 +1400,7 @@ static int sink_main(const char *unused, void *arg)
 
 		snprintf(key, sizeof(key), "k%u", i);
 		get(e, t_peer(e, "prod"), key, NULL, i, 20 * SEC, 0);
-		if (wait_one(e, &c, 20 * SEC) != 0)
+		if (t_wait_one(e, &c, 20 * SEC) != 0)
 			return 12;
 		ferry_buf_release(c.buf);
 	}
@@ -1452,7 +1465,7 @@ static struct ferry_engine *linked_to_sink(struct child *ch, struct sink *s, con
 	*to = t_peer(e, "cons");
 	assert_int_equal(ferry_peer_set_address(*to, addr), 0);
 	put_small(e, *to, "k0", 1);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 	assert_int_equal(c.user_data, 1);
 	return e;
 }
@@ -1479,11 +1492,11 @@ static void test_tcp_kill_receiver(void **state)
 	usleep(20000);
 	kill(ch.pid, SIGKILL);
 	t0 = t_now();
-	rc = wait_one(e, &c, 10 * SEC);
+	rc = t_wait_one(e, &c, 10 * SEC);
 	/* It failed (or, rarely, made it before the kill); never hung. */
 	assert_true(rc == -ECONNRESET || rc == 0);
 	assert_true(t_now() - t0 < 5 * SEC);
-	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
 	assert_int_equal(pool_in_use(e), 0); /* the block came back */
 
 	/* The peer comes back at the same address: the next PUT reaches it. */
@@ -1492,8 +1505,8 @@ static void test_tcp_kill_receiver(void **state)
 	start_sink(&ch2, &s, addr, sizeof(addr));
 	assert_int_equal(ferry_buf_alloc(e, 1000, &b), 0);
 	put_buf(e, to, "k0", b, 3, 10 * SEC);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
-	assert_int_equal(reap(ch2.pid), 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_reap(ch2.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -1523,15 +1536,15 @@ static void test_tcp_kill_sender(void **state)
 	for (int i = 0; i < 2000 && pool_in_use(e) == 0; i++)
 		usleep(1000);
 	kill(ch.pid, SIGKILL);
-	rc = wait_one(e, &c, 20 * SEC);
+	rc = t_wait_one(e, &c, 20 * SEC);
 	/* The GET waiting on the dead peer gives up (or had its data). */
 	assert_true(rc == -ECONNRESET || rc == 0);
 	if (rc == 0)
 		ferry_buf_release(c.buf);
-	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
 	/* b0 may have arrived whole: take it, then nothing may be left. */
 	get(e, from, "b0", NULL, 2, 0, FERRY_SQE_NOWAIT);
-	if (wait_one(e, &c, 5 * SEC) == 0)
+	if (t_wait_one(e, &c, 5 * SEC) == 0)
 		ferry_buf_release(c.buf);
 	usleep(100000);
 	assert_int_equal(pool_in_use(e), 0);
@@ -1556,18 +1569,18 @@ static void test_tcp_silent_peer(void **state)
 	/* Idle for a few heartbeats: the live peer answers, the link stays. */
 	usleep(400000);
 	put_small(e, to, "k1", 2);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 	/* Now it stops: the next PUT fails once the peer timeout passed. */
 	kill(ch.pid, SIGSTOP);
 	usleep(50000);
 	t0 = t_now();
 	put_small(e, to, "k2", 3);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), -ECONNRESET);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), -ECONNRESET);
 	dt = t_now() - t0;
 	assert_true(dt >= 300 * MS && dt < 3 * SEC);
 	kill(ch.pid, SIGKILL);
 	kill(ch.pid, SIGCONT);
-	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 }
@@ -1597,14 +1610,14 @@ static void test_tcp_peer_leaves_after_answer(void **state)
 	/* k1 leaves in one round; the peer takes it, answers and exits meanwhile. */
 	put_small(e, to, "k1", 2);
 	assert_true(ferry_progress(e) >= 0);
-	assert_int_equal(reap(ch.pid), 0);
+	assert_int_equal(t_reap(ch.pid), 0);
 	t0 = t_now();
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 	assert_int_equal(c.user_data, 2);
 	assert_true(t_now() - t0 < 5 * SEC);
 	/* The peer is gone now: the next PUT fails, its block comes back. */
 	put_small(e, to, "k2", 3);
-	assert_true(wait_one(e, &c, 10 * SEC) < 0);
+	assert_true(t_wait_one(e, &c, 10 * SEC) < 0);
 	assert_true(c.res == -ECONNRESET || c.res == -EHOSTUNREACH || c.res == -ETIMEDOUT);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
@@ -1651,9 +1664,9 @@ static void test_tcp_peer_ends_one_connection(void **state)
 	assert_true(atomic_load(&kept_open_logged));
 	/* The next PUT calls anew and reaches the live peer. */
 	put_small(e, to, "k1", 2);
-	assert_int_equal(wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
 	kill(ch.pid, SIGKILL);
-	assert_int_equal(reap(ch.pid), 128 + SIGKILL);
+	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
 	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL);

@@ -170,7 +170,7 @@ static int producer(const char *addr, void *arg)
 		fill(ferry_buf_data(b), 1000, i);
 		snprintf(key, sizeof(key), "s%u", i);
 		put_buf(e, to, key, b, i, 20 * SEC);
-		if (wait_one(e, &c, 20 * SEC) != (i == 0 ? r->expect : 0))
+		if (t_wait_one(e, &c, 20 * SEC) != (i == 0 ? r->expect : 0))
 			return i == 0 ? 24 : 25;
 		if (r->expect)
 			return 0;
@@ -182,7 +182,7 @@ static int producer(const char *addr, void *arg)
 			return 26;
 		fill(ferry_buf_data(b), r->large, 99);
 		put_buf(e, to, "L", b, 1000, 30 * SEC);
-		if (wait_one(e, &c, 30 * SEC) != 0)
+		if (t_wait_one(e, &c, 30 * SEC) != 0)
 			return 27;
 	}
 	rc = pool_in_use(e) ? 28 : 0;
@@ -229,7 +229,7 @@ static int consumer(const char *unused, void *arg)
 
 			snprintf(key, sizeof(key), "s%u", i);
 			get(e, from, key, NULL, i, 30 * SEC, 0);
-			if (wait_one(e, &c, 30 * SEC) != 0 || c.len != 1000)
+			if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != 1000)
 				return 33;
 			fill(exp, 1000, i);
 			if (memcmp(ferry_buf_data(c.buf), exp, 1000))
@@ -238,7 +238,7 @@ static int consumer(const char *unused, void *arg)
 		}
 		if (r->large) {
 			get(e, from, "L", NULL, 1000, 30 * SEC, 0);
-			if (wait_one(e, &c, 30 * SEC) != 0 || c.len != r->large)
+			if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != r->large)
 				return 35;
 			if (checksum(ferry_buf_data(c.buf), r->large) != want)
 				return 36;
@@ -284,8 +284,8 @@ static void test_netns_two_hosts(void **state)
 	spawn(&cp, producer, &p);
 	start_consumer(&cc, &k, addr, sizeof(addr));
 	go(&cp, addr);
-	assert_int_equal(reap(cp.pid), 0);
-	assert_int_equal(reap(cc.pid), 0);
+	assert_int_equal(t_reap(cp.pid), 0);
+	assert_int_equal(t_reap(cc.pid), 0);
 }
 
 static void test_netns_no_secret(void **state)
@@ -306,11 +306,11 @@ static void test_netns_no_secret(void **state)
 	spawn(&cq, producer, &q);
 	start_consumer(&cc, &k, addr, sizeof(addr));
 	go(&cp, addr);
-	assert_int_equal(reap(cp.pid), 0);
+	assert_int_equal(t_reap(cp.pid), 0);
 	go(&cq, addr);
-	assert_int_equal(reap(cq.pid), 0);
+	assert_int_equal(t_reap(cq.pid), 0);
 	kill(cc.pid, SIGKILL);
-	reap(cc.pid);
+	t_reap(cc.pid);
 }
 
 /* The producer's side of the cut: PUTs until told, reports each result on a pipe. */
@@ -354,7 +354,7 @@ static int cut_producer(const char *addr, void *arg)
 		memset(ferry_buf_data(b), 7, len);
 		snprintf(key, sizeof(key), "%c%u", cmd, n);
 		put_buf(e, to, key, b, 1, 20 * SEC);
-		res[0] = wait_one(e, &c, 30 * SEC);
+		res[0] = t_wait_one(e, &c, 30 * SEC);
 		res[1] = (int)((t_now() - t0) / MS);
 		if (write(ct->results, res, sizeof(res)) != sizeof(res))
 			return 24;
@@ -423,9 +423,9 @@ static void test_netns_link_down(void **state)
 	assert_int_equal(res[0], 0);
 	/* The consumer holds a copy of the pipe's write end: it goes first. */
 	kill(cc.pid, SIGKILL);
-	reap(cc.pid);
+	t_reap(cc.pid);
 	close(go_pipe[1]);
-	assert_int_equal(reap(cp.pid), 0); /* and kept no block */
+	assert_int_equal(t_reap(cp.pid), 0); /* and kept no block */
 	close(res_pipe[0]);
 }
 
@@ -456,9 +456,9 @@ static void test_netns_three_hosts(void **state)
 	}
 	go(&cb, addr);
 	go(&ccp, addr_c);
-	assert_int_equal(reap(cb.pid), 0);
-	assert_int_equal(reap(ccp.pid), 0);
-	assert_int_equal(reap(cc.pid), 0);
+	assert_int_equal(t_reap(cb.pid), 0);
+	assert_int_equal(t_reap(ccp.pid), 0);
+	assert_int_equal(t_reap(cc.pid), 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -505,7 +505,7 @@ static int ctl_holder(const char *unused, void *arg)
 	ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH);
 	t_submit(e);
 	for (int i = 0; i < 2; i++)
-		if (wait_one(e, &c, 10 * SEC) != 0)
+		if (t_wait_one(e, &c, 10 * SEC) != 0)
 			return 42;
 	if (ferry_engine_control_address(e, addr, sizeof(addr)) <= 0 ||
 	    write(out, strrchr(addr, ':') + 1, strlen(strrchr(addr, ':') + 1)) < 0)
@@ -530,23 +530,23 @@ static int ctl_consumer(const char *addr, void *arg)
 	if (ferry_peer_connect(h, addr))
 		return 51;
 	get(e, h, "big", NULL, 1, 20 * SEC, FERRY_SQE_LOOKUP);
-	if (wait_one(e, &c, 30 * SEC) != 0 || c.len != 8 * MIB)
+	if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != 8 * MIB)
 		return 52;
 	if (checksum(ferry_buf_data(c.buf), 8 * MIB) != expected_sum(8 * MIB, 5))
 		return 53;
 	ferry_buf_release(c.buf);
 	get(e, h, "small", NULL, 2, 20 * SEC, FERRY_SQE_LOOKUP);
-	if (wait_one(e, &c, 30 * SEC) != 0 || c.len != 5 || memcmp(ferry_buf_data(c.buf), "hello", 5))
+	if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != 5 || memcmp(ferry_buf_data(c.buf), "hello", 5))
 		return 54;
 	ferry_buf_release(c.buf);
 	get(e, h, "none", NULL, 3, 20 * SEC, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT);
-	if (wait_one(e, &c, 30 * SEC) != -EAGAIN)
+	if (t_wait_one(e, &c, 30 * SEC) != -EAGAIN)
 		return 55;
 	sqe = t_sqe(e);
 	ferry_prep_peer_health(sqe, h, 4);
 	ferry_sqe_set_timeout(sqe, 10 * SEC);
 	t_submit(e);
-	if (wait_one(e, &c, 30 * SEC) <= 0 || !strstr(ferry_buf_data(c.buf), "\"holder\""))
+	if (t_wait_one(e, &c, 30 * SEC) <= 0 || !strstr(ferry_buf_data(c.buf), "\"holder\""))
 		return 56;
 	ferry_buf_release(c.buf);
 	/* The holder's wildcard data address became the host we called. */
@@ -573,9 +573,9 @@ static void test_netns_control(void **state)
 	assert_int_equal(wait_text(p[0], port, sizeof(port), 20000), 0);
 	snprintf(addr, sizeof(addr), "tcp://10.%d.1.1:%s", net, port);
 	go(&cc, addr);
-	assert_int_equal(reap(cc.pid), 0);
+	assert_int_equal(t_reap(cc.pid), 0);
 	kill(ch.pid, SIGKILL);
-	reap(ch.pid);
+	t_reap(ch.pid);
 	close(p[0]);
 	close(p[1]);
 }
