@@ -1334,6 +1334,7 @@ int main(int argc, char **argv)
 	close(cmd_fd[0]);
 	close(rep_fd[1]);
 	signal(SIGPIPE, SIG_IGN);
+	bench_watchdog(opt.quick ? 600 : 1800);
 	progress("peer process %d; pinned: parent cpu %d, peer cpu %d (%s); runtime dir %s",
 		 (int)child_pid, cpu_parent, cpu_child,
 		 cpu_parent < 0 ? "one CPU: not pinned" : pin_rc_parent ? "pinning failed" : "ok",

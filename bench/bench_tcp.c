@@ -730,6 +730,7 @@ int main(int argc, char **argv)
 	if (!getenv("FERRY_LOG")) /* quiet unless asked */
 		ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
 	signal(SIGPIPE, SIG_IGN);
+	bench_watchdog(opt.quick ? 900 : 3600); /* the veth part, if interrupted, leaves its namespaces */
 	if (pipe(cmd_fd) || pipe(rep_fd))
 		die("pipe", -errno);
 	child_pid = fork();

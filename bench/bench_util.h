@@ -1,7 +1,7 @@
 /*
  * bench/bench_util.h - what every ferry benchmark shares: progress lines,
- * dying on an error, median/min/max of repetitions, percentiles, and the
- * JSON writer (one document, printed once at the end).
+ * dying on an error, a watchdog, median/min/max of repetitions, percentiles,
+ * and the JSON writer (one document, printed once at the end).
  *
  * Header-only on purpose: every benchmark source is its own program. A benchmark
  * sets `who` (its name, shown on stderr) before it prints anything.
@@ -10,6 +10,7 @@
 #define FERRY_BENCH_UTIL_H
 
 #include <errno.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -18,6 +19,7 @@
 #include <string.h>
 #include <sys/utsname.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ferry.h"
 
@@ -62,6 +64,27 @@ static void die(const char *what, int rc)
 {
 	fprintf(stderr, "%s: %s: %s (%s)\n", who, what, ferry_strerror(rc), ferry_err_name(rc));
 	exit(1);
+}
+
+static inline void watchdog_fired(int sig)
+{
+	static const char msg[] = ": did not finish in time (watchdog): killed\n";
+
+	(void)sig;
+	if (write(2, who, strlen(who)) < 0 || write(2, msg, sizeof(msg) - 1) < 0)
+		_exit(124);
+	_exit(124);
+}
+
+/*
+ * A benchmark that hangs is a failure with a name, not a stuck job: exit
+ * 124 with a line on stderr after `seconds` (children forked with
+ * PR_SET_PDEATHSIG follow). Call once, early.
+ */
+static inline void bench_watchdog(unsigned seconds)
+{
+	signal(SIGALRM, watchdog_fired);
+	alarm(seconds);
 }
 
 #define CHECK(call)                                  \
