@@ -134,6 +134,12 @@ static struct ferry_engine *engine(const char *name, const char *listen, size_t 
 	p.pool_size = pool;
 	p.listen = listen;
 	p.secret = SECRET;
+	/*
+	 * Both engines are MANUAL and sit undriven while the peers run
+	 * between reps (tens of seconds): a silent peer must not be declared
+	 * dead meanwhile.
+	 */
+	p.peer_timeout_ms = 600000;
 	p.max_ops = 8192;
 	p.cq_entries = 8192;
 	p.sq_entries = 1024;
@@ -569,6 +575,8 @@ static void jpaired(const char *name, const double *ours, double scale, const ch
 		    pf->n != opt.reps)
 			continue;
 		for (int r = 0; r < opt.reps; r++) {
+			if (!(pf->v[r] > 0))
+				return; /* a peer run without a figure: no ratios */
 			ratio[r] = ours[r] * scale / pf->v[r];
 			better += higher_is_better ? ratio[r] >= 1.0 : ratio[r] <= 1.0;
 		}
