@@ -438,6 +438,41 @@ static void test_ctl_lookup_every_peer(void **state)
 	ferry_engine_destroy(d);
 }
 
+/*
+ * Two engines that called each other have two sessions: a LOOKUP of every
+ * peer still asks (and counts) each peer once.
+ */
+static void test_ctl_lookup_every_peer_once(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	struct ferry_peer *pab = connect_to(a, b), *pba = connect_to(b, a);
+	const char one[] = "published at b";
+	struct ferry_sqe *sqe;
+	struct ferry_cqe q;
+	char want[64];
+
+	(void)state;
+	(void)pab;
+	/* b's call to a is its own session: wait until a has both ready. */
+	for (int i = 0; i < 500 && ctl_stat(a, "sessions_ready") < 2; i++)
+		usleep(10000);
+	assert_int_equal(ctl_stat(a, "sessions_ready"), 2);
+	t_put(b, pba, "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 1, 0, NULL);
+	sqe = t_sqe(a);
+	ferry_prep_lookup(sqe, NULL, "req10_k", 2);
+	ferry_sqe_set_timeout(sqe, 5 * SEC);
+	t_submit(a);
+	t_expect(a, NULL, 2, 1, &q);
+	assert_true(q.flags & FERRY_CQE_F_BUF);
+	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
+	assert_string_equal(ferry_buf_data(q.buf), want);
+	assert_int_equal(q.len, strlen(want));
+	ferry_buf_release(q.buf);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 static void test_ctl_remote_cancel(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
@@ -854,6 +889,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_directory_and_store),
 		cmocka_unit_test(test_ctl_lookup_withdrawn),
 		cmocka_unit_test(test_ctl_lookup_every_peer),
+		cmocka_unit_test(test_ctl_lookup_every_peer_once),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_malformed_messages),

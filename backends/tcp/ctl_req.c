@@ -485,6 +485,15 @@ static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const ch
 }
 
 /*
+ * The session a LOOKUP of every peer asks peer s over: two engines that
+ * called each other have two READY sessions, and each peer counts once.
+ */
+static bool asks_over(struct ctl_state *st, struct ctl_session *s)
+{
+	return s->state == CS_READY && ctl_session_for(st, s->peer_name, true) == s;
+}
+
+/*
  * LOOKUP with no peer: ask every peer with a READY session at once. The op
  * completes when the last has answered (or failed); see lookup_all_part.
  */
@@ -495,7 +504,7 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 	int rc;
 
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
-		ready += st->sessions[i].state == CS_READY;
+		ready += asks_over(st, &st->sessions[i]);
 	if (!ready)
 		return -ENOTCONN;
 	if (CTL_MAX_REQS - st->nreqs < ready) {
@@ -514,7 +523,7 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 		struct ctl_session *s = &st->sessions[i];
 		struct ctl_req *r;
 
-		if (s->state != CS_READY)
+		if (!asks_over(st, s))
 			continue;
 		r = req_new(st); /* room was counted above */
 		r->type = CTL_LOOKUP;
