@@ -374,6 +374,20 @@ static void test_ctl_lookup_withdrawn(void **state)
 	assert_memory_equal(ferry_buf_data(c.buf), data, sizeof(data));
 	ferry_buf_release(c.buf);
 	assert_int_equal(lookup_at(a, pb, "req6_k", 15), 0); /* pushed, taken */
+
+	/* Cancelled before the holder's answer came: withdrawn all the same. */
+	sqe = t_sqe(a);
+	ferry_prep_get(sqe, pb, "req7_k", NULL, 0, 16);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP);
+	sqe = t_sqe(a);
+	ferry_prep_cancel(sqe, 16, 17);
+	t_submit(a); /* one batch: the FETCH goes out, the GET ends at once */
+	t_expect(a, NULL, 16, -ECANCELED, NULL);
+	t_expect(a, NULL, 17, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req7_k", 20), 0); /* after the FORGET on the session */
+	t_put(b, pa, "req7_k", data, sizeof(data), 18, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 18, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req7_k", 19), 1); /* kept at b */
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }

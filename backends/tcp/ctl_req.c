@@ -95,10 +95,25 @@ void ctl_req_send(struct ctl_state *st, struct ctl_session *s, struct ctl_req *r
 		k.key_len = htole16(r->key_len);
 		rc = ctl_send_msg(st, s, r->type, r->seq, &k, sizeof(k), r->key, r->key_len);
 	}
-	if (rc)
+	if (rc) {
 		ctl_req_finish(st, r, rc == -EHOSTUNREACH ? -ECONNRESET : rc, 0, NULL);
-	else
-		r->sent = true;
+		return;
+	}
+	r->sent = true;
+	if (r->type == CTL_FETCH && !(r->flags & CTL_FETCH_NOWAIT) &&
+	    (s->peer_caps & CTL_CAP_FORGET) && r->op && r->op->gen == r->op_gen &&
+	    op_state_pending(r->op->state)) {
+		/*
+		 * The holder may remember the wish: should the GET end without
+		 * its data, even before the answer comes, it is told to forget
+		 * (FORGET follows the FETCH on the session). An answer other
+		 * than "remembered" takes the mark off.
+		 */
+		r->op->flags |= OP_F_WISH;
+		r->op->wish_seq = r->seq;
+		r->op->key_len = r->key_len;
+		memcpy(r->op->key, r->key, (size_t)r->key_len + 1);
+	}
 }
 
 /* A GET from peer `name` waits parked: fail those that asked the control channel. */
@@ -412,19 +427,14 @@ void ctl_on_answer(struct ctl_state *st, struct ctl_session *s, const struct ctl
 		ctl_req_finish(st, r, res, res > 0 ? a.len : 0, NULL);
 		return;
 	case CTL_FETCH_ANS:
+		/* Only a wish the holder remembered (1) is withdrawn should the GET end. */
+		if (res != 1 && r->op && r->op->gen == r->op_gen && op_state_pending(r->op->state))
+			r->op->flags &= ~OP_F_WISH;
 		if (res < 0) {
 			ctl_req_finish(st, r, res, 0, NULL); /* -EAGAIN: nobody holds it yet */
 			return;
 		}
 		/* Sent, or remembered: the data completes the GET. */
-		if (res == 1 && (s->peer_caps & CTL_CAP_FORGET) && r->op &&
-		    r->op->gen == r->op_gen && op_state_pending(r->op->state)) {
-			/* Should the GET end without it, the holder is told to forget. */
-			r->op->flags |= OP_F_WISH;
-			r->op->wish_seq = r->seq;
-			r->op->key_len = r->key_len;
-			memcpy(r->op->key, r->key, (size_t)r->key_len + 1);
-		}
 		ctl_req_free(st, r);
 		return;
 	default: /* CTL_CANCEL_ANS */
