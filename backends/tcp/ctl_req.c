@@ -496,11 +496,14 @@ static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const ch
 
 /*
  * The session a LOOKUP of every peer asks peer s over: two engines that
- * called each other have two READY sessions, and each peer counts once.
+ * called each other have two READY sessions, and each peer counts once. A
+ * peer without CTL_CAP_DIRECTORY would drop the LOOKUP unanswered and hold
+ * the whole op until its deadline: it is not asked.
  */
 static bool asks_over(struct ctl_state *st, struct ctl_session *s)
 {
-	return s->state == CS_READY && ctl_session_for(st, s->peer_name, true) == s;
+	return s->state == CS_READY && (s->peer_caps & CTL_CAP_DIRECTORY) &&
+	       ctl_session_for(st, s->peer_name, true) == s;
 }
 
 /*
