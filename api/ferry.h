@@ -660,9 +660,11 @@ static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pe
  * completes when the last has answered: res = how many hold the key, and
  * when some do, cqe->buf (FERRY_CQE_F_BUF: release it) holds one line per
  * such peer, "NAME WHERE LEN\n" (WHERE 1 or 2 as above), NUL-terminated,
- * len = the text's length. A peer whose session ends before it answers is
- * left out (logged). -ENOTCONN when no session is ready; -ETIMEDOUT at the
- * op's deadline.
+ * len = the text's length. Each peer is asked once, whatever the number of
+ * its sessions; a peer whose session ends before it answers is left out
+ * (logged). -ENOTCONN when no session is ready; -ENOBUFS when too many
+ * requests wait for answers; -ENOMEM when the pool has no room for the
+ * text; -ETIMEDOUT at the op's deadline.
  */
 static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)

@@ -201,7 +201,7 @@ static inline bool op_state_pending(uint8_t state)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */
-/* LOOKUP GET: its holder remembers the wish (FETCH answered 1): wish_seq, key */
+/* LOOKUP GET: its holder may remember the wish (FETCH sent, not answered otherwise): wish_seq, key */
 #define OP_F_WISH (1u << 27)
 
 struct key_entry;

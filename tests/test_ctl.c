@@ -374,6 +374,20 @@ static void test_ctl_lookup_withdrawn(void **state)
 	assert_memory_equal(ferry_buf_data(c.buf), data, sizeof(data));
 	ferry_buf_release(c.buf);
 	assert_int_equal(lookup_at(a, pb, "req6_k", 15), 0); /* pushed, taken */
+
+	/* Cancelled before the holder's answer came: withdrawn all the same. */
+	sqe = t_sqe(a);
+	ferry_prep_get(sqe, pb, "req7_k", NULL, 0, 16);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP);
+	sqe = t_sqe(a);
+	ferry_prep_cancel(sqe, 16, 17);
+	t_submit(a); /* one batch: the FETCH goes out, the GET ends at once */
+	t_expect(a, NULL, 16, -ECANCELED, NULL);
+	t_expect(a, NULL, 17, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req7_k", 20), 0); /* after the FORGET on the session */
+	t_put(b, pa, "req7_k", data, sizeof(data), 18, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 18, 0, NULL);
+	assert_int_equal(lookup_at(a, pb, "req7_k", 19), 1); /* kept at b */
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }
@@ -436,6 +450,106 @@ static void test_ctl_lookup_every_peer(void **state)
 	ferry_engine_destroy(b);
 	ferry_engine_destroy(c);
 	ferry_engine_destroy(d);
+}
+
+/*
+ * Two engines that called each other have two sessions: a LOOKUP of every
+ * peer still asks (and counts) each peer once.
+ */
+static void test_ctl_lookup_every_peer_once(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	struct ferry_peer *pab = connect_to(a, b), *pba = connect_to(b, a);
+	const char one[] = "published at b";
+	struct ferry_sqe *sqe;
+	struct ferry_cqe q;
+	char want[64];
+
+	(void)state;
+	(void)pab;
+	/* b's call to a is its own session: wait until a has both ready. */
+	for (int i = 0; i < 500 && ctl_stat(a, "sessions_ready") < 2; i++)
+		usleep(10000);
+	assert_int_equal(ctl_stat(a, "sessions_ready"), 2);
+	t_put(b, pba, "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 1, 0, NULL);
+	sqe = t_sqe(a);
+	ferry_prep_lookup(sqe, NULL, "req10_k", 2);
+	ferry_sqe_set_timeout(sqe, 5 * SEC);
+	t_submit(a);
+	t_expect(a, NULL, 2, 1, &q);
+	assert_true(q.flags & FERRY_CQE_F_BUF);
+	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
+	assert_string_equal(ferry_buf_data(q.buf), want);
+	assert_int_equal(q.len, strlen(want));
+	ferry_buf_release(q.buf);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
+/*
+ * A LOOKUP of every peer that ends before the answers come (deadline,
+ * cancel: a MANUAL peer not driven does not answer) gives its buffer back;
+ * the answers that come later find nothing to complete.
+ */
+static void test_ctl_lookup_every_peer_ends(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	char ca[TCP_ADDR_MAX];
+	uint64_t used;
+
+	(void)state;
+	p.name = "ctlB";
+	p.ns = CNS;
+	p.pool_size = 8 * MIB;
+	p.control = "tcp://127.0.0.1:0";
+	p.secret = SECRET;
+	p.progress = FERRY_PROGRESS_MANUAL;
+	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	ctl_addr(a, ca, sizeof(ca));
+	assert_int_equal(ferry_peer_connect(t_peer(b, "ctlA"), ca), 0);
+	health_to(b, t_peer(b, "ctlA"), 1, 5 * SEC);
+	assert_int_equal(t_wait_cqe(b, NULL, &c, 5 * SEC), 1);
+	assert_true(c.res > 0);
+	ferry_buf_release(c.buf);
+	used = pool_in_use(a);
+
+	/* b is not driven now: no answer comes. */
+	sqe = t_sqe(a);
+	ferry_prep_lookup(sqe, NULL, "req11_k", 2);
+	ferry_sqe_set_timeout(sqe, 200 * MS);
+	t_submit(a);
+	t_expect(a, NULL, 2, -ETIMEDOUT, NULL);
+	assert_int_equal(pool_in_use(a), used);
+	ferry_prep_lookup(t_sqe(a), NULL, "req11_k", 3);
+	t_submit(a);
+	for (int i = 0; i < 500 && pool_in_use(a) != used + 1; i++)
+		usleep(10000);
+	assert_int_equal(pool_in_use(a), used + 1); /* its text so far */
+	ferry_prep_cancel(t_sqe(a), 3, 4);
+	t_submit(a);
+	t_expect(a, NULL, 3, -ECANCELED, NULL);
+	t_expect(a, NULL, 4, 0, NULL);
+	assert_int_equal(pool_in_use(a), used);
+
+	/* b answers the two late (driven while a waits): nothing else completes. */
+	t_expect_none(a, b, 300);
+	sqe = t_sqe(a);
+	ferry_prep_lookup(sqe, NULL, "req11_k", 5);
+	ferry_sqe_set_timeout(sqe, 5 * SEC);
+	t_submit(a);
+	t_expect(a, b, 5, 0, NULL);
+	assert_int_equal(pool_in_use(a), used);
+
+	/* Destroyed while it waits: its buffer goes with the engine's shutdown. */
+	ferry_prep_lookup(t_sqe(a), NULL, "req11_k", 6);
+	t_submit(a);
+	t_expect_none(a, NULL, 50);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
 }
 
 static void test_ctl_remote_cancel(void **state)
@@ -854,6 +968,8 @@ int main(void)
 		cmocka_unit_test(test_ctl_directory_and_store),
 		cmocka_unit_test(test_ctl_lookup_withdrawn),
 		cmocka_unit_test(test_ctl_lookup_every_peer),
+		cmocka_unit_test(test_ctl_lookup_every_peer_once),
+		cmocka_unit_test(test_ctl_lookup_every_peer_ends),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_malformed_messages),

@@ -95,10 +95,25 @@ void ctl_req_send(struct ctl_state *st, struct ctl_session *s, struct ctl_req *r
 		k.key_len = htole16(r->key_len);
 		rc = ctl_send_msg(st, s, r->type, r->seq, &k, sizeof(k), r->key, r->key_len);
 	}
-	if (rc)
+	if (rc) {
 		ctl_req_finish(st, r, rc == -EHOSTUNREACH ? -ECONNRESET : rc, 0, NULL);
-	else
-		r->sent = true;
+		return;
+	}
+	r->sent = true;
+	if (r->type == CTL_FETCH && !(r->flags & CTL_FETCH_NOWAIT) &&
+	    (s->peer_caps & CTL_CAP_FORGET) && r->op && r->op->gen == r->op_gen &&
+	    op_state_pending(r->op->state)) {
+		/*
+		 * The holder may remember the wish: should the GET end without
+		 * its data, even before the answer comes, it is told to forget
+		 * (FORGET follows the FETCH on the session). An answer other
+		 * than "remembered" takes the mark off.
+		 */
+		r->op->flags |= OP_F_WISH;
+		r->op->wish_seq = r->seq;
+		r->op->key_len = r->key_len;
+		memcpy(r->op->key, r->key, (size_t)r->key_len + 1);
+	}
 }
 
 /* A GET from peer `name` waits parked: fail those that asked the control channel. */
@@ -412,19 +427,14 @@ void ctl_on_answer(struct ctl_state *st, struct ctl_session *s, const struct ctl
 		ctl_req_finish(st, r, res, res > 0 ? a.len : 0, NULL);
 		return;
 	case CTL_FETCH_ANS:
+		/* Only a wish the holder remembered (1) is withdrawn should the GET end. */
+		if (res != 1 && r->op && r->op->gen == r->op_gen && op_state_pending(r->op->state))
+			r->op->flags &= ~OP_F_WISH;
 		if (res < 0) {
 			ctl_req_finish(st, r, res, 0, NULL); /* -EAGAIN: nobody holds it yet */
 			return;
 		}
 		/* Sent, or remembered: the data completes the GET. */
-		if (res == 1 && (s->peer_caps & CTL_CAP_FORGET) && r->op &&
-		    r->op->gen == r->op_gen && op_state_pending(r->op->state)) {
-			/* Should the GET end without it, the holder is told to forget. */
-			r->op->flags |= OP_F_WISH;
-			r->op->wish_seq = r->seq;
-			r->op->key_len = r->key_len;
-			memcpy(r->op->key, r->key, (size_t)r->key_len + 1);
-		}
 		ctl_req_free(st, r);
 		return;
 	default: /* CTL_CANCEL_ANS */
@@ -485,6 +495,18 @@ static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const ch
 }
 
 /*
+ * The session a LOOKUP of every peer asks peer s over: two engines that
+ * called each other have two READY sessions, and each peer counts once. A
+ * peer without CTL_CAP_DIRECTORY would drop the LOOKUP unanswered and hold
+ * the whole op until its deadline: it is not asked.
+ */
+static bool asks_over(struct ctl_state *st, struct ctl_session *s)
+{
+	return s->state == CS_READY && (s->peer_caps & CTL_CAP_DIRECTORY) &&
+	       ctl_session_for(st, s->peer_name, true) == s;
+}
+
+/*
  * LOOKUP with no peer: ask every peer with a READY session at once. The op
  * completes when the last has answered (or failed); see lookup_all_part.
  */
@@ -495,7 +517,7 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 	int rc;
 
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
-		ready += st->sessions[i].state == CS_READY;
+		ready += asks_over(st, &st->sessions[i]);
 	if (!ready)
 		return -ENOTCONN;
 	if (CTL_MAX_REQS - st->nreqs < ready) {
@@ -514,7 +536,7 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 		struct ctl_session *s = &st->sessions[i];
 		struct ctl_req *r;
 
-		if (s->state != CS_READY)
+		if (!asks_over(st, s))
 			continue;
 		r = req_new(st); /* room was counted above */
 		r->type = CTL_LOOKUP;

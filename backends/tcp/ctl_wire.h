@@ -62,9 +62,10 @@ enum ctl_type {
 	CTL_CANCEL_ANS = 15, /* ctl_answer: res = things dropped */
 	CTL_BYE = 16,       /* empty: the sender closes the session */
 	/*
-	 * ctl_key: the key of a FETCH answered 1 (remembered) whose GET ended
-	 * without its data; seq = that FETCH's seq. The holder drops that wish
-	 * (nothing if it was served meanwhile). No answer.
+	 * ctl_key: the key of a FETCH (answered 1, remembered, or not answered
+	 * yet) whose GET ended without its data; seq = that FETCH's seq. The
+	 * holder drops that wish (nothing if it was served meanwhile, or never
+	 * remembered). No answer.
 	 */
 	CTL_FORGET = 17,
 	CTL__MAX
