@@ -382,6 +382,19 @@ static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, c
 	}
 	if (was_ready && name[0] && !ctl_session_for(st, name, true)) {
 		peer_gone(st, name, res);
+	} else if (was_ready && name[0]) {
+		/*
+		 * Another session to the peer lives on (both called each other),
+		 * but what went out on this one will not be answered: fail it.
+		 */
+		uint32_t sess = (uint32_t)(s - st->sessions) + 1;
+
+		for (uint32_t i = 0; i < CTL_MAX_REQS; i++) {
+			struct ctl_req *r = &st->reqs[i];
+
+			if (r->type && r->sent && r->sess == sess)
+				ctl_req_finish(st, r, -ECONNRESET, 0, NULL);
+		}
 	} else if (name[0] && !ctl_session_for(st, name, true)) {
 		/* Never reached: requests that waited for it fail (GETs wait on). */
 		for (uint32_t i = 0; i < CTL_MAX_REQS; i++) {

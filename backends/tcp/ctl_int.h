@@ -73,6 +73,7 @@ struct ctl_req {
 	uint8_t type; /* CTL_HEALTH_REQ / LOOKUP / FETCH / CANCEL; 0 = free */
 	bool sent;
 	bool all;     /* LOOKUP of every peer: one peer's part of op's answer */
+	uint32_t sess; /* sent: over st->sessions[sess - 1] */
 	uint64_t seq;
 	struct op *op;
 	uint32_t op_gen;

@@ -100,6 +100,7 @@ void ctl_req_send(struct ctl_state *st, struct ctl_session *s, struct ctl_req *r
 		return;
 	}
 	r->sent = true;
+	r->sess = (uint32_t)(s - st->sessions) + 1;
 	if (r->type == CTL_FETCH && !(r->flags & CTL_FETCH_NOWAIT) &&
 	    (s->peer_caps & CTL_CAP_FORGET) && r->op && r->op->gen == r->op_gen &&
 	    op_state_pending(r->op->state)) {
