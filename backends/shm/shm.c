@@ -1048,7 +1048,8 @@ static void arm_tick(struct ferry_engine *e, struct backend *b)
 		return;
 	sqe = ring_sqe(e);
 	if (!sqe) {
-		log_error("shm: io_uring full, handshakes go unwatched");
+		log_limited(FERRY__LOG_ERROR, "shm: io_uring full, handshake timer not armed "
+			    "(tried again next round)");
 		return;
 	}
 	st->tick_ts.tv_sec = 0;
@@ -1392,11 +1393,14 @@ static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 	struct shm_state *st = b->data;
 	struct shm_conn *c = NULL;
 
-	/* A connection up, or a call under way (its PUTs queue). */
-	for (uint32_t i = 0; i < SHM_MAX_CONNS && !c; i++) {
+	/*
+	 * A connection up, else a call under way (its PUTs queue): up first,
+	 * since both engines may have called each other.
+	 */
+	for (uint32_t i = 0; i < SHM_MAX_CONNS && !(c && c->up); i++) {
 		struct shm_conn *o = st->conns[i];
 
-		if (o && !o->dead && strcmp(o->peer_name, peer->name) == 0)
+		if (o && !o->dead && strcmp(o->peer_name, peer->name) == 0 && (!c || o->up))
 			c = o;
 	}
 	if (!c && call_start(e, b, peer->name, &c) != 0)
@@ -1422,6 +1426,8 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 
 	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
 		n += flush_releases(e, st);
+	if (unlikely((st->nhalf_open | st->nconnecting) && !st->tick_armed))
+		arm_tick(e, b); /* its SQE could not be had before: try again */
 	for (uint32_t i = 0; i < st->nlive;) {
 		struct shm_conn *c = st->live[i];
 
