@@ -25,8 +25,8 @@
 
 #define CNS "ctltest"
 
-static struct ferry_engine *mk_ctl(const char *name, const char *secret, uint32_t hb,
-				   uint32_t timeout)
+static struct ferry_engine *mk_ctl_mode(const char *name, const char *secret, uint32_t hb,
+					uint32_t timeout, enum ferry_progress_mode mode)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_engine *e = NULL;
@@ -40,10 +40,17 @@ static struct ferry_engine *mk_ctl(const char *name, const char *secret, uint32_
 	p.heartbeat_ms = hb;
 	p.peer_timeout_ms = timeout;
 	p.spin_ns = 20000;
+	p.progress = mode;
 	rc = ferry_engine_create(&p, &e);
 	if (rc)
 		fail_msg("engine %s: %s", name, ferry_strerror(rc));
 	return e;
+}
+
+static struct ferry_engine *mk_ctl(const char *name, const char *secret, uint32_t hb,
+				   uint32_t timeout)
+{
+	return mk_ctl_mode(name, secret, hb, timeout, FERRY_PROGRESS_THREAD);
 }
 
 static void ctl_addr(struct ferry_engine *e, char *buf, size_t len)
@@ -495,20 +502,13 @@ static void test_ctl_lookup_every_peer_once(void **state)
 static void test_ctl_lookup_every_peer_ends(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
-	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_sqe *sqe;
 	struct ferry_cqe c;
 	char ca[TCP_ADDR_MAX];
 	uint64_t used;
 
 	(void)state;
-	p.name = "ctlB";
-	p.ns = CNS;
-	p.pool_size = 8 * MIB;
-	p.control = "tcp://127.0.0.1:0";
-	p.secret = SECRET;
-	p.progress = FERRY_PROGRESS_MANUAL;
-	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	b = mk_ctl_mode("ctlB", SECRET, 0, 0, FERRY_PROGRESS_MANUAL);
 	ctl_addr(a, ca, sizeof(ca));
 	assert_int_equal(ferry_peer_connect(t_peer(b, "ctlA"), ca), 0);
 	health_to(b, t_peer(b, "ctlA"), 1, 5 * SEC);
@@ -927,20 +927,13 @@ static void test_ctl_nobody_there(void **state)
 static void test_ctl_manual_mode(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
-	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_peer *pa, *pb;
 	const char one[] = "manual";
 	char ca[TCP_ADDR_MAX];
 	struct ferry_cqe c;
 
 	(void)state;
-	p.name = "ctlB";
-	p.ns = CNS;
-	p.pool_size = 8 * MIB;
-	p.control = "tcp://127.0.0.1:0";
-	p.secret = SECRET;
-	p.progress = FERRY_PROGRESS_MANUAL;
-	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	b = mk_ctl_mode("ctlB", SECRET, 0, 0, FERRY_PROGRESS_MANUAL);
 	ctl_addr(a, ca, sizeof(ca));
 	pa = t_peer(b, "ctlA");
 	assert_int_equal(ferry_peer_connect(pa, ca), 0);
