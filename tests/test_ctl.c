@@ -552,6 +552,32 @@ static void test_ctl_lookup_every_peer_ends(void **state)
 	ferry_engine_destroy(b);
 }
 
+/* A LOOKUP of every peer right after ferry_peer_connect waits for that handshake. */
+static void test_ctl_lookup_every_peer_connecting(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	const char one[] = "published before anyone called";
+	struct ferry_sqe *sqe;
+	struct ferry_cqe q;
+	char cb[TCP_ADDR_MAX], want[64];
+
+	(void)state;
+	t_put(b, t_peer(b, "ctlA"), "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_expect(b, NULL, 1, 0, NULL);
+	ctl_addr(b, cb, sizeof(cb));
+	assert_int_equal(ferry_peer_connect(t_peer(a, "ctlB"), cb), 0);
+	sqe = t_sqe(a);
+	ferry_prep_lookup(sqe, NULL, "req10_k", 2);
+	ferry_sqe_set_timeout(sqe, 5 * SEC);
+	t_submit(a);
+	t_expect(a, NULL, 2, 1, &q);
+	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
+	assert_string_equal(ferry_buf_data(q.buf), want);
+	ferry_buf_release(q.buf);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 static void test_ctl_remote_cancel(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
@@ -963,6 +989,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_lookup_every_peer),
 		cmocka_unit_test(test_ctl_lookup_every_peer_once),
 		cmocka_unit_test(test_ctl_lookup_every_peer_ends),
+		cmocka_unit_test(test_ctl_lookup_every_peer_connecting),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_malformed_messages),

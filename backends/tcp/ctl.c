@@ -459,7 +459,11 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 	for (uint32_t i = 0; i < CTL_MAX_REQS; i++) {
 		struct ctl_req *r = &st->reqs[i];
 
-		if (r->type && !r->sent && strcmp(r->peer, s->peer_name) == 0)
+		if (!r->type || r->sent || strcmp(r->peer, s->peer_name) != 0)
+			continue;
+		if (r->all && !(s->peer_caps & CTL_CAP_DIRECTORY))
+			ctl_req_finish(st, r, -EOPNOTSUPP, 0, NULL); /* it would drop the LOOKUP */
+		else
 			ctl_req_send(st, s, r);
 	}
 }

@@ -499,17 +499,27 @@ static int req_start(struct ctl_state *st, struct op *op, uint8_t type, const ch
  * The session a LOOKUP of every peer asks peer s over: two engines that
  * called each other have two READY sessions, and each peer counts once. A
  * peer without CTL_CAP_DIRECTORY would drop the LOOKUP unanswered and hold
- * the whole op until its deadline: it is not asked.
+ * the whole op until its deadline: it is not asked. A peer whose session is
+ * still shaking hands (ferry_peer_connect just now) is asked once it is
+ * READY (session_ready sends what waited, or fails it if the peer lacks
+ * the capability; a handshake that fails fails it too). A caller session
+ * waiting to call again (BACKOFF) does not count: that peer is down, and
+ * the query would wait for it until its deadline.
  */
 static bool asks_over(struct ctl_state *st, struct ctl_session *s)
 {
-	return s->state == CS_READY && (s->peer_caps & CTL_CAP_DIRECTORY) &&
-	       ctl_session_for(st, s->peer_name, true) == s;
+	if (s->state == CS_READY)
+		return (s->peer_caps & CTL_CAP_DIRECTORY) &&
+		       ctl_session_for(st, s->peer_name, true) == s;
+	return s->state != CS_FREE && s->state != CS_BACKOFF && s->peer_name[0] &&
+	       !ctl_session_for(st, s->peer_name, true) &&
+	       ctl_session_for(st, s->peer_name, false) == s;
 }
 
 /*
- * LOOKUP with no peer: ask every peer with a READY session at once. The op
- * completes when the last has answered (or failed); see lookup_all_part.
+ * LOOKUP with no peer: ask every peer with a session (READY, or shaking
+ * hands) at once. The op completes when the last has answered (or failed);
+ * see lookup_all_part.
  */
 static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint16_t key_len)
 {
@@ -549,7 +559,8 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 		memcpy(r->key, key, key_len);
 		r->key[key_len] = '\0';
 		sent++;
-		ctl_req_send(st, s, r); /* may finish it (and, as the last, the op) */
+		if (s->state == CS_READY)
+			ctl_req_send(st, s, r); /* may finish it (and, as the last, the op) */
 	}
 	return 0;
 }
