@@ -524,44 +524,45 @@ static bool asks_over(struct ctl_state *st, struct ctl_session *s)
 static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint16_t key_len)
 {
 	struct ferry_engine *e = st->e;
-	uint32_t ready = 0, sent = 0;
+	struct ctl_session *ask[CTL_MAX_SESSIONS];
+	struct ctl_req *reqs[CTL_MAX_SESSIONS];
+	uint32_t npeers = 0;
 	int rc;
 
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
-		ready += asks_over(st, &st->sessions[i]);
-	if (!ready)
+		if (asks_over(st, &st->sessions[i]))
+			ask[npeers++] = &st->sessions[i];
+	if (!npeers)
 		return -ENOTCONN;
-	if (CTL_MAX_REQS - st->nreqs < ready) {
+	if (CTL_MAX_REQS - st->nreqs < npeers) {
 		log_limited(FERRY__LOG_WARN, "ctl: engine %s: %d requests wait for answers: "
 			    "refusing a LOOKUP of every peer", e->name, CTL_MAX_REQS);
 		return -ENOBUFS;
 	}
-	rc = pool_alloc(e->pool, (size_t)ready * LOOKUP_LINE_MAX + 1, &op->buf);
+	rc = pool_alloc(e->pool, (size_t)npeers * LOOKUP_LINE_MAX + 1, &op->buf);
 	if (rc)
 		return rc;
 	op->len = 0;
 	op->chunk = 0;
-	op->iovcnt = ready;
+	op->iovcnt = npeers;
 	op->state = OP_AWAY;
-	for (uint32_t i = 0; i < CTL_MAX_SESSIONS && sent < ready; i++) {
-		struct ctl_session *s = &st->sessions[i];
-		struct ctl_req *r;
+	/* Every part exists before the first is sent: a send that fails finishes its part. */
+	for (uint32_t i = 0; i < npeers; i++) {
+		struct ctl_req *r = req_new(st); /* room was counted above */
 
-		if (!asks_over(st, s))
-			continue;
-		r = req_new(st); /* room was counted above */
 		r->type = CTL_LOOKUP;
 		r->all = true;
 		r->op = op;
 		r->op_gen = op->gen;
-		snprintf(r->peer, sizeof(r->peer), "%s", s->peer_name);
+		snprintf(r->peer, sizeof(r->peer), "%s", ask[i]->peer_name);
 		r->key_len = key_len;
 		memcpy(r->key, key, key_len);
 		r->key[key_len] = '\0';
-		sent++;
-		if (s->state == CS_READY)
-			ctl_req_send(st, s, r); /* may finish it (and, as the last, the op) */
+		reqs[i] = r;
 	}
+	for (uint32_t i = 0; i < npeers; i++)
+		if (ask[i]->state == CS_READY)
+			ctl_req_send(st, ask[i], reqs[i]); /* may finish it (the last: the op) */
 	return 0;
 }
 
