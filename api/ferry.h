@@ -656,11 +656,11 @@ static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pe
  * it arrived there and was not taken yet, 0 when neither; len = its size.
  * Nothing moves. Errors as for ferry_prep_peer_health.
  *
- * peer NULL asks every peer with a control session at once (one still
- * shaking hands, after ferry_peer_connect, is asked once it is ready; one
- * waiting to call a peer that is down again is not) and completes when
- * the last has answered: res = how many hold the key, and
- * when some do, cqe->buf (FERRY_CQE_F_BUF: release it) holds one line per
+ * peer NULL asks every peer with a control session at once (one whose
+ * session is still shaking hands, after ferry_peer_connect, is asked once
+ * it is ready; a peer that is down, its session waiting to call again, is
+ * not) and completes when the last has answered: res = how many hold the
+ * key, and when some do, cqe->buf (FERRY_CQE_F_BUF: release it) holds one line per
  * such peer, "NAME WHERE LEN\n" (WHERE 1 or 2 as above), NUL-terminated,
  * len = the text's length. Each peer is asked once, whatever the number of
  * its sessions; a peer whose session ends before it answers is left out
