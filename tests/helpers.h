@@ -306,6 +306,29 @@ static inline int t_count_files(const char *dir)
 	return n;
 }
 
+/*
+ * A test's own FERRY_RUNTIME_DIR (/tmp/ferry-test-<tag>-XXXXXX into dir),
+ * and its alarm: 600 s under valgrind, else seconds. 0, or -1 (no dir).
+ */
+static inline int t_test_rundir(char *dir, size_t len, const char *tag, unsigned seconds)
+{
+	snprintf(dir, len, "/tmp/ferry-test-%s-XXXXXX", tag);
+	if (!mkdtemp(dir))
+		return -1;
+	setenv("FERRY_RUNTIME_DIR", dir, 1);
+	alarm(t_under_valgrind() ? 600 : seconds);
+	return 0;
+}
+
+/* The end of such a test: its engines left nothing behind in dir; dir goes. */
+static inline int t_test_rundir_end(const char *dir)
+{
+	alarm(0);
+	assert_int_equal(t_count_files(dir), 0);
+	rmdir(dir);
+	return 0;
+}
+
 /* A pipe to say "go" (or "ready") across processes; made before the fork. */
 struct t_gate {
 	int fd[2];

@@ -316,6 +316,16 @@ static void test_ctl_directory_and_store(void **state)
 	ferry_engine_destroy(b);
 }
 
+/* Submit a LOOKUP of every peer (no peer) for key, with a deadline. */
+static void lookup_every(struct ferry_engine *e, const char *key, uint64_t ud, int64_t timeout)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_lookup(sqe, NULL, key, ud);
+	ferry_sqe_set_timeout(sqe, timeout);
+	t_submit(e);
+}
+
 /* Where is key waiting at the peer (a LOOKUP over the control channel): 0, 1 or 2. */
 static int lookup_at(struct ferry_engine *e, struct ferry_peer *p, const char *key, uint64_t ud)
 {
@@ -410,7 +420,6 @@ static void test_ctl_lookup_every_peer(void **state)
 	struct ferry_peer *pab = connect_to(a, b), *pac = connect_to(a, c);
 	struct ferry_peer *pba = t_peer(b, "ctlA");
 	const char one[] = "published at b", two[] = "put at c by a";
-	struct ferry_sqe *sqe;
 	struct ferry_cqe q;
 
 	(void)state;
@@ -421,10 +430,7 @@ static void test_ctl_lookup_every_peer(void **state)
 	t_put(a, pac, "req9_k", two, sizeof(two), 2, 0);
 	t_expect(a, NULL, 2, 0, NULL);
 
-	sqe = t_sqe(a);
-	ferry_prep_lookup(sqe, NULL, "req9_k", 3);
-	ferry_sqe_set_timeout(sqe, 5 * SEC);
-	t_submit(a);
+	lookup_every(a, "req9_k", 3, 5 * SEC);
 	t_expect(a, NULL, 3, 2, &q);
 	assert_true(q.flags & FERRY_CQE_F_BUF);
 	assert_int_equal(strlen(ferry_buf_data(q.buf)), q.len);
@@ -468,7 +474,6 @@ static void test_ctl_lookup_every_peer_once(void **state)
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
 	struct ferry_peer *pab = connect_to(a, b), *pba = connect_to(b, a);
 	const char one[] = "published at b";
-	struct ferry_sqe *sqe;
 	struct ferry_cqe q;
 	char want[64];
 
@@ -480,10 +485,7 @@ static void test_ctl_lookup_every_peer_once(void **state)
 	assert_int_equal(ctl_stat(a, "sessions_ready"), 2);
 	t_put(b, pba, "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
 	t_expect(b, NULL, 1, 0, NULL);
-	sqe = t_sqe(a);
-	ferry_prep_lookup(sqe, NULL, "req10_k", 2);
-	ferry_sqe_set_timeout(sqe, 5 * SEC);
-	t_submit(a);
+	lookup_every(a, "req10_k", 2, 5 * SEC);
 	t_expect(a, NULL, 2, 1, &q);
 	assert_true(q.flags & FERRY_CQE_F_BUF);
 	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
@@ -502,7 +504,6 @@ static void test_ctl_lookup_every_peer_once(void **state)
 static void test_ctl_lookup_every_peer_ends(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
-	struct ferry_sqe *sqe;
 	struct ferry_cqe c;
 	char ca[TCP_ADDR_MAX];
 	uint64_t used;
@@ -518,10 +519,7 @@ static void test_ctl_lookup_every_peer_ends(void **state)
 	used = pool_in_use(a);
 
 	/* b is not driven now: no answer comes. */
-	sqe = t_sqe(a);
-	ferry_prep_lookup(sqe, NULL, "req11_k", 2);
-	ferry_sqe_set_timeout(sqe, 200 * MS);
-	t_submit(a);
+	lookup_every(a, "req11_k", 2, 200 * MS);
 	t_expect(a, NULL, 2, -ETIMEDOUT, NULL);
 	assert_int_equal(pool_in_use(a), used);
 	ferry_prep_lookup(t_sqe(a), NULL, "req11_k", 3);
@@ -537,10 +535,7 @@ static void test_ctl_lookup_every_peer_ends(void **state)
 
 	/* b answers the two late (driven while a waits): nothing else completes. */
 	t_expect_none(a, b, 300);
-	sqe = t_sqe(a);
-	ferry_prep_lookup(sqe, NULL, "req11_k", 5);
-	ferry_sqe_set_timeout(sqe, 5 * SEC);
-	t_submit(a);
+	lookup_every(a, "req11_k", 5, 5 * SEC);
 	t_expect(a, b, 5, 0, NULL);
 	assert_int_equal(pool_in_use(a), used);
 
@@ -557,7 +552,6 @@ static void test_ctl_lookup_every_peer_connecting(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
 	const char one[] = "published before anyone called";
-	struct ferry_sqe *sqe;
 	struct ferry_cqe q;
 	char cb[TCP_ADDR_MAX], want[64];
 
@@ -566,10 +560,7 @@ static void test_ctl_lookup_every_peer_connecting(void **state)
 	t_expect(b, NULL, 1, 0, NULL);
 	ctl_addr(b, cb, sizeof(cb));
 	assert_int_equal(ferry_peer_connect(t_peer(a, "ctlB"), cb), 0);
-	sqe = t_sqe(a);
-	ferry_prep_lookup(sqe, NULL, "req10_k", 2);
-	ferry_sqe_set_timeout(sqe, 5 * SEC);
-	t_submit(a);
+	lookup_every(a, "req10_k", 2, 5 * SEC);
 	t_expect(a, NULL, 2, 1, &q);
 	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
 	assert_string_equal(ferry_buf_data(q.buf), want);

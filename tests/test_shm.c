@@ -25,22 +25,14 @@ static char rundir[256];
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-shm-XXXXXX");
-	if (!mkdtemp(rundir))
-		return -1;
-	setenv("FERRY_RUNTIME_DIR", rundir, 1);
 	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR, NULL, NULL);
-	alarm(t_under_valgrind() ? 600 : 120);
-	return 0;
+	return t_test_rundir(rundir, sizeof(rundir), "shm", 120);
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	alarm(0);
-	assert_int_equal(t_count_files(rundir), 0); /* nothing left behind */
-	rmdir(rundir);
-	return 0;
+	return t_test_rundir_end(rundir); /* nothing left behind */
 }
 
 static struct ferry_engine *mk_big(const char *ns, const char *name, size_t pool,

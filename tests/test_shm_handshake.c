@@ -38,23 +38,15 @@ static int count_fds(void)
 static int setup(void **state)
 {
 	(void)state;
-	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-hs-XXXXXX");
-	if (!mkdtemp(rundir))
-		return -1;
-	setenv("FERRY_RUNTIME_DIR", rundir, 1);
 	/* Refused callers and failed handshakes log by design. */
 	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL);
-	alarm(t_under_valgrind() ? 600 : 120);
-	return 0;
+	return t_test_rundir(rundir, sizeof(rundir), "hs", 120);
 }
 
 static int teardown(void **state)
 {
 	(void)state;
-	alarm(0);
-	assert_int_equal(t_count_files(rundir), 0); /* nothing left behind */
-	rmdir(rundir);
-	return 0;
+	return t_test_rundir_end(rundir); /* nothing left behind */
 }
 
 static struct ferry_engine *mk(const char *name, enum ferry_progress_mode mode)
