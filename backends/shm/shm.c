@@ -782,10 +782,11 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		bool wake = published;
 
 		atomic_thread_fence(memory_order_seq_cst);
-		if (n && ((atomic_load_explicit(&c->rx->put.want_room, memory_order_relaxed) &&
-			   atomic_exchange(&c->rx->put.want_room, 0)) |
-			  (atomic_load_explicit(&c->rx->ctrl.want_room, memory_order_relaxed) &&
-			   atomic_exchange(&c->rx->ctrl.want_room, 0))))
+		/* Both flags are cleared (no short circuit between them). */
+		if (n && ((int)(atomic_load_explicit(&c->rx->put.want_room, memory_order_relaxed) &&
+				atomic_exchange(&c->rx->put.want_room, 0)) |
+			  (int)(atomic_load_explicit(&c->rx->ctrl.want_room, memory_order_relaxed) &&
+				atomic_exchange(&c->rx->ctrl.want_room, 0))))
 			wake = true;
 		if (wake && atomic_load_explicit(&c->peer_wake->sleeping, memory_order_relaxed) &&
 		    !atomic_exchange(&c->peer_wake->doorbell_rung, 1))
