@@ -518,5 +518,5 @@ int main(void)
 		cmocka_unit_test(test_puts_away_at_silent_peer),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -454,5 +454,5 @@ int main(void)
 	};
 
 	alarm(t_under_valgrind() ? 900 : 120);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

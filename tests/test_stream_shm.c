@@ -108,7 +108,7 @@ static void child_spawn(struct child *c, int (*fn)(struct child *))
 		char b;
 
 		alarm(t_under_valgrind() ? 900 : 100);
-		if (read(c->go[0], &b, 1) != 1)
+		if (t_read(c->go[0], &b, 1) != 1)
 			_exit(99);
 		_exit(fn(c));
 	}
@@ -116,12 +116,12 @@ static void child_spawn(struct child *c, int (*fn)(struct child *))
 
 static void child_go(struct child *c)
 {
-	assert_int_equal(write(c->go[1], "g", 1), 1);
+	assert_int_equal(t_write(c->go[1], "g", 1), 1);
 }
 
 static void child_ready(struct child *c)
 {
-	if (write(c->ready[1], "r", 1) != 1)
+	if (t_write(c->ready[1], "r", 1) != 1)
 		_exit(98);
 }
 
@@ -129,14 +129,14 @@ static void wait_ready(struct child *c)
 {
 	char b;
 
-	assert_int_equal(read(c->ready[0], &b, 1), 1);
+	assert_int_equal(t_read(c->ready[0], &b, 1), 1);
 }
 
 static int reap(struct child *c)
 {
 	int st = 0;
 
-	assert_int_equal(waitpid(c->pid, &st, 0), c->pid);
+	assert_int_equal(t_waitpid(c->pid, &st, 0), c->pid);
 	close(c->go[0]);
 	close(c->go[1]);
 	close(c->ready[0]);
@@ -624,5 +624,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_credits_across_processes, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

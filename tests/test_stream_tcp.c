@@ -249,5 +249,5 @@ int main(void)
 
 	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR, NULL, NULL);
 	alarm(t_under_valgrind() ? 900 : 180);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }
