@@ -723,9 +723,14 @@ static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_
  * sent; iov and its memory must stay valid until the CQE). Set
  * FERRY_SQE_STREAM_END on the last chunk. Completes with res = the chunk's
  * index and len = its bytes once the peer holds it; -EPIPE for a chunk
- * after the END; -ECONNRESET if the peer went away (later chunks of the
- * stream then fail at once); the errors of a PUT otherwise. A deadline
- * counts the wait for credit too.
+ * after the END; -ECONNRESET (or -EHOSTUNREACH, -EPIPE) if the peer went
+ * away. A stream that failed so stays failed: every later STREAM_PUT of it
+ * fails at once with the same error, also once the peer is back (a new
+ * engine of its name), so that no consumer ever gets the rest of a stream
+ * renumbered from chunk 0; FERRY_OP_CLEANUP of its request (on this engine)
+ * ends it, and the key may then start a new stream. Until then the failed
+ * stream holds its slot in the stream table (max_keys streams). The errors
+ * of a PUT otherwise. A deadline counts the wait for credit too.
  */
 static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *stream, const struct iovec *iov,

@@ -480,6 +480,7 @@ static inline int t_run_cases_apart(const char *group, const struct CMUnitTest *
 	if (getenv("FERRY_TEST_NOFORK") && !only)
 		return _cmocka_run_group_tests(group, tests, n, setup, teardown);
 	for (size_t i = 0; i < n; i++) {
+		unsigned left;
 		pid_t pid;
 		int st = 0;
 
@@ -492,6 +493,9 @@ static inline int t_run_cases_apart(const char *group, const struct CMUnitTest *
 			failed += _cmocka_run_group_tests(group, &tests[i], 1, setup, teardown) != 0;
 			continue;
 		}
+		/* The program's own alarm, if it set one, bounds each case too. */
+		left = alarm(0);
+		alarm(left);
 		pid = fork();
 		if (pid < 0) {
 			fprintf(stderr, "%s: fork for %s: %s\n", group, tests[i].name, strerror(errno));
@@ -502,7 +506,7 @@ static inline int t_run_cases_apart(const char *group, const struct CMUnitTest *
 			/* Its own process group: whatever it forks is killed with it. */
 			setpgid(0, 0);
 			/* A case bounds itself; this is the backstop for one that hangs. */
-			alarm(case_alarm);
+			alarm(left && left < case_alarm ? left : case_alarm);
 			_exit(_cmocka_run_group_tests(group, &tests[i], 1, setup, teardown) ? 1 : 0);
 		}
 		if (t_waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 77) {
