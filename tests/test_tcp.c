@@ -288,13 +288,13 @@ static void test_tcp_order_small(void **state)
 }
 
 /*
- * Sizes across the boundaries, each checked: data copied into the message
+ * Sizes across the boundaries (from 0), each checked: data copied into the message
  * (up to 256 bytes, TCP_INLINE_MAX) or taken from a pool block, eager or
  * rendezvous.
  */
 static void test_tcp_sizes(void **state)
 {
-	static const size_t sizes[] = { 1, 63, 256, 257, 4096, 65535, 65536, 65537, 200000,
+	static const size_t sizes[] = { 0, 1, 63, 256, 257, 4096, 65535, 65536, 65537, 200000,
 					3 * MIB + 5 };
 	enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
