@@ -901,6 +901,19 @@ static bool recv_dealer(struct ctl_state *st, struct ctl_session *s)
 	return true;
 }
 
+/* What recv_router / recv_dealer do with a message, without the socket (ctl_int.h). */
+void ctl_take_router_msg(struct ctl_state *st, const void *id, size_t id_len,
+			 const uint8_t *frame, size_t n, const char *peer_addr)
+{
+	on_callee_msg(st, id, id_len, frame, n, peer_addr);
+}
+
+void ctl_take_dealer_msg(struct ctl_state *st, struct ctl_session *s, const uint8_t *frame,
+			 size_t n)
+{
+	on_caller_msg(st, s, frame, n);
+}
+
 static bool has_pollin(void *z)
 {
 	uint32_t ev = 0;

@@ -141,6 +141,17 @@ int ctl_send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, 
 		    int32_t res, uint64_t len);
 /* The best session to peer `name`: a READY one, else (!ready) one in the making. */
 struct ctl_session *ctl_session_for(struct ctl_state *st, const char *name, bool ready);
+/*
+ * Take one received message, as recv_router does with what the ROUTER
+ * brings (routing id of 1..CTL_ID_MAX bytes, the frame of n bytes, the
+ * address ZeroMQ saw it from or NULL) and recv_dealer with what caller
+ * session s's DEALER brings: every check and answer is the sockets' own.
+ * The receive path without a socket, for fuzz/fuzz_ctl.c.
+ */
+void ctl_take_router_msg(struct ctl_state *st, const void *id, size_t id_len,
+			 const uint8_t *frame, size_t n, const char *peer_addr);
+void ctl_take_dealer_msg(struct ctl_state *st, struct ctl_session *s, const uint8_t *frame,
+			 size_t n);
 
 /* ctl_req.c: our requests */
 void ctl_req_free(struct ctl_state *st, struct ctl_req *r);
