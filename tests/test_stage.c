@@ -351,6 +351,33 @@ static void test_stage_check_command(void **state)
 	assert_non_null(strstr(out, "err_mismatch.yaml:7:21: stage_args[1].input_connectors."
 				    "from_stage_0: edge 0->1: connector type"));
 	assert_non_null(strstr(out, "1 error(s): nothing would start"));
+
+	/* More errors than the loader keeps: it says it stopped, and "or more". */
+	{
+		char path[] = "/tmp/ferry-check-XXXXXX";
+		int fd = mkstemp(path);
+		FILE *y;
+
+		assert_true(fd >= 0);
+		y = fdopen(fd, "w");
+		assert_non_null(y);
+		fprintf(y, "stages:\n  - stage_id: 0\n    output_connectors:\n");
+		for (int i = 0; i < 100; i++)
+			fprintf(y, "      bad_%d: x\n", i);
+		fclose(y);
+		snprintf(cmd, sizeof(cmd), "%s/tools/ferry check %s 2>&1", FERRY_TEST_BINDIR, path);
+		f = popen(cmd, "r");
+		assert_non_null(f);
+		n = fread(out, 1, sizeof(out) - 1, f);
+		out[n] = '\0';
+		rc = pclose(f);
+		unlink(path);
+		assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+		assert_non_null(strstr(out, ":4:7: stages[0].output_connectors.bad_0: key must be "
+					    "to_stage_<stage_id>"));
+		assert_non_null(strstr(out, "not shown; the loader stops reading after 64)\n"));
+		assert_non_null(strstr(out, " or more error(s): nothing would start"));
+	}
 }
 
 /* ------------------------------------------------------------------ */
