@@ -377,7 +377,9 @@ struct backend_ops {
 	 * A PUT of an iovec of at most iov_put_max bytes comes with op->buf
 	 * NULL and its data still in op->iov / op->iovcnt (valid until its
 	 * completion, by the API's contract): the transport copies it once
-	 * where it goes, and no pool block is taken for it.
+	 * where it goes, and no pool block is taken for it. iov_put_max 0: the
+	 * transport takes no iovec at all (every PUT comes with op->buf, also
+	 * a 0-byte one: a 0-byte payload is a 0-byte buffer everywhere).
 	 */
 	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
 	uint64_t iov_put_max;

@@ -804,7 +804,7 @@ static int serve_forever(const char *unused, void *arg)
 	b = mk_ctl("ctlB", SECRET, 100, 600);
 	if (!b || ferry_engine_control_address(b, addr, sizeof(addr)) <= 0)
 		return 1;
-	if (write(fd, addr, strlen(addr)) != (ssize_t)strlen(addr))
+	if (t_write(fd, addr, strlen(addr)) != (ssize_t)strlen(addr))
 		return 2;
 	for (;;)
 		pause();
@@ -872,7 +872,7 @@ static int serve_on_port(const char *unused, void *arg)
 	p.peer_timeout_ms = 600;
 	for (int i = 0; i < 100 && ferry_engine_create(&p, &b); i++)
 		usleep(50000); /* the address may linger a moment after the last owner died */
-	if (!b || write(a[1], "up", 2) != 2)
+	if (!b || t_write(a[1], "up", 2) != 2)
 		return 1;
 	for (;;)
 		pause();
@@ -992,7 +992,7 @@ int main(void)
 	};
 
 	signal(SIGPIPE, SIG_IGN);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }
 
 #else

@@ -428,5 +428,5 @@ int main(void)
 		cmocka_unit_test(test_buffers),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -976,5 +976,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_name_taken_and_leftovers, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }
