@@ -935,7 +935,9 @@ static void print_legend(void)
 	       "  ferry us  ferry's own latency per chunk: PUT submitted by the producer -> the\n"
 	       "            chunk's CQE returned by the consumer's ferry_cq_wait, for the chunks\n"
 	       "            submitted when the consumer had no work of its own left (sampled: how\n"
-	       "            many); the others also waited for it to finish earlier chunks\n"
+	       "            many); the others also waited for it to finish earlier chunks. When\n"
+	       "            every CPU is busy (the model's own work uses them too) it is mostly\n"
+	       "            the wait for a CPU after a wake-up: a larger --pace-us frees them\n"
 	       "  ttfc us   time to first chunk: stream opened -> its first chunk received; it\n"
 	       "            includes the model making that chunk (and the earlier requests')\n",
 	       cfg.pace_us, cfg.requests, CODEC_PER_HIDDEN);
@@ -943,8 +945,9 @@ static void print_legend(void)
 	       "    the DiT's GETs wait before the clock starts. Checksums are checked after it.\n"
 	       "  handoff us   AR submits the first PUT -> the DiT's ferry_cq_wait returns the\n"
 	       "               last GET (CLOCK_MONOTONIC: one clock for all processes of a host)\n"
-	       "  PUTs done us AR's clock alone: first PUT submitted -> last PUT completed (the\n"
-	       "               DiT holds every layer)\n", KV_BUFS);
+	       "  PUTs done us AR's clock alone: first PUT submitted -> its ferry_cq_wait returns\n"
+	       "               the last PUT's completion (the DiT holds every layer and the results\n"
+	       "               came back; it includes the AR's own wake-up)\n", KV_BUFS);
 	if (cfg.tcp)
 		printf("  zero-copy    tcp: the bytes cross the loopback socket (the kernel copies them\n"
 		       "               from the AR's pool into the DiT's pool); the GETs hand those\n"
