@@ -634,12 +634,14 @@ static bool kv_hello(struct ferry_engine *e, struct ferry_peer *to)
 	struct iovec iov = { &word, sizeof(word) };
 	struct ferry_sqe *sqe = get_sqe(e);
 	struct ferry_cqe c;
+	int n;
 
 	ferry_prep_put(sqe, to, "req0_kv_hello", &iov, 1, 0);
 	ferry_sqe_set_timeout(sqe, 30 * SEC);
 	submit(e);
-	if (ferry_cq_wait(ferry_cq_default(e), &c, 1, 60 * SEC) != 1 || c.res < 0) {
-		fail("ar: first PUT to the DiT failed: %s", ferry_strerror(c.res));
+	n = ferry_cq_wait(ferry_cq_default(e), &c, 1, 60 * SEC);
+	if (n != 1 || c.res < 0) {
+		fail("ar: first PUT to the DiT failed: %s", ferry_strerror(n < 0 ? n : c.res));
 		return false;
 	}
 	return true;
@@ -743,6 +745,7 @@ static int run_dit(void)
 	struct ferry_sqe *sqe;
 	uint64_t word = 0;
 	struct iovec hello = { &word, sizeof(word) };
+	int n;
 
 	if (!from)
 		return 1;
@@ -750,9 +753,10 @@ static int run_dit(void)
 	ferry_prep_get(sqe, from, "req0_kv_hello", &hello, 1, 0);
 	ferry_sqe_set_timeout(sqe, 60 * SEC);
 	submit(e);
-	if (ferry_cq_wait(ferry_cq_default(e), c, 1, 60 * SEC) != 1 || c[0].res < 0 ||
-	    word != MAGIC) {
-		fail("dit: the AR's first PUT: %s", ferry_strerror(c[0].res));
+	n = ferry_cq_wait(ferry_cq_default(e), c, 1, 60 * SEC);
+	if (n != 1 || c[0].res < 0 || word != MAGIC) {
+		fail("dit: the AR's first PUT: %s",
+		     n < 0 ? ferry_strerror(n) : c[0].res < 0 ? ferry_strerror(c[0].res) : "damaged");
 		return 1;
 	}
 
