@@ -109,6 +109,8 @@ struct shared {
 	/* --transport tcp: where each receiving engine listens (talker, code2wav, dit). */
 	char addr[3][128];
 	_Atomic int addr_ready[3];
+	/* Each receiving engine can take what is sent to it (see open_peer). */
+	_Atomic int ready[3];
 };
 
 static struct {
@@ -214,7 +216,26 @@ static struct ferry_engine *make_engine(const char *name, size_t pool)
 	return e;
 }
 
-static struct ferry_peer *open_peer(struct ferry_engine *e, const char *name)
+/* A receiving engine says that it can take what is sent to it. */
+static void say_ready(struct ferry_engine *e)
+{
+	atomic_store(&cfg.sh->ready[addr_slot(ferry_engine_name(e))], 1);
+}
+
+/* Wait (10 s at most) for flag, set by another process. */
+static bool wait_flag(_Atomic int *flag)
+{
+	for (int i = 0; i < 10000 && !atomic_load(flag) && !atomic_load(&cfg.sh->failures); i++)
+		usleep(1000);
+	return atomic_load(flag);
+}
+
+/*
+ * The peer `name`. to_send: we send to it, so first wait until it is ready
+ * (say_ready): a PUT to a name that no engine holds yet fails at once with
+ * -EHOSTUNREACH, and the processes start in no particular order.
+ */
+static struct ferry_peer *open_peer(struct ferry_engine *e, const char *name, bool to_send)
 {
 	struct ferry_peer *p = NULL;
 	int slot = addr_slot(name), rc;
@@ -225,14 +246,16 @@ static struct ferry_peer *open_peer(struct ferry_engine *e, const char *name)
 	}
 	ferry_peer_set_stream_limits(p, (uint32_t)cfg.inflight, 0);
 	if (cfg.tcp && slot >= 0) {
-		/* Reach a receiver at the address it published (10 s at most). */
-		for (int i = 0; i < 10000 && !atomic_load(&cfg.sh->addr_ready[slot]); i++)
-			usleep(1000);
-		if (!atomic_load(&cfg.sh->addr_ready[slot]) ||
+		/* Reach a receiver at the address it published. */
+		if (!wait_flag(&cfg.sh->addr_ready[slot]) ||
 		    (rc = ferry_peer_set_address(p, cfg.sh->addr[slot])) < 0) {
 			fail("%s: no tcp address for %s", ferry_engine_name(e), name);
 			return NULL;
 		}
+	}
+	if (to_send && slot >= 0 && !wait_flag(&cfg.sh->ready[slot])) {
+		fail("%s: %s did not get ready within 10 s", ferry_engine_name(e), name);
+		return NULL;
 	}
 	return p;
 }
@@ -389,7 +412,7 @@ static void drain_puts(struct ferry_engine *e, const char *who, unsigned *done, 
 static int run_thinker(void)
 {
 	struct ferry_engine *e = make_engine("thinker", 64u << 20);
-	struct ferry_peer *to = e ? open_peer(e, "talker") : NULL;
+	struct ferry_peer *to = e ? open_peer(e, "talker", true) : NULL;
 	uint64_t opened[MAX_REQ];
 	unsigned done = 0, total = (unsigned)(cfg.requests * cfg.chunks);
 	char stream[32];
@@ -429,8 +452,8 @@ static int run_thinker(void)
 static int run_receiver(const char *name, const char *from_name, const char *to_name, int ei)
 {
 	struct ferry_engine *e = make_engine(name, 32u << 20);
-	struct ferry_peer *from = e ? open_peer(e, from_name) : NULL;
-	struct ferry_peer *to = e && to_name ? open_peer(e, to_name) : NULL;
+	struct ferry_peer *from = e ? open_peer(e, from_name, false) : NULL;
+	struct ferry_peer *to = e && to_name ? open_peer(e, to_name, true) : NULL;
 	static struct rx_req rq[MAX_REQ];
 	uint64_t opened[MAX_REQ] = { 0 };
 	uint32_t out_next[MAX_REQ] = { 0 };
@@ -444,6 +467,7 @@ static int run_receiver(const char *name, const char *from_name, const char *to_
 	sqe = get_sqe(e);
 	ferry_prep_stream_accept(sqe, from, 1ull << 63);
 	submit(e);
+	say_ready(e); /* we learn of every new stream from here on */
 	while (finished < (unsigned)cfg.requests && !atomic_load(&cfg.sh->failures)) {
 		struct ferry_cqe c[32];
 		int n = ferry_cq_wait(ferry_cq_default(e), c, 32, 30 * SEC);
@@ -651,7 +675,7 @@ static int run_ar(void)
 {
 	size_t lb = kv_layer_bytes();
 	struct ferry_engine *e = make_engine("ar", kv_pool_bytes());
-	struct ferry_peer *to = e ? open_peer(e, "dit") : NULL;
+	struct ferry_peer *to = e ? open_peer(e, "dit", true) : NULL;
 	struct ferry_buf *b[KV_BUFS];
 	struct ferry_cqe c[KV_BUFS];
 	char key[32];
@@ -739,7 +763,7 @@ static int run_dit(void)
 	size_t lb = kv_layer_bytes();
 	/* Over tcp the KV set lands in our pool (over shm we read the AR's in place). */
 	struct ferry_engine *e = make_engine("dit", cfg.tcp ? kv_pool_bytes() : 16u << 20);
-	struct ferry_peer *from = e ? open_peer(e, "ar") : NULL;
+	struct ferry_peer *from = e ? open_peer(e, "ar", false) : NULL;
 	struct iovec iov[KV_BUFS];
 	struct ferry_cqe c[KV_BUFS];
 	struct ferry_sqe *sqe;
@@ -753,6 +777,7 @@ static int run_dit(void)
 	ferry_prep_get(sqe, from, "req0_kv_hello", &hello, 1, 0);
 	ferry_sqe_set_timeout(sqe, 60 * SEC);
 	submit(e);
+	say_ready(e);
 	n = ferry_cq_wait(ferry_cq_default(e), c, 1, 60 * SEC);
 	if (n != 1 || c[0].res < 0 || word != MAGIC) {
 		fail("dit: the AR's first PUT: %s",
@@ -1040,10 +1065,9 @@ int main(int argc, char **argv)
 	       HIDDEN_BYTES >> 10, CODEC_PER_HIDDEN, FRAMES_PER_CODEC, cfg.inflight, cfg.pace_us,
 	       cfg.tcp ? "tcp" : "shm");
 	fflush(stdout);
-	/* Consumers first: they subscribe before the producers start. */
+	/* Each sender waits until its receiver is ready (open_peer). */
 	pids[0] = spawn(run_code2wav);
 	pids[1] = spawn(run_talker);
-	usleep(50000);
 	pids[2] = spawn(run_thinker);
 	ok = wait_all(pids, 3, "omni");
 
@@ -1052,7 +1076,6 @@ int main(int argc, char **argv)
 		       "zero copy, then copied into DiT memory\n", cfg.kv_mib, KV_BUFS);
 		fflush(stdout);
 		pids[0] = spawn(run_dit);
-		usleep(20000);
 		pids[1] = spawn(run_ar);
 		ok = wait_all(pids, 2, "bagel");
 	}
