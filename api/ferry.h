@@ -183,8 +183,10 @@ FERRY_API int ferry_progress(struct ferry_engine *e);
 
 /*
  * Health and metrics as one JSON object (ops submitted/completed/failed,
- * timeouts, cancels, keys held, pool stats, per-peer puts/gets/bytes and a
- * latency histogram). Writes at most len bytes including the NUL and
+ * timeouts, cancels, keys held, pool stats, per-peer puts/gets/bytes, a
+ * latency histogram, and "security": peers that failed to prove the cluster
+ * secret to this engine or refused its proof, "peers_refused", and callers
+ * hung up on before they proved anything, "handshakes_dropped"). Writes at most len bytes including the NUL and
  * returns the length of the full document (like snprintf), so a return
  * value >= len means the text was cut. -EINVAL for NULL e or buf with len>0.
  */

@@ -536,6 +536,14 @@ struct engine_stats {
 	stat_t submitted, completed, failed, timeouts, cancelled;
 	stat_t puts, gets, nops, bytes_put, bytes_got, copies, zero_copies;
 	stat_t deliveries, refused;
+	/*
+	 * Every transport's and the control channel's door, as seen by the
+	 * engine being called: peers that failed to prove the cluster secret
+	 * (or refused our proof), and callers hung up on before they proved
+	 * anything (silent past the handshake bound, or the oldest of too
+	 * many waiting at once).
+	 */
+	stat_t peers_refused, handshakes_dropped;
 	stat_t lat_put[32], lat_get[32]; /* log2(ns) buckets */
 };
 

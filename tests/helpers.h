@@ -18,6 +18,7 @@
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <poll.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -451,6 +452,62 @@ static inline void t_gate_close(struct t_gate *g)
 {
 	close(g->fd[0]);
 	close(g->fd[1]);
+}
+
+/* ------------------------------------------------------------------ */
+/* Log lines a test looks for                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * t_log_capture(level): from now on ferry's log lines at or below level
+ * are kept (the last 64 KiB, any thread) besides going to stderr when
+ * FERRY_LOG is set; t_log_seen(level, a, b) says whether a kept line at
+ * exactly that level holds both strings (b may be NULL).
+ */
+static pthread_mutex_t t_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char t_log_buf[65536];
+static size_t t_log_len;
+
+static void t_log_keep(int level, const char *line, void *arg)
+{
+	size_t n = strlen(line) + 3;
+
+	(void)arg;
+	if (getenv("FERRY_LOG"))
+		fprintf(stderr, "%s\n", line);
+	pthread_mutex_lock(&t_log_lock);
+	if (n < sizeof(t_log_buf)) {
+		if (t_log_len + n >= sizeof(t_log_buf))
+			t_log_len = 0; /* full: start over, the newest lines matter */
+		t_log_len += (size_t)snprintf(t_log_buf + t_log_len, sizeof(t_log_buf) - t_log_len,
+					      "%d %s\n", level, line);
+	}
+	pthread_mutex_unlock(&t_log_lock);
+}
+
+static inline void t_log_capture(int level)
+{
+	pthread_mutex_lock(&t_log_lock);
+	t_log_len = 0;
+	t_log_buf[0] = '\0';
+	pthread_mutex_unlock(&t_log_lock);
+	ferry_log_set(level, t_log_keep, NULL);
+}
+
+static inline bool t_log_seen(int level, const char *a, const char *b)
+{
+	bool seen = false;
+	char *line, *save = NULL, *copy;
+
+	pthread_mutex_lock(&t_log_lock);
+	copy = strndup(t_log_buf, t_log_len);
+	pthread_mutex_unlock(&t_log_lock);
+	if (!copy)
+		return false;
+	for (line = strtok_r(copy, "\n", &save); line && !seen; line = strtok_r(NULL, "\n", &save))
+		seen = atoi(line) == level && strstr(line, a) && (!b || strstr(line, b));
+	free(copy);
+	return seen;
 }
 
 /* ------------------------------------------------------------------ */

@@ -1082,11 +1082,27 @@ static void test_tcp_wrong_secret(void **state)
 	spawn(&c1, producer_main, &bad);
 	spawn(&c2, producer_main, &none);
 	spawn(&c3, producer_main, &good);
+	t_log_capture(FERRY_LOG_WARN);
 	e = mk_engine(&m);
 	assert_non_null(e);
 	engine_addr(e, addr, sizeof(addr));
 	go(&c1, addr);
 	assert_int_equal(t_reap(c1.pid), 0); /* its PUT failed with -EACCES */
+	/*
+	 * The caller refused our proof first (it never showed its own), and
+	 * said so: the engine called logs the refused peer at warn, with its
+	 * address, and counts it in its health.
+	 */
+	for (int i = 0; i < 200 && !t_log_seen(FERRY_LOG_WARN, "\"prod\" from tcp://127.0.0.1:",
+						  "refused our proof"); i++)
+		usleep(10000);
+	assert_true(t_log_seen(FERRY_LOG_WARN, "\"prod\" from tcp://127.0.0.1:", "refused our proof"));
+	{
+		char h[8192];
+
+		assert_true(ferry_engine_health(e, h, sizeof(h)) > 0);
+		assert_non_null(strstr(h, "\"security\":{\"peers_refused\":1,"));
+	}
 	go(&c2, addr);
 	assert_int_equal(t_reap(c2.pid), 0);
 	/* Nothing of theirs arrived. */
