@@ -1032,7 +1032,7 @@ static void test_stage_config_err_file_size(void **state)
 
 	(void)state;
 	assert_true(fd >= 0);
-	assert_int_equal(write(fd, head, sizeof(head) - 1), (ssize_t)sizeof(head) - 1);
+	assert_int_equal(t_write(fd, head, sizeof(head) - 1), (ssize_t)sizeof(head) - 1);
 	memset(line, 'c', sizeof(line));
 	line[0] = '#';
 	line[sizeof(line) - 1] = '\n';
@@ -1041,7 +1041,7 @@ static void test_stage_config_err_file_size(void **state)
 
 		if (n < sizeof(line))
 			line[n - 1] = '\n';
-		assert_int_equal(write(fd, line, n), (ssize_t)n);
+		assert_int_equal(t_write(fd, line, n), (ssize_t)n);
 		left -= n;
 	}
 	t0 = t_now();
@@ -1050,7 +1050,7 @@ static void test_stage_config_err_file_size(void **state)
 		      rc ? "refused" : "accepted", (double)(t_now() - t0) / 1e6);
 	assert_int_equal(rc, 0);
 	stage_graph_free(g);
-	assert_int_equal(write(fd, "\n", 1), 1);
+	assert_int_equal(t_write(fd, "\n", 1), 1);
 	close(fd);
 	rc = stage_graph_load(path, &g);
 	assert_int_equal(rc, -EFBIG);
