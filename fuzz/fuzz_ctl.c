@@ -14,8 +14,9 @@
  * The engine's answers do go out through its sockets: two DEALERs of the
  * harness (routing ids "fzA-id", "fzB-id") are connected to its ROUTER, so
  * that the callers the input speaks for exist there (the ROUTER refuses to
- * send to an unknown id), and their inbound queues are emptied after each
- * input. The engine's own call goes to peer "fzC" at one of two loopback
+ * send to an unknown id); each proved the secret once through the sockets
+ * (ctl_gate.c would hang up on a connection that never did), and their
+ * inbound queues are emptied after each input. The engine's own call goes to peer "fzC" at one of two loopback
  * ports where nobody listens; after an input that moved it on, it is
  * called anew (ferry_peer_connect to the other port), which puts that
  * session back to waiting for a PROOF.
@@ -109,7 +110,8 @@ static void drain_dealers(void)
 
 static void to_router(unsigned id, const void *frame, size_t n, const char *addr)
 {
-	ctl_take_router_msg(cst, ids[id], strlen(ids[id]), frame, n, addr);
+	/* fd -1: the connection is not known (the harness's own DEALERs proved theirs). */
+	ctl_take_router_msg(cst, ids[id], strlen(ids[id]), frame, n, addr, -1);
 }
 
 static void bye_from(unsigned id)
@@ -120,10 +122,9 @@ static void bye_from(unsigned id)
 	to_router(id, h, sizeof(h), "127.0.0.1");
 }
 
-/* A HELLO from routing id `id`, as caller `name`, to this engine. */
-static void hello_from(unsigned id, const char *name)
+/* A HELLO as caller `name` to this engine, into m (CTL_HDR_BYTES + its body). */
+static size_t hello_msg(uint8_t *m, const char *name)
 {
-	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello)];
 	struct ctl_hello h;
 
 	memset(&h, 0, sizeof(h));
@@ -134,7 +135,67 @@ static void hello_from(unsigned id, const char *name)
 	memset(h.nonce, 0x33, sizeof(h.nonce));
 	ctl_hdr_pack(m, CTL_HELLO, sizeof(h), 0);
 	memcpy(m + CTL_HDR_BYTES, &h, sizeof(h));
-	to_router(id, m, sizeof(m), "127.0.0.1");
+	return CTL_HDR_BYTES + sizeof(h);
+}
+
+/* A HELLO from routing id `id`, as caller `name`, to this engine. */
+static void hello_from(unsigned id, const char *name)
+{
+	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello)];
+
+	to_router(id, m, hello_msg(m, name), "127.0.0.1");
+}
+
+/* The next message the engine sends DEALER i, of type `type`; aborts after a while. */
+static void await_msg(unsigned i, uint16_t type, void *body, size_t blen)
+{
+	uint8_t buf[1024];
+	struct ctl_hdr h;
+
+	for (int tries = 0; tries < 10000; tries++) {
+		int n = zmq_recv(dealers[i], buf, sizeof(buf), ZMQ_DONTWAIT);
+
+		if (n >= 0 && ctl_hdr_check(buf, (size_t)n, &h) == 0 && h.type == type &&
+		    h.len == blen) {
+			memcpy(body, buf + CTL_HDR_BYTES, blen);
+			return;
+		}
+		if (n < 0) {
+			fz_settle(eng, 8);
+			usleep(500);
+		}
+	}
+	FZ_FAIL("no %s from the engine on %s", ctl_type_name(type), ids[i]);
+}
+
+/*
+ * DEALER i proves the secret through the sockets, as a caller "fzA"
+ * would: ctl_gate.c then counts its connection as proved and never hangs
+ * up on it. The session it made ends with a BYE.
+ */
+static void dealer_proves(unsigned i)
+{
+	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello) + sizeof(struct ctl_auth)];
+	uint8_t nc[TCP_NONCE_BYTES];
+	struct ctl_hello *hp = (struct ctl_hello *)(m + CTL_HDR_BYTES);
+	struct ctl_proof p;
+	struct ctl_auth a;
+	struct ctl_ok ok;
+	size_t n = hello_msg(m, "fzA");
+
+	memcpy(nc, hp->nonce, sizeof(nc));
+	if (zmq_send(dealers[i], m, n, 0) != (int)n)
+		FZ_FAIL("zmq_send HELLO");
+	await_msg(i, CTL_PROOF, &p, sizeof(p));
+	memset(&a, 0, sizeof(a));
+	tcp_proof(&cst->secret, ROLE_CALLER, nc, p.nonce, "fzA", FZ_ENGINE, FZ_NS, 0, 0, a.mac);
+	ctl_hdr_pack(m, CTL_AUTH, sizeof(a), 0);
+	memcpy(m + CTL_HDR_BYTES, &a, sizeof(a));
+	n = CTL_HDR_BYTES + sizeof(a);
+	if (zmq_send(dealers[i], m, n, 0) != (int)n)
+		FZ_FAIL("zmq_send AUTH");
+	await_msg(i, CTL_OK, &ok, sizeof(ok));
+	bye_from(i);
 }
 
 /* A port on loopback where nobody listens (bound, never listening). */
@@ -176,7 +237,6 @@ static void setup(void)
 {
 	struct fz_engine_opts o = { .name = FZ_ENGINE, .control = "tcp://127.0.0.1:0" };
 	char ctl_addr[TCP_ADDR_MAX];
-	int tries;
 
 	eng = fz_engine(&o);
 	cst = ctl_state_of(eng);
@@ -195,19 +255,8 @@ static void setup(void)
 			FZ_FAIL("zmq_connect %s", ctl_addr);
 		dead_fd[i] = dead_port(dead_ep[i], sizeof(dead_ep[i]));
 	}
-	/* Until the ROUTER knows both ids: a HELLO is answered (its session lives). */
-	for (int i = 0; i < 2; i++) {
-		for (tries = 0; tries < 5000; tries++) {
-			hello_from((unsigned)i, "fzA");
-			fz_settle(eng, 8);
-			if (callee_session(ids[i]))
-				break;
-			usleep(1000);
-		}
-		if (tries == 5000)
-			FZ_FAIL("the engine's ROUTER never saw %s", ids[i]);
-		bye_from((unsigned)i);
-	}
+	for (unsigned i = 0; i < 2; i++)
+		dealer_proves(i);
 	call_c_again();
 	fz_settle(eng, 64);
 	drain_dealers();
