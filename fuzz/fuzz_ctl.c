@@ -16,10 +16,10 @@
  * that the callers the input speaks for exist there (the ROUTER refuses to
  * send to an unknown id); each proved the secret once through the sockets
  * (ctl_gate.c would hang up on a connection that never did), and their
- * inbound queues are emptied after each input. The engine's own call goes to peer "fzC" at one of two loopback
- * ports where nobody listens; after an input that moved it on, it is
- * called anew (ferry_peer_connect to the other port), which puts that
- * session back to waiting for a PROOF.
+ * inbound queues are emptied after each input. The engine's own call goes
+ * to peer "fzC" at one of two loopback ports where nobody listens; after
+ * an input that moved it on, it is called anew (ferry_peer_connect to the
+ * other port), which puts that session back to waiting for a PROOF.
  *
  * Input: one options byte, then records until the input ends.
  *   option bit 0  clear: messages come from callers (to our ROUTER);
@@ -201,10 +201,11 @@ static void dealer_proves(unsigned i)
 /* A port on loopback where nobody listens (bound, never listening). */
 static int dead_port(char *ep, size_t len)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in sa = { .sin_family = AF_INET };
 	socklen_t sl = sizeof(sa);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) ||
 	    getsockname(fd, (struct sockaddr *)&sa, &sl))
 		FZ_FAIL("a dead port: %s", strerror(errno));

@@ -188,13 +188,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			struct tcp_frame f;
 
 			tcp_frame_unpack(hdr, &f);
-			if ((f.type == TCP_F_CTS || f.type == TCP_F_RESULT) && f.cookie < FZ_COOKIES &&
-			    f.cookie < r.nmsgs)
+			if ((f.type == TCP_F_CTS || f.type == TCP_F_RESULT) && f.cookie < r.nmsgs)
 				f.cookie = r.msgs[f.cookie];
-			else if (f.type == TCP_F_DATA && f.cookie < FZ_COOKIES && f.cookie < r.nslots)
+			else if (f.type == TCP_F_DATA && f.cookie < r.nslots)
 				f.cookie = r.slots[f.cookie];
 			tcp_frame_pack(hdr, f.type, f.flags, f.key_len, f.len, f.cookie, f.arg);
-			/* The pack writes resv as 0: keep the input's, the engine must refuse it. */
+			/* The pack writes resv as 0: keep the input's (the engine refuses it). */
 			memcpy(hdr + 12, in.p - TCP_FRAME_BYTES + 12, 4);
 			body = f.len < in.n ? f.len : in.n;
 			if ((f.type == TCP_F_PUT || f.type == TCP_F_RTS) && f.key_len <= body)

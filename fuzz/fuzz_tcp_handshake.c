@@ -44,10 +44,11 @@ static uint64_t put_seq;
 static void setup(void)
 {
 	struct fz_engine_opts o = { .name = FZ_ENGINE, .listen = "tcp://127.0.0.1:0" };
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in sa = { .sin_family = AF_INET };
 	socklen_t len = sizeof(sa);
 	char addr[TCP_ADDR_MAX];
 
+	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	/* One connection per link: the engine calling us opens no more after the first. */
 	setenv("FERRY_TCP_CONNS", "1", 1);
 	eng = fz_engine(&o);

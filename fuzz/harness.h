@@ -246,8 +246,9 @@ static inline unsigned fz_reap(struct ferry_engine *e)
 		for (int i = 0; i < n; i++) {
 			if (getenv("FERRY_FUZZ_LOG"))
 				fprintf(stderr, "fuzz: %s: completion %llu: res %d (%s), %llu bytes\n",
-					ferry_engine_name(e), (unsigned long long)c[i].user_data, c[i].res,
-					ferry_strerror(c[i].res), (unsigned long long)c[i].len);
+					ferry_engine_name(e), (unsigned long long)c[i].user_data,
+					c[i].res, ferry_strerror(c[i].res),
+					(unsigned long long)c[i].len);
 			if (c[i].buf)
 				ferry_buf_release(c[i].buf);
 		}

@@ -75,9 +75,10 @@ static int run_dir(const char *dir, unsigned *count)
 		char path[4096];
 		struct stat sb;
 
-		if (ents[i]->d_name[0] != '.' &&
-		    snprintf(path, sizeof(path), "%s/%s", dir, ents[i]->d_name) < (int)sizeof(path) &&
-		    stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+		int pn = snprintf(path, sizeof(path), "%s/%s", dir, ents[i]->d_name);
+
+		if (ents[i]->d_name[0] != '.' && pn < (int)sizeof(path) && stat(path, &sb) == 0 &&
+		    S_ISREG(sb.st_mode)) {
 			if (run_file(path))
 				rc = -1;
 			else

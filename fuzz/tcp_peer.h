@@ -179,7 +179,10 @@ static inline int fz_tcp_hangup(struct ferry_engine *e, int fd)
 	while (rounds < FZ_ROUNDS * 8) {
 		ssize_t k = recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
 
-		if (k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
+		bool ended = k == 0 || (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+					errno != EINTR);
+
+		if (ended) {
 			rc = 0;
 			break;
 		}
