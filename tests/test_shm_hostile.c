@@ -75,8 +75,9 @@ static void seal(int fd)
 	assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
 }
 
-/* Send our hello as `name` with our memory, sealed or not. */
-static void evil_hello(struct evil *v, const char *name, int sealed)
+/* Send our hello as `name` with our memory, sealed or not, its wake page and rings this big. */
+static void evil_hello_sized(struct evil *v, const char *name, int sealed, size_t wake_bytes,
+			     size_t ring_bytes)
 {
 	struct shm_hello h;
 
@@ -88,8 +89,8 @@ static void evil_hello(struct evil *v, const char *name, int sealed)
 	v->fds[2] = memfd_create("evil-wake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	v->fds[3] = memfd_create("evil-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	assert_int_equal(ftruncate(v->fds[0], EVIL_POOL), 0);
-	assert_int_equal(ftruncate(v->fds[2], 4096), 0);
-	assert_int_equal(ftruncate(v->fds[3], (off_t)SHM_RINGS_BYTES), 0);
+	assert_int_equal(ftruncate(v->fds[2], (off_t)wake_bytes), 0);
+	assert_int_equal(ftruncate(v->fds[3], (off_t)ring_bytes), 0);
 	if (sealed) {
 		seal(v->fds[0]);
 		seal(v->fds[2]);
@@ -107,6 +108,11 @@ static void evil_hello(struct evil *v, const char *name, int sealed)
 	h.ring_entries = SHM_PUT_ENTRIES;
 	h.ring_bytes = (uint32_t)SHM_RINGS_BYTES;
 	assert_int_equal(shm_sock_send_hello(v->sock, &h, v->fds, 4), 0);
+}
+
+static void evil_hello(struct evil *v, const char *name, int sealed)
+{
+	evil_hello_sized(v, name, sealed, 4096, SHM_RINGS_BYTES);
 }
 
 /* Shake hands with the victim as "evil" (a name of our choosing). */
@@ -360,6 +366,42 @@ static void test_unsealed_memory_refused(void **state)
 }
 
 /* A caller that connects and never says hello costs little and gets nothing. */
+/*
+ * Memory the victim refuses to map is refused with a line saying what was
+ * wrong, and only that (an unsealed pool used to add a second line with an
+ * uninitialised size; a wake page or rings of the wrong size said nothing).
+ */
+static void test_bad_memory_refused_with_a_reason(void **state)
+{
+	static const struct {
+		int sealed;
+		size_t wake, rings;
+		const char *said;
+	} cases[] = {
+		{ 0, 4096, SHM_RINGS_BYTES, "not sealed against shrinking" },
+		{ 1, 64, SHM_RINGS_BYTES, "the wake page loose sent is 64 bytes" },
+		{ 1, 4096, SHM_RINGS_BYTES / 2, "the rings loose sent are" },
+	};
+	struct ferry_engine *e = victim();
+
+	(void)state;
+	for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct evil v;
+
+		t_log_capture(FERRY_LOG_ERROR);
+		evil_hello_sized(&v, "loose", cases[i].sealed, cases[i].wake, cases[i].rings);
+		assert_true(evil_dropped(&v, 5000)); /* no answer, just a hang-up */
+		evil_close(&v);
+		if (!t_log_seen(FERRY_LOG_ERROR, cases[i].said, NULL))
+			fail_msg("case %u: no line saying \"%s\"", i, cases[i].said);
+		if (t_log_seen(FERRY_LOG_ERROR, "pool of loose", NULL))
+			fail_msg("case %u: a line about the pool's size, which was right", i);
+	}
+	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL);
+	victim_still_serves(e);
+	ferry_engine_destroy(e);
+}
+
 static void test_silent_caller(void **state)
 {
 	struct ferry_engine *e = victim();
@@ -382,6 +424,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_garbage_indices_and_descriptors, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_inline_put_delivered, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_unsealed_memory_refused, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bad_memory_refused_with_a_reason, setup,
+						teardown),
 		cmocka_unit_test_setup_teardown(test_silent_caller, setup, teardown),
 	};
 

@@ -927,8 +927,12 @@ static int fd_size(int fd, uint64_t *size)
 		log_error("shm: a peer's memory is not sealed against shrinking: refused");
 		return -EPROTO;
 	}
-	if (fstat(fd, &sb) < 0)
-		return -errno;
+	if (fstat(fd, &sb) < 0) {
+		int rc = -errno;
+
+		log_error("shm: fstat of a peer's memory: %s", strerror(-rc));
+		return rc;
+	}
 	*size = (uint64_t)sb.st_size;
 	return 0;
 }
@@ -1000,7 +1004,10 @@ static int conn_attach(struct ferry_engine *e, struct backend *b, struct shm_con
 	c->peer_doorbell = fds[1];
 	fds[1] = -1;
 	c->peer_takes_result_free = (h->caps & SHM_CAP_RESULT_FREE) != 0;
-	if (fd_size(fds[0], &sz) || sz < h->pool_size || h->pool_size == 0) {
+	/* Every refusal below logs its line (fd_size its own): an acceptor says nothing else. */
+	if (fd_size(fds[0], &sz))
+		goto out;
+	if (sz < h->pool_size || h->pool_size == 0) {
 		log_error("shm: pool of %s: %llu bytes, announced %llu", h->name,
 			  (unsigned long long)sz, (unsigned long long)h->pool_size);
 		goto out;
@@ -1009,25 +1016,39 @@ static int conn_attach(struct ferry_engine *e, struct backend *b, struct shm_con
 	if (c->peer_pool == MAP_FAILED) {
 		c->peer_pool = NULL;
 		rc = -errno;
+		log_error("shm: mapping the pool of %s: %s", h->name, strerror(-rc));
 		goto out;
 	}
 	c->peer_pool_size = h->pool_size;
-	if (fd_size(fds[2], &sz) || sz < 4096)
+	if (fd_size(fds[2], &sz))
 		goto out;
+	if (sz < 4096) {
+		log_error("shm: the wake page %s sent is %llu bytes, less than 4096: refused",
+			  h->name, (unsigned long long)sz);
+		goto out;
+	}
 	c->peer_wake = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[2], 0);
 	if (c->peer_wake == MAP_FAILED) {
 		c->peer_wake = NULL;
 		rc = -errno;
+		log_error("shm: mapping the wake page of %s: %s", h->name, strerror(-rc));
 		goto out;
 	}
 	if (!connector) {
 		void *rings;
 
-		if (fd_size(fds[3], &sz) || sz != SHM_RINGS_BYTES)
+		if (fd_size(fds[3], &sz))
 			goto out;
+		if (sz != SHM_RINGS_BYTES) {
+			log_error("shm: the rings %s sent are %llu bytes, not %llu: refused",
+				  h->name, (unsigned long long)sz,
+				  (unsigned long long)SHM_RINGS_BYTES);
+			goto out;
+		}
 		rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[3], 0);
 		if (rings == MAP_FAILED) {
 			rc = -errno;
+			log_error("shm: mapping the rings of %s: %s", h->name, strerror(-rc));
 			goto out;
 		}
 		c->rings = rings;
