@@ -20,6 +20,25 @@ static _Atomic uint64_t next_engine_id = 1;
 
 #define MIB (1024ull * 1024ull)
 
+/* A character of an engine or peer name, or of a namespace. */
+static bool name_char(char c)
+{
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+	       c == '.' || c == '-' || c == '_' || c == ':';
+}
+
+bool ferry__name_valid(const char *s)
+{
+	size_t n = s ? strnlen(s, FERRY_NAME_MAX) : 0;
+
+	if (n == 0 || n >= FERRY_NAME_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!name_char(s[i]))
+			return false;
+	return true;
+}
+
 static int check_name(const char *what, const char *s)
 {
 	size_t n;
@@ -36,8 +55,7 @@ static int check_name(const char *what, const char *s)
 	for (size_t i = 0; i < n; i++) {
 		char c = s[i];
 
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-		      c == '.' || c == '-' || c == '_' || c == ':')) {
+		if (!name_char(c)) {
 			log_error("engine params: %s \"%s\" has '%c' (allowed: letters, digits, "
 				  ". - _ :)", what, s, c);
 			return -EINVAL;

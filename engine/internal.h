@@ -53,6 +53,13 @@ static inline void cpu_relax(void)
 void ferry__spin_step(uint64_t spun_ns);
 
 /*
+ * engine.c: is s a name ferry_engine_create and ferry_peer_open take (1 to
+ * FERRY_NAME_MAX - 1 characters of [A-Za-z0-9._:-])? For names that come
+ * from a peer: they end up in stored keys ("{key}@{from}_{to}") and logs.
+ */
+bool ferry__name_valid(const char *s);
+
+/*
  * Counters written by one thread (the reactor of the moment) and read by
  * any (health): relaxed load + store, a plain move on x86, no locked add.
  */

@@ -1262,6 +1262,58 @@ static void raw_frame(int fd, uint8_t type, uint8_t flags, uint16_t key_len, uin
 		assert_int_equal(t_send(fd, body, body_len, MSG_NOSIGNAL), (ssize_t)body_len);
 }
 
+/* Send a HELLO as `name`; the engine's answer into *in (false: it hung up without one). */
+static bool raw_hello_answer(const char *addr, const char *name, struct tcp_hello *in)
+{
+	struct tcp_hello h = { 0 };
+	int fd = raw_connect(addr);
+	bool answered;
+
+	h.magic = TCP_HELLO_MAGIC;
+	h.version = TCP_PROTO_VERSION;
+	h.type = TCP_H_HELLO;
+	h.nconns = 1;
+	h.link_id = 7;
+	snprintf(h.ns, sizeof(h.ns), NS);
+	snprintf(h.name, sizeof(h.name), "%s", name);
+	tcp_hello_to_wire(&h);
+	assert_int_equal(t_send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
+	answered = read_full(fd, in, sizeof(*in)) == 0;
+	if (answered)
+		tcp_hello_from_wire(in);
+	close(fd);
+	return answered;
+}
+
+/*
+ * A caller whose name no engine can have is refused at its HELLO (NO,
+ * EPERM), before any proof: its name would make the keys it stores
+ * unparseable ("{key}@{from}_{to}" split at the last '@', so a request's
+ * cleanup missed them) and go into logs as it is.
+ */
+static void test_tcp_bad_peer_name(void **state)
+{
+	static const char *const bad[] = { "fz@x", "a b", "x\ny", "caf\xc3\xa9", "k/../j" };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct ferry_engine *e;
+	struct tcp_hello in;
+	char addr[TCP_ADDR_MAX];
+
+	(void)state;
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		assert_true(raw_hello_answer(addr, bad[i], &in));
+		if (in.type != TCP_H_NO || in.status != EPERM)
+			fail_msg("name \"%s\": answer type %u status %u", bad[i], in.type, in.status);
+	}
+	/* The same HELLO with a name an engine can have gets the engine's proof. */
+	assert_true(raw_hello_answer(addr, "ok.name_2:x-y", &in));
+	assert_int_equal(in.type, TCP_H_PROOF);
+	ferry_engine_destroy(e);
+}
+
 static void test_tcp_malformed(void **state)
 {
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
@@ -1746,6 +1798,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_flood, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_malformed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_bad_peer_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_kill_receiver, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_kill_sender, setup, teardown),

@@ -1965,7 +1965,8 @@ static void callee_hello(struct tcp_state *st, struct tcp_conn *c)
 		refuse(st, c, EPROTONOSUPPORT);
 		return;
 	}
-	if (strcmp(in->ns, e->ns) != 0 || !in->name[0] || in->nconns == 0 ||
+	/* A name no engine can have (an '@' would break its keys apart): refused too. */
+	if (strcmp(in->ns, e->ns) != 0 || !ferry__name_valid(in->name) || in->nconns == 0 ||
 	    in->nconns > TCP_MAX_CONNS || in->conn_index >= in->nconns) {
 		log_warn("tcp: engine %s: refused %s (\"%s\" in namespace \"%s\", connection "
 			 "%u of %u)", e->name, addr, in->name, in->ns, in->conn_index, in->nconns);
