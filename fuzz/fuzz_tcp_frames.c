@@ -227,8 +227,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	if (fz_tcp_hangup(eng, fd))
 		FZ_FAIL("the engine did not hang up after our end of the stream");
-	fz_keys_add(&keys, "eager", 5);
-	fz_keys_add(&keys, "offer", 5);
 	fz_engine_clean(eng, peer, keys.buf, &idle);
 	return 0;
 }

@@ -335,18 +335,29 @@ static inline void fz_idle_fds(struct fz_idle *idle)
 static inline void fz_engine_clean(struct ferry_engine *e, struct ferry_peer *from,
 				   const char *keys, const struct fz_idle *idle)
 {
+	uint64_t start = 0;
 	int round;
 
 	for (const char *k = keys; k && *k; k += strlen(k) + 1)
 		fz_cleanup(e, from, k);
-	for (round = 0; round < 4000; round++) {
+	/*
+	 * Rounds until it holds nothing more, for at most 2 s: the kernel may
+	 * take a moment (io_uring cancels, a poll that sees the hang-up), more
+	 * on a loaded machine; only a leak waits it out.
+	 */
+	for (round = 0;; round++) {
 		ferry_progress(e);
 		fz_reap(e);
 		if (round >= 4 && fz_pool_blocks(e) <= idle->blocks &&
 		    (idle->fds < 0 || fz_fd_count() <= idle->fds))
 			break;
-		if (round >= 1000)
-			usleep(100); /* the kernel may take a moment (io_uring cancels, closes) */
+		if (round == 200)
+			start = ferry__now_ns();
+		if (round > 200) {
+			if (ferry__now_ns() - start > 2000000000ull)
+				break;
+			usleep(100);
+		}
 	}
 	if (fz_pool_blocks(e) > idle->blocks)
 		FZ_FAIL("engine %s holds %llu pool blocks after the input (%llu before)",
