@@ -79,7 +79,8 @@ typedef void ferry_log_cb(int level, const char *line, void *arg);
 
 /*
  * Route ferry's log lines: lines at or below level go to cb (NULL: stderr).
- * level < 0 silences logging. The default is stderr at FERRY_LOG_WARN, or
+ * A line holds no control character (one that came in a peer's bytes, such
+ * as a newline, is written '?'). level < 0 silences logging. The default is stderr at FERRY_LOG_WARN, or
  * the level named by the environment variable FERRY_LOG
  * (error|warn|info|debug|none). Process-wide; safe from any thread.
  */

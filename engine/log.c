@@ -1,5 +1,9 @@
 /*
  * engine/log.c - the log sink and its threshold (see log.h).
+ *
+ * A line is one line: lines name what peers sent (names, namespaces, keys
+ * of refused messages), so a control character in one (a newline, an
+ * escape) is written as '?' rather than let a peer forge log lines.
  */
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -58,6 +62,9 @@ void ferry__log(int level, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	for (char *p = line; *p; p++)
+		if ((unsigned char)*p < 0x20 || *p == 0x7f)
+			*p = '?';
 	cb = atomic_load(&log_sink);
 	if (cb)
 		cb(level, line, atomic_load(&log_sink_arg));

@@ -1303,11 +1303,14 @@ static void test_tcp_bad_peer_name(void **state)
 	e = mk_engine(&m);
 	assert_non_null(e);
 	engine_addr(e, addr, sizeof(addr));
+	t_log_capture(FERRY_LOG_WARN);
 	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
 		assert_true(raw_hello_answer(addr, bad[i], &in));
 		if (in.type != TCP_H_NO || in.status != EPERM)
 			fail_msg("name \"%s\": answer type %u status %u", bad[i], in.type, in.status);
 	}
+	/* Its refusal is one log line: the newline it sent is written '?'. */
+	assert_true(t_log_seen(FERRY_LOG_WARN, "refused", "\"x?y\" in namespace"));
 	/* The same HELLO with a name an engine can have gets the engine's proof. */
 	assert_true(raw_hello_answer(addr, "ok.name_2:x-y", &in));
 	assert_int_equal(in.type, TCP_H_PROOF);
