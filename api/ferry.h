@@ -183,8 +183,10 @@ FERRY_API int ferry_progress(struct ferry_engine *e);
 
 /*
  * Health and metrics as one JSON object (ops submitted/completed/failed,
- * timeouts, cancels, keys held, pool stats, per-peer puts/gets/bytes and a
- * latency histogram). Writes at most len bytes including the NUL and
+ * timeouts, cancels, keys held, pool stats, per-peer puts/gets/bytes, a
+ * latency histogram, and "security": peers that failed to prove the cluster
+ * secret to this engine or refused its proof, "peers_refused", and callers
+ * hung up on before they proved anything, "handshakes_dropped"). Writes at most len bytes including the NUL and
  * returns the length of the full document (like snprintf), so a return
  * value >= len means the text was cut. -EINVAL for NULL e or buf with len>0.
  */
@@ -528,6 +530,15 @@ static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
  * still away at peers that do not answer or if the destination's pool has no
  * room for a small (eager or inline) PUT. A PUT that times out or is
  * cancelled after its data left may still be delivered.
+ *
+ * 0-byte payloads are legal on every transport and path: an iovec of total
+ * length 0 (iovcnt 0, or pieces of length 0), a 0-byte pool buffer
+ * (ferry_buf_alloc(e, 0, &b)), an empty STREAM_PUT (an END-only chunk). The
+ * key is stored with a 0-byte value; a zero-copy GET of it completes with
+ * res 0, len 0 and a 0-byte buffer (cqe->buf set, FERRY_CQE_F_BUF: release
+ * it); a GET into an iovec completes with res 0, len 0 and writes nothing
+ * (any iovec fits, also one of total length 0; a longer payload into one of
+ * length 0 is -EMSGSIZE, the key stays).
  */
 static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 				  const char *key, const struct iovec *iov,
@@ -723,9 +734,14 @@ static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_
  * sent; iov and its memory must stay valid until the CQE). Set
  * FERRY_SQE_STREAM_END on the last chunk. Completes with res = the chunk's
  * index and len = its bytes once the peer holds it; -EPIPE for a chunk
- * after the END; -ECONNRESET if the peer went away (later chunks of the
- * stream then fail at once); the errors of a PUT otherwise. A deadline
- * counts the wait for credit too.
+ * after the END; -ECONNRESET (or -EHOSTUNREACH, -EPIPE) if the peer went
+ * away. A stream that failed so stays failed: every later STREAM_PUT of it
+ * fails at once with the same error, also once the peer is back (a new
+ * engine of its name), so that no consumer ever gets the rest of a stream
+ * renumbered from chunk 0; FERRY_OP_CLEANUP of its request (on this engine)
+ * ends it, and the key may then start a new stream. Until then the failed
+ * stream holds its slot in the stream table (max_keys streams). The errors
+ * of a PUT otherwise. A deadline counts the wait for credit too.
  */
 static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *stream, const struct iovec *iov,

@@ -443,6 +443,9 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"streams_open\":%u,\"threads\":%u},",
 		STAT_GET(e->ops_in_use), STAT_GET(e->keys.present), stream_count(e),
 		atomic_load(&e->nsqs));
+	jprintf(&j, "\"security\":{\"peers_refused\":%llu,\"handshakes_dropped\":%llu},",
+		(unsigned long long)STAT_GET(s->peers_refused),
+		(unsigned long long)STAT_GET(s->handshakes_dropped));
 	jprintf(&j, "\"latency_ns\":{");
 	jhist(&j, "put", s->lat_put);
 	jprintf(&j, ",");

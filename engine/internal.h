@@ -377,7 +377,9 @@ struct backend_ops {
 	 * A PUT of an iovec of at most iov_put_max bytes comes with op->buf
 	 * NULL and its data still in op->iov / op->iovcnt (valid until its
 	 * completion, by the API's contract): the transport copies it once
-	 * where it goes, and no pool block is taken for it.
+	 * where it goes, and no pool block is taken for it. iov_put_max 0: the
+	 * transport takes no iovec at all (every PUT comes with op->buf, also
+	 * a 0-byte one: a 0-byte payload is a 0-byte buffer everywhere).
 	 */
 	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
 	uint64_t iov_put_max;
@@ -534,6 +536,14 @@ struct engine_stats {
 	stat_t submitted, completed, failed, timeouts, cancelled;
 	stat_t puts, gets, nops, bytes_put, bytes_got, copies, zero_copies;
 	stat_t deliveries, refused;
+	/*
+	 * Every transport's and the control channel's door, as seen by the
+	 * engine being called: peers that failed to prove the cluster secret
+	 * (or refused our proof), and callers hung up on before they proved
+	 * anything (silent past the handshake bound, or the oldest of too
+	 * many waiting at once).
+	 */
+	stat_t peers_refused, handshakes_dropped;
 	stat_t lat_put[32], lat_get[32]; /* log2(ns) buckets */
 };
 

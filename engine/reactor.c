@@ -555,6 +555,7 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	if (op_take_put(e, op, sqe))
 		return;
 	if (!sqe->buf && !(op->flags & FERRY_SQE_PUBLISH) && op->peer->backend &&
+	    op->peer->backend->ops->iov_put_max &&
 	    (op->len = iov_total(sqe->iov, sqe->iovcnt)) <= op->peer->backend->ops->iov_put_max) {
 		/* The transport copies it straight from the iovec (struct backend_ops). */
 		STAT_ADD(e->stats.copies, 1);

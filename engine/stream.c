@@ -64,6 +64,9 @@ struct stream {
 	bool want;        /* consumer: the latest chunk asked for credit soon */
 	uint64_t dirty_since; /* consumer: when the oldest uncredited release happened */
 	int err;          /* producer: the peer went away (sticky) */
+	bool broken;      /* producer: failed before its END was delivered: kept, failed,
+			     until a cleanup of its request (a later STREAM_PUT must not
+			     start the key again at chunk 0) */
 	struct ferry_peer *peer; /* producer: destination; consumer: source */
 	uint32_t next;    /* producer: next index to send; consumer: next expected */
 	uint64_t sent, lost, released; /* producer: chunk counts */
@@ -108,6 +111,7 @@ struct stream_table {
 	bool credit_urgent;        /* a dirty record may send now: scan this round */
 	bool peer_credit_freed;    /* per-peer credit came back outside a credit: re-pump */
 	uint32_t nblocked;         /* producer records on a peer's blocked list */
+	uint32_t nbroken;          /* producer records kept failed until a cleanup */
 	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
 	struct op *acceptors;       /* STREAM_ACCEPT ops */
 	struct stream_sink *sink;
@@ -181,8 +185,9 @@ static struct stream *rec_new(struct ferry_engine *e, uint8_t role, const char *
 	uint32_t index, gen;
 
 	if (!r) {
-		log_limited(FERRY__LOG_WARN, "engine %s: stream table full (%u streams)", e->name,
-			    STAT_GET(t->used));
+		log_limited(FERRY__LOG_WARN, "engine %s: stream table full (%u streams, %u of them "
+			    "failed streams kept until their request is cleaned up)", e->name,
+			    STAT_GET(t->used), t->nbroken);
 		return NULL;
 	}
 	t->free = r->chain;
@@ -231,7 +236,7 @@ static void rec_maybe_free(struct ferry_engine *e, struct stream *r)
 		return;
 	if (r->role == ROLE_PRODUCER) {
 		/* Over once the consumer released every chunk, or is gone. */
-		if (r->q_head || r->away || (!r->ended && !r->err) ||
+		if (r->broken || r->q_head || r->away || (!r->ended && !r->err) ||
 		    (!r->err && r->sent - r->lost - r->released))
 			return;
 		if (r->sent - r->lost - r->released) {
@@ -1054,6 +1059,29 @@ static void fail_queue(struct ferry_engine *e, struct stream *r, int res)
 }
 
 /*
+ * A producer's stream failed (its peer went away, or a chunk was lost with
+ * it): every later STREAM_PUT of it fails with err, and its record is kept
+ * (numbering and all) until a cleanup of its request, so the key cannot
+ * silently start over at chunk 0 on a peer that restarted. A stream whose
+ * END was delivered and every chunk with it is complete, not broken.
+ */
+static void producer_fail(struct ferry_engine *e, struct stream *r, int err)
+{
+	struct stream_table *t = e->streams;
+
+	if (r->err == -ECANCELED) { /* cleaned up already: over, not broken */
+		fail_queue(e, r, err);
+		return;
+	}
+	r->err = err;
+	if (!r->broken && !(r->ended && !r->q_head && !r->away && !r->lost)) {
+		r->broken = true;
+		t->nbroken++;
+	}
+	fail_queue(e, r, err);
+}
+
+/*
  * The live producer record of the last STREAM_PUT if this one goes on the
  * same stream (same peer, same key), else NULL: the common case skips
  * composing, hashing and looking up the stream's full key.
@@ -1304,8 +1332,7 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 				r->peer->stream_inflight--;
 				t->peer_credit_freed = true;
 				if (res == -ECONNRESET || res == -EHOSTUNREACH || res == -EPIPE) {
-					r->err = res;
-					fail_queue(e, r, res);
+					producer_fail(e, r, res);
 				} else {
 					stall(t, r); /* its queue may go now: next round */
 				}
@@ -1454,8 +1481,7 @@ void stream_peer_lost(struct ferry_engine *e, const char *name, int res)
 		if (!r->used || strcmp(r->peer->name, name) != 0)
 			continue;
 		if (r->role == ROLE_PRODUCER) {
-			r->err = res;
-			fail_queue(e, r, res);
+			producer_fail(e, r, res);
 		} else {
 			r->err = res;
 			if (r->getter && !r->ended)
@@ -1479,6 +1505,10 @@ int stream_cleanup(struct ferry_engine *e, const char *req, size_t rl,
 			continue;
 		n++;
 		r->err = -ECANCELED; /* over: credits no longer matter */
+		if (r->broken) { /* cleaned up: the key may start a new stream */
+			r->broken = false;
+			t->nbroken--;
+		}
 		if (r->role == ROLE_PRODUCER) {
 			fail_queue(e, r, -ECANCELED);
 			if (r->blocked) { /* off its peer's blocked list */

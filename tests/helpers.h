@@ -14,8 +14,11 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <poll.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -26,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -254,6 +258,92 @@ static inline int t_wait_one(struct ferry_engine *e, struct ferry_cqe *c, int64_
 	return rc == 1 ? c->res : -ETIME;
 }
 
+/*
+ * EINTR-safe system calls for tests. A signal (a child's exit, a stop and
+ * continue of the whole process group under a debugger or a loaded CI
+ * machine, io_uring task work) can interrupt a blocking call even when the
+ * test installs no handler, so every helper retries: t_poll keeps its
+ * deadline across retries, the others simply call again.
+ */
+static inline int t_poll(struct pollfd *p, nfds_t n, int ms)
+{
+	int64_t end = t_now() + (int64_t)ms * MS;
+
+	for (;;) {
+		int left = ms < 0 ? -1 : (int)((end - t_now()) / MS);
+		int r;
+
+		if (ms >= 0 && left < 0)
+			left = 0;
+		r = poll(p, n, left);
+		if (r >= 0 || errno != EINTR)
+			return r;
+	}
+}
+
+static inline ssize_t t_read(int fd, void *buf, size_t len)
+{
+	ssize_t r;
+
+	while ((r = read(fd, buf, len)) < 0 && errno == EINTR)
+		;
+	return r;
+}
+
+static inline ssize_t t_write(int fd, const void *buf, size_t len)
+{
+	ssize_t r;
+
+	while ((r = write(fd, buf, len)) < 0 && errno == EINTR)
+		;
+	return r;
+}
+
+static inline ssize_t t_recv(int fd, void *buf, size_t len, int flags)
+{
+	ssize_t r;
+
+	while ((r = recv(fd, buf, len, flags)) < 0 && errno == EINTR)
+		;
+	return r;
+}
+
+static inline ssize_t t_send(int fd, const void *buf, size_t len, int flags)
+{
+	ssize_t r;
+
+	while ((r = send(fd, buf, len, flags)) < 0 && errno == EINTR)
+		;
+	return r;
+}
+
+/* connect(2) on a blocking socket, finished by poll when a signal cut it short. */
+static inline int t_connect(int fd, const struct sockaddr *sa, socklen_t len)
+{
+	struct pollfd p = { .fd = fd, .events = POLLOUT };
+	int err = 0;
+	socklen_t elen = sizeof(err);
+
+	if (connect(fd, sa, len) == 0)
+		return 0;
+	if (errno != EINTR)
+		return -1;
+	if (t_poll(&p, 1, 10000) != 1 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &elen) || err) {
+		errno = err ? err : ETIMEDOUT;
+		return -1;
+	}
+	return 0;
+}
+
+static inline pid_t t_waitpid(pid_t pid, int *st, int options)
+{
+	pid_t r;
+
+	while ((r = waitpid(pid, st, options)) < 0 && errno == EINTR)
+		;
+	return r;
+}
+
 /* Fork fn(arg) as a child process (bounded by alarm); its exit status is fn's result. */
 static inline pid_t t_fork(int (*fn)(void *), void *arg)
 {
@@ -272,7 +362,7 @@ static inline int t_reap(pid_t pid)
 {
 	int st = 0;
 
-	assert_int_equal(waitpid(pid, &st, 0), pid);
+	assert_int_equal(t_waitpid(pid, &st, 0), pid);
 	if (WIFSIGNALED(st))
 		return 128 + WTERMSIG(st);
 	return WEXITSTATUS(st);
@@ -343,7 +433,7 @@ static inline void t_gate_open(struct t_gate *g)
 {
 	char c = 1;
 
-	if (write(g->fd[1], &c, 1) != 1)
+	if (t_write(g->fd[1], &c, 1) != 1)
 		abort();
 }
 
@@ -353,7 +443,7 @@ static inline int t_gate_wait(struct t_gate *g, int ms)
 	struct pollfd p = { .fd = g->fd[0], .events = POLLIN };
 	char c;
 
-	if (poll(&p, 1, ms) != 1 || read(g->fd[0], &c, 1) != 1)
+	if (t_poll(&p, 1, ms) != 1 || t_read(g->fd[0], &c, 1) != 1)
 		return -1;
 	return 0;
 }
@@ -363,5 +453,145 @@ static inline void t_gate_close(struct t_gate *g)
 	close(g->fd[0]);
 	close(g->fd[1]);
 }
+
+/* ------------------------------------------------------------------ */
+/* Log lines a test looks for                                          */
+/* ------------------------------------------------------------------ */
+
+/*
+ * t_log_capture(level): from now on ferry's log lines at or below level
+ * are kept (the last 64 KiB, any thread) besides going to stderr when
+ * FERRY_LOG is set; t_log_seen(level, a, b) says whether a kept line at
+ * exactly that level holds both strings (b may be NULL).
+ */
+static pthread_mutex_t t_log_lock = PTHREAD_MUTEX_INITIALIZER;
+static char t_log_buf[65536];
+static size_t t_log_len;
+
+static void t_log_keep(int level, const char *line, void *arg)
+{
+	size_t n = strlen(line) + 3;
+
+	(void)arg;
+	if (getenv("FERRY_LOG"))
+		fprintf(stderr, "%s\n", line);
+	pthread_mutex_lock(&t_log_lock);
+	if (n < sizeof(t_log_buf)) {
+		if (t_log_len + n >= sizeof(t_log_buf))
+			t_log_len = 0; /* full: start over, the newest lines matter */
+		t_log_len += (size_t)snprintf(t_log_buf + t_log_len, sizeof(t_log_buf) - t_log_len,
+					      "%d %s\n", level, line);
+	}
+	pthread_mutex_unlock(&t_log_lock);
+}
+
+static inline void t_log_capture(int level)
+{
+	pthread_mutex_lock(&t_log_lock);
+	t_log_len = 0;
+	t_log_buf[0] = '\0';
+	pthread_mutex_unlock(&t_log_lock);
+	ferry_log_set(level, t_log_keep, NULL);
+}
+
+static inline bool t_log_seen(int level, const char *a, const char *b)
+{
+	bool seen = false;
+	char *line, *save = NULL, *copy;
+
+	pthread_mutex_lock(&t_log_lock);
+	copy = strndup(t_log_buf, t_log_len);
+	pthread_mutex_unlock(&t_log_lock);
+	if (!copy)
+		return false;
+	for (line = strtok_r(copy, "\n", &save); line && !seen; line = strtok_r(NULL, "\n", &save))
+		seen = atoi(line) == level && strstr(line, a) && (!b || strstr(line, b));
+	free(copy);
+	return seen;
+}
+
+/* ------------------------------------------------------------------ */
+/* Running cases apart                                                 */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Run every case of a cmocka group in a child process of its own (and
+ * process group), one after the other: a case that fails (or crashes, or hangs until its
+ * alarm) takes its engines, children, sockets and memory with it, so it
+ * cannot make a later case fail ("name already live in this namespace").
+ * The group's setup and teardown run in each child around its one case.
+ * FERRY_TEST_ONLY=GLOB runs only the cases whose names match it (as
+ * cmocka_set_test_filter does, e.g. '*peer_leaves*');
+ * FERRY_TEST_NOFORK=1 runs the group in this process (for a debugger).
+ * A case whose child exits 77 is skipped; when every case is, 77 (skip)
+ * is returned for ctest. Otherwise: how many cases failed, as
+ * cmocka_run_group_tests returns.
+ */
+static inline int t_run_cases_apart(const char *group, const struct CMUnitTest *tests, size_t n,
+				    CMFixtureFunction setup, CMFixtureFunction teardown)
+{
+	const char *only = getenv("FERRY_TEST_ONLY");
+	unsigned case_alarm = t_under_valgrind() ? 1800 : 400;
+	int failed = 0, ran = 0, skipped = 0;
+
+	if (getenv("FERRY_TEST_NOFORK") && !only)
+		return _cmocka_run_group_tests(group, tests, n, setup, teardown);
+	for (size_t i = 0; i < n; i++) {
+		unsigned left;
+		pid_t pid;
+		int st = 0;
+
+		if (only && fnmatch(only, tests[i].name, 0) != 0)
+			continue;
+		ran++;
+		fflush(stdout);
+		fflush(stderr);
+		if (getenv("FERRY_TEST_NOFORK")) {
+			failed += _cmocka_run_group_tests(group, &tests[i], 1, setup, teardown) != 0;
+			continue;
+		}
+		/* The program's own alarm, if it set one, bounds each case too. */
+		left = alarm(0);
+		alarm(left);
+		pid = fork();
+		if (pid < 0) {
+			fprintf(stderr, "%s: fork for %s: %s\n", group, tests[i].name, strerror(errno));
+			failed++;
+			continue;
+		}
+		if (pid == 0) {
+			/* Its own process group: whatever it forks is killed with it. */
+			setpgid(0, 0);
+			/* A case bounds itself; this is the backstop for one that hangs. */
+			alarm(left && left < case_alarm ? left : case_alarm);
+			_exit(_cmocka_run_group_tests(group, &tests[i], 1, setup, teardown) ? 1 : 0);
+		}
+		if (t_waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+			skipped++; /* the case (or the group's setup) said it cannot run here */
+		} else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			failed++;
+			if (WIFSIGNALED(st))
+				printf("[  FAILED  ] %s: killed by signal %d (%s)\n", tests[i].name,
+				       WTERMSIG(st), strsignal(WTERMSIG(st)));
+			else
+				printf("[  FAILED  ] %s: exit %d\n", tests[i].name,
+				       WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+		}
+		/* Whatever the case's children left running goes with it. */
+		kill(-pid, SIGKILL);
+	}
+	printf("[==========] %s: %d case(s) run apart, %d failed, %d skipped\n", group, ran, failed,
+	       skipped);
+	if (only && ran == 0) {
+		printf("[  FAILED  ] no case matches FERRY_TEST_ONLY=%s\n", only);
+		return 1;
+	}
+	if (failed == 0 && ran > 0 && skipped == ran)
+		return 77; /* ctest's SKIP_RETURN_CODE: nothing could run here */
+	return failed;
+}
+
+#define t_run_group_apart(tests, setup, teardown)                                              \
+	t_run_cases_apart(program_invocation_short_name, tests, sizeof(tests) / sizeof((tests)[0]), setup, teardown)
 
 #endif

@@ -132,9 +132,9 @@ static inline int wait_text(int fd, char *buf, size_t len, int ms)
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 	ssize_t n;
 
-	if (poll(&p, 1, ms) != 1)
+	if (t_poll(&p, 1, ms) != 1)
 		return -1;
-	n = read(fd, buf, len - 1);
+	n = t_read(fd, buf, len - 1);
 	if (n <= 0)
 		return -1;
 	buf[n] = '\0';
@@ -160,7 +160,7 @@ static inline void spawn(struct child *c, int (*fn)(const char *addr, void *arg)
 
 static inline void go(struct child *c, const char *addr)
 {
-	if (write(c->fd[1], addr, strlen(addr)) != (ssize_t)strlen(addr))
+	if (t_write(c->fd[1], addr, strlen(addr)) != (ssize_t)strlen(addr))
 		abort();
 	close(c->fd[1]);
 }

@@ -360,7 +360,7 @@ static void test_manual_arm_deadlines(void **state)
 		assert_int_equal(ferry_cq_poll(cq, &c, 1), 0);
 		if (ferry_cq_arm(cq) == -EBUSY)
 			continue;
-		if (poll(&pfd, 1, 20) != 0)
+		if (t_poll(&pfd, 1, 20) != 0)
 			wakes++;
 	}
 	assert_true(wakes <= 1); /* at most the first arm's own leftovers */
@@ -377,7 +377,7 @@ static void test_manual_arm_deadlines(void **state)
 		}
 		if (ferry_cq_arm(cq) == -EBUSY)
 			continue;
-		poll(&pfd, 1, 5000);
+		t_poll(&pfd, 1, 5000);
 		if (t_now() - t0 > 4 * SEC)
 			fail_msg("the 100 ms deadline did not wake the fd");
 	}
@@ -807,5 +807,5 @@ int main(void)
 		cmocka_unit_test(test_stand_in_rounds),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -619,13 +619,16 @@ static void test_ctl_remote_cancel(void **state)
 
 static void test_ctl_wrong_secret(void **state)
 {
-	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0);
-	struct ferry_engine *c = mk_ctl("ctlC", "not-the-secret", 0, 0);
-	struct ferry_peer *pa = t_peer(c, "ctlA");
+	struct ferry_engine *a, *c;
+	struct ferry_peer *pa;
 	char ca[TCP_ADDR_MAX];
 	const char x[] = "x";
 
 	(void)state;
+	t_log_capture(FERRY_LOG_WARN);
+	a = mk_ctl("ctlA", SECRET, 0, 0);
+	c = mk_ctl("ctlC", "not-the-secret", 0, 0);
+	pa = t_peer(c, "ctlA");
 	ctl_addr(a, ca, sizeof(ca));
 	assert_int_equal(ferry_peer_connect(pa, ca), 0);
 	t_put(c, pa, "k", x, sizeof(x), 1, 0);
@@ -645,9 +648,22 @@ static void test_ctl_wrong_secret(void **state)
 
 		connect_to(b, a);
 		assert_int_equal(ctl_stat(a, "sessions_ready"), 1);
-		/* c checked a's proof first and hung up: it never showed its own. */
+		/*
+		 * c checked a's proof first and refused it: it never showed its
+		 * own, but it says so, and a (the engine called) logs the refused
+		 * peer at warn, with its address, and counts it.
+		 */
 		assert_int_equal(ctl_stat(c, "auth_failed"), 1);
-		assert_int_equal(ctl_stat(a, "auth_failed"), 0);
+		for (int i = 0; i < 200 && ctl_stat(a, "auth_failed") == 0; i++)
+			usleep(10000);
+		assert_int_equal(ctl_stat(a, "auth_failed"), 1);
+		assert_true(t_log_seen(FERRY_LOG_WARN, "engine ctlA: ctlC (", "refused our proof"));
+		{
+			char h[8192];
+
+			assert_true(ferry_engine_health(a, h, sizeof(h)) > 0);
+			assert_non_null(strstr(h, "\"security\":{\"peers_refused\":1,"));
+		}
 		ferry_engine_destroy(b);
 	}
 	ferry_engine_destroy(c);
@@ -804,7 +820,7 @@ static int serve_forever(const char *unused, void *arg)
 	b = mk_ctl("ctlB", SECRET, 100, 600);
 	if (!b || ferry_engine_control_address(b, addr, sizeof(addr)) <= 0)
 		return 1;
-	if (write(fd, addr, strlen(addr)) != (ssize_t)strlen(addr))
+	if (t_write(fd, addr, strlen(addr)) != (ssize_t)strlen(addr))
 		return 2;
 	for (;;)
 		pause();
@@ -872,7 +888,7 @@ static int serve_on_port(const char *unused, void *arg)
 	p.peer_timeout_ms = 600;
 	for (int i = 0; i < 100 && ferry_engine_create(&p, &b); i++)
 		usleep(50000); /* the address may linger a moment after the last owner died */
-	if (!b || write(a[1], "up", 2) != 2)
+	if (!b || t_write(a[1], "up", 2) != 2)
 		return 1;
 	for (;;)
 		pause();
@@ -992,7 +1008,7 @@ int main(void)
 	};
 
 	signal(SIGPIPE, SIG_IGN);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }
 
 #else

@@ -270,6 +270,61 @@ static void test_zero_length(void **state)
 	rmpair(&p);
 }
 
+/*
+ * 0-byte payloads once the peer is resolved (after a first PUT to it): a
+ * GET into an iovec gets res 0, len 0; a zero-copy GET a 0-byte buffer
+ * with FERRY_CQE_F_BUF. The GET into an iovec crashed here (the key was
+ * stored without a buffer); the zero-copy GET got no buffer.
+ */
+static void test_zero_length_resolved_peer(void **state)
+{
+	struct pair p = mkpair(state, 0);
+	char dst[16], empty[1];
+	struct iovec in = { dst, sizeof(dst) }, none = { empty, 0 };
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+
+	t_put(p.a, p.to_b, "first", "12345678", 8, 1, 0); /* resolves the peer */
+	t_expect(p.a, p.b, 1, 0, &c);
+	for (int round = 0; round < 2; round++) {
+		sqe = t_sqe(p.a);
+		ferry_prep_put(sqe, p.to_b, "e-iov", NULL, 0, 2);
+		t_submit(p.a);
+		t_expect(p.a, p.b, 2, 0, &c);
+		t_put(p.a, p.to_b, "e-zc", empty, 0, 3, 0); /* an iovec of one 0-byte piece */
+		t_expect(p.a, p.b, 3, 0, &c);
+		memset(dst, 0x5a, sizeof(dst));
+		t_get(p.b, p.from_a, "e-iov", &in, 1, 4, 0, 0);
+		t_expect(p.b, p.a, 4, 0, &c);
+		assert_int_equal(c.len, 0);
+		assert_null(c.buf);
+		assert_false(c.flags & FERRY_CQE_F_BUF);
+		assert_int_equal(dst[0], 0x5a);
+		t_get(p.b, p.from_a, "e-zc", NULL, 0, 5, 0, 0);
+		t_expect(p.b, p.a, 5, 0, &c);
+		assert_int_equal(c.len, 0);
+		assert_non_null(c.buf);
+		assert_true(c.flags & FERRY_CQE_F_BUF);
+		assert_int_equal(ferry_buf_len(c.buf), 0);
+		ferry_buf_release(c.buf);
+		/* A 0-byte GET destination takes a 0-byte payload, and refuses more. */
+		t_put(p.a, p.to_b, "e-none", empty, 0, 6, 0);
+		t_expect(p.a, p.b, 6, 0, &c);
+		t_get(p.b, p.from_a, "e-none", &none, 1, 7, 0, 0);
+		t_expect(p.b, p.a, 7, 0, &c);
+		assert_int_equal(c.len, 0);
+		t_put(p.a, p.to_b, "e-one", "x", 1, 8, 0);
+		t_expect(p.a, p.b, 8, 0, &c);
+		t_get(p.b, p.from_a, "e-one", &none, 1, 9, 0, 0);
+		t_expect(p.b, p.a, 9, -EMSGSIZE, &c);
+		t_get(p.b, p.from_a, "e-one", NULL, 0, 10, 0, 0); /* it stayed */
+		t_expect(p.b, p.a, 10, 0, &c);
+		assert_int_equal(c.len, 1);
+		ferry_buf_release(c.buf);
+	}
+	rmpair(&p);
+}
+
 /* Keys are scoped by (from, to): the same key from another peer is another key. */
 static void test_key_scope(void **state)
 {
@@ -508,6 +563,7 @@ int main(void)
 		BOTH(test_msgsize_keeps_key),
 		BOTH(test_gather_scatter),
 		BOTH(test_zero_length),
+		BOTH(test_zero_length_resolved_peer),
 		BOTH(test_key_scope),
 		BOTH(test_waiters_fifo),
 		BOTH(test_cancel),
@@ -518,5 +574,5 @@ int main(void)
 		cmocka_unit_test(test_puts_away_at_silent_peer),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -7,7 +7,8 @@
  * 1 -> 3, GET before PUT, deadlines, sender pool exhaustion, small PUTs
  * inside the descriptor and larger ones in blocks (sizes around the
  * boundary, gathered iovecs, a receiver too full to take one), SIGKILL of
- * either side in the middle, isolated namespaces, and no files left
+ * either side in the middle, the first PUT to a peer that died and came
+ * back (a new engine of its name), isolated namespaces, and no files left
  * behind. Children report through their exit status; the parent asserts.
  */
 #include <dirent.h>
@@ -877,6 +878,93 @@ static void test_sigkill_consumer(void **state)
 
 /* ------------------------------------------------------------------ */
 
+struct incarnation {
+	struct t_gate *ready;
+	const char *key;
+	bool hold; /* keep the block (until killed), else exit 0 on the right data */
+};
+
+/* One life of "rx": GET key zero copy, check it, then hold it or leave. */
+static int rx_life(void *arg)
+{
+	struct incarnation *in = arg;
+	struct ferry_engine *e = mk("t", "rx", 0);
+	struct ferry_peer *from;
+	struct ferry_cqe c;
+	static char want[1000];
+
+	if (!e)
+		return 10;
+	ferry_peer_open(e, "tx", &from);
+	t_gate_open(in->ready);
+	t_get(e, from, in->key, NULL, 0, 1, 0, 10 * SEC);
+	if (t_wait_one(e, &c, 15 * SEC) != 0 || c.len != sizeof(want))
+		return 11;
+	memset(want, in->key[1], sizeof(want));
+	if (memcmp(ferry_buf_data(c.buf), want, sizeof(want)) != 0)
+		return 12;
+	if (in->hold) {
+		t_gate_open(in->ready);
+		pause(); /* killed here, holding the block */
+	}
+	ferry_buf_release(c.buf);
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/*
+ * A peer dies and a new engine of its name comes up: the very next PUT to
+ * it goes through (it failed with -ECONNRESET: the peer stayed resolved to
+ * the dead connection, and only the PUT after it called again).
+ */
+static void test_restarted_peer(void **state)
+{
+	struct t_gate ready1, ready2;
+	struct incarnation one = { &ready1, "a0", true }, two = { &ready2, "b1", false };
+	static char data_a[1000], data_b[1000];
+	struct held first, second;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_cqe c;
+	char h[4096];
+
+	(void)state;
+	t_gate_init(&ready1);
+	t_gate_init(&ready2);
+	spawn_held(&first, rx_life, &one);
+	spawn_held(&second, rx_life, &two);
+	e = mk("t", "tx", 0);
+	assert_non_null(e);
+	to = t_peer(e, "rx");
+	memset(data_a, '0', sizeof(data_a));
+	memset(data_b, '1', sizeof(data_b));
+	held_go(&first);
+	assert_int_equal(t_gate_wait(&ready1, 20000), 0);
+	t_put(e, to, "a0", data_a, sizeof(data_a), 1, 0);
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(t_gate_wait(&ready1, 20000), 0); /* it holds our block */
+	kill(first.pid, SIGKILL);
+	assert_int_equal(t_reap(first.pid), 128 + SIGKILL);
+	for (int i = 0; i < 500; i++) { /* our engine saw it die: the block came back */
+		ferry_engine_health(e, h, sizeof(h));
+		if (strstr(h, "\"blocks_in_use\":0,"))
+			break;
+		usleep(10000);
+	}
+	assert_non_null(strstr(h, "\"blocks_in_use\":0,"));
+	held_go(&second);
+	assert_int_equal(t_gate_wait(&ready2, 20000), 0);
+	t_put(e, to, "b1", data_b, sizeof(data_b), 2, 0); /* the first PUT to the new rx */
+	assert_int_equal(t_wait_one(e, &c, 10 * SEC), 0);
+	assert_int_equal(c.user_data, 2);
+	assert_int_equal(t_reap(second.pid), 0);
+	ferry_engine_destroy(e);
+	t_gate_close(&ready1);
+	t_gate_close(&ready2);
+}
+
+/* ------------------------------------------------------------------ */
+
 static int ns_twin(void *arg)
 {
 	struct t_gate *ready = arg;
@@ -972,9 +1060,10 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_inline_and_block_sizes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigkill_producer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_sigkill_consumer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_restarted_peer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_namespaces_isolated, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_name_taken_and_leftovers, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

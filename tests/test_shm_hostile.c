@@ -154,7 +154,7 @@ static void evil_put_type(struct evil *v, uint32_t type, const char *key, uint64
 	if (data)
 		memcpy(d->body + shm_inline_at(d->key_len), data, len);
 	atomic_store(&d->seq, tail + 1);
-	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
+	if (t_write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
 		fail_msg("doorbell");
 }
 
@@ -183,7 +183,7 @@ static void evil_ctrl(struct evil *v, uint16_t type, int32_t res, uint64_t op_co
 	d->buf_cookie = buf_cookie;
 	d->offset = 0;
 	atomic_store(&d->seq, tail + 1);
-	if (write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
+	if (t_write(v->peer_fds[1], &one, sizeof(one)) != sizeof(one))
 		fail_msg("doorbell");
 }
 
@@ -200,7 +200,7 @@ static int evil_dropped(struct evil *v, int ms)
 	int64_t end = t_now() + ms * MS;
 
 	while (t_now() < end) {
-		if (poll(&p, 1, 50) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
+		if (t_poll(&p, 1, 50) > 0 && (p.revents & (POLLHUP | POLLRDHUP | POLLERR)))
 			return 1;
 	}
 	return 0;
@@ -262,7 +262,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 	{
 		uint64_t one = 1;
 
-		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+		assert_int_equal(t_write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
 	}
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
@@ -287,7 +287,7 @@ static void test_garbage_indices_and_descriptors(void **state)
 		d->len = 1;
 		d->key_len = 5;
 		atomic_store(&d->seq, tail + 1);
-		assert_int_equal(write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
+		assert_int_equal(t_write(v.peer_fds[1], &one, sizeof(one)), sizeof(one));
 	}
 	assert_true(evil_dropped(&v, 5000));
 	evil_close(&v);
@@ -385,5 +385,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_silent_caller, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

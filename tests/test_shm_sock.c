@@ -163,7 +163,7 @@ static int accept_within(int lfd, int ms)
 {
 	struct pollfd p = { .fd = lfd, .events = POLLIN };
 
-	if (poll(&p, 1, ms) != 1)
+	if (t_poll(&p, 1, ms) != 1)
 		return -ETIMEDOUT;
 	return shm_sock_accept(lfd);
 }
@@ -172,7 +172,7 @@ static int wait_child(pid_t pid)
 {
 	int st = 0;
 
-	if (waitpid(pid, &st, 0) != pid)
+	if (t_waitpid(pid, &st, 0) != pid)
 		return -1;
 	if (WIFEXITED(st))
 		return WEXITSTATUS(st);
@@ -198,9 +198,9 @@ static pid_t listener_child(const char *name, int *tell_rd, int *go_wr)
 		close(go[1]);
 		if (shm_sock_listen(NS, name, &l) < 0)
 			c = 'F';
-		if (write(tell[1], &c, 1) != 1)
+		if (t_write(tell[1], &c, 1) != 1)
 			_exit(2);
-		if (read(go[0], &c, 1) != 1)
+		if (t_read(go[0], &c, 1) != 1)
 			_exit(3); /* parent gone or SIGKILL expected */
 		shm_sock_unlisten(&l);
 		_exit(0);
@@ -212,7 +212,7 @@ static pid_t listener_child(const char *name, int *tell_rd, int *go_wr)
 	{
 		char c = 0;
 
-		assert_int_equal(read(tell[0], &c, 1), 1);
+		assert_int_equal(t_read(tell[0], &c, 1), 1);
 		assert_int_equal(c, 'L');
 	}
 	return pid;
@@ -256,7 +256,7 @@ static int child_side(void)
 	fill_hello(&mine, "client");
 	if (shm_sock_send_hello(s, &mine, NULL, 0) < 0)
 		return 16;
-	if (write(fds[1], &one, sizeof(one)) != sizeof(one))
+	if (t_write(fds[1], &one, sizeof(one)) != sizeof(one))
 		return 17;
 	close(fds[0]);
 	close(fds[1]);
@@ -314,8 +314,8 @@ static void test_handshake_with_child(void **state)
 	{
 		struct pollfd pf = { .fd = efd, .events = POLLIN };
 
-		assert_int_equal(poll(&pf, 1, 10000), 1);
-		assert_int_equal(read(efd, &v, sizeof(v)), sizeof(v));
+		assert_int_equal(t_poll(&pf, 1, 10000), 1);
+		assert_int_equal(t_read(efd, &v, sizeof(v)), sizeof(v));
 		assert_int_equal(v, 7);
 	}
 	assert_string_equal(p + 100, "pong");
@@ -379,7 +379,7 @@ static void test_addrinuse_other_process(void **state)
 	s = shm_sock_connect(NS, "busy");
 	assert_true(s >= 0);
 	close(s);
-	assert_int_equal(write(wr, "x", 1), 1);
+	assert_int_equal(t_write(wr, "x", 1), 1);
 	assert_int_equal(wait_child(pid), 0);
 	close(rd);
 	close(wr);
@@ -421,7 +421,7 @@ static void test_listen_race(void **state)
 				close(start[1]);
 				close(res[0]);
 				close(hold[1]);
-				(void)!read(start[0], &c, 1); /* EOF: go */
+				(void)!t_read(start[0], &c, 1); /* EOF: go */
 				if (i == RACERS) { /* the sweeper */
 					for (int k = 0; k < 50; k++)
 						if (shm_sock_sweep(NS) < 0)
@@ -430,9 +430,9 @@ static void test_listen_race(void **state)
 				}
 				rc = shm_sock_listen(NS, "race", &l);
 				c = rc >= 0 ? 'L' : rc == -EADDRINUSE ? 'U' : (char)-rc;
-				if (write(res[1], &c, 1) != 1)
+				if (t_write(res[1], &c, 1) != 1)
 					_exit(2);
-				(void)!read(hold[0], &c, 1); /* EOF: done */
+				(void)!t_read(hold[0], &c, 1); /* EOF: done */
 				shm_sock_unlisten(&l);
 				_exit(0);
 			}
@@ -444,7 +444,7 @@ static void test_listen_race(void **state)
 		for (int i = 0; i < RACERS; i++) {
 			char c = 0;
 
-			assert_int_equal(read(res[0], &c, 1), 1);
+			assert_int_equal(t_read(res[0], &c, 1), 1);
 			if (c == 'L')
 				won++;
 			else if (c == 'U')
@@ -611,7 +611,7 @@ static void test_crash_leftover_sweep(void **state)
 	assert_true(s >= 0);
 	close(s);
 
-	assert_int_equal(write(wr, "x", 1), 1);
+	assert_int_equal(t_write(wr, "x", 1), 1);
 	assert_int_equal(wait_child(alive), 0);
 	close(rd);
 	close(wr);
@@ -894,10 +894,10 @@ static void test_other_uid_refused(void **state)
 		memset(&sa, 0, sizeof(sa));
 		sa.sun_family = AF_UNIX;
 		strcpy(sa.sun_path, l.path);
-		if (connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		if (t_connect(s, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 			_exit(2);
 		/* The server must hang up on us. */
-		_exit(recv(s, &b, 1, 0) == 0 ? 0 : 3);
+		_exit(t_recv(s, &b, 1, 0) == 0 ? 0 : 3);
 	}
 	log_reset();
 	c = accept_within(lfd, 10000);
@@ -1256,5 +1256,5 @@ int main(void)
 	};
 
 	signal(SIGPIPE, SIG_IGN);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

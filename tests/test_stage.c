@@ -180,7 +180,7 @@ static void test_stage_cleanup_releases_shm(void **state)
 
 		close(go[1]);
 		close(done[0]);
-		if (read(go[0], &byte, 1) != 1)
+		if (t_read(go[0], &byte, 1) != 1)
 			_exit(2);
 		p.name = "producer";
 		p.ns = "test";
@@ -209,7 +209,7 @@ static void test_stage_cleanup_releases_shm(void **state)
 			if (ferry_cq_wait(ferry_cq_default(e), &cqe, 1, 5 * SEC) != 1 || cqe.res)
 				rc = 4;
 		}
-		if (write(done[1], "x", 1) != 1)
+		if (t_write(done[1], "x", 1) != 1)
 			rc = 5;
 		/* Wait until the consumer's cleanup released our blocks. */
 		for (int i = 0; i < 500 && !rc; i++) {
@@ -220,7 +220,7 @@ static void test_stage_cleanup_releases_shm(void **state)
 			if (i == 499)
 				rc = 6;
 		}
-		if (read(go[0], &byte, 1) != 0) /* EOF: the parent is done */
+		if (t_read(go[0], &byte, 1) != 0) /* EOF: the parent is done */
 			rc = 7;
 		ferry_engine_destroy(e);
 		_exit(rc);
@@ -231,15 +231,15 @@ static void test_stage_cleanup_releases_shm(void **state)
 		struct ferry_engine *e = t_engine("consumer", FERRY_PROGRESS_THREAD, 0);
 		struct ferry_peer *from = t_peer(e, "producer");
 
-		assert_int_equal(write(go[1], "x", 1), 1);
-		assert_int_equal(read(done[0], &byte, 1), 1);
+		assert_int_equal(t_write(go[1], "x", 1), 1);
+		assert_int_equal(t_read(done[0], &byte, 1), 1);
 		cleanup_op(e, from, "req7", 1, 3);
 		get_nowait(e, from, "req7_0_0", 2, -EAGAIN);
 		close(go[1]);
 		{
 			int st = 0;
 
-			assert_int_equal(waitpid(pid, &st, 0), pid);
+			assert_int_equal(t_waitpid(pid, &st, 0), pid);
 			assert_true(WIFEXITED(st));
 			assert_int_equal(WEXITSTATUS(st), 0);
 		}
@@ -663,7 +663,7 @@ static int stage_child(struct pipeline *pl, const char *id)
 						ferry_strerror(rc));
 					return 12;
 				}
-				if (r == 0 && write(pl->meta_pipe[1], &meta, sizeof(meta)) !=
+				if (r == 0 && t_write(pl->meta_pipe[1], &meta, sizeof(meta)) !=
 						      (ssize_t)sizeof(meta))
 					return 13;
 			}
@@ -678,7 +678,7 @@ static int stage_child(struct pipeline *pl, const char *id)
 				uint8_t *d;
 
 				if (r == 0) {
-					if (read(pl->meta_pipe[0], &meta, sizeof(meta)) !=
+					if (t_read(pl->meta_pipe[0], &meta, sizeof(meta)) !=
 					    (ssize_t)sizeof(meta))
 						return 20;
 					mp = &meta;
@@ -767,7 +767,7 @@ static int stage_child(struct pipeline *pl, const char *id)
 		char c;
 
 		close(pl->done_pipe[1]);
-		if (read(pl->done_pipe[0], &c, 1) != 0)
+		if (t_read(pl->done_pipe[0], &c, 1) != 0)
 			return 40;
 	}
 	ferry_stage_close(&s);
@@ -801,7 +801,7 @@ static void run_pipeline(const char *yaml, const char *ns)
 	for (int i = 0; i < 3; i++) {
 		int st = 0;
 
-		assert_int_equal(waitpid(pids[i], &st, 0), pids[i]);
+		assert_int_equal(t_waitpid(pids[i], &st, 0), pids[i]);
 		if (!WIFEXITED(st) || WEXITSTATUS(st))
 			fail_msg("stage %s: %s %d", ids[i],
 				 WIFEXITED(st) ? "exit" : "signal",
@@ -893,5 +893,5 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_stage_manual_progress, setup, teardown),
 	};
 
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

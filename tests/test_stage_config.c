@@ -371,7 +371,7 @@ static void load_text(const char *text, int want, const char *expect)
 	bool found = false;
 
 	assert_true(fd >= 0);
-	assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	assert_int_equal(t_write(fd, text, strlen(text)), (ssize_t)strlen(text));
 	close(fd);
 	assert_int_equal(stage_graph_load(path, &g), want);
 	assert_non_null(g);
@@ -506,5 +506,5 @@ int main(void)
 		ferry_log_set(-1, NULL, NULL);
 	/* No RDMA device unless a test makes one. */
 	setenv("FERRY_RDMA_SYSFS", "/nonexistent/ferry-test", 1);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

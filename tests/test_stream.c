@@ -783,5 +783,5 @@ int main(void)
 	};
 
 	alarm(t_under_valgrind() ? 1500 : 300);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@
  * returns its credit, so the chunks behind it go; per-peer credit freed by
  * a cleanup lets blocked streams go; a whole-stream read's timeout is a gap;
  * chunks that arrive out of order are still read from chunk 0 on, also when
- * chunk 0 goes straight to a waiting STREAM_GET.
+ * chunk 0 goes straight to a waiting STREAM_GET; a stream whose peer went
+ * away stays failed until its request is cleaned up.
  * In-process engines (loopback transport); MANUAL mode where the order of
  * events matters.
  */
@@ -437,6 +438,72 @@ static void test_reordered_arrival_while_reading(void **state)
 	rm();
 }
 
+/*
+ * A stream whose peer went away stays failed: once the peer is back (a new
+ * engine of the same name), a STREAM_PUT of the stream still fails with the
+ * stream's error, and the new consumer sees nothing (before: the record was
+ * freed and the next chunk went out as chunk 0 of a "new" stream, a whole
+ * shifted stream delivered without an error). A cleanup of the request
+ * ends it; after that the key may start a new stream at chunk 0.
+ */
+static void test_failed_stream_stays_failed(void **state)
+{
+	struct ferry_cqe c;
+	struct ferry_sqe *q;
+	int err;
+
+	(void)state;
+	mk(FERRY_PROGRESS_THREAD);
+	sget(B, fromA, "req1_0", 100, 0, 5 * SEC);
+	sput(A, toB, "req1_0", &iov8, 1, 200, 0);
+	assert_true(waitc(A, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 200);
+	assert_int_equal(c.res, 0); /* chunk 0 */
+	assert_true(waitc(B, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 100);
+	assert_int_equal(c.res, 0);
+	ferry_buf_release(c.buf);
+
+	assert_int_equal(ferry_engine_destroy(B), 0); /* the consumer goes away */
+	B = NULL;
+	sput(A, toB, "req1_0", &iov8, 1, 201, 0); /* chunk 1: nobody there */
+	assert_true(waitc(A, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 201);
+	assert_true(c.res < 0);
+	err = c.res;
+
+	B = t_engine("b", FERRY_PROGRESS_THREAD, 0); /* the consumer is back */
+	fromA = t_peer(B, "a");
+	sget(B, fromA, "req1_0", 101, 0, 300 * MS);
+	for (int i = 0; i < 3; i++) {
+		sput(A, toB, "req1_0", &iov8, 1, 202, i == 2 ? FERRY_SQE_STREAM_END : 0);
+		assert_true(waitc(A, &c, 5 * SEC));
+		assert_int_equal(c.user_data, 202);
+		assert_int_equal(c.res, err); /* still failed, not chunk 0 of a new stream */
+	}
+	assert_true(waitc(B, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 101);
+	assert_int_equal(c.res, -ETIMEDOUT); /* no chunk reached the new consumer */
+
+	q = t_sqe(A); /* the request is cleaned up: its failed stream goes */
+	ferry_prep_cleanup(q, NULL, "req1", 300);
+	t_submit(A);
+	assert_true(waitc(A, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 300);
+	assert_int_equal(c.res, 1);
+	sget(B, fromA, "req1_0", 102, 0, 5 * SEC);
+	sput(A, toB, "req1_0", &iov8, 1, 203, FERRY_SQE_STREAM_END);
+	assert_true(waitc(A, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 203);
+	assert_int_equal(c.res, 0); /* chunk 0 of a new stream */
+	assert_true(waitc(B, &c, 5 * SEC));
+	assert_int_equal(c.user_data, 102);
+	assert_int_equal(c.res, 0);
+	assert_false(c.flags & FERRY_CQE_F_MORE);
+	ferry_buf_release(c.buf);
+	rm();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -451,8 +518,9 @@ int main(void)
 		cmocka_unit_test(test_whole_gap_timeout),
 		cmocka_unit_test(test_reordered_arrival),
 		cmocka_unit_test(test_reordered_arrival_while_reading),
+		cmocka_unit_test(test_failed_stream_stays_failed),
 	};
 
 	alarm(t_under_valgrind() ? 900 : 120);
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -288,13 +288,13 @@ static void test_tcp_order_small(void **state)
 }
 
 /*
- * Sizes across the boundaries, each checked: data copied into the message
+ * Sizes across the boundaries (from 0), each checked: data copied into the message
  * (up to 256 bytes, TCP_INLINE_MAX) or taken from a pool block, eager or
  * rendezvous.
  */
 static void test_tcp_sizes(void **state)
 {
-	static const size_t sizes[] = { 1, 63, 256, 257, 4096, 65535, 65536, 65537, 200000,
+	static const size_t sizes[] = { 0, 1, 63, 256, 257, 4096, 65535, 65536, 65537, 200000,
 					3 * MIB + 5 };
 	enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
@@ -516,7 +516,7 @@ static int listener_main(const char *unused, void *arg)
 	if (!e)
 		return 10;
 	n = ferry_engine_address(e, addr, sizeof(addr));
-	if (n <= 0 || write(lc->back[1], addr, (size_t)n) != n)
+	if (n <= 0 || t_write(lc->back[1], addr, (size_t)n) != n)
 		return 11;
 	rc = child_consume(e, lc->count, lc->size);
 	if (!rc && pool_in_use(e) != 0)
@@ -608,7 +608,7 @@ static void test_tcp_one_to_three(void **state)
 		done++;
 	}
 	for (int i = 0; i < 3; i++) {
-		assert_int_equal(write(lc[i].done[1], "done", 4), 4);
+		assert_int_equal(t_write(lc[i].done[1], "done", 4), 4);
 		close(lc[i].done[1]);
 		assert_int_equal(t_reap(ch[i].pid), 0); /* each checked every item */
 		free(data[i]);
@@ -725,7 +725,7 @@ static int up_pipe[2], down_pipe[2];
 
 static void tell_test(const char *s)
 {
-	if (write(up_pipe[1], s, strlen(s)) != (ssize_t)strlen(s))
+	if (t_write(up_pipe[1], s, strlen(s)) != (ssize_t)strlen(s))
 		_exit(30);
 }
 
@@ -803,7 +803,7 @@ static int holder_main(const char *unused, void *arg)
 			tell_test("F");
 			full_said = true;
 		}
-		if (!released && poll(&pd, 1, 0) == 1) {
+		if (!released && t_poll(&pd, 1, 0) == 1) {
 			for (unsigned k = 0; k < nheld; k++)
 				ferry_buf_release(held[k]);
 			released = true;
@@ -971,7 +971,7 @@ static void test_tcp_pool_exhaustion(void **state)
 	assert_int_equal(pool_in_use(e), waiting); /* each holds its block here */
 
 	/* The receiver lets go: the waiting PUTs complete. */
-	assert_int_equal(write(down_pipe[1], "R", 1), 1);
+	assert_int_equal(t_write(down_pipe[1], "R", 1), 1);
 	for (unsigned i = 0; i < waiting; i++)
 		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
 	/* The refused ones again, and the rest. */
@@ -1082,11 +1082,27 @@ static void test_tcp_wrong_secret(void **state)
 	spawn(&c1, producer_main, &bad);
 	spawn(&c2, producer_main, &none);
 	spawn(&c3, producer_main, &good);
+	t_log_capture(FERRY_LOG_WARN);
 	e = mk_engine(&m);
 	assert_non_null(e);
 	engine_addr(e, addr, sizeof(addr));
 	go(&c1, addr);
 	assert_int_equal(t_reap(c1.pid), 0); /* its PUT failed with -EACCES */
+	/*
+	 * The caller refused our proof first (it never showed its own), and
+	 * said so: the engine called logs the refused peer at warn, with its
+	 * address, and counts it in its health.
+	 */
+	for (int i = 0; i < 200 && !t_log_seen(FERRY_LOG_WARN, "\"prod\" from tcp://127.0.0.1:",
+						  "refused our proof"); i++)
+		usleep(10000);
+	assert_true(t_log_seen(FERRY_LOG_WARN, "\"prod\" from tcp://127.0.0.1:", "refused our proof"));
+	{
+		char h[8192];
+
+		assert_true(ferry_engine_health(e, h, sizeof(h)) > 0);
+		assert_non_null(strstr(h, "\"security\":{\"peers_refused\":1,"));
+	}
 	go(&c2, addr);
 	assert_int_equal(t_reap(c2.pid), 0);
 	/* Nothing of theirs arrived. */
@@ -1115,7 +1131,7 @@ static int raw_connect(const char *addr)
 	fd = socket(ss.ss_family, SOCK_STREAM, 0);
 	assert_true(fd >= 0);
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	assert_int_equal(connect(fd, (struct sockaddr *)&ss, len), 0);
+	assert_int_equal(t_connect(fd, (struct sockaddr *)&ss, len), 0);
 	return fd;
 }
 
@@ -1124,7 +1140,7 @@ static int read_full(int fd, void *p, size_t n)
 	size_t got = 0;
 
 	while (got < n) {
-		ssize_t r = recv(fd, (uint8_t *)p + got, n - got, 0);
+		ssize_t r = t_recv(fd, (uint8_t *)p + got, n - got, 0);
 
 		if (r <= 0)
 			return -1;
@@ -1153,7 +1169,7 @@ static int raw_handshake(const char *addr, const char *secret)
 	snprintf(h.ns, sizeof(h.ns), NS);
 	snprintf(h.name, sizeof(h.name), "raw");
 	tcp_hello_to_wire(&h);
-	assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
+	assert_int_equal(t_send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
 	assert_int_equal(read_full(fd, &in, sizeof(in)), 0);
 	tcp_hello_from_wire(&in);
 	assert_int_equal(in.type, TCP_H_PROOF);
@@ -1164,7 +1180,7 @@ static int raw_handshake(const char *addr, const char *secret)
 	h.type = TCP_H_AUTH;
 	tcp_proof(&s, "ferry-caller", nc, ns, "raw", "cons", NS, link_id, 0, h.mac);
 	tcp_hello_to_wire(&h);
-	assert_int_equal(send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
+	assert_int_equal(t_send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
 	if (read_full(fd, &in, sizeof(in))) {
 		close(fd);
 		return -1;
@@ -1183,7 +1199,7 @@ static bool hung_up(int fd)
 	uint8_t buf[4096];
 
 	for (;;) {
-		ssize_t r = recv(fd, buf, sizeof(buf), 0);
+		ssize_t r = t_recv(fd, buf, sizeof(buf), 0);
 
 		if (r == 0 || (r < 0 && errno == ECONNRESET))
 			return true;
@@ -1198,9 +1214,9 @@ static void raw_frame(int fd, uint8_t type, uint8_t flags, uint16_t key_len, uin
 	uint8_t hdr[TCP_FRAME_BYTES];
 
 	tcp_frame_pack(hdr, type, flags, key_len, len, cookie, arg);
-	assert_int_equal(send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
+	assert_int_equal(t_send(fd, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
 	if (body_len)
-		assert_int_equal(send(fd, body, body_len, MSG_NOSIGNAL), (ssize_t)body_len);
+		assert_int_equal(t_send(fd, body, body_len, MSG_NOSIGNAL), (ssize_t)body_len);
 }
 
 static void test_tcp_malformed(void **state)
@@ -1222,7 +1238,7 @@ static void test_tcp_malformed(void **state)
 	/* Garbage instead of a hello. */
 	fd = raw_connect(addr);
 	memset(body, 0xab, sizeof(body));
-	assert_int_equal(send(fd, body, sizeof(body), MSG_NOSIGNAL), sizeof(body));
+	assert_int_equal(t_send(fd, body, sizeof(body), MSG_NOSIGNAL), sizeof(body));
 	assert_true(hung_up(fd));
 	close(fd);
 
@@ -1295,7 +1311,7 @@ static void test_tcp_malformed(void **state)
 	close(fd);
 	fd = raw_handshake(addr, SECRET);
 	memset(body, 0, 32);
-	assert_int_equal(send(fd, body, 32, MSG_NOSIGNAL), 32);
+	assert_int_equal(t_send(fd, body, 32, MSG_NOSIGNAL), 32);
 	assert_true(hung_up(fd));
 	close(fd);
 	/* An offer, then data beyond it. */
@@ -1392,7 +1408,7 @@ static int sink_main(const char *unused, void *arg)
 	if (!e)
 		return 10;
 	ferry_engine_address(e, addr, sizeof(addr));
-	if (write(out_fd, addr, strlen(addr)) < 0)
+	if (t_write(out_fd, addr, strlen(addr)) < 0)
 		return 11;
 	for (unsigned i = 0; i < s->expect_keys; i++) {
 		struct ferry_cqe c;
@@ -1696,7 +1712,5 @@ int main(void)
 	};
 
 	signal(SIGPIPE, SIG_IGN);
-	if (getenv("FERRY_TEST_ONLY")) /* e.g. FERRY_TEST_ONLY='*peer_leaves*' */
-		cmocka_set_test_filter(getenv("FERRY_TEST_ONLY"));
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	return t_run_group_apart(tests, NULL, NULL);
 }

@@ -190,7 +190,7 @@ static int consumer(const char *unused, void *arg)
 	if (!e)
 		return 31;
 	if (ferry_engine_address(e, addr, sizeof(addr)) <= 0 ||
-	    write(r->out, addr, strlen(addr)) < 0)
+	    t_write(r->out, addr, strlen(addr)) < 0)
 		return 32;
 	if (k->nfrom == 0)
 		pause(); /* serves until the test kills it */
@@ -315,7 +315,7 @@ static int cut_producer(const char *addr, void *arg)
 	if (ferry_peer_set_address(to, addr))
 		return 22;
 	/* Each byte asks for one PUT: 's' small, 'L' large. */
-	for (unsigned n = 0; read(ct->go_fd, &cmd, 1) == 1; n++) {
+	for (unsigned n = 0; t_read(ct->go_fd, &cmd, 1) == 1; n++) {
 		char key[32];
 		struct ferry_buf *b;
 		struct ferry_cqe c;
@@ -330,7 +330,7 @@ static int cut_producer(const char *addr, void *arg)
 		put_buf(e, to, key, b, 1, 20 * SEC);
 		res[0] = t_wait_one(e, &c, 30 * SEC);
 		res[1] = (int)((t_now() - t0) / MS);
-		if (write(ct->results, res, sizeof(res)) != sizeof(res))
+		if (t_write(ct->results, res, sizeof(res)) != sizeof(res))
 			return 24;
 	}
 	{
@@ -346,9 +346,9 @@ static int read_result(int fd, int res[2], int ms)
 {
 	struct pollfd p = { .fd = fd, .events = POLLIN };
 
-	if (poll(&p, 1, ms) != 1)
+	if (t_poll(&p, 1, ms) != 1)
 		return -1;
-	return read(fd, res, 2 * sizeof(int)) == 2 * sizeof(int) ? 0 : -1;
+	return t_read(fd, res, 2 * sizeof(int)) == 2 * sizeof(int) ? 0 : -1;
 }
 
 static void test_netns_link_down(void **state)
@@ -376,11 +376,11 @@ static void test_netns_link_down(void **state)
 	go(&cp, addr);
 
 	/* A PUT goes through. */
-	assert_int_equal(write(go_pipe[1], "s", 1), 1);
+	assert_int_equal(t_write(go_pipe[1], "s", 1), 1);
 	assert_int_equal(read_result(res_pipe[0], res, 30000), 0);
 	assert_int_equal(res[0], 0);
 	/* A 256 MiB PUT, and the cable is pulled under it. */
-	assert_int_equal(write(go_pipe[1], "L", 1), 1);
+	assert_int_equal(t_write(go_pipe[1], "L", 1), 1);
 	usleep(30000);
 	assert_int_equal(ns_sh("ip -n %s link set %s down", ns_b, vp), 0);
 	assert_int_equal(read_result(res_pipe[0], res, 30000), 0);
@@ -392,7 +392,7 @@ static void test_netns_link_down(void **state)
 	/* The cable is back: the next PUT connects anew and arrives. */
 	assert_int_equal(ns_sh("ip -n %s link set %s up", ns_b, vp), 0);
 	usleep(200000);
-	assert_int_equal(write(go_pipe[1], "s", 1), 1);
+	assert_int_equal(t_write(go_pipe[1], "s", 1), 1);
 	assert_int_equal(read_result(res_pipe[0], res, 30000), 0);
 	assert_int_equal(res[0], 0);
 	/* The consumer holds a copy of the pipe's write end: it goes first. */
@@ -482,7 +482,7 @@ static int ctl_holder(const char *unused, void *arg)
 		if (t_wait_one(e, &c, 10 * SEC) != 0)
 			return 42;
 	if (ferry_engine_control_address(e, addr, sizeof(addr)) <= 0 ||
-	    write(out, strrchr(addr, ':') + 1, strlen(strrchr(addr, ':') + 1)) < 0)
+	    t_write(out, strrchr(addr, ':') + 1, strlen(strrchr(addr, ':') + 1)) < 0)
 		return 43;
 	for (;;)
 		pause();
@@ -565,5 +565,5 @@ int main(void)
 	};
 
 	signal(SIGPIPE, SIG_IGN);
-	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+	return t_run_group_apart(tests, group_setup, group_teardown);
 }

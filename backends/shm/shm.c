@@ -324,6 +324,8 @@ static int64_t put_room(struct shm_conn *c)
 }
 
 static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res);
+static int conn_for(struct ferry_engine *e, struct backend *b, const char *name,
+		    struct shm_conn **out);
 
 /*
  * Write and publish a control entry. The peer's sleep word is read once
@@ -449,9 +451,19 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 {
 	struct shm_conn *c = op->peer->transport;
 
-	(void)b;
-	if (c->dead)
-		return -ECONNRESET;
+	if (c->dead) {
+		/*
+		 * The connection this peer was resolved to died before this PUT
+		 * (nothing of it was sent there): call again, the peer may be
+		 * back (a new engine of its name), or give up.
+		 */
+		struct shm_conn *nc;
+
+		if (conn_for(e, b, op->peer->name, &nc))
+			return -ECONNRESET;
+		conn_unref(c);
+		op->peer->transport = c = nc;
+	}
 	if (op->buf && op->buf->pool != e->pool) {
 		/* Another engine's block (same process): the peer maps only ours. */
 		struct ferry_buf *own;
@@ -1388,26 +1400,39 @@ static void handshakes_check(struct ferry_engine *e, struct backend *b)
 /* The backend                                                         */
 /* ------------------------------------------------------------------ */
 
-static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+/*
+ * The connection that carries PUTs to the engine called name, with a
+ * reference for the caller: one up, else a call under way (its PUTs
+ * queue), else a new call. Up first, since both engines may have called
+ * each other. 0, or -EHOSTUNREACH.
+ */
+static int conn_for(struct ferry_engine *e, struct backend *b, const char *name,
+		    struct shm_conn **out)
 {
 	struct shm_state *st = b->data;
 	struct shm_conn *c = NULL;
 
-	/*
-	 * A connection up, else a call under way (its PUTs queue): up first,
-	 * since both engines may have called each other.
-	 */
 	for (uint32_t i = 0; i < SHM_MAX_CONNS && !(c && c->up); i++) {
 		struct shm_conn *o = st->conns[i];
 
-		if (o && !o->dead && strcmp(o->peer_name, peer->name) == 0 && (!c || o->up))
+		if (o && !o->dead && strcmp(o->peer_name, name) == 0 && (!c || o->up))
 			c = o;
 	}
-	if (!c && call_start(e, b, peer->name, &c) != 0)
+	if (!c && call_start(e, b, name, &c) != 0)
 		return -EHOSTUNREACH;
 	atomic_fetch_add(&c->refs, 1);
-	peer->transport = c;
+	*out = c;
 	return 0;
+}
+
+static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	struct shm_conn *c;
+	int rc = conn_for(e, b, peer->name, &c);
+
+	if (rc == 0)
+		peer->transport = c;
+	return rc;
 }
 
 static void shm_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)

@@ -709,7 +709,16 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 		on_ready_msg(st, s, &h, body);
 		return;
 	}
-	/* CS_WAIT_AUTH: only AUTH. */
+	/* CS_WAIT_AUTH: only AUTH, or the caller's NO: our proof was wrong. */
+	if (h.type == CTL_NO) {
+		STAT_ADD(e->stats.peers_refused, 1);
+		STAT_ADD(st->auth_failed, 1);
+		log_limited(FERRY__LOG_WARN, "ctl: engine %s: %s (%s) refused our proof: the two "
+			    "engines do not hold the same cluster secret", e->name, s->peer_name,
+			    peer_addr ? peer_addr : "?");
+		session_free(st, s);
+		return;
+	}
 	if (h.type != CTL_AUTH || h.len != sizeof(struct ctl_auth)) {
 		log_warn("ctl: engine %s: %s (%u bytes) from %s instead of AUTH: session ended",
 			 e->name, ctl_type_name(h.type), h.len, s->peer_name);
@@ -725,6 +734,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 		tcp_proof(&st->secret, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
 			  e->name, e->ns, 0, 0, want);
 		if (!tcp_proof_equal(want, a.mac)) {
+			STAT_ADD(e->stats.peers_refused, 1);
 			CTL_REFUSE(st, "ctl: engine %s: %s (%s) failed to prove the cluster secret: "
 				 "refused", e->name, s->peer_name, peer_addr ? peer_addr : "?");
 			ctl_send_answer(st, s, CTL_NO, 0, -EACCES, 0);
@@ -791,6 +801,8 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 			CTL_REFUSE(st, "ctl: engine %s: the engine at %s failed to prove it is %s "
 				   "holding the cluster secret: hung up", e->name, s->endpoint,
 				   s->peer_name);
+			/* Say so: the engine we called logs and counts it too. */
+			ctl_send_answer(st, s, CTL_NO, 0, -EACCES, 0);
 			s->refused = true;
 			session_dead(st, s, -EACCES, NULL);
 			return;
@@ -953,7 +965,15 @@ static int check_time(struct ctl_state *st)
 		case CS_WAIT_PROOF:
 		case CS_WAIT_OK:
 		case CS_WAIT_AUTH:
-			if (now >= s->hs_deadline) {
+			if (now >= s->hs_deadline && !s->caller) {
+				STAT_ADD(st->e->stats.handshakes_dropped, 1);
+				log_limited(FERRY__LOG_WARN, "ctl: engine %s: %s (%s) did not prove the "
+					    "cluster secret within %llu ms: hung up", st->e->name,
+					    s->peer_name, s->seen_host[0] ? s->seen_host : "?",
+					    (unsigned long long)(CTL_HANDSHAKE_NS / 1000000));
+				session_dead(st, s, -EHOSTUNREACH, NULL);
+				n++;
+			} else if (now >= s->hs_deadline) {
 				log_info("ctl: engine %s: handshake with %s timed out", st->e->name,
 					 s->peer_name[0] ? s->peer_name : "a caller");
 				session_dead(st, s, -EHOSTUNREACH, NULL);

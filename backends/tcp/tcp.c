@@ -1999,9 +1999,21 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
 	tcp_proof(&st->secret, "ferry-caller", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
 		  e->ns, c->link_id, c->index, want);
+	if (c->hin.type == TCP_H_NO) {
+		/* The caller found our proof wrong: the two hold different secrets. */
+		STAT_ADD(e->stats.peers_refused, 1);
+		log_limited(FERRY__LOG_WARN, "tcp: engine %s: \"%s\" from %s refused our proof "
+			    "(%s): the two engines do not hold the same cluster secret", e->name,
+			    c->peer_name, addr,
+			    ferry_strerror(c->hin.status && c->hin.status < 4096 ?
+						   -(int)c->hin.status : -EPROTO));
+		conn_kill(st, c);
+		return;
+	}
 	if (c->hin.type != TCP_H_AUTH || !tcp_proof_equal(want, c->hin.mac)) {
-		log_warn("tcp: engine %s: refused \"%s\" from %s: wrong secret", e->name,
-			 c->peer_name, addr);
+		STAT_ADD(e->stats.peers_refused, 1);
+		log_limited(FERRY__LOG_WARN, "tcp: engine %s: refused \"%s\" from %s: wrong secret",
+			    e->name, c->peer_name, addr);
 		refuse(st, c, EACCES);
 		return;
 	}
@@ -2093,6 +2105,10 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 	if (!tcp_proof_equal(want, c->hin.mac)) {
 		log_warn("tcp: engine %s: %s does not hold our secret: hung up", e->name,
 			 l->peer_name);
+		/* Say so before hanging up: the engine we called logs and counts it too. */
+		hello_fill(st, &h, TCP_H_NO);
+		h.status = EACCES;
+		hello_send(c, &h);
 		hs_fail(st, c, -EACCES, NULL);
 		return;
 	}
@@ -2382,7 +2398,14 @@ static int check_time(struct tcp_state *st)
 				 c->link->peer_name);
 			hs_fail(st, c, -EHOSTUNREACH, NULL);
 		} else {
-			log_info("tcp: engine %s: a caller stayed silent: hung up", st->engine->name);
+			char addr[TCP_ADDR_MAX];
+
+			tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+			STAT_ADD(st->engine->stats.handshakes_dropped, 1);
+			log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s%s%s%s did not "
+				    "finish its handshake within %u ms: hung up", st->engine->name,
+				    addr, c->peer_name[0] ? " (\"" : "", c->peer_name,
+				    c->peer_name[0] ? "\")" : "", TCP_HANDSHAKE_MS);
 			conn_kill(st, c);
 		}
 		n++;

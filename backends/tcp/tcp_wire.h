@@ -37,7 +37,8 @@ enum tcp_hello_type {
 	TCP_H_PROOF = 2, /* callee -> caller: who I am, my nonce, my proof */
 	TCP_H_AUTH = 3,  /* caller -> callee: my proof */
 	TCP_H_OK = 4,    /* callee -> caller: accepted */
-	TCP_H_NO = 5,    /* callee -> caller: refused, `status` says why (errno) */
+	TCP_H_NO = 5,    /* refused, `status` says why (errno): callee -> caller, or caller ->
+			    callee when the callee's proof was wrong (EACCES) */
 };
 
 struct tcp_hello {
