@@ -56,6 +56,11 @@
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#if defined(__SANITIZE_ADDRESS__)
+size_t __sanitizer_get_current_allocated_bytes(void);
+size_t __sanitizer_get_heap_size(void);
+size_t __sanitizer_get_free_bytes(void);
+#endif
 
 #include "tcp_helpers.h"
 
@@ -108,7 +113,7 @@ struct ch_stats {
 	_Atomic uint64_t puts_ok, puts_failed, gets_ok, gets_failed;
 	_Atomic uint64_t chunks_sent, chunks_failed, probes_failed, chunks_got;
 	_Atomic uint64_t streams_sent, streams_failed_prod, streams_got, streams_failed_cons;
-	_Atomic uint64_t whole_got, aborts, bytes_checked, leftovers, gets_after_reset, reannounced;
+	_Atomic uint64_t whole_got, aborts, bytes_checked, leftovers, gets_after_reset, reannounced, busy_again;
 	_Atomic uint64_t errs[CH_E_N];
 	_Atomic uint64_t bad, late, printed;
 	_Atomic uint64_t fds_base, fds_end, rss_base, rss_end, samples;
@@ -297,6 +302,7 @@ struct ch_pstream {
 /* A stream this worker reads. */
 struct ch_cstream {
 	bool used, whole;
+	bool again; /* tcp: its key was announced before (a STREAM_GET may read it already) */
 	int peer;
 	unsigned inc;
 	char key[CH_KEY];
@@ -333,6 +339,7 @@ struct ch_w {
 	uint64_t stream_seq[CH_MAXW];
 	struct ch_cstream cs[CH_CSTREAMS];
 	char backlog[CH_BACKLOG][CH_KEY];
+	bool backlog_again[CH_BACKLOG];
 	int nbacklog;
 	struct ch_seen seen[CH_SEEN];
 	unsigned
@@ -906,7 +913,7 @@ static bool ch_seen_once(struct ch_w *w, int peer, unsigned inc, uint64_t seq)
 	return true;
 }
 
-static bool ch_sget_post(struct ch_w *w, const char *key)
+static bool ch_sget_post(struct ch_w *w, const char *key, bool again)
 {
 	struct ch_cstream *cs = NULL;
 	struct ch_op *o;
@@ -930,6 +937,7 @@ static bool ch_sget_post(struct ch_w *w, const char *key)
 	cs->h = ch_hash(key);
 	cs->n = ch_nchunks(cs->h);
 	cs->whole = (cs->h >> 32) % 8 == 0;
+	cs->again = again;
 	o->stream = slot;
 	o->inc = inc;
 	o->whole = cs->whole;
@@ -951,6 +959,7 @@ static void ch_accept_done(struct ch_w *w, struct ch_op *o, const struct ferry_c
 	char key[CH_KEY];
 	const char *sp;
 	unsigned inc;
+	bool again;
 	int peer;
 
 	if (!(c->flags & FERRY_CQE_F_MORE)) {
@@ -977,7 +986,8 @@ static void ch_accept_done(struct ch_w *w, struct ch_op *o, const struct ferry_c
 		ch_bad(w, "STREAM_ACCEPT: a stream key \"%s\" nobody sends", key);
 		return;
 	}
-	if (!ch_seen_once(w, peer, inc, strtoull(sp + 2, NULL, 10))) {
+	again = !ch_seen_once(w, peer, inc, strtoull(sp + 2, NULL, 10));
+	if (again) {
 		/*
 		 * Over shm a producer that is alive never loses its consumer:
 		 * a stream is announced once. Over tcp, when this side declared
@@ -990,13 +1000,21 @@ static void ch_accept_done(struct ch_w *w, struct ch_op *o, const struct ferry_c
 			return;
 		}
 		atomic_fetch_add(&w->st->reannounced, 1);
+		if (getenv("FERRY_CHAOS_VERBOSE"))
+			for (int i = 0; i < CH_CSTREAMS; i++)
+				if (w->cs[i].used && !strcmp(w->cs[i].key, key))
+					fprintf(stderr, "chaos: %s: stream %s announced again while "
+							"our STREAM_GET of it waits, after chunk "
+							"%u of %u\n", w->tag, key, w->cs[i].next,
+						w->cs[i].n);
 	}
-	if (w->nbacklog || !ch_sget_post(w, key)) {
+	if (w->nbacklog || !ch_sget_post(w, key, again)) {
 		if (w->nbacklog == CH_BACKLOG) {
 			ch_bad(w, "STREAM_ACCEPT: more than %d streams wait for a STREAM_GET",
 			       CH_BACKLOG);
 			return;
 		}
+		w->backlog_again[w->nbacklog] = again;
 		snprintf(w->backlog[w->nbacklog++], CH_KEY, "%s", key);
 	}
 }
@@ -1007,6 +1025,9 @@ static void ch_sget_end(struct ch_w *w, struct ch_op *o, struct ch_cstream *cs, 
 		w->out_by_inc[cs->inc % CH_INCS]--;
 	if (ok) {
 		atomic_fetch_add(&w->st->streams_got, 1);
+	} else if (res == -EBUSY) {
+		/* Announced again while an earlier STREAM_GET reads it (tcp): that one goes on. */
+		atomic_fetch_add(&w->st->busy_again, 1);
 	} else {
 		atomic_fetch_add(&w->st->streams_failed_cons, 1);
 		if (res < 0)
@@ -1031,8 +1052,9 @@ static void ch_sget_cqe(struct ch_w *w, struct ch_op *o, const struct ferry_cqe 
 		if (more)
 			ch_bad(w, "STREAM_GET %s: an error (%s) flagged MORE", cs->key,
 			       ferry_err_name(c->res));
-		if (!ch_lossy(w, cs->peer) ||
-		    (c->res != -ETIMEDOUT && c->res != -ECONNRESET && c->res != -ECANCELED))
+		if ((!ch_lossy(w, cs->peer) ||
+		     (c->res != -ETIMEDOUT && c->res != -ECONNRESET && c->res != -ECANCELED)) &&
+		    !(c->res == -EBUSY && cs->again && cs->next == 0))
 			ch_bad(w, "STREAM_GET %s from %s: %s after %u of %u chunks", cs->key, from,
 			       ferry_err_name(c->res), cs->next, cs->n);
 		if (!more)
@@ -1334,6 +1356,13 @@ static void ch_sample(struct ch_w *w)
 		atomic_store(&w->st->fds_base, w->fds_base);
 		atomic_store(&w->st->rss_base, w->rss_base);
 		atomic_fetch_add(&w->st->samples, 1);
+#if defined(__SANITIZE_ADDRESS__)
+		if (getenv("FERRY_CHAOS_VERBOSE"))
+			fprintf(stderr, "chaos: %s: asan allocated %zu heap %zu free %zu rss %llu\n",
+				w->tag, __sanitizer_get_current_allocated_bytes(),
+				__sanitizer_get_heap_size(), __sanitizer_get_free_bytes(),
+				(unsigned long long)rss);
+#endif
 	}
 }
 
@@ -1447,20 +1476,31 @@ static void ch_step(struct ch_w *w, int phase)
 			atomic_store(&sh->chan[w->me][p].closed,
 				     atomic_load(&sh->chan[w->me][p].head) + 1);
 	}
-	while (w->nbacklog && ch_sget_post(w, w->backlog[0])) {
+	while (w->nbacklog && ch_sget_post(w, w->backlog[0], w->backlog_again[0])) {
 		w->nbacklog--;
 		memmove(w->backlog[0], w->backlog[1], (size_t)w->nbacklog * CH_KEY);
+		memmove(w->backlog_again, w->backlog_again + 1, (size_t)w->nbacklog);
 	}
 	ch_clean_incarnations(w);
 	ch_sample(w);
 	if (phase == CH_DRAIN) {
 		bool d = ch_drained(w);
 
-		if (d && ch_survivor(w)) {
+		if (d && ch_survivor(w) && !w->sampled_end) {
 			/* The end sample: quiet, every peer up. */
 			atomic_store(&w->st->fds_end, ch_fds());
 			atomic_store(&w->st->rss_end, ch_rss());
+			w->sampled_end = true;
+#if defined(__SANITIZE_ADDRESS__)
+			if (getenv("FERRY_CHAOS_VERBOSE"))
+				fprintf(stderr, "chaos: %s: asan allocated %zu heap %zu free %zu rss %llu\n",
+					w->tag, __sanitizer_get_current_allocated_bytes(),
+					__sanitizer_get_heap_size(), __sanitizer_get_free_bytes(),
+					(unsigned long long)ch_rss());
+#endif
 		}
+		if (!d)
+			w->sampled_end = false;
 		atomic_store(&sh->drained[w->me], d);
 	}
 }
@@ -1671,8 +1711,10 @@ static inline struct ch_shared *ch_start(const char *what, int64_t default_s)
 static inline pid_t ch_spawn(struct ch_shared *sh, int me, int close_fd,
 			     struct ferry_engine *(*make)(struct ch_shared *sh, int me))
 {
-	pid_t parent = getpid(), pid = fork();
+	pid_t parent = getpid(), pid;
 
+	fflush(NULL); /* the child exits through exit(): nothing buffered here twice */
+	pid = fork();
 	assert_true(pid >= 0);
 	if (pid == 0) {
 		prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -1681,7 +1723,8 @@ static inline pid_t ch_spawn(struct ch_shared *sh, int me, int close_fd,
 		if (close_fd >= 0)
 			close(close_fd);
 		alarm((unsigned)(sh->run_ns / SEC + 120 * sh->scale));
-		_exit(ch_worker(sh, me, make));
+		/* exit(), not _exit(): LeakSanitizer looks at what the worker left. */
+		exit(ch_worker(sh, me, make));
 	}
 	return pid;
 }
@@ -1749,7 +1792,8 @@ static inline void ch_report(struct ch_shared *sh, const char *what, const char 
 			"after "
 			"a reset, delivered); chunks sent %llu ok, %llu failed (+%llu failed after "
 			"their stream had); chunks verified %llu; streams sent %llu, failed %llu; "
-			"read %llu (%llu whole), failed %llu, announced again %llu; aborts %llu; "
+			"read %llu (%llu whole), failed %llu, announced again %llu (%llu read "
+			"already); aborts %llu; "
 			"%.1f MB verified; leftovers cleaned up %llu; errors:%s\n",
 			sh->name[i], (unsigned long long)s->puts_ok,
 			(unsigned long long)s->puts_failed, (unsigned long long)s->gets_ok,
@@ -1760,7 +1804,8 @@ static inline void ch_report(struct ch_shared *sh, const char *what, const char 
 			(unsigned long long)s->streams_failed_prod,
 			(unsigned long long)s->streams_got, (unsigned long long)s->whole_got,
 			(unsigned long long)s->streams_failed_cons,
-			(unsigned long long)s->reannounced, (unsigned long long)s->aborts,
+			(unsigned long long)s->reannounced, (unsigned long long)s->busy_again,
+			(unsigned long long)s->aborts,
 			(double)s->bytes_checked / 1e6, (unsigned long long)s->leftovers,
 			n ? errs : " none");
 		if (i != sh->victim)

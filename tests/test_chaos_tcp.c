@@ -98,7 +98,7 @@ static int teardown(void **state)
 	for (int i = 0; i < 2; i++)
 		if (pids[i] > 0) {
 			kill(pids[i], SIGKILL);
-			waitpid(pids[i], NULL, 0);
+			t_waitpid(pids[i], NULL, 0);
 			pids[i] = 0;
 		}
 	if (sh)
