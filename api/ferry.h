@@ -901,8 +901,8 @@ struct ferry_stage_meta {
  * with -EPROTONOSUPPORT and a log line naming the edge; a store-like edge
  * in a build without libzmq with -EOPNOTSUPP. Returns 0 and
  * *out, or -EINVAL (params, config, unknown stage_id or rank),
- * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), the errors
- * of ferry_engine_create, -ENOMEM.
+ * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), -EFBIG
+ * (a file over 10 MiB), the errors of ferry_engine_create, -ENOMEM.
  */
 FERRY_API int ferry_stage_open(const struct ferry_stage_params *params,
 			       struct ferry_stage **out);

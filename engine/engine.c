@@ -443,9 +443,12 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"streams_open\":%u,\"threads\":%u},",
 		STAT_GET(e->ops_in_use), STAT_GET(e->keys.present), stream_count(e),
 		atomic_load(&e->nsqs));
-	jprintf(&j, "\"security\":{\"peers_refused\":%llu,\"handshakes_dropped\":%llu},",
+	jprintf(&j, "\"security\":{\"peers_refused\":%llu,\"handshakes_dropped\":%llu,"
+		"\"unproved_connections\":%u},",
 		(unsigned long long)STAT_GET(s->peers_refused),
-		(unsigned long long)STAT_GET(s->handshakes_dropped));
+		(unsigned long long)STAT_GET(s->handshakes_dropped),
+		atomic_load_explicit(&s->unproved_data, memory_order_relaxed) +
+			atomic_load_explicit(&s->unproved_control, memory_order_relaxed));
 	jprintf(&j, "\"latency_ns\":{");
 	jhist(&j, "put", s->lat_put);
 	jprintf(&j, ",");

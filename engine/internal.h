@@ -544,6 +544,8 @@ struct engine_stats {
 	 * many waiting at once).
 	 */
 	stat_t peers_refused, handshakes_dropped;
+	/* Connections held now that proved nothing yet: the data port's, the control port's. */
+	_Atomic uint32_t unproved_data, unproved_control;
 	stat_t lat_put[32], lat_get[32]; /* log2(ns) buckets */
 };
 

@@ -1,15 +1,19 @@
 /*
  * stage/config.c - reading vLLM-Omni's stage YAML into a resolved graph.
  *
- * Owns: parsing the file with libyaml (its document API keeps each node's
- * line and column), telling the two schemas apart, checking every field we
- * read for its type, resolving connector references, detecting two ends of
- * an edge that name different connector types, filling unconfigured edges
+ * Owns: reading the file (at most STAGE_MAX_FILE_BYTES), telling the two
+ * schemas apart (a file with both is refused), checking every field we read
+ * for its type, resolving connector references, detecting two ends of an
+ * edge that name different connector types, filling unconfigured edges
  * with shared memory, choosing a transport per edge from its connector
- * (connector_map.c) and filling window_size / max_inflight from the edge,
- * the file's defaults or ours. Every problem becomes one line "file:line:
- * column: key: what" in g->errors (and the log); keys are written as paths,
- * e.g. stage_args[1].input_connectors.from_stage_0.
+ * (config_map.c) and filling window_size / max_inflight from the edge, the
+ * file's defaults or ours. The document itself (libyaml's events composed
+ * with every node's line and column, the file-wide checks: one document,
+ * nesting, node count, duplicate keys, merge keys) is config_doc.c's.
+ * Every problem becomes one line "file:line:column: key: what" in
+ * g->errors (and the log); keys are written as paths, e.g.
+ * stage_args[1].input_connectors.from_stage_0. After STAGE_MAX_ERRORS
+ * errors the loader stops reading.
  *
  * The two schemas (upstream's loader reads the second as the first):
  *   legacy: runtime: {connectors: {NAME: SPEC}, edges: [...], defaults: {...}}
@@ -22,20 +26,27 @@
  * edge entry may also carry `connector: REF|SPEC` (ferry's addition).
  * Keys we do not read (engine_args, default_sampling_params, ...) belong to
  * vLLM and are left alone.
+ *
+ * Linear in the file: stages are found by a binary search over their ids
+ * (sorted once, which also finds a stage defined twice), edges by a hash of
+ * their two stage indices while loading and by a binary search after (they
+ * end sorted), mapping keys through config_doc.c's sorted index. The counts
+ * are bounded (config.h): stages, connectors, edges, extra keys; an edge
+ * listed twice in edges, or a stage twice in one engine_input_source, is an
+ * error, so the work per edge is bounded too.
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "config.h"
+#include "config_doc.h"
 #include "config_map.h"
 #include "log.h"
-
-#ifdef FERRY_HAVE_YAML
-#include <yaml.h>
-#endif
 
 const char *stage_transport_name(enum stage_transport t)
 {
@@ -58,20 +69,89 @@ int stage_engine_name(const char *id, unsigned rank, char *buf, size_t len)
 	return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
+static bool all_digits(const char *s)
+{
+	if (!*s)
+		return false;
+	for (; *s; s++)
+		if (*s < '0' || *s > '9')
+			return false;
+	return true;
+}
+
+int stage_id_cmp(const char *a, const char *b)
+{
+	bool da = all_digits(a), db = all_digits(b);
+
+	if (da != db)
+		return da ? -1 : 1;
+	if (da) {
+		const char *pa = a, *pb = b;
+		size_t la, lb;
+		int c;
+
+		while (*pa == '0' && pa[1])
+			pa++;
+		while (*pb == '0' && pb[1])
+			pb++;
+		la = strlen(pa);
+		lb = strlen(pb);
+		if (la != lb)
+			return la < lb ? -1 : 1;
+		if ((c = strcmp(pa, pb)))
+			return c;
+	}
+	return strcmp(a, b);
+}
+
 const struct stage_def *stage_graph_stage(const struct stage_graph *g, const char *id)
 {
-	for (unsigned i = 0; g && id && i < g->nstages; i++)
-		if (strcmp(g->stages[i].id, id) == 0)
-			return &g->stages[i];
+	unsigned lo = 0, hi;
+
+	if (!g || !id || !g->stage_order)
+		return NULL;
+	hi = g->nstages;
+	while (lo < hi) {
+		unsigned mid = lo + (hi - lo) / 2;
+		const struct stage_def *d = &g->stages[g->stage_order[mid]];
+		int c = stage_id_cmp(d->id, id);
+
+		if (!c)
+			return d;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return NULL;
+}
+
+static int edge_cmp_ids(const struct stage_edge *e, const char *from, const char *to)
+{
+	int c = stage_id_cmp(e->from, from);
+
+	return c ? c : stage_id_cmp(e->to, to);
 }
 
 const struct stage_edge *stage_graph_edge(const struct stage_graph *g, const char *from,
 					  const char *to)
 {
-	for (unsigned i = 0; g && from && to && i < g->nedges; i++)
-		if (strcmp(g->edges[i].from, from) == 0 && strcmp(g->edges[i].to, to) == 0)
-			return &g->edges[i];
+	unsigned lo = 0, hi;
+
+	if (!g || !from || !to)
+		return NULL;
+	hi = g->nedges;
+	while (lo < hi) {
+		unsigned mid = lo + (hi - lo) / 2;
+		int c = edge_cmp_ids(&g->edges[mid], from, to);
+
+		if (!c)
+			return &g->edges[mid];
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
 	return NULL;
 }
 
@@ -99,6 +179,7 @@ void stage_graph_free(struct stage_graph *g)
 		edge_free(&g->edges[i]);
 	free(g->edges);
 	free(g->stages);
+	free(g->stage_order);
 	for (unsigned i = 0; i < g->nwarnings; i++)
 		free(g->warnings[i]);
 	free(g->warnings);
@@ -109,10 +190,26 @@ void stage_graph_free(struct stage_graph *g)
 	free(g);
 }
 
-/* Append a formatted line to a list; false on ENOMEM. */
+/* Room for element n of *p (n elements there now): capacities 4, 8, 16, ... */
+bool config_grow(void **p, unsigned n, size_t elem)
+{
+	size_t cap;
+	void *q;
+
+	if (n && (n < 4 || (n & (n - 1))))
+		return true;
+	cap = n ? (size_t)n * 2 : 4;
+	q = realloc(*p, cap * elem);
+	if (!q)
+		return false;
+	*p = q;
+	return true;
+}
+
+/* Append a formatted line to a list (at most STAGE_MAX_ERRORS); false on ENOMEM. */
 static bool list_add(char ***list, unsigned *n, const char *fmt, va_list ap)
 {
-	char *line = NULL, **grown;
+	char *line = NULL;
 
 	if (vasprintf(&line, fmt, ap) < 0)
 		return false;
@@ -123,12 +220,10 @@ static bool list_add(char ***list, unsigned *n, const char *fmt, va_list ap)
 			return true;
 		}
 	}
-	grown = realloc(*list, (*n + 1) * sizeof(**list));
-	if (!grown) {
+	if (!config_grow((void **)list, *n, sizeof(**list))) {
 		free(line);
 		return false;
 	}
-	*list = grown;
 	(*list)[(*n)++] = line;
 	return true;
 }
@@ -163,6 +258,19 @@ static bool warn_add(struct stage_graph *g, const char *fmt, ...)
 	return ok;
 }
 
+static int new_graph(const char *name, struct stage_graph **out)
+{
+	struct stage_graph *g;
+
+	*out = g = calloc(1, sizeof(*g));
+	if (!g || !(g->file = strdup(name))) {
+		free(g);
+		*out = NULL;
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 #ifndef FERRY_HAVE_YAML
 
 bool stage_rdma_present(void)
@@ -170,18 +278,26 @@ bool stage_rdma_present(void)
 	return config_rdma_present();
 }
 
-int stage_graph_load(const char *path, struct stage_graph **out)
+int stage_graph_load_mem(const char *name, const void *data, size_t len,
+			 struct stage_graph **out)
 {
 	struct stage_graph *g;
 
-	if (!path || !out)
+	(void)data;
+	(void)len;
+	if (!name || !out)
 		return -EINVAL;
-	*out = g = calloc(1, sizeof(*g));
-	if (!g || !(g->file = strdup(path)))
+	if (new_graph(name, out))
 		return -ENOMEM;
+	g = *out;
 	graph_error(g, "%s: ferry was built without libyaml (yaml-0.1): stage YAML cannot be read",
-		    path);
+		    name);
 	return -EOPNOTSUPP;
+}
+
+int stage_graph_load(const char *path, struct stage_graph **out)
+{
+	return stage_graph_load_mem(path, NULL, 0, out);
 }
 
 #else
@@ -191,23 +307,101 @@ bool stage_rdma_present(void)
 	return config_rdma_present();
 }
 
+/*
+ * The file, at most STAGE_MAX_FILE_BYTES: -EFBIG past that (*size: its
+ * size, or 0 when it is not a regular file and was cut short).
+ */
+static int read_file(const char *path, unsigned char **data, size_t *len, long long *size)
+{
+	FILE *f = fopen(path, "rb");
+	unsigned char *buf = NULL;
+	size_t cap = 0, n = 0;
+	struct stat st;
+
+	*size = 0;
+	if (!f)
+		return -errno;
+	if (!fstat(fileno(f), &st) && S_ISREG(st.st_mode) && st.st_size > STAGE_MAX_FILE_BYTES) {
+		*size = (long long)st.st_size;
+		fclose(f);
+		return -EFBIG;
+	}
+	for (;;) {
+		size_t got;
+
+		if (n == cap) {
+			unsigned char *grown;
+
+			if (n > STAGE_MAX_FILE_BYTES) {
+				free(buf);
+				fclose(f);
+				return -EFBIG;
+			}
+			cap = cap ? cap * 2 : 4096;
+			if (cap > STAGE_MAX_FILE_BYTES + 1)
+				cap = STAGE_MAX_FILE_BYTES + 1;
+			grown = realloc(buf, cap);
+			if (!grown) {
+				free(buf);
+				fclose(f);
+				return -ENOMEM;
+			}
+			buf = grown;
+		}
+		got = fread(buf + n, 1, cap - n, f);
+		n += got;
+		if (got == 0) {
+			int bad = ferror(f);
+
+			fclose(f);
+			if (bad) {
+				free(buf);
+				return -EIO;
+			}
+			break;
+		}
+	}
+	if (n > STAGE_MAX_FILE_BYTES) {
+		free(buf);
+		return -EFBIG;
+	}
+	*data = buf;
+	*len = n;
+	return 0;
+}
+
+/* What an edge needs while loading: its hash key, where edges listed it. */
+struct edge_aux {
+	uint64_t key; /* from stage index << 32 | to stage index */
+	int listed_line, listed_column;
+};
+
+/* Where each stage was defined, until the stages are sorted. */
+struct stage_aux {
+	unsigned item;       /* index in the stages list */
+	yaml_node_t *id;     /* its stage_id node */
+};
+
 struct loader {
 	struct stage_graph *g;
-	yaml_document_t doc;
+	struct config_doc *D;
 	bool rdma;
 	yaml_node_t *connectors; /* the mapping of defined connector specs, or NULL */
 	const char *connectors_path;
 	bool oom;
+	bool stop;               /* too many errors, or a count bound crossed */
+	unsigned nextras;        /* extra keys kept over all edges */
+	struct edge_aux *edge_aux;
+	uint32_t *edge_table;    /* open addressing: edge index + 1, 0 empty */
+	size_t edge_cap;         /* a power of two, or 0 */
+	struct stage_aux *stage_aux;
+	uint32_t *source_stamp;  /* per stage: the engine_input_source list that named it */
+	uint32_t stamp;
 };
 
 static yaml_node_t *node_at(struct loader *L, int idx)
 {
-	return yaml_document_get_node(&L->doc, idx);
-}
-
-yaml_node_t *config_node(struct loader *L, int index)
-{
-	return node_at(L, index);
+	return config_doc_node(L->D, idx);
 }
 
 void config_oom(struct loader *L)
@@ -215,26 +409,48 @@ void config_oom(struct loader *L)
 	L->oom = true;
 }
 
-static void loc_error(struct loader *L, const yaml_node_t *n, const char *key, const char *fmt,
-		      ...) __attribute__((format(printf, 4, 5)));
-static void loc_error(struct loader *L, const yaml_node_t *n, const char *key, const char *fmt,
-		      ...)
+bool config_stopped(struct loader *L)
+{
+	return L->stop || L->oom;
+}
+
+/* One error line "file:line:column: key: text"; past STAGE_MAX_ERRORS only counted. */
+static void error_at(struct loader *L, unsigned long line, unsigned long column, const char *key,
+		     const char *fmt, va_list ap)
 {
 	struct stage_graph *g = L->g;
 	char *text = NULL;
-	va_list ap;
 
-	va_start(ap, fmt);
-	if (vasprintf(&text, fmt, ap) < 0)
-		text = NULL;
-	va_end(ap);
-	if (!text) {
+	if (g->nerrors >= STAGE_MAX_ERRORS) {
+		g->errors_dropped++;
+		L->stop = true;
+		return;
+	}
+	if (vasprintf(&text, fmt, ap) < 0) {
 		L->oom = true;
 		return;
 	}
-	graph_error(g, "%s:%lu:%lu: %s: %s", g->file, n ? (unsigned long)n->start_mark.line + 1 : 1,
-		    n ? (unsigned long)n->start_mark.column + 1 : 1, key, text);
+	graph_error(g, "%s:%lu:%lu: %s: %s", g->file, line, column, key, text);
 	free(text);
+}
+
+void config_error(struct loader *L, const yaml_node_t *n, const char *key, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	error_at(L, n ? (unsigned long)n->start_mark.line + 1 : 1,
+		 n ? (unsigned long)n->start_mark.column + 1 : 1, key, fmt, ap);
+	va_end(ap);
+}
+
+void config_error_mark(struct loader *L, yaml_mark_t m, const char *key, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	error_at(L, (unsigned long)m.line + 1, (unsigned long)m.column + 1, key, fmt, ap);
+	va_end(ap);
 }
 
 void config_warn(struct loader *L, const yaml_node_t *n, const char *key, const char *fmt, ...)
@@ -244,6 +460,10 @@ void config_warn(struct loader *L, const yaml_node_t *n, const char *key, const 
 	char *text = NULL;
 	va_list ap;
 
+	if (g->nwarnings >= STAGE_MAX_ERRORS) {
+		g->warnings_dropped++;
+		return;
+	}
 	va_start(ap, fmt);
 	if (vasprintf(&text, fmt, ap) < 0)
 		text = NULL;
@@ -261,21 +481,16 @@ void config_warn(struct loader *L, const yaml_node_t *n, const char *key, const 
 	free(text);
 }
 
-void config_error(struct loader *L, const yaml_node_t *n, const char *key, const char *fmt, ...)
+bool config_extra_count(struct loader *L, const yaml_node_t *n, const char *key)
 {
-	char *text = NULL;
-	va_list ap;
-
-	va_start(ap, fmt);
-	if (vasprintf(&text, fmt, ap) < 0)
-		text = NULL;
-	va_end(ap);
-	if (!text) {
-		L->oom = true;
-		return;
+	if (L->nextras < STAGE_MAX_EXTRAS) {
+		L->nextras++;
+		return true;
 	}
-	loc_error(L, n, key, "%s", text);
-	free(text);
+	config_error(L, n, key, "more than %d extra keys over all edges (a connector's keys "
+		     "count once per edge that uses it)", STAGE_MAX_EXTRAS);
+	L->stop = true;
+	return false;
 }
 
 static const char *node_kind(const yaml_node_t *n)
@@ -310,125 +525,21 @@ const char *config_scalar(const yaml_node_t *n)
 	return n && n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
 }
 
-static bool is_merge_key(const yaml_node_t *k)
+const char *config_more(const char *s)
 {
-	const char *ks = config_scalar(k);
-
-	return ks && !strcmp(ks, "<<") && k->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
-}
-
-/* Merge keys nest at most this deep (an alias may point back at its own mapping). */
-#define MERGE_DEPTH 8
-
-static yaml_node_t *map_get(struct loader *L, yaml_node_t *m, const char *key,
-			    yaml_node_t **key_node, int depth)
-{
-	if (!m || m->type != YAML_MAPPING_NODE || depth > MERGE_DEPTH)
-		return NULL;
-	for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
-		yaml_node_t *k = node_at(L, p->key);
-		const char *ks = config_scalar(k);
-
-		if (ks && strcmp(ks, key) == 0 && !is_merge_key(k)) {
-			if (key_node)
-				*key_node = k;
-			return node_at(L, p->value);
-		}
-	}
-	/* YAML merge keys: `<<: *defaults` or `<<: [*a, *b]` (earlier wins). */
-	for (yaml_node_pair_t *p = m->data.mapping.pairs.start; p < m->data.mapping.pairs.top; p++) {
-		yaml_node_t *v = node_at(L, p->value), *got = NULL;
-
-		if (!is_merge_key(node_at(L, p->key)) || !v)
-			continue;
-		if (v->type == YAML_MAPPING_NODE) {
-			got = map_get(L, v, key, key_node, depth + 1);
-		} else if (v->type == YAML_SEQUENCE_NODE) {
-			for (yaml_node_item_t *it = v->data.sequence.items.start;
-			     !got && it < v->data.sequence.items.top; it++)
-				got = map_get(L, node_at(L, *it), key, key_node, depth + 1);
-		}
-		if (got)
-			return got;
-	}
-	return NULL;
+	return strnlen(s, CONFIG_SHOWN + 1) > CONFIG_SHOWN ? "..." : "";
 }
 
 /* The value of key in mapping m (and its key node), or NULL. Merge keys apply. */
 yaml_node_t *config_map_get(struct loader *L, yaml_node_t *m, const char *key,
 			    yaml_node_t **key_node)
 {
-	return map_get(L, m, key, key_node, 0);
+	return config_doc_get(L, L->D, m, key, strlen(key), key_node);
 }
 
-static bool pairs_have(const struct config_pair *p, unsigned n, const char *key)
+const struct config_pair *config_map_pairs(struct loader *L, yaml_node_t *m, unsigned *n)
 {
-	for (unsigned i = 0; i < n; i++) {
-		const char *ks = config_scalar(p[i].key);
-
-		if (ks && !strcmp(ks, key))
-			return true;
-	}
-	return false;
-}
-
-static bool collect_pairs(struct loader *L, yaml_node_t *m, struct config_pair **out, unsigned *n,
-			  unsigned *cap, int depth, bool merged)
-{
-	if (!m || m->type != YAML_MAPPING_NODE || depth > MERGE_DEPTH)
-		return true;
-	for (int pass = 0; pass < 2; pass++) {
-		for (yaml_node_pair_t *p = m->data.mapping.pairs.start;
-		     p < m->data.mapping.pairs.top; p++) {
-			yaml_node_t *k = node_at(L, p->key), *v = node_at(L, p->value);
-			const char *ks = config_scalar(k);
-
-			if (is_merge_key(k) != (pass == 1))
-				continue;
-			if (pass == 1) {
-				if (v && v->type == YAML_SEQUENCE_NODE) {
-					for (yaml_node_item_t *it = v->data.sequence.items.start;
-					     it < v->data.sequence.items.top; it++)
-						if (!collect_pairs(L, node_at(L, *it), out, n, cap,
-								   depth + 1, true))
-							return false;
-				} else if (!collect_pairs(L, v, out, n, cap, depth + 1, true)) {
-					return false;
-				}
-				continue;
-			}
-			/* Keys of a merged mapping give way to those already there. */
-			if (merged && (!ks || pairs_have(*out, *n, ks)))
-				continue;
-			if (*n == *cap) {
-				struct config_pair *grown;
-
-				*cap = *cap ? *cap * 2 : 8;
-				grown = realloc(*out, *cap * sizeof(*grown));
-				if (!grown)
-					return false;
-				*out = grown;
-			}
-			(*out)[*n].key = k;
-			(*out)[(*n)++].value = v;
-		}
-	}
-	return true;
-}
-
-struct config_pair *config_map_pairs(struct loader *L, yaml_node_t *m, unsigned *n)
-{
-	struct config_pair *out = NULL;
-	unsigned cap = 0;
-
-	*n = 0;
-	if (!collect_pairs(L, m, &out, n, &cap, 0, false)) {
-		free(out);
-		*n = 0;
-		L->oom = true;
-		return NULL;
-	}
-	return out;
+	return config_doc_pairs(L, L->D, m, n);
 }
 
 bool config_want(struct loader *L, yaml_node_t *n, yaml_node_type_t type, const char *key)
@@ -454,14 +565,19 @@ bool config_int(struct loader *L, yaml_node_t *n, const char *key, int64_t *out)
 	long long v;
 
 	if (!s || !*s || n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE) {
-		config_error(L, n, key, "must be an integer, not %s%s%s%s",
-			     n ? node_kind(n) : "missing", s ? " '" : "", s ? s : "", s ? "'" : "");
+		if (s)
+			config_error(L, n, key, "must be an integer, not %s '%.*s%s'", node_kind(n),
+				     CONFIG_SHOW(s));
+		else
+			config_error(L, n, key, "must be an integer, not %s",
+				     n ? node_kind(n) : "missing");
 		return false;
 	}
 	errno = 0;
-	v = strtoll(s, &end, 0);
-	if (errno || *end) {
-		config_error(L, n, key, "must be an integer, not '%s'", s);
+	/* Longer than any int64 is not one (and strtoll would scan it all). */
+	v = n->data.scalar.length <= 64 ? strtoll(s, &end, 0) : 0;
+	if (n->data.scalar.length > 64 || errno || *end) {
+		config_error(L, n, key, "must be an integer, not '%.*s%s'", CONFIG_SHOW(s));
 		return false;
 	}
 	*out = v;
@@ -484,12 +600,16 @@ bool config_bool(struct loader *L, yaml_node_t *n, const char *key, bool *out)
 			return true;
 		}
 	}
-	config_error(L, n, key, "must be true or false, not %s%s%s%s",
-		     n ? node_kind(n) : "missing", s ? " '" : "", s ? s : "", s ? "'" : "");
+	if (s)
+		config_error(L, n, key, "must be true or false, not %s '%.*s%s'", node_kind(n),
+			     CONFIG_SHOW(s));
+	else
+		config_error(L, n, key, "must be true or false, not %s",
+			     n ? node_kind(n) : "missing");
 	return false;
 }
 
-/* A non-empty string scalar. */
+/* A non-empty string scalar of at most STAGE_MAX_STRING bytes, no NUL in it. */
 bool config_str(struct loader *L, yaml_node_t *n, const char *key, const char **out)
 {
 	const char *s = config_scalar(n);
@@ -497,6 +617,15 @@ bool config_str(struct loader *L, yaml_node_t *n, const char *key, const char **
 	if (!s || config_is_null(n)) {
 		config_error(L, n, key, "must be a string, not %s",
 			     n ? (s ? "empty" : node_kind(n)) : "missing");
+		return false;
+	}
+	if (n->data.scalar.length > STAGE_MAX_STRING) {
+		config_error(L, n, key, "a string of %zu bytes ('%.*s%s'): at most %d",
+			     n->data.scalar.length, CONFIG_SHOW(s), STAGE_MAX_STRING);
+		return false;
+	}
+	if (strlen(s) != n->data.scalar.length) {
+		config_error(L, n, key, "must be a string without NUL bytes");
 		return false;
 	}
 	*out = s;
@@ -514,12 +643,24 @@ static bool stage_id_of(struct loader *L, yaml_node_t *n, const char *key, char 
 	len = strlen(s);
 	if (len >= STAGE_ID_MAX || strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 					    "0123456789_-") != len) {
-		config_error(L, n, key, "'%s' is not a stage id (1..%d of [A-Za-z0-9_-])", s,
-			     STAGE_ID_MAX - 1);
+		config_error(L, n, key, "'%.*s%s' is not a stage id (1..%d of [A-Za-z0-9_-])",
+			     CONFIG_SHOW(s), STAGE_ID_MAX - 1);
 		return false;
 	}
 	memcpy(out, s, len + 1);
 	return true;
+}
+
+/* The stage_id of a stage entry as written, if it is one (else reported with the stage). */
+static bool self_id(struct loader *L, yaml_node_t *s, char *out)
+{
+	yaml_node_t *id = config_map_get(L, s, "stage_id", NULL);
+	const char *t = config_scalar(id);
+
+	if (!t || id->data.scalar.length >= STAGE_ID_MAX || strlen(t) != id->data.scalar.length)
+		return false;
+	strcpy(out, t);
+	return stage_graph_stage(L->g, out) != NULL;
 }
 
 /* "a.b" + ".c" / "[3]" into a fresh buffer (kept on the stack by callers). */
@@ -537,6 +678,14 @@ static const char *path_join(char *buf, const char *base, const char *fmt, ...)
 	vsnprintf(buf + n, PATH_MAX_LEN - (size_t)n, fmt, ap);
 	va_end(ap);
 	return buf;
+}
+
+/* base + "." + a key's text (cut for the message). */
+static const char *path_key(char *buf, const char *base, const char *key)
+{
+	const char *k = key ? key : "?";
+
+	return path_join(buf, base, ".%.*s%s", CONFIG_SHOW(k));
 }
 
 /* ------------------------------------------------------------------ */
@@ -578,7 +727,7 @@ static void read_defaults(struct loader *L, yaml_node_t *d, const char *path)
 /* Stages                                                              */
 /* ------------------------------------------------------------------ */
 
-static void read_stage(struct loader *L, yaml_node_t *s, const char *path)
+static void read_stage(struct loader *L, yaml_node_t *s, const char *path, unsigned item)
 {
 	struct stage_graph *g = L->g;
 	struct stage_def d = { .ranks = 1 };
@@ -595,10 +744,6 @@ static void read_stage(struct loader *L, yaml_node_t *s, const char *path)
 	}
 	if (!stage_id_of(L, id, path_join(p, path, ".stage_id"), d.id))
 		return;
-	if (stage_graph_stage(g, d.id)) {
-		config_error(L, id, p, "stage %s is defined twice", d.id);
-		return;
-	}
 	d.line = (int)id->start_mark.line + 1;
 	d.column = (int)id->start_mark.column + 1;
 	ea = config_map_get(L, s, "engine_args", NULL);
@@ -617,39 +762,168 @@ static void read_stage(struct loader *L, yaml_node_t *s, const char *path)
 		else
 			d.ranks = (unsigned)ranks;
 	}
-	{
-		struct stage_def *grown = realloc(g->stages, (g->nstages + 1) * sizeof(*grown));
-
-		if (!grown) {
-			L->oom = true;
-			return;
-		}
-		g->stages = grown;
-		g->stages[g->nstages++] = d;
+	if (!config_grow((void **)&g->stages, g->nstages, sizeof(*g->stages)) ||
+	    !config_grow((void **)&L->stage_aux, g->nstages, sizeof(*L->stage_aux))) {
+		L->oom = true;
+		return;
 	}
+	L->stage_aux[g->nstages] = (struct stage_aux){ item, id };
+	g->stages[g->nstages++] = d;
+}
+
+struct stage_ref {
+	const char *id;
+	unsigned i;
+};
+
+static int stage_ref_cmp(const void *x, const void *y)
+{
+	const struct stage_ref *a = x, *b = y;
+	int c = stage_id_cmp(a->id, b->id);
+
+	return c ? c : (a->i > b->i) - (a->i < b->i);
+}
+
+/*
+ * Sort the stages read by id: a stage defined twice is an error at the
+ * second (the first stays), the rest get g->stage_order for lookups.
+ */
+static void index_stages(struct loader *L, const char *stages_key)
+{
+	struct stage_graph *g = L->g;
+	struct stage_ref *r;
+	unsigned n = g->nstages, kept = 0;
+	bool *dup;
+
+	if (!n)
+		return;
+	r = malloc(n * sizeof(*r));
+	dup = calloc(n, sizeof(*dup));
+	g->stage_order = malloc(n * sizeof(*g->stage_order));
+	if (!r || !dup || !g->stage_order) {
+		free(r);
+		free(dup);
+		L->oom = true;
+		return;
+	}
+	for (unsigned i = 0; i < n; i++)
+		r[i] = (struct stage_ref){ g->stages[i].id, i };
+	qsort(r, n, sizeof(*r), stage_ref_cmp);
+	for (unsigned k = 1; k < n; k++) {
+		const struct stage_def *first;
+		char p[PATH_MAX_LEN];
+
+		if (strcmp(r[k].id, r[k - 1].id))
+			continue;
+		first = &g->stages[r[k - 1].i];
+		while (k < n && !strcmp(r[k].id, first->id)) {
+			unsigned i = r[k].i;
+
+			dup[i] = true;
+			config_error(L, L->stage_aux[i].id,
+				     path_join(p, stages_key, "[%u].stage_id", L->stage_aux[i].item),
+				     "stage %s is defined twice (first at line %d, column %d)",
+				     g->stages[i].id, first->line, first->column);
+			k++;
+		}
+	}
+	free(r);
+	for (unsigned i = 0; i < n; i++)
+		if (!dup[i])
+			g->stages[kept++] = g->stages[i];
+	free(dup);
+	g->nstages = kept;
+	r = malloc(kept * sizeof(*r));
+	if (!r) {
+		L->oom = true;
+		free(g->stage_order);
+		g->stage_order = NULL;
+		return;
+	}
+	for (unsigned i = 0; i < kept; i++)
+		r[i] = (struct stage_ref){ g->stages[i].id, i };
+	qsort(r, kept, sizeof(*r), stage_ref_cmp);
+	for (unsigned i = 0; i < kept; i++)
+		g->stage_order[i] = r[i].i;
+	free(r);
+	L->source_stamp = calloc(kept ? kept : 1, sizeof(*L->source_stamp));
+	if (!L->source_stamp)
+		L->oom = true;
 }
 
 /* ------------------------------------------------------------------ */
 /* Edges                                                               */
 /* ------------------------------------------------------------------ */
 
-static struct stage_edge *edge_find(struct stage_graph *g, const char *from, const char *to)
+static uint64_t edge_key(struct loader *L, const char *from, const char *to)
 {
-	return (struct stage_edge *)stage_graph_edge(g, from, to);
+	const struct stage_def *f = stage_graph_stage(L->g, from), *t = stage_graph_stage(L->g, to);
+
+	/* Both are known stages (checked by the callers). */
+	return (uint64_t)(f ? f - L->g->stages : 0) << 32 | (uint64_t)(t ? t - L->g->stages : 0);
+}
+
+static size_t edge_slot(struct loader *L, uint64_t key)
+{
+	uint64_t h = key * 0x9E3779B97F4A7C15ull;
+	size_t mask = L->edge_cap - 1, i;
+
+	h ^= h >> 31;
+	for (i = (size_t)h & mask; L->edge_table[i]; i = (i + 1) & mask)
+		if (L->edge_aux[L->edge_table[i] - 1].key == key)
+			break;
+	return i;
+}
+
+static struct stage_edge *edge_find(struct loader *L, const char *from, const char *to)
+{
+	size_t i;
+
+	if (!L->edge_cap)
+		return NULL;
+	i = edge_slot(L, edge_key(L, from, to));
+	return L->edge_table[i] ? &L->g->edges[L->edge_table[i] - 1] : NULL;
+}
+
+/* Keep the table at most half full. */
+static bool edge_table_grow(struct loader *L)
+{
+	struct stage_graph *g = L->g;
+	size_t cap = L->edge_cap ? L->edge_cap * 2 : 16;
+	uint32_t *t;
+
+	if ((g->nedges + 1) * 2 <= L->edge_cap)
+		return true;
+	t = calloc(cap, sizeof(*t));
+	if (!t)
+		return false;
+	free(L->edge_table);
+	L->edge_table = t;
+	L->edge_cap = cap;
+	for (unsigned k = 0; k < g->nedges; k++)
+		t[edge_slot(L, L->edge_aux[k].key)] = k + 1;
+	return true;
 }
 
 static struct stage_edge *edge_add(struct loader *L, const char *from, const char *to,
 				   const yaml_node_t *where_node, const char *where)
 {
 	struct stage_graph *g = L->g;
-	struct stage_edge *grown, *e;
+	struct stage_edge *e;
+	uint64_t key = edge_key(L, from, to);
 
-	grown = realloc(g->edges, (g->nedges + 1) * sizeof(*grown));
-	if (!grown) {
+	if (g->nedges >= STAGE_MAX_EDGES) {
+		config_error(L, where_node, where, "edge %s->%s: more than %d edges", from, to,
+			     STAGE_MAX_EDGES);
+		L->stop = true;
+		return NULL;
+	}
+	if (!config_grow((void **)&g->edges, g->nedges, sizeof(*g->edges)) ||
+	    !config_grow((void **)&L->edge_aux, g->nedges, sizeof(*L->edge_aux)) ||
+	    !edge_table_grow(L)) {
 		L->oom = true;
 		return NULL;
 	}
-	g->edges = grown;
 	e = &g->edges[g->nedges];
 	memset(e, 0, sizeof(*e));
 	snprintf(e->from, sizeof(e->from), "%s", from);
@@ -662,8 +936,15 @@ static struct stage_edge *edge_add(struct loader *L, const char *from, const cha
 	}
 	e->line = where_node ? (int)where_node->start_mark.line + 1 : 1;
 	e->column = where_node ? (int)where_node->start_mark.column + 1 : 1;
+	L->edge_aux[g->nedges] = (struct edge_aux){ key, 0, 0 };
+	L->edge_table[edge_slot(L, key)] = g->nedges + 1;
 	g->nedges++;
 	return e;
+}
+
+static struct edge_aux *edge_aux_of(struct loader *L, const struct stage_edge *e)
+{
+	return &L->edge_aux[e - L->g->edges];
 }
 
 /*
@@ -675,9 +956,12 @@ static yaml_node_t *spec_of(struct loader *L, yaml_node_t *v, const char *path, 
 {
 	*ref = NULL;
 	if (v && v->type == YAML_SCALAR_NODE && !config_is_null(v)) {
-		const char *name = config_scalar(v);
-		yaml_node_t *spec = config_map_get(L, L->connectors, name, NULL);
+		const char *name;
+		yaml_node_t *spec;
 
+		if (!config_str(L, v, path, &name))
+			return NULL;
+		spec = config_doc_get_node(L, L->D, L->connectors, v, NULL);
 		if (!spec) {
 			if (L->connectors)
 				config_error(L, v, path, "undefined connector reference '%s' (not in %s)",
@@ -721,7 +1005,7 @@ static void edge_connect(struct loader *L, const char *from, const char *to, yam
 	if (!config_str(L, name, path_join(p, ref ? L->connectors_path : path, "%s%s.name",
 					    ref ? "." : "", ref ? ref : ""), &type))
 		return;
-	e = edge_find(L->g, from, to);
+	e = edge_find(L, from, to);
 	if (e && e->connector_type) {
 		if (strcmp(e->connector_type, type) != 0)
 			config_error(L, v, path,
@@ -759,17 +1043,20 @@ static bool edge_key_stage(struct loader *L, yaml_node_t *k, const char *prefix,
 			   const char *path, char *out)
 {
 	const char *s = config_scalar(k);
-	size_t pl = strlen(prefix);
+	size_t pl = strlen(prefix), len;
 
 	if (!s || strncmp(s, prefix, pl) != 0 || !s[pl]) {
-		config_error(L, k, path, "key must be %s<stage_id>, not '%s'", prefix,
-			     s ? s : node_kind(k));
+		const char *shown = s ? s : node_kind(k);
+
+		config_error(L, k, path, "key must be %s<stage_id>, not '%.*s%s'", prefix,
+			     CONFIG_SHOW(shown));
 		return false;
 	}
-	if (strlen(s + pl) >= STAGE_ID_MAX ||
+	len = strnlen(s + pl, STAGE_ID_MAX);
+	if (len >= STAGE_ID_MAX || pl + len != k->data.scalar.length ||
 	    strspn(s + pl, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") !=
-		    strlen(s + pl)) {
-		config_error(L, k, path, "'%s' does not name a stage id", s);
+		    len) {
+		config_error(L, k, path, "'%.*s%s' does not name a stage id", CONFIG_SHOW(s));
 		return false;
 	}
 	strcpy(out, s + pl);
@@ -791,24 +1078,21 @@ static void read_stage_connectors(struct loader *L, yaml_node_t *s, const char *
 	const char *field = input ? "input_connectors" : "output_connectors";
 	const char *prefix = input ? "from_stage_" : "to_stage_";
 	char p[PATH_MAX_LEN], q[PATH_MAX_LEN], self[STAGE_ID_MAX], other[STAGE_ID_MAX];
-	struct config_pair *pairs;
-	yaml_node_t *m, *id;
+	const struct config_pair *pairs;
+	yaml_node_t *m;
 	unsigned npairs;
 
 	m = config_map_get(L, s, field, NULL);
 	path_join(p, spath, ".%s", field);
 	if (!m || config_is_null(m) || !config_want(L, m, YAML_MAPPING_NODE, p))
 		return;
-	id = config_map_get(L, s, "stage_id", NULL);
-	if (!config_scalar(id) || strlen(config_scalar(id)) >= STAGE_ID_MAX)
+	if (!self_id(L, s, self))
 		return; /* reported with the stage */
-	strcpy(self, config_scalar(id));
 	pairs = config_map_pairs(L, m, &npairs);
-	for (unsigned pi = 0; pi < npairs; pi++) {
+	for (unsigned pi = 0; pi < npairs && !config_stopped(L); pi++) {
 		yaml_node_t *k = pairs[pi].key, *v = pairs[pi].value;
-		const char *ks = config_scalar(k);
 
-		path_join(q, p, ".%s", ks ? ks : "?");
+		path_key(q, p, config_scalar(k));
 		if (!edge_key_stage(L, k, prefix, q, other) || !stage_known(L, other, k, q))
 			continue;
 		if (!strcmp(other, self)) {
@@ -820,14 +1104,13 @@ static void read_stage_connectors(struct loader *L, yaml_node_t *s, const char *
 		else
 			edge_connect(L, self, other, v, q);
 	}
-	free(pairs);
 }
 
 /* An edge that must exist: create it (auto-filled) if no connector named it. */
 static struct stage_edge *edge_expect(struct loader *L, const char *from, const char *to,
 				      yaml_node_t *n, const char *path)
 {
-	struct stage_edge *e = edge_find(L->g, from, to);
+	struct stage_edge *e = edge_find(L, from, to);
 
 	if (e)
 		return e;
@@ -846,9 +1129,10 @@ static void read_edges(struct loader *L, yaml_node_t *list, const char *path)
 	if (!list || config_is_null(list) || !config_want(L, list, YAML_SEQUENCE_NODE, path))
 		return;
 	for (yaml_node_item_t *it = list->data.sequence.items.start;
-	     it < list->data.sequence.items.top; it++, i++) {
+	     it < list->data.sequence.items.top && !config_stopped(L); it++, i++) {
 		yaml_node_t *n = node_at(L, *it), *f, *t, *v;
 		struct stage_edge *e;
+		struct edge_aux *aux;
 		int64_t num;
 
 		path_join(p, path, "[%d]", i);
@@ -868,11 +1152,20 @@ static void read_edges(struct loader *L, yaml_node_t *list, const char *path)
 			config_error(L, n, p, "an edge from stage %s to itself", from);
 			continue;
 		}
+		if ((e = edge_find(L, from, to)) && edge_aux_of(L, e)->listed_line) {
+			aux = edge_aux_of(L, e);
+			config_error(L, n, p, "edge %s->%s is listed twice (first at %d:%d)", from,
+				     to, aux->listed_line, aux->listed_column);
+			continue;
+		}
 		if ((v = config_map_get(L, n, "connector", NULL)))
 			edge_connect(L, from, to, v, path_join(q, p, ".connector"));
 		e = edge_expect(L, from, to, n, p);
 		if (!e)
 			return;
+		aux = edge_aux_of(L, e);
+		aux->listed_line = (int)n->start_mark.line + 1;
+		aux->listed_column = (int)n->start_mark.column + 1;
 		if ((v = config_map_get(L, n, "window_size", NULL)) &&
 		    flow_value(L, v, path_join(q, p, ".window_size"), &num)) {
 			e->window_size = num;
@@ -889,19 +1182,19 @@ static void read_edges(struct loader *L, yaml_node_t *list, const char *path)
 static void read_input_sources(struct loader *L, yaml_node_t *s, const char *spath)
 {
 	char p[PATH_MAX_LEN], q[PATH_MAX_LEN], self[STAGE_ID_MAX], from[STAGE_ID_MAX];
-	yaml_node_t *src = config_map_get(L, s, "engine_input_source", NULL), *id;
+	yaml_node_t *src = config_map_get(L, s, "engine_input_source", NULL);
+	uint32_t stamp = ++L->stamp;
 	int i = 0;
 
 	path_join(p, spath, ".engine_input_source");
 	if (!src || config_is_null(src) || !config_want(L, src, YAML_SEQUENCE_NODE, p))
 		return;
-	id = config_map_get(L, s, "stage_id", NULL);
-	if (!config_scalar(id) || strlen(config_scalar(id)) >= STAGE_ID_MAX)
+	if (!self_id(L, s, self))
 		return;
-	strcpy(self, config_scalar(id));
 	for (yaml_node_item_t *it = src->data.sequence.items.start;
-	     it < src->data.sequence.items.top; it++, i++) {
+	     it < src->data.sequence.items.top && !config_stopped(L); it++, i++) {
 		yaml_node_t *n = node_at(L, *it);
+		const struct stage_def *d;
 
 		path_join(q, p, "[%d]", i);
 		if (!stage_id_of(L, n, q, from) || !stage_known(L, from, n, q))
@@ -910,6 +1203,14 @@ static void read_input_sources(struct loader *L, yaml_node_t *s, const char *spa
 			config_error(L, n, q, "stage %s takes input from itself", self);
 			continue;
 		}
+		d = stage_graph_stage(L->g, from);
+		if (!L->source_stamp)
+			return;
+		if (L->source_stamp[d - L->g->stages] == stamp) {
+			config_error(L, n, q, "stage %s is listed twice", from);
+			continue;
+		}
+		L->source_stamp[d - L->g->stages] = stamp;
 		if (!edge_expect(L, from, self, n, q))
 			return;
 	}
@@ -919,31 +1220,79 @@ static void read_input_sources(struct loader *L, yaml_node_t *s, const char *spa
 /* The document                                                        */
 /* ------------------------------------------------------------------ */
 
-static int edge_cmp_id(const char *a, const char *b)
-{
-	char *ea, *eb;
-	long la = strtol(a, &ea, 10), lb = strtol(b, &eb, 10);
-
-	if (!*ea && !*eb && *a && *b && la != lb)
-		return la < lb ? -1 : 1;
-	return strcmp(a, b);
-}
-
 static int edge_cmp(const void *x, const void *y)
 {
 	const struct stage_edge *a = x, *b = y;
-	int c = edge_cmp_id(a->from, b->from);
 
-	return c ? c : edge_cmp_id(a->to, b->to);
+	return edge_cmp_ids(a, b->from, b->to);
+}
+
+/* A sequence the loader walks, at most max items. */
+static bool seq_bounded(struct loader *L, yaml_node_t *n, const char *path, unsigned max,
+			const char *what)
+{
+	size_t len = (size_t)(n->data.sequence.items.top - n->data.sequence.items.start);
+
+	if (len <= max)
+		return true;
+	config_error(L, n, path, "%zu %s: at most %u", len, what, max);
+	L->stop = true;
+	return false;
+}
+
+static void read_connectors(struct loader *L)
+{
+	const struct config_pair *pairs;
+	char p[PATH_MAX_LEN];
+	unsigned npairs;
+
+	/* Check every definition, used or not. */
+	pairs = config_map_pairs(L, L->connectors, &npairs);
+	if (npairs > STAGE_MAX_CONNECTORS) {
+		config_error(L, L->connectors, L->connectors_path, "%u connectors: at most %d",
+			     npairs, STAGE_MAX_CONNECTORS);
+		L->stop = true;
+		return;
+	}
+	for (unsigned pi = 0; pi < npairs && !config_stopped(L); pi++) {
+		yaml_node_t *k = pairs[pi].key, *spec = pairs[pi].value, *n;
+		const char *ks = config_scalar(k), *type;
+
+		path_key(p, L->connectors_path, ks);
+		if (!ks) {
+			config_error(L, k, p, "a connector's name must be a string");
+			continue;
+		}
+		if (k->data.scalar.length > STAGE_MAX_STRING) {
+			config_error(L, k, p, "a connector's name of %zu bytes: at most %d",
+				     k->data.scalar.length, STAGE_MAX_STRING);
+			continue;
+		}
+		if (!config_want(L, spec, YAML_MAPPING_NODE, p))
+			continue;
+		n = config_map_get(L, spec, "name", NULL);
+		if (!n) {
+			config_error(L, spec, p, "connector spec has no name");
+			continue;
+		}
+		if (config_str(L, n, path_join(p, L->connectors_path, ".%s.name", ks), &type) &&
+		    !config_type_known(type))
+			config_error(L, n, p, "unknown connector type '%s' (known: %s)", type,
+				     config_known_types());
+		n = config_map_get(L, spec, "extra", NULL);
+		if (n && !config_is_null(n))
+			config_want(L, n, YAML_MAPPING_NODE,
+				    path_join(p, L->connectors_path, ".%s.extra", ks));
+	}
 }
 
 static void read_document(struct loader *L, yaml_node_t *root)
 {
 	struct stage_graph *g = L->g;
 	const char *stages_key;
-	yaml_node_t *runtime, *stages, *v;
+	yaml_node_t *runtime, *stages, *v, *legacy_key = NULL, *deploy_key = NULL;
 	char p[PATH_MAX_LEN];
-	int i;
+	unsigned i;
 
 	if (!root) {
 		graph_error(g, "%s:1:1: (document): the file holds no YAML document", g->file);
@@ -951,10 +1300,23 @@ static void read_document(struct loader *L, yaml_node_t *root)
 	}
 	if (!config_want(L, root, YAML_MAPPING_NODE, "(document)"))
 		return;
-	if (config_map_get(L, root, "stage_args", NULL)) {
+	config_map_get(L, root, "stage_args", &legacy_key);
+	config_map_get(L, root, "stages", &deploy_key);
+	if (legacy_key && deploy_key) {
+		yaml_node_t *later = legacy_key->start_mark.index > deploy_key->start_mark.index
+					     ? legacy_key : deploy_key;
+
+		config_error(L, later, later == legacy_key ? "stage_args" : "stages",
+			     "both stage_args (legacy schema, line %lu) and stages (deploy schema, "
+			     "line %lu): a file holds one schema (upstream would read it as the "
+			     "legacy one)", (unsigned long)legacy_key->start_mark.line + 1,
+			     (unsigned long)deploy_key->start_mark.line + 1);
+		return;
+	}
+	if (legacy_key) {
 		g->schema = STAGE_SCHEMA_LEGACY;
 		stages_key = "stage_args";
-	} else if (config_map_get(L, root, "stages", NULL)) {
+	} else if (deploy_key) {
 		g->schema = STAGE_SCHEMA_DEPLOY;
 		stages_key = "stages";
 	} else {
@@ -977,39 +1339,8 @@ static void read_document(struct loader *L, yaml_node_t *root)
 	}
 	if (v && !config_is_null(v) && config_want(L, v, YAML_MAPPING_NODE, L->connectors_path))
 		L->connectors = v;
-	if (L->connectors) {
-		/* Check every definition, used or not. */
-		unsigned npairs;
-		struct config_pair *pairs = config_map_pairs(L, L->connectors, &npairs);
-
-		for (unsigned pi = 0; pi < npairs; pi++) {
-			yaml_node_t *k = pairs[pi].key, *spec = pairs[pi].value, *n;
-			const char *ks = config_scalar(k), *type;
-
-			path_join(p, L->connectors_path, ".%s", ks ? ks : "?");
-			if (!ks) {
-				config_error(L, k, p, "a connector's name must be a string");
-				continue;
-			}
-			if (!config_want(L, spec, YAML_MAPPING_NODE, p))
-				continue;
-			n = config_map_get(L, spec, "name", NULL);
-			if (!n) {
-				config_error(L, spec, p, "connector spec has no name");
-				continue;
-			}
-			if (config_str(L, n, path_join(p, L->connectors_path, ".%s.name", ks),
-				       &type) &&
-			    !config_type_known(type))
-				config_error(L, n, p, "unknown connector type '%s' (known: %s)",
-					     type, config_known_types());
-			n = config_map_get(L, spec, "extra", NULL);
-			if (n && !config_is_null(n))
-				config_want(L, n, YAML_MAPPING_NODE,
-					    path_join(p, L->connectors_path, ".%s.extra", ks));
-		}
-		free(pairs);
-	}
+	if (L->connectors)
+		read_connectors(L);
 
 	/* Defaults and async_chunk. */
 	g->default_window_size = STAGE_DEFAULT_WINDOW_SIZE;
@@ -1022,42 +1353,46 @@ static void read_document(struct loader *L, yaml_node_t *root)
 
 	/* Stages first: every edge refers to them. */
 	stages = config_map_get(L, root, stages_key, NULL);
-	if (!config_want(L, stages, YAML_SEQUENCE_NODE, stages_key))
+	if (config_stopped(L) || !config_want(L, stages, YAML_SEQUENCE_NODE, stages_key) ||
+	    !seq_bounded(L, stages, stages_key, STAGE_MAX_STAGES, "stages"))
 		return;
 	i = 0;
 	for (yaml_node_item_t *it = stages->data.sequence.items.start;
-	     it < stages->data.sequence.items.top; it++, i++)
-		read_stage(L, node_at(L, *it), path_join(p, stages_key, "[%d]", i));
+	     it < stages->data.sequence.items.top && !config_stopped(L); it++, i++)
+		read_stage(L, node_at(L, *it), path_join(p, stages_key, "[%u]", i), i);
+	index_stages(L, stages_key);
 	if (!g->nstages && !g->nerrors)
 		config_error(L, stages, stages_key, "no stages are defined");
 
 	/* Named connectors, then listed edges, then engine_input_source. */
 	i = 0;
 	for (yaml_node_item_t *it = stages->data.sequence.items.start;
-	     it < stages->data.sequence.items.top; it++, i++) {
+	     it < stages->data.sequence.items.top && !config_stopped(L); it++, i++) {
 		yaml_node_t *s = node_at(L, *it);
 
 		if (s->type != YAML_MAPPING_NODE)
 			continue;
-		path_join(p, stages_key, "[%d]", i);
+		path_join(p, stages_key, "[%u]", i);
 		read_stage_connectors(L, s, p, false);
 		read_stage_connectors(L, s, p, true);
 	}
+	if (config_stopped(L))
+		return;
 	if (g->schema == STAGE_SCHEMA_DEPLOY && config_map_get(L, root, "edges", NULL))
 		read_edges(L, config_map_get(L, root, "edges", NULL), "edges");
 	else
 		read_edges(L, config_map_get(L, runtime, "edges", NULL), "runtime.edges");
 	i = 0;
 	for (yaml_node_item_t *it = stages->data.sequence.items.start;
-	     it < stages->data.sequence.items.top; it++, i++) {
+	     it < stages->data.sequence.items.top && !config_stopped(L); it++, i++) {
 		yaml_node_t *s = node_at(L, *it);
 
 		if (s->type == YAML_MAPPING_NODE)
-			read_input_sources(L, s, path_join(p, stages_key, "[%d]", i));
+			read_input_sources(L, s, path_join(p, stages_key, "[%u]", i));
 	}
 
 	/* Auto-fill and defaults. */
-	for (unsigned k = 0; k < g->nedges; k++) {
+	for (unsigned k = 0; k < g->nedges && !L->oom; k++) {
 		struct stage_edge *e = &g->edges[k];
 
 		if (e->auto_filled && !e->connector_type)
@@ -1071,103 +1406,80 @@ static void read_document(struct loader *L, yaml_node_t *root)
 			e->inflight_from = g->default_inflight_from;
 		}
 	}
-	if (g->nedges > 1)
-		qsort(g->edges, g->nedges, sizeof(*g->edges), edge_cmp);
 }
 
-static int read_file(const char *path, unsigned char **data, size_t *len)
+static int load_bytes(struct stage_graph *g, const unsigned char *data, size_t len)
 {
-	FILE *f = fopen(path, "rb");
-	unsigned char *buf = NULL;
-	size_t cap = 0, n = 0;
+	static const unsigned char empty[1];
+	struct loader L = { .g = g };
 
-	if (!f)
-		return -errno;
-	for (;;) {
-		if (n == cap) {
-			unsigned char *grown;
-
-			if (cap >= (16u << 20)) {
-				free(buf);
-				fclose(f);
-				return -EFBIG;
-			}
-			cap = cap ? cap * 2 : 4096;
-			grown = realloc(buf, cap);
-			if (!grown) {
-				free(buf);
-				fclose(f);
-				return -ENOMEM;
-			}
-			buf = grown;
-		}
-		size_t got = fread(buf + n, 1, cap - n, f);
-
-		n += got;
-		if (got == 0) {
-			int bad = ferror(f);
-
-			fclose(f);
-			if (bad) {
-				free(buf);
-				return -EIO;
-			}
-			break;
-		}
+	if (len > STAGE_MAX_FILE_BYTES) {
+		graph_error(g, "%s:1:1: (document): the file is %zu bytes: a stage file holds at "
+			    "most %u (10 MiB)", g->file, len, STAGE_MAX_FILE_BYTES);
+		return -EFBIG;
 	}
-	*data = buf;
-	*len = n;
-	return 0;
+	L.D = config_doc_load(&L, data ? data : empty, len);
+	if (L.D) {
+		L.rdma = stage_rdma_present();
+		read_document(&L, config_doc_root(L.D));
+	}
+	/* Sorted even when reading stopped: lookups are binary searches. */
+	if (g->nedges > 1)
+		qsort(g->edges, g->nedges, sizeof(*g->edges), edge_cmp);
+	config_doc_free(L.D);
+	free(L.edge_aux);
+	free(L.edge_table);
+	free(L.stage_aux);
+	free(L.source_stamp);
+	if (L.oom)
+		return -ENOMEM;
+	return g->nerrors || g->errors_dropped ? -EINVAL : 0;
+}
+
+int stage_graph_load_mem(const char *name, const void *data, size_t len,
+			 struct stage_graph **out)
+{
+	if (!name || !out || (!data && len)) {
+		log_error("stage_graph_load_mem: NULL %s", !name ? "name" : !out ? "out" : "data");
+		return -EINVAL;
+	}
+	if (new_graph(name, out))
+		return -ENOMEM;
+	return load_bytes(*out, data, len);
 }
 
 int stage_graph_load(const char *path, struct stage_graph **out)
 {
-	struct loader L = { 0 };
 	struct stage_graph *g;
-	yaml_parser_t parser;
 	unsigned char *data = NULL;
 	size_t len = 0;
+	long long size;
 	int rc;
 
 	if (!path || !out) {
 		log_error("stage_graph_load: NULL %s", path ? "out" : "path");
 		return -EINVAL;
 	}
-	*out = g = calloc(1, sizeof(*g));
-	if (!g || !(g->file = strdup(path))) {
-		free(g);
-		*out = NULL;
+	if (new_graph(path, out))
 		return -ENOMEM;
+	g = *out;
+	rc = read_file(path, &data, &len, &size);
+	if (rc == -EFBIG) {
+		if (size)
+			graph_error(g, "%s:1:1: (document): the file is %lld bytes: a stage file "
+				    "holds at most %u (10 MiB)", path, size, STAGE_MAX_FILE_BYTES);
+		else
+			graph_error(g, "%s:1:1: (document): more than %u bytes: a stage file "
+				    "holds at most that (10 MiB)", path, STAGE_MAX_FILE_BYTES);
+		return rc;
 	}
-	L.g = g;
-	rc = read_file(path, &data, &len);
 	if (rc) {
 		graph_error(g, "%s: cannot read: %s", path, strerror(-rc));
 		return rc;
 	}
-	if (!yaml_parser_initialize(&parser)) {
-		free(data);
-		return -ENOMEM;
-	}
-	yaml_parser_set_input_string(&parser, data, len);
-	if (!yaml_parser_load(&parser, &L.doc)) {
-		graph_error(g, "%s:%lu:%lu: (document): malformed YAML: %s%s%s", path,
-			    (unsigned long)parser.problem_mark.line + 1,
-			    (unsigned long)parser.problem_mark.column + 1,
-			    parser.problem ? parser.problem : "parse error",
-			    parser.context ? " " : "", parser.context ? parser.context : "");
-		yaml_parser_delete(&parser);
-		free(data);
-		return -EINVAL;
-	}
-	L.rdma = stage_rdma_present();
-	read_document(&L, yaml_document_get_root_node(&L.doc));
-	yaml_document_delete(&L.doc);
-	yaml_parser_delete(&parser);
+	rc = load_bytes(g, data, len);
 	free(data);
-	if (L.oom)
-		return -ENOMEM;
-	return g->nerrors || g->errors_dropped ? -EINVAL : 0;
+	return rc;
 }
 
 #endif

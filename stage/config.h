@@ -37,8 +37,31 @@
 #define STAGE_MAX_RANKS 256
 #define STAGE_DEFAULT_WINDOW_SIZE (-1)
 #define STAGE_DEFAULT_MAX_INFLIGHT 1
-/* Errors kept per load (the rest are counted, not kept). */
+/*
+ * Errors kept per load, and warnings: the rest are counted, not kept. After
+ * this many errors the loader stops reading (what follows is not looked at).
+ */
 #define STAGE_MAX_ERRORS 64
+
+/*
+ * The bounds of a stage file, far above any real pipeline (a few stages,
+ * a few hundred YAML nodes). A file past one is refused with an error
+ * "file:line:column: key: what" at the place it went past; loading takes
+ * time linear in the file, so any file within STAGE_MAX_FILE_BYTES is
+ * accepted or refused in well under a second.
+ */
+#define STAGE_MAX_FILE_BYTES (10u << 20) /* 10 MiB; larger: -EFBIG */
+#define STAGE_MAX_DEPTH 64               /* sequences and mappings inside each other */
+#define STAGE_MAX_NODES 262144           /* scalars, sequences, mappings and aliases */
+#define STAGE_MAX_KEYS 4096              /* keys of one mapping, merged ones included */
+#define STAGE_MAX_MERGE_DEPTH 8          /* merges (<<) of mappings that merge, nested */
+#define STAGE_MAX_MERGED 65536           /* keys brought in by merges, over the file */
+#define STAGE_MAX_STAGES 1024
+#define STAGE_MAX_CONNECTORS 1024        /* defined connector specs */
+#define STAGE_MAX_EDGES 4096
+#define STAGE_MAX_EXTRAS 65536           /* extra keys over all edges (once per edge) */
+#define STAGE_MAX_STRING 1024            /* bytes of a string the loader reads (names, hosts) */
+#define STAGE_EXTRA_SHOWN 256            /* an extra key's or value's text is kept up to this */
 
 enum stage_transport {
 	STAGE_TRANSPORT_SHM = 0,
@@ -113,15 +136,17 @@ struct stage_graph {
 	bool async_chunk;
 	int64_t default_window_size, default_max_inflight;
 	enum stage_origin default_window_from, default_inflight_from;
-	struct stage_def *stages;
+	struct stage_def *stages; /* in file order */
 	unsigned nstages;
-	struct stage_edge *edges;
+	unsigned *stage_order;    /* indices of stages, sorted by id (for lookups) */
+	struct stage_edge *edges; /* sorted by from, then to (numeric ids by value) */
 	unsigned nedges;
 	char **warnings;     /* "file:line:col: key: text" */
-	unsigned nwarnings;
+	unsigned nwarnings;  /* warnings kept (see warnings_dropped) */
+	unsigned warnings_dropped;
 	char **errors;       /* "file:line:col: key: text" */
 	unsigned nerrors;    /* errors kept (see errors_dropped) */
-	unsigned errors_dropped;
+	unsigned errors_dropped; /* counted until the loader stopped reading */
 };
 
 /*
@@ -129,17 +154,27 @@ struct stage_graph {
  * in *out (NULL only on -ENOMEM or bad arguments) so that its errors can be
  * printed; each error and warning is also logged. Returns 0 when the file
  * is valid, -EINVAL when g->errors holds the reasons (nothing should start
- * from such a graph), -ENOENT/-EACCES/... when the file cannot be read
+ * from such a graph), -EFBIG when the file is larger than
+ * STAGE_MAX_FILE_BYTES, -ENOENT/-EACCES/... when the file cannot be read
  * (one error in g->errors), -EOPNOTSUPP when built without libyaml,
  * -ENOMEM.
  */
 int stage_graph_load(const char *path, struct stage_graph **out);
 
+/*
+ * The same from len bytes in memory (they need no terminating NUL); name
+ * stands for the file in messages. stage_graph_load reads the file and
+ * calls this; the fuzz harness calls it directly.
+ */
+int stage_graph_load_mem(const char *name, const void *data, size_t len,
+			 struct stage_graph **out);
+
 /* Free a graph (NULL is fine). */
 void stage_graph_free(struct stage_graph *g);
 
+/* The stage with this id, or NULL (a binary search). */
 const struct stage_def *stage_graph_stage(const struct stage_graph *g, const char *id);
-/* The edge from -> to, or NULL. */
+/* The edge from -> to, or NULL (a binary search). */
 const struct stage_edge *stage_graph_edge(const struct stage_graph *g, const char *from,
 					  const char *to);
 
@@ -159,6 +194,12 @@ static inline unsigned stage_peer_rank(unsigned rank, unsigned other_ranks)
 }
 
 const char *stage_transport_name(enum stage_transport t);
+
+/*
+ * The order of stage ids: ids of digits only first, by value (then by
+ * text: "01" before "1"), then the others by strcmp. A total order.
+ */
+int stage_id_cmp(const char *a, const char *b);
 
 /*
  * Is an RDMA device present? Looks at $FERRY_RDMA_SYSFS if set (tests),

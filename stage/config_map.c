@@ -120,6 +120,21 @@ static char *dup_or_oom(struct loader *L, const char *s)
 	return d;
 }
 
+/* The text of an extra key or value as kept for `ferry check`: cut at STAGE_EXTRA_SHOWN. */
+static char *dup_shown(struct loader *L, const char *s, size_t len)
+{
+	size_t n = len > STAGE_EXTRA_SHOWN ? STAGE_EXTRA_SHOWN : len;
+	char *d = malloc(n + 4);
+
+	if (!d) {
+		config_oom(L);
+		return NULL;
+	}
+	memcpy(d, s, n);
+	strcpy(d + n, len > n ? "..." : "");
+	return d;
+}
+
 /* Decide e->transport (and e->note) from the connector kind and its extras. */
 static void choose_transport(struct loader *L, struct stage_edge *e, enum kind kind,
 			     yaml_node_t *extra, const char *path, bool rdma)
@@ -163,7 +178,8 @@ static void choose_transport(struct loader *L, struct stage_edge *e, enum kind k
 			e->transport = STAGE_TRANSPORT_TCP;
 			note = "protocol tcp";
 		} else {
-			config_error(L, pn, p, "must be rdma or tcp, not '%s'", proto);
+			config_error(L, pn, p, "must be rdma or tcp, not '%.*s%s'",
+				     CONFIG_SHOW(proto));
 		}
 		break;
 	case K_MORI:
@@ -229,7 +245,8 @@ static void choose_transport(struct loader *L, struct stage_edge *e, enum kind k
 					    e->from, e->to);
 			}
 		} else {
-			config_error(L, pn, p, "must be shm, tcp, rdma or auto, not '%s'", t);
+			config_error(L, pn, p, "must be shm, tcp, rdma or auto, not '%.*s%s'",
+				     CONFIG_SHOW(t));
 		}
 		break;
 	}
@@ -243,7 +260,7 @@ static void take_extra(struct loader *L, struct stage_edge *e, enum kind kind, y
 		       yaml_node_t *v, const char *path)
 {
 	const char *key = config_scalar(k), *s;
-	struct stage_extra *x, *grown;
+	struct stage_extra *x;
 	char p[PATH_MAX_LEN];
 	bool shm = e->transport == STAGE_TRANSPORT_SHM;
 	int64_t num;
@@ -252,22 +269,23 @@ static void take_extra(struct loader *L, struct stage_edge *e, enum kind kind, y
 		config_error(L, k, path, "extra keys must be strings");
 		return;
 	}
-	pathf(p, "%s.extra.%s", path, key);
-	grown = realloc(e->extras, (e->nextras + 1) * sizeof(*grown));
-	if (!grown) {
+	pathf(p, "%s.extra.%.*s%s", path, CONFIG_SHOW(key));
+	if (!config_extra_count(L, k, p))
+		return;
+	if (!config_grow((void **)&e->extras, e->nextras, sizeof(*e->extras))) {
 		config_oom(L);
 		return;
 	}
-	e->extras = grown;
 	x = &e->extras[e->nextras];
 	memset(x, 0, sizeof(*x));
 	x->note = "invalid value (see the errors)";
 	x->line = (int)k->start_mark.line + 1;
 	x->column = (int)k->start_mark.column + 1;
-	x->key = dup_or_oom(L, key);
-	s = v->type == YAML_SCALAR_NODE ? config_scalar(v)
-					: v->type == YAML_MAPPING_NODE ? "<mapping>" : "<sequence>";
-	x->value = dup_or_oom(L, s);
+	x->key = dup_shown(L, key, k->data.scalar.length);
+	if (v->type == YAML_SCALAR_NODE)
+		x->value = dup_shown(L, config_scalar(v), v->data.scalar.length);
+	else
+		x->value = dup_or_oom(L, v->type == YAML_MAPPING_NODE ? "<mapping>" : "<sequence>");
 	if (!x->key || !x->value) {
 		free(x->key);
 		free(x->value);
@@ -424,11 +442,10 @@ void config_resolve_spec(struct loader *L, struct stage_edge *e, yaml_node_t *sp
 		return;
 	{
 		unsigned n;
-		struct config_pair *pairs = config_map_pairs(L, extra, &n);
+		const struct config_pair *pairs = config_map_pairs(L, extra, &n);
 
-		for (unsigned i = 0; i < n; i++)
+		for (unsigned i = 0; i < n && !config_stopped(L); i++)
 			take_extra(L, e, kind, pairs[i].key, pairs[i].value, p);
-		free(pairs);
 	}
 }
 

@@ -251,7 +251,12 @@ static int link_edges(struct ferry_stage *s)
 					  sizeof(ep));
 			if (rc || (rc = ferry_peer_set_address(l->peer, ep)))
 				return rc;
-			atomic_store(&l->reached, true); /* no probe over tcp: puts retry */
+			/*
+			 * Not reached until a PUT went through: nothing can be
+			 * probed over tcp, so puts retry while the receiver is not
+			 * up, and a buffer goes as a copy until then (a refused PUT
+			 * of a buffer frees it).
+			 */
 		}
 		l->get_timeout_ns = (uint64_t)edge->get_timeout_ms * 1000000ull;
 		/*
@@ -635,7 +640,7 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 		uint64_t now = ferry__now_ns();
 
 		if (!atomic_load_explicit(&l->reached, memory_order_relaxed) &&
-		    (rc = wait_peer(s, l, deadline)))
+		    l->edge->transport != STAGE_TRANSPORT_TCP && (rc = wait_peer(s, l, deadline)))
 			goto fail;
 		if (!(sqe = take_sqe(s, &sq))) {
 			rc = -EBUSY;

@@ -454,6 +454,81 @@ static inline void t_gate_close(struct t_gate *g)
 	close(g->fd[1]);
 }
 
+/*
+ * A number of e's health JSON: the first "name": after the text of section
+ * (e.g. "\"security\":{"); the test fails if either is missing.
+ */
+static inline long long t_health_num(struct ferry_engine *e, const char *section, const char *name)
+{
+	static char h[65536];
+	char want[64];
+	const char *c, *v;
+
+	assert_true(ferry_engine_health(e, h, sizeof(h)) < (int)sizeof(h));
+	c = strstr(h, section);
+	assert_non_null(c);
+	snprintf(want, sizeof(want), "\"%s\":", name);
+	v = strstr(c, want);
+	assert_non_null(v);
+	return atoll(v + strlen(want));
+}
+
+/* A socket still open from our side: no EOF or reset read yet (data is read away). */
+static inline bool t_still_open(int fd)
+{
+	char buf[256];
+
+	for (;;) {
+		ssize_t r = t_recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+
+		if (r > 0)
+			continue;
+		return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+	}
+}
+
+/*
+ * n silent TCP connections to 127.0.0.1:port, opened at once (non-blocking):
+ * fds[] gets them. Then t_silent_all_closed waits, at most ms, until the
+ * engine has hung up on each (closing ours): true if it did.
+ */
+static inline void t_silent_open(int *fds, unsigned n, int port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+
+	for (unsigned i = 0; i < n; i++) {
+		fds[i] = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		assert_true(fds[i] >= 0);
+		assert_true(connect(fds[i], (struct sockaddr *)&sa, sizeof(sa)) == 0 ||
+			    errno == EINPROGRESS);
+	}
+}
+
+static inline bool t_silent_all_closed(int *fds, unsigned n, int ms)
+{
+	int64_t end = t_now() + (int64_t)ms * MS;
+	unsigned open_n;
+
+	do {
+		open_n = 0;
+		for (unsigned i = 0; i < n; i++) {
+			if (fds[i] >= 0 && t_still_open(fds[i])) {
+				open_n++;
+			} else if (fds[i] >= 0) {
+				close(fds[i]);
+				fds[i] = -1;
+			}
+		}
+		if (open_n)
+			usleep(20000);
+	} while (open_n && t_now() < end);
+	for (unsigned i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+	return open_n == 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Log lines a test looks for                                          */
 /* ------------------------------------------------------------------ */

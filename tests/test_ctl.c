@@ -4,7 +4,9 @@
  * queries, store-like keys (PUBLISH / LOOKUP GETs, and the wish of one that
  * ended withdrawn from the holder), a directory query to every peer at once,
  * remote health, remote
- * cancellation, a wrong secret, malformed messages from a raw ZeroMQ socket,
+ * cancellation, a wrong secret (logged and counted by the engine called), a
+ * flood of silent connections (bounded in number and time), malformed
+ * messages from a raw ZeroMQ socket,
  * a taken control address (-EADDRINUSE naming it), and a peer killed with
  * SIGKILL declared dead within the configured time. Engines talk over
  * loopback only; every wait is bounded.
@@ -22,6 +24,8 @@
 #include <zmq.h>
 
 #include "ctl_wire.h"
+
+#define CTL_TEST_PREAUTH_MAX 64 /* CTL_GATE_PREAUTH_MAX (backends/tcp/ctl_int.h) */
 
 #define CNS "ctltest"
 
@@ -670,6 +674,99 @@ static void test_ctl_wrong_secret(void **state)
 	ferry_engine_destroy(a);
 }
 
+static long long sec_stat(struct ferry_engine *e, const char *name)
+{
+	return t_health_num(e, "\"security\":{", name);
+}
+
+enum { FLOOD = 200 };
+
+/*
+ * 200 silent TCP connections to the control port (libzmq held each for its
+ * default 30 s handshake interval; nothing bounded how many): at most 64 that
+ * proved nothing are held at once (the oldest hung up on), every one is hung
+ * up on within the handshake bound (3 s; here: 15 s at most), each counted,
+ * and a peer with the secret still gets a session during the flood. Then a
+ * caller that finishes libzmq's greeting and then says nothing, and one that
+ * says HELLO and never proves anything: hung up on as well.
+ */
+static void test_ctl_silent_flood(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b;
+	static int fds[FLOOD];
+	char ca[TCP_ADDR_MAX];
+	int64_t t0, end;
+
+	(void)state;
+	ctl_addr(a, ca, sizeof(ca));
+	t_silent_open(fds, FLOOD, port_of(ca));
+	t0 = t_now();
+	/* The count bound, at every moment: the oldest go as newer ones come. */
+	for (end = t_now() + 10 * SEC; t_now() < end && sec_stat(a, "handshakes_dropped") <
+							       FLOOD - CTL_TEST_PREAUTH_MAX;) {
+		assert_true(sec_stat(a, "unproved_connections") <= CTL_TEST_PREAUTH_MAX);
+		usleep(2000);
+	}
+	assert_true(sec_stat(a, "handshakes_dropped") >= FLOOD - CTL_TEST_PREAUTH_MAX);
+	assert_true(sec_stat(a, "unproved_connections") <= CTL_TEST_PREAUTH_MAX);
+	/* A caller with the secret is served all the same. */
+	b = mk_ctl("ctlB", SECRET, 0, 0);
+	connect_to(b, a);
+	/* The time bound: every one of them is hung up on. */
+	assert_true(t_silent_all_closed(fds, FLOOD, 15000));
+	fprintf(stderr, "# %d silent connections hung up on within %.1f s\n", FLOOD,
+		(double)(t_now() - t0) / SEC);
+	assert_true(sec_stat(a, "handshakes_dropped") >= FLOOD);
+	assert_int_equal(ctl_stat(a, "sessions_ready"), 1); /* b's, still up */
+
+	/* libzmq's greeting done, then silence: no HELLO ever. */
+	{
+		void *zc = zmq_ctx_new(), *z = zmq_socket(zc, ZMQ_DEALER);
+		int no_reconnect = -1, zero = 0;
+		long long before = sec_stat(a, "handshakes_dropped");
+
+		zmq_setsockopt(z, ZMQ_RECONNECT_IVL, &no_reconnect, sizeof(no_reconnect));
+		zmq_setsockopt(z, ZMQ_LINGER, &zero, sizeof(zero));
+		assert_int_equal(zmq_connect(z, ca), 0);
+		for (end = t_now() + 15 * SEC;
+		     t_now() < end && sec_stat(a, "handshakes_dropped") == before;)
+			usleep(20000);
+		assert_true(sec_stat(a, "handshakes_dropped") > before);
+		zmq_close(z);
+		zmq_ctx_term(zc);
+	}
+	/* HELLO, then no AUTH. */
+	{
+		void *zc = zmq_ctx_new(), *z = zmq_socket(zc, ZMQ_DEALER);
+		int no_reconnect = -1, zero = 0;
+		long long before = sec_stat(a, "handshakes_dropped");
+		uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello)];
+		struct ctl_hello h;
+
+		memset(&h, 0, sizeof(h));
+		snprintf(h.caller, sizeof(h.caller), "mute");
+		snprintf(h.callee, sizeof(h.callee), "ctlA");
+		snprintf(h.ns, sizeof(h.ns), CNS);
+		ctl_hdr_pack(m, CTL_HELLO, sizeof(h), 0);
+		memcpy(m + CTL_HDR_BYTES, &h, sizeof(h));
+		zmq_setsockopt(z, ZMQ_RECONNECT_IVL, &no_reconnect, sizeof(no_reconnect));
+		zmq_setsockopt(z, ZMQ_LINGER, &zero, sizeof(zero));
+		assert_int_equal(zmq_connect(z, ca), 0);
+		assert_int_equal(zmq_send(z, m, sizeof(m), 0), (int)sizeof(m));
+		for (end = t_now() + 15 * SEC;
+		     t_now() < end && sec_stat(a, "handshakes_dropped") == before;)
+			usleep(20000);
+		assert_true(sec_stat(a, "handshakes_dropped") > before);
+		for (end = t_now() + 5 * SEC; t_now() < end && sec_stat(a, "unproved_connections");)
+			usleep(20000);
+		assert_int_equal(sec_stat(a, "unproved_connections"), 0);
+		zmq_close(z);
+		zmq_ctx_term(zc);
+	}
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(a);
+}
+
 /* Raw ZeroMQ messages a hostile or broken caller might send. */
 static void raw_send(void *z, const void *m, size_t n, int flags)
 {
@@ -999,6 +1096,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_lookup_every_peer_connecting),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_wrong_secret),
+		cmocka_unit_test(test_ctl_silent_flood),
 		cmocka_unit_test(test_ctl_malformed_messages),
 		cmocka_unit_test(test_ctl_addr_in_use),
 		cmocka_unit_test(test_ctl_dead_peer),

@@ -351,6 +351,33 @@ static void test_stage_check_command(void **state)
 	assert_non_null(strstr(out, "err_mismatch.yaml:7:21: stage_args[1].input_connectors."
 				    "from_stage_0: edge 0->1: connector type"));
 	assert_non_null(strstr(out, "1 error(s): nothing would start"));
+
+	/* More errors than the loader keeps: it says it stopped, and "or more". */
+	{
+		char path[] = "/tmp/ferry-check-XXXXXX";
+		int fd = mkstemp(path);
+		FILE *y;
+
+		assert_true(fd >= 0);
+		y = fdopen(fd, "w");
+		assert_non_null(y);
+		fprintf(y, "stages:\n  - stage_id: 0\n    output_connectors:\n");
+		for (int i = 0; i < 100; i++)
+			fprintf(y, "      bad_%d: x\n", i);
+		fclose(y);
+		snprintf(cmd, sizeof(cmd), "%s/tools/ferry check %s 2>&1", FERRY_TEST_BINDIR, path);
+		f = popen(cmd, "r");
+		assert_non_null(f);
+		n = fread(out, 1, sizeof(out) - 1, f);
+		out[n] = '\0';
+		rc = pclose(f);
+		unlink(path);
+		assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 1);
+		assert_non_null(strstr(out, ":4:7: stages[0].output_connectors.bad_0: key must be "
+					    "to_stage_<stage_id>"));
+		assert_non_null(strstr(out, "not shown; the loader stops reading after 64)\n"));
+		assert_non_null(strstr(out, " or more error(s): nothing would start"));
+	}
 }
 
 /* ------------------------------------------------------------------ */
@@ -608,6 +635,7 @@ struct pipeline {
 	const char *ns;
 	int meta_pipe[2];  /* stage 0 -> stage 1: metadata of request 0 */
 	int done_pipe[2];  /* held by stage 2 only: EOF when it is done */
+	int late_ms;       /* stage 2 opens this much later than the others */
 };
 
 static size_t chunk_len(int r, int n)
@@ -633,6 +661,8 @@ static int stage_child(struct pipeline *pl, const char *id)
 	p.ns = pl->ns;
 	p.pool_size = 16u << 20;
 	p.timeout_ms = 20000;
+	if (!strcmp(id, "2") && pl->late_ms)
+		usleep((useconds_t)pl->late_ms * 1000u);
 	rc = ferry_stage_open(&p, &s);
 	if (rc) {
 		fprintf(stderr, "stage %s: open: %s\n", id, ferry_strerror(rc));
@@ -775,9 +805,9 @@ static int stage_child(struct pipeline *pl, const char *id)
 	return 0;
 }
 
-static void run_pipeline(const char *yaml, const char *ns)
+static void run_pipeline_late(const char *yaml, const char *ns, int late_ms)
 {
-	struct pipeline pl = { .yaml = yaml, .ns = ns };
+	struct pipeline pl = { .yaml = yaml, .ns = ns, .late_ms = late_ms };
 	static const char *const ids[] = { "0", "1", "2" };
 	pid_t pids[3];
 
@@ -807,6 +837,11 @@ static void run_pipeline(const char *yaml, const char *ns)
 				 WIFEXITED(st) ? "exit" : "signal",
 				 WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
 	}
+}
+
+static void run_pipeline(const char *yaml, const char *ns)
+{
+	run_pipeline_late(yaml, ns, 0);
 }
 
 static void test_stage_three_processes_shm(void **state)
@@ -857,6 +892,22 @@ static void test_stage_three_processes_tcp(void **state)
 }
 
 /*
+ * The same with stage 2 up 1 s after stage 1 starts putting pool buffers to
+ * it over tcp: its first puts are refused and must be tried again (a
+ * buffer PUT refused once was lost: "no engine of that name is
+ * reachable", seen on a loaded machine).
+ */
+static void test_stage_three_processes_tcp_late(void **state)
+{
+	char path[] = "/tmp/ferry-test-pipeline3-tcp-XXXXXX.yaml";
+
+	(void)state;
+	fixture_with_port(FIX "pipeline3_tcp.yaml", 2, path);
+	run_pipeline_late(path, "pipe-tcp", 1000);
+	unlink(path);
+}
+
+/*
  * The same pipeline with 1 -> 2 a MooncakeStoreConnector edge: stage 1 keeps
  * what it puts and listens for control on zmq_port + 1 (its stage number);
  * stage 2 calls it there, learns its data address, and each get without
@@ -883,6 +934,7 @@ int main(void)
 		/* Forking tests first, while no engine thread exists in this process. */
 		cmocka_unit_test_setup_teardown(test_stage_three_processes_shm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_three_processes_tcp, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_stage_three_processes_tcp_late, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_three_processes_store, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_cleanup_releases_shm, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_stage_cleanup_op, setup, teardown),

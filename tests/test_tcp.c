@@ -1116,6 +1116,49 @@ static void test_tcp_wrong_secret(void **state)
 	ferry_engine_destroy(e);
 }
 
+/*
+ * 200 silent TCP connections to the data port: at most 64 that proved
+ * nothing are held at once (the oldest hung up on as newer ones come), all
+ * are hung up on within the handshake bound (3 s; here 15 s at most), each
+ * counted in health, and a producer with the secret gets through meanwhile.
+ */
+static void test_tcp_silent_flood(void **state)
+{
+	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp.c */ };
+	struct producer good = { .name = "prod", .secret = SECRET, .count = 5, .size = 100 };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	static int fds[FLOOD];
+	struct ferry_engine *e;
+	char addr[TCP_ADDR_MAX];
+	struct child ch;
+	int64_t t0, end;
+
+	(void)state;
+	spawn(&ch, producer_main, &good);
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	t_silent_open(fds, FLOOD, atoi(strrchr(addr, ':') + 1));
+	t0 = t_now();
+	/* The count bound, at every moment: the oldest go as newer ones come. */
+	for (end = t_now() + 10 * SEC;
+	     t_now() < end && t_health_num(e, "\"security\":{", "handshakes_dropped") <
+				      FLOOD - PREAUTH_MAX;) {
+		assert_true(t_health_num(e, "\"security\":{", "unproved_connections") <=
+			    PREAUTH_MAX);
+		usleep(2000);
+	}
+	assert_true(t_health_num(e, "\"security\":{", "handshakes_dropped") >= FLOOD - PREAUTH_MAX);
+	go(&ch, addr);
+	consume(e, "prod", 0, 5, 100, 5);
+	assert_int_equal(t_reap(ch.pid), 0);
+	assert_true(t_silent_all_closed(fds, FLOOD, 15000));
+	fprintf(stderr, "# %d silent connections hung up on within %.1f s\n", FLOOD,
+		(double)(t_now() - t0) / SEC);
+	assert_true(t_health_num(e, "\"security\":{", "handshakes_dropped") >= FLOOD);
+	ferry_engine_destroy(e);
+}
+
 /* ------------------------------------------------------------------ */
 /* A raw client speaking the protocol by hand                          */
 /* ------------------------------------------------------------------ */
@@ -1701,6 +1744,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_silent_flood, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_malformed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_kill_receiver, setup, teardown),

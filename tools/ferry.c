@@ -72,10 +72,12 @@ static int cmd_check(const char *path)
 	if (rc) {
 		for (unsigned i = 0; i < g->nerrors; i++)
 			fprintf(stderr, "%s\n", g->errors[i]);
+		/* The loader stops reading after STAGE_MAX_ERRORS: there may be more. */
 		if (g->errors_dropped)
-			fprintf(stderr, "(%u more errors)\n", g->errors_dropped);
-		fprintf(stderr, "%s: %u error(s): nothing would start\n", path,
-			g->nerrors + g->errors_dropped);
+			fprintf(stderr, "(%u more error(s) not shown; the loader stops reading "
+					"after %d)\n", g->errors_dropped, STAGE_MAX_ERRORS);
+		fprintf(stderr, "%s: %u%s error(s): nothing would start\n", path,
+			g->nerrors + g->errors_dropped, g->errors_dropped ? " or more" : "");
 		stage_graph_free(g);
 		return 1;
 	}
@@ -129,6 +131,8 @@ static int cmd_check(const char *path)
 		printf("warnings:\n");
 		for (unsigned i = 0; i < g->nwarnings; i++)
 			printf("  %s\n", g->warnings[i]);
+		if (g->warnings_dropped)
+			printf("  (%u more warning(s) not shown)\n", g->warnings_dropped);
 	}
 	printf("ok\n");
 	stage_graph_free(g);

@@ -103,7 +103,7 @@ static struct io_uring_sqe *ring_sqe(struct ctl_state *st)
 	return sqe;
 }
 
-static void sock_arm(struct ctl_state *st, struct ctl_sock *s, uint32_t slot)
+void ctl_sock_arm(struct ctl_state *st, struct ctl_sock *s, uint32_t slot)
 {
 	struct io_uring_sqe *sqe;
 
@@ -117,7 +117,7 @@ static void sock_arm(struct ctl_state *st, struct ctl_sock *s, uint32_t slot)
 	s->armed = true;
 }
 
-static void sock_close(struct ctl_state *st, struct ctl_sock *s, uint32_t slot)
+void ctl_sock_close(struct ctl_state *st, struct ctl_sock *s, uint32_t slot)
 {
 	if (!s->z)
 		return;
@@ -153,7 +153,7 @@ static int ensure_ctx(struct ctl_state *st)
 }
 
 /* A socket of type with our options; its ZMQ_FD into s. */
-static int sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char *endpoint)
+int ctl_sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char *endpoint)
 {
 	int zero = 0, one = 1, rc;
 	int64_t maxmsg = CTL_MAX_MSG;
@@ -171,8 +171,16 @@ static int sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const c
 	zmq_setsockopt(s->z, ZMQ_MAXMSGSIZE, &maxmsg, sizeof(maxmsg));
 	if (strchr(endpoint, '['))
 		zmq_setsockopt(s->z, ZMQ_IPV6, &one, sizeof(one));
-	if (type == ZMQ_ROUTER)
+	if (type == ZMQ_ROUTER) {
+		/*
+		 * libzmq's own greeting bounded too (its default: 30 s): a second
+		 * after ctl_gate.c's bound, which hangs up (and counts) first.
+		 */
+		int ivl = (int)(CTL_HANDSHAKE_NS / 1000000) + 1000;
+
 		zmq_setsockopt(s->z, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
+		zmq_setsockopt(s->z, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl));
+	}
 	if (zmq_getsockopt(s->z, ZMQ_FD, &s->fd, &fdlen)) {
 		rc = -errno;
 		zmq_close(s->z);
@@ -291,7 +299,7 @@ static struct ctl_session *session_new(struct ctl_state *st)
 
 static void session_free(struct ctl_state *st, struct ctl_session *s)
 {
-	sock_close(st, &s->sock, s->slot + 1);
+	ctl_sock_close(st, &s->sock, s->slot + 1);
 	s->state = CS_FREE;
 	s->id_len = 0;
 	s->peer_name[0] = '\0';
@@ -374,7 +382,7 @@ static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, c
 			 name[0] ? name : "a caller", why);
 	waiters_go(st, s, s->state == CS_READY ? res : (s->refused ? -EACCES : -EHOSTUNREACH));
 	if (s->caller) {
-		sock_close(st, &s->sock, s->slot + 1);
+		ctl_sock_close(st, &s->sock, s->slot + 1);
 		s->state = CS_BACKOFF;
 		s->retry_at = reactor_now(st->e) + (s->refused ? st->peer_timeout_ns : st->heartbeat_ns);
 	} else {
@@ -451,6 +459,8 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 	}
 	s->state = CS_READY;
 	s->refused = false;
+	if (!s->caller)
+		ctl_gate_proved(st, s->fd); /* its connection stays open */
 	STAT_ADD(st->ready, 1);
 	s->last_rx = s->last_ping = reactor_now(e);
 	log_info("ctl: engine %s: session with %s ready (%s; data at %s)", e->name, s->peer_name,
@@ -485,7 +495,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 	int rc;
 
 	zmq_endpoint(s->endpoint, ep, sizeof(ep));
-	if ((rc = sock_open(st, &s->sock, ZMQ_DEALER, ep)))
+	if ((rc = ctl_sock_open(st, &s->sock, ZMQ_DEALER, ep)))
 		goto fail;
 	if (zmq_connect(s->sock.z, ep)) {
 		rc = -errno;
@@ -507,7 +517,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 		goto fail;
 	return;
 fail:
-	sock_close(st, &s->sock, s->slot + 1);
+	ctl_sock_close(st, &s->sock, s->slot + 1);
 	s->state = CS_BACKOFF;
 	s->retry_at = reactor_now(e) + st->peer_timeout_ns;
 	waiters_go(st, s, rc == -EACCES ? rc : -EHOSTUNREACH);
@@ -613,7 +623,7 @@ malformed:
 
 /* Callee: a HELLO from a routing id without a session. */
 static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const uint8_t *body,
-		     uint32_t blen, const char *peer_addr)
+		     uint32_t blen, const char *peer_addr, int fd)
 {
 	struct ferry_engine *e = st->e;
 	struct ctl_session tmp, *s;
@@ -656,6 +666,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	}
 	memcpy(s->id, id, id_len);
 	s->id_len = (uint32_t)id_len;
+	s->fd = fd;
 	snprintf(s->peer_name, sizeof(s->peer_name), "%s", h.caller);
 	snprintf(s->seen_host, sizeof(s->seen_host), "%s", peer_addr ? peer_addr : "");
 	memcpy(s->nonce_peer, h.nonce, sizeof(h.nonce));
@@ -677,7 +688,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 }
 
 static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
-			  const uint8_t *frame, size_t n, const char *peer_addr)
+			  const uint8_t *frame, size_t n, const char *peer_addr, int fd)
 {
 	struct ferry_engine *e = st->e;
 	struct ctl_session *s = session_by_id(st, id, id_len);
@@ -696,7 +707,7 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 	if (h.type == CTL_HELLO) {
 		if (s) /* the same caller starts over: forget the old session */
 			session_dead(st, s, -ECONNRESET, "its caller started over");
-		on_hello(st, id, id_len, body, h.len, peer_addr);
+		on_hello(st, id, id_len, body, h.len, peer_addr, fd);
 		return;
 	}
 	if (!s) {
@@ -867,7 +878,7 @@ static bool recv_router(struct ctl_state *st)
 			 st->e->name, peer_addr ? peer_addr : "?");
 	else
 		on_callee_msg(st, zmq_msg_data(&id), zmq_msg_size(&id), zmq_msg_data(&body),
-			      zmq_msg_size(&body), peer_addr);
+			      zmq_msg_size(&body), peer_addr, ctl_gate_srcfd(st, &body));
 	zmq_msg_close(&id);
 	zmq_msg_close(&body);
 	return true;
@@ -901,7 +912,7 @@ static bool recv_dealer(struct ctl_state *st, struct ctl_session *s)
 	return true;
 }
 
-static bool has_pollin(void *z)
+bool ctl_sock_readable(void *z)
 {
 	uint32_t ev = 0;
 	size_t n = sizeof(ev);
@@ -914,9 +925,10 @@ static int drain(struct ctl_state *st)
 	int n = 0;
 
 	st->any_dirty = false;
+	n += ctl_gate_drain(st); /* connections first: a message may come on a new one */
 	if (st->router.dirty) {
 		st->router.dirty = false;
-		for (int i = 0; has_pollin(st->router.z); i++) {
+		for (int i = 0; ctl_sock_readable(st->router.z); i++) {
 			if (i == CTL_DRAIN_MAX) {
 				st->router.dirty = st->any_dirty = true; /* the rest next round */
 				break;
@@ -931,7 +943,7 @@ static int drain(struct ctl_state *st)
 		if (s->state == CS_FREE || !s->caller || !s->sock.dirty)
 			continue;
 		s->sock.dirty = false;
-		for (int k = 0; s->sock.z && has_pollin(s->sock.z); k++) {
+		for (int k = 0; s->sock.z && ctl_sock_readable(s->sock.z); k++) {
 			if (k == CTL_DRAIN_MAX) {
 				s->sock.dirty = st->any_dirty = true;
 				break;
@@ -999,6 +1011,7 @@ static int check_time(struct ctl_state *st)
 			break;
 		}
 	}
+	n += ctl_gate_tick(st);
 	/* Requests whose op ended (deadline, cancel) and got no answer. */
 	for (uint32_t i = 0; i < CTL_MAX_REQS && st->nreqs; i++) {
 		struct ctl_req *r = &st->reqs[i];
@@ -1014,7 +1027,7 @@ static void arm_tick(struct ctl_state *st)
 	struct io_uring_sqe *sqe;
 	uint64_t ns = st->heartbeat_ns / 2;
 
-	if (st->tick_armed || (!st->nsessions && !st->nreqs))
+	if (st->tick_armed || (!st->nsessions && !st->nreqs && !st->gate.npreauth))
 		return;
 	if (ns > 250000000ull)
 		ns = 250000000ull; /* handshake deadlines and retries need some resolution */
@@ -1057,7 +1070,7 @@ static int take_connects(struct ctl_state *st)
 		if (s) {
 			if (s->state == CS_READY)
 				session_dead(st, s, -ECONNRESET, "its control address changed");
-			sock_close(st, &s->sock, s->slot + 1);
+			ctl_sock_close(st, &s->sock, s->slot + 1);
 		} else if (!(s = session_new(st))) {
 			log_error("ctl: engine %s: %d sessions: not calling %s", st->e->name,
 				  CTL_MAX_SESSIONS, list[i].peer->name);
@@ -1108,10 +1121,11 @@ static int ctl_progress(struct ferry_engine *e, struct backend *b)
 		return n;
 	if (st->need_arm) {
 		st->need_arm = false;
-		sock_arm(st, &st->router, 0);
+		ctl_sock_arm(st, &st->router, 0);
+		ctl_sock_arm(st, &st->gate.mon, CTL_GATE_SLOT);
 		for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
 			if (st->sessions[i].caller)
-				sock_arm(st, &st->sessions[i].sock, i + 1);
+				ctl_sock_arm(st, &st->sessions[i].sock, i + 1);
 	}
 	if (!st->tick_armed)
 		arm_tick(st);
@@ -1151,6 +1165,8 @@ static void ctl_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 		return;
 	if (slot == 0)
 		s = &st->router;
+	else if (slot == CTL_GATE_SLOT)
+		s = &st->gate.mon;
 	else if (slot <= CTL_MAX_SESSIONS)
 		s = &st->sessions[slot - 1].sock;
 	else
@@ -1283,7 +1299,7 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 		log_warn("ctl: engine %s has no cluster secret: peers prove nothing (loopback only)",
 			 e->name);
 	zmq_endpoint(control, ep, sizeof(ep));
-	if ((rc = sock_open(st, &st->router, ZMQ_ROUTER, ep)))
+	if ((rc = ctl_sock_open(st, &st->router, ZMQ_ROUTER, ep)))
 		goto fail;
 	if (zmq_bind(st->router.z, ep)) {
 		rc = -errno;
@@ -1296,9 +1312,13 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	}
 	if (zmq_getsockopt(st->router.z, ZMQ_LAST_ENDPOINT, st->bound, &len))
 		st->bound[0] = '\0';
+	if ((rc = ctl_gate_open(st)))
+		goto fail;
 	log_debug("ctl: engine %s: control on %s", e->name, st->bound);
 	return 0;
 fail:
+	if (st->gate.mon.z)
+		zmq_close(st->gate.mon.z);
 	if (st->router.z)
 		zmq_close(st->router.z);
 	if (st->zctx)
@@ -1330,7 +1350,8 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	for (uint32_t i = 0; i < CTL_MAX_REQS; i++)
 		if (st->reqs[i].type)
 			ctl_req_finish(st, &st->reqs[i], -ECANCELED, 0, NULL);
-	sock_close(st, &st->router, 0);
+	ctl_gate_close(st);
+	ctl_sock_close(st, &st->router, 0);
 	if (st->zctx)
 		zmq_ctx_term(st->zctx);
 	reactor_unresolve_all(e, b);

@@ -29,6 +29,10 @@
 #define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
 #define CTL_DEFAULT_HEARTBEAT_MS 1000
 #define CTL_DEFAULT_PEER_TIMEOUT_MS 10000
+/* ctl_gate.c: connections at the control port that proved nothing, at most, at once */
+#define CTL_GATE_PREAUTH_MAX 64
+#define CTL_GATE_MAX (CTL_MAX_SESSIONS + CTL_GATE_PREAUTH_MAX)
+#define CTL_GATE_SLOT (CTL_MAX_SESSIONS + 1) /* the monitor socket's poll slot */
 #define ROLE_CALLER "ferry-ctl-caller"
 #define ROLE_CALLEE "ferry-ctl-callee"
 
@@ -66,6 +70,25 @@ struct ctl_session {
 	uint32_t peer_caps;
 	uint64_t hs_deadline, last_rx, last_ping, retry_at;
 	struct op *wait_head, *wait_tail; /* PUTs waiting for the handshake */
+	int fd;                 /* callee: the connection its HELLO came on (ZMQ_SRCFD), or -1 */
+};
+
+/* A connection accepted at the control port (ctl_gate.c). */
+struct ctl_door {
+	int fd;                 /* libzmq's socket; -1: a free entry */
+	bool proved;            /* a session on it proved the cluster secret */
+	bool hung;              /* hung up on; its DISCONNECTED follows */
+	uint64_t since;         /* accepted at */
+	struct sockaddr_storage peer; /* as seen at ACCEPTED: is fd still it? */
+	socklen_t peer_len;
+};
+
+struct ctl_gate {
+	struct ctl_sock mon;    /* PAIR: the ROUTER's monitor events */
+	bool srcfd;             /* libzmq tells a message's connection (ZMQ_SRCFD) */
+	uint32_t nopen;
+	uint32_t npreauth; /* open, not proved, not hung up on */
+	struct ctl_door doors[CTL_GATE_MAX];
 };
 
 /* A request of ours waiting for its answer (or for its session to be READY). */
@@ -104,6 +127,7 @@ struct ctl_state {
 	/* For the health JSON (written by the reactor, read by anyone). */
 	stat_t ready, declared_dead, dropped, auth_failed;
 	struct ctl_session sessions[CTL_MAX_SESSIONS];
+	struct ctl_gate gate;
 	uint32_t nreqs;
 	uint64_t next_seq;
 	struct ctl_req reqs[CTL_MAX_REQS];
@@ -128,6 +152,12 @@ struct ctl_state {
 
 /* ctl.c */
 struct ctl_state *ctl_state_of(struct ferry_engine *e);
+/* A socket of type with our options, its ZMQ_FD polled as slot (ctl_sock_arm). */
+int ctl_sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char *endpoint);
+void ctl_sock_arm(struct ctl_state *st, struct ctl_sock *s, uint32_t slot);
+void ctl_sock_close(struct ctl_state *st, struct ctl_sock *s, uint32_t slot);
+/* ZMQ_EVENTS says a message waits. */
+bool ctl_sock_readable(void *z);
 const char *ctl_type_name(unsigned t);
 /* Take ferry_peer_connect calls still in the mailbox (an op may need them now). */
 void ctl_connects_first(struct ctl_state *st);
@@ -141,6 +171,16 @@ int ctl_send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, 
 		    int32_t res, uint64_t len);
 /* The best session to peer `name`: a READY one, else (!ready) one in the making. */
 struct ctl_session *ctl_session_for(struct ctl_state *st, const char *name, bool ready);
+
+/* ctl_gate.c: the control port's door */
+int ctl_gate_open(struct ctl_state *st);  /* after the ROUTER's bind */
+void ctl_gate_close(struct ctl_state *st); /* before the ROUTER closes */
+int ctl_gate_drain(struct ctl_state *st);  /* monitor events: connections come and go */
+int ctl_gate_tick(struct ctl_state *st);   /* hang up on connections past the bound */
+/* The connection a received message (a zmq_msg_t *) came on, or -1. */
+int ctl_gate_srcfd(struct ctl_state *st, const void *msg);
+/* A session on connection fd proved the cluster secret: it stays. */
+void ctl_gate_proved(struct ctl_state *st, int fd);
 
 /* ctl_req.c: our requests */
 void ctl_req_free(struct ctl_state *st, struct ctl_req *r);

@@ -104,6 +104,7 @@
  */
 #define TCP_COALESCE_MAX 2048u
 #define TCP_MAX_SOCKS 1024          /* connections of one engine */
+#define TCP_PREAUTH_MAX 64          /* callers that proved nothing yet, at once */
 #define TCP_RING_ENTRIES 256
 #define TCP_HANDSHAKE_MS 3000
 #define TCP_DEFAULT_HEARTBEAT_MS 1000
@@ -534,6 +535,8 @@ static struct tcp_conn *conn_new(struct tcp_state *st, int fd, bool caller)
 	return c;
 }
 
+static unsigned count_preauth(struct tcp_state *st);
+
 static void conn_free(struct tcp_state *st, struct tcp_conn *c)
 {
 	if (c->dead)
@@ -545,6 +548,8 @@ static void conn_free(struct tcp_state *st, struct tcp_conn *c)
 	st->nconns--;
 	if (c->fd >= 0)
 		close(c->fd);
+	if (!c->caller && c->hs != HS_READY)
+		count_preauth(st);
 	free(c->rx);
 	free(c);
 }
@@ -1929,6 +1934,8 @@ static void conn_ready(struct tcp_state *st, struct tcp_conn *c)
 	c->hs = HS_READY;
 	c->link->last_rx_ns = reactor_now(st->engine);
 	conn_arm_recv(st, c);
+	if (!c->caller)
+		count_preauth(st);
 }
 
 static void link_up(struct tcp_state *st, struct tcp_link *l);
@@ -2299,6 +2306,43 @@ static void arm_listen(struct tcp_state *st)
 	io_uring_sqe_set_data64(sqe, mk_cookie(K_LISTEN, 0, st->lgen));
 }
 
+/* Callers accepted that have not proved the cluster secret yet (health says it too). */
+static unsigned count_preauth(struct tcp_state *st)
+{
+	unsigned n = 0;
+
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++) {
+		struct tcp_conn *c = st->conns[i];
+
+		n += c && !c->dead && !c->caller && c->hs != HS_READY;
+	}
+	atomic_store_explicit(&st->engine->stats.unproved_data, n, memory_order_relaxed);
+	return n;
+}
+
+/* Too many callers prove nothing at once: the oldest is hung up on. */
+static void drop_oldest_preauth(struct tcp_state *st)
+{
+	struct tcp_conn *old = NULL;
+	char addr[TCP_ADDR_MAX];
+
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++) {
+		struct tcp_conn *c = st->conns[i];
+
+		if (c && !c->dead && !c->caller && c->hs != HS_READY &&
+		    (!old || c->hs_deadline < old->hs_deadline))
+			old = c;
+	}
+	if (!old)
+		return;
+	tcp_addr_format((struct sockaddr *)&old->peer_sa, addr, sizeof(addr));
+	STAT_ADD(st->engine->stats.handshakes_dropped, 1);
+	log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s was the oldest of %u that had "
+		    "not proved the cluster secret yet: hung up", st->engine->name, addr,
+		    TCP_PREAUTH_MAX);
+	conn_kill(st, old);
+}
+
 static void accept_all(struct tcp_state *st)
 {
 	for (;;) {
@@ -2324,6 +2368,8 @@ static void accept_all(struct tcp_state *st)
 			close(fd);
 			continue;
 		}
+		if (count_preauth(st) >= TCP_PREAUTH_MAX)
+			drop_oldest_preauth(st);
 		set_sockopts(fd);
 		c = conn_new(st, fd, false);
 		if (!c) {
@@ -2333,6 +2379,7 @@ static void accept_all(struct tcp_state *st)
 		memcpy(&c->peer_sa, &sa, sizeof(sa));
 		c->hs = HS_WAIT_HELLO;
 		arm_poll(st, c, POLLIN);
+		count_preauth(st);
 	}
 }
 
