@@ -12,7 +12,8 @@
  * the restarted peer, a silent (stopped) peer declared dead by the
  * heartbeat, both pools running dry (the receiver's: eager PUTs refused,
  * rendezvous PUTs wait; then the sender's: -ENOMEM; nothing sent is lost),
- * engines of two namespaces kept apart, and 8 concurrent 256 MiB transfers
+ * engines of two namespaces kept apart, a peer given an address that cannot
+ * be called not reached through another transport, and 8 concurrent 256 MiB transfers
  * with checksums. Children
  * report through their exit status; the parent asserts. No test leaves a
  * pool block behind (checked through the pool statistics).
