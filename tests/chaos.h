@@ -335,6 +335,7 @@ struct ch_w {
 	int free_ops[CH_OPS];
 	int nfree;
 	unsigned puts_out[CH_MAXW], gets_out[CH_MAXW];
+	uint64_t failed_from[CH_MAXW]; /* GETs and STREAM_GETs from each peer that failed */
 	struct ch_pstream ps[CH_MAXW][CH_STREAMS];
 	uint64_t stream_seq[CH_MAXW];
 	struct ch_cstream cs[CH_CSTREAMS];
@@ -668,6 +669,7 @@ static void ch_get_done(struct ch_w *w, struct ch_op *o, const struct ferry_cqe 
 		return;
 	}
 	atomic_fetch_add(&w->st->gets_failed, 1);
+	w->failed_from[o->peer]++;
 	ch_count_err(w, c->res);
 	if (c->flags & FERRY_CQE_F_BUF)
 		ferry_buf_release(c->buf);
@@ -1030,6 +1032,7 @@ static void ch_sget_end(struct ch_w *w, struct ch_op *o, struct ch_cstream *cs, 
 		atomic_fetch_add(&w->st->busy_again, 1);
 	} else {
 		atomic_fetch_add(&w->st->streams_failed_cons, 1);
+		w->failed_from[cs->peer]++;
 		if (res < 0)
 			ch_count_err(w, res);
 		/* Chunks that came after we stopped would stay under their keys. */
@@ -1184,11 +1187,22 @@ static void ch_cleanup_done(struct ch_w *w, struct ch_op *o, const struct ferry_
 	} else if (o->cl == CH_CL_CSTREAM || o->cl == CH_CL_INC) {
 		atomic_fetch_add(&w->st->leftovers, (uint64_t)c->res);
 	} else if (o->cl == CH_CL_FINAL) {
-		/* What a peer's late data left: at most one key per GET that failed. */
+		/*
+		 * What a peer's late data left: a key whose GET had given up, a
+		 * chunk after its STREAM_GET ended (and the record it made):
+		 * never more than what failed here from that peer.
+		 */
+		uint64_t could = o->peer == w->me || !ch_lossy(w, o->peer)
+					 ? 0
+					 : 2 * (w->failed_from[o->peer] + (o->peer == w->sh->victim));
+
 		atomic_fetch_add(&w->st->leftovers, (uint64_t)c->res);
-		if (c->res > 0 && (o->peer == w->me || !ch_lossy(w, o->peer)))
-			ch_bad(w, "CLEANUP %s at the end dropped %d things (%s)", o->key, c->res,
-			       o->peer == w->me ? "our own stream records" : "from a survivor");
+		if ((uint64_t)c->res > could)
+			ch_bad(w, "CLEANUP %s at the end dropped %d things (%s; %llu failed ops "
+				  "from it could explain %llu)",
+			       o->key, c->res,
+			       o->peer == w->me ? "our own stream records" : w->sh->name[o->peer],
+			       (unsigned long long)w->failed_from[o->peer], (unsigned long long)could);
 		w->final_cleanups--;
 	}
 }
@@ -1336,15 +1350,49 @@ static inline uint64_t ch_rss(void)
 	return (uint64_t)rss * (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
-/* Survivors sample fds and RSS through the first half (after a warm-up): the baseline. */
+/*
+ * Every peer is carried by the transport of the test (tcp: the peers have
+ * addresses; shm) or by none (between two calls): its engine's health says
+ * which. Over tcp both "hosts" share one runtime directory, so a peer
+ * handed to shm would find its engine there.
+ */
+static void ch_check_transport(struct ch_w *w)
+{
+	static char json[1 << 16];
+	const char *want = w->sh->tcp ? "tcp" : "shm";
+	int n = ferry_engine_health(w->e, json, sizeof(json));
+
+	if (n <= 0 || (size_t)n >= sizeof(json))
+		return;
+	for (int p = 0; p < w->sh->nworkers; p++) {
+		char pat[64];
+		const char *at, *tr;
+
+		if (p == w->me)
+			continue;
+		snprintf(pat, sizeof(pat), "{\"name\":\"%s\",\"transport\":\"", w->sh->name[p]);
+		if (!(at = strstr(json, pat)))
+			continue;
+		tr = at + strlen(pat);
+		if (strncmp(tr, want, 3) && strncmp(tr, "none", 4))
+			ch_bad(w, "peer %s is carried by %.*s, not %s", w->sh->name[p],
+			       (int)strcspn(tr, "\""), tr, want);
+	}
+}
+
+/*
+ * Every 200 ms: the peers' transports; and survivors sample fds and RSS
+ * through the first half (after a warm-up): the baseline.
+ */
 static void ch_sample(struct ch_w *w)
 {
 	int64_t now = t_now(), since = now - w->sh->t0;
 
-	if (!ch_survivor(w) || now < w->next_sample)
+	if (now < w->next_sample)
 		return;
 	w->next_sample = now + 200 * MS;
-	if (since < w->sh->run_ns / 5 || since > w->sh->run_ns / 2)
+	ch_check_transport(w);
+	if (!ch_survivor(w) || since < w->sh->run_ns / 5 || since > w->sh->run_ns / 2)
 		return;
 	{
 		uint64_t fds = ch_fds(), rss = ch_rss();
@@ -1727,6 +1775,22 @@ static inline pid_t ch_spawn(struct ch_shared *sh, int me, int close_fd,
 		exit(ch_worker(sh, me, make));
 	}
 	return pid;
+}
+
+/* Entries of /dev/shm whose name says ferry (ferry uses memfds: there should be none). */
+static inline int ch_shm_files(void)
+{
+	DIR *d = opendir("/dev/shm");
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return 0;
+	while ((de = readdir(d)))
+		if (strstr(de->d_name, "ferry"))
+			n++;
+	closedir(d);
+	return n;
 }
 
 /* waitpid, bounded: the status as t_reap gives it, or -1 after ms. */

@@ -49,22 +49,6 @@ static pid_t start(int me)
 	return pids[me] = ch_spawn(sh, me, -1, shm_make);
 }
 
-/* Entries of /dev/shm whose name says ferry. */
-static int ferry_shm_files(void)
-{
-	DIR *d = opendir("/dev/shm");
-	struct dirent *de;
-	int n = 0;
-
-	if (!d)
-		return 0;
-	while ((de = readdir(d)))
-		if (strstr(de->d_name, "ferry"))
-			n++;
-	closedir(d);
-	return n;
-}
-
 static int setup(void **state)
 {
 	(void)state;
@@ -97,7 +81,7 @@ static int teardown(void **state)
 
 static void test_chaos_shm(void **state)
 {
-	int shm_before = ferry_shm_files(), kills = 0, kills_starting = 0, rc;
+	int shm_before = ch_shm_files(), kills = 0, kills_starting = 0, rc;
 	int64_t t_end, started = t_now();
 	char events[160];
 	uint64_t rng;
@@ -186,7 +170,7 @@ static void test_chaos_shm(void **state)
 	ch_verdict(sh);
 	assert_true(kills > 0);
 	assert_int_equal(t_count_files(rundir), 0);
-	assert_int_equal(ferry_shm_files(), shm_before);
+	assert_int_equal(ch_shm_files(), shm_before);
 }
 
 int main(void)

@@ -10,11 +10,13 @@
  * exits 77 (skipped) and says why.
  *
  * Asserts: no wrong data, index, order or length; failures only with the
- * errors a cut explains; every op ends within its deadline (and the
+ * errors a cut explains; tcp carries every peer (both processes share one
+ * runtime directory, so shm could reach the other engine: it must not); every op ends within its deadline (and the
  * slack) and nothing is pending at the end; no key, stream record, op or
  * pool block left, no more file descriptors and RSS at the end than in
- * the first half; the runtime directory empty. The namespaces go at the
- * end, and a janitor process removes them should the test die.
+ * the first half; the runtime directory empty, nothing new in /dev/shm.
+ * The namespaces go at the end, and a janitor process removes them should
+ * the test die.
  *
  * FERRY_CHAOS_SECONDS=N runs N seconds of chaos (default 25; 8 under
  * valgrind), FERRY_CHAOS_SEED=S repeats a schedule (the seed is printed).
@@ -119,6 +121,10 @@ static struct ferry_engine *tcp_make(struct ch_shared *s, int me)
 		       .peer_timeout_ms = PEER_TIMEOUT_MS};
 	struct ferry_engine *e;
 
+	/*
+	 * Both "hosts" keep the one runtime directory: shm would find the
+	 * other engine there, and the test checks that tcp carries it anyway.
+	 */
 	if (ns_enter(s->netns[me])) {
 		fprintf(stderr, "chaos: %s: cannot enter namespace %s\n", s->name[me],
 			s->netns[me]);
@@ -147,7 +153,7 @@ static void link_set(int side, bool up)
 
 static void test_chaos_tcp(void **state)
 {
-	int cuts = 0, long_cuts = 0, rc;
+	int cuts = 0, long_cuts = 0, shm_before = ch_shm_files(), rc;
 	int64_t t_end, started = t_now(), down_total = 0;
 	char events[160];
 	uint64_t rng;
@@ -211,6 +217,7 @@ static void test_chaos_tcp(void **state)
 	ch_verdict(sh);
 	assert_true(cuts > 0);
 	assert_int_equal(t_count_files(rundir), 0);
+	assert_int_equal(ch_shm_files(), shm_before);
 }
 
 int main(void)
