@@ -478,7 +478,8 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 			/* -ENETUNREACH: its own transport cannot reach it now; no other may. */
 			log_info("PUT %llx: %s \"%s\" in namespace \"%s\"",
 				 (unsigned long long)op->user_data,
-				 rc == -ENETUNREACH ? "cannot call the address of" : "no engine reachable as",
+				 rc == -ENETUNREACH ? "cannot call the address of"
+						    : "no engine reachable as",
 				 peer->name, e->ns);
 			return -EHOSTUNREACH;
 		}

@@ -120,8 +120,9 @@ static void test_chaos_shm(void **state)
 			if (!ch_wait_flag(&sh->ready[VICTIM], 10000 * sh->scale))
 				fail_msg("victim incarnation %d not ready within 10 s",
 					 atomic_load(&sh->inc[VICTIM]));
-			/* Lives long enough to be found; under valgrind no longer than twice that. */
-			ch_sleep(ch_between(&rng, 150, 1500) * MS * (sh->scale < 2 ? sh->scale : 2));
+			/* Long enough to be found; under valgrind at most twice as long. */
+			ch_sleep(ch_between(&rng, 150, 1500) * MS *
+				 (sh->scale < 2 ? sh->scale : 2));
 		}
 		kill(v, SIGKILL);
 		rc = ch_reap_within(v, 10000);

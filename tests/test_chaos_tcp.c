@@ -11,10 +11,11 @@
  *
  * Asserts: no wrong data, index, order or length; failures only with the
  * errors a cut explains; tcp carries every peer (both processes share one
- * runtime directory, so shm could reach the other engine: it must not); every op ends within its deadline (and the
- * slack) and nothing is pending at the end; no key, stream record, op or
- * pool block left, no more file descriptors and RSS at the end than in
- * the first half; the runtime directory empty, nothing new in /dev/shm.
+ * runtime directory, so shm could reach the other engine: it must not);
+ * every op ends within its deadline (and the slack) and nothing is
+ * pending at the end; no key, stream record, op or pool block left, no
+ * more file descriptors and RSS at the end than in the first half; the
+ * runtime directory empty, nothing new in /dev/shm.
  * The namespaces go at the end, and a janitor process removes them should
  * the test die.
  *
