@@ -41,6 +41,14 @@ static void net_down(void)
 			ns_sh("ip netns del %s 2>/dev/null", nsn[i]);
 }
 
+/* What the janitor does when the test process is gone: namespaces and runtime dir. */
+static void leave(void)
+{
+	net_down();
+	if (rundir[0])
+		ns_sh("rm -rf %s", rundir);
+}
+
 static int group_setup(void **state)
 {
 	unsigned tag = (unsigned)getpid() ^ (unsigned)(t_now() / 1000) << 16;
@@ -60,7 +68,11 @@ static int group_setup(void **state)
 	snprintf(nsn[1], sizeof(nsn[1]), "ferrych%ub", tag % 100000000u);
 	snprintf(dev[0], sizeof(dev[0]), "cha%u", tag % 100000000u);
 	snprintf(dev[1], sizeof(dev[1]), "chb%u", tag % 100000000u);
-	janitor_fd = ns_janitor(net_down);
+	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-chaostcp-XXXXXX");
+	if (!mkdtemp(rundir))
+		return -1;
+	setenv("FERRY_RUNTIME_DIR", rundir, 1);
+	janitor_fd = ns_janitor(leave);
 	if (janitor_fd < 0 || ns_sh("ip netns add %s", nsn[0]) ||
 	    ns_sh("ip netns add %s", nsn[1]) ||
 	    ns_sh("ip link add %s netns %s type veth peer name %s netns %s", dev[0], nsn[0], dev[1],
@@ -75,10 +87,6 @@ static int group_setup(void **state)
 				"here\n");
 		exit(77);
 	}
-	snprintf(rundir, sizeof(rundir), "/tmp/ferry-test-chaostcp-XXXXXX");
-	if (!mkdtemp(rundir))
-		return -1;
-	setenv("FERRY_RUNTIME_DIR", rundir, 1);
 	unsetenv("FERRY_SECRET");
 	/* Cut links are the point: the warnings they cause would drown the report. */
 	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR, NULL, NULL);
