@@ -736,13 +736,23 @@ static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_
  * FERRY_SQE_STREAM_END on the last chunk. Completes with res = the chunk's
  * index and len = its bytes once the peer holds it; -EPIPE for a chunk
  * after the END; -ECONNRESET (or -EHOSTUNREACH, -EPIPE) if the peer went
- * away. A stream that failed so stays failed: every later STREAM_PUT of it
- * fails at once with the same error, also once the peer is back (a new
- * engine of its name), so that no consumer ever gets the rest of a stream
- * renumbered from chunk 0; FERRY_OP_CLEANUP of its request (on this engine)
- * ends it, and the key may then start a new stream. Until then the failed
- * stream holds its slot in the stream table (max_keys streams). The errors
- * of a PUT otherwise. A deadline counts the wait for credit too.
+ * away; the errors of a PUT otherwise (-ENOMEM when the pool has no room
+ * for the copy). A deadline counts the wait for credit too.
+ *
+ * A stream that failed stays failed: when the peer went away, or a
+ * STREAM_PUT ended before it was given an index (its copy failed, or its
+ * deadline or a CANCEL came while it waited for credit), every later
+ * STREAM_PUT of the stream fails at once with that error, also once the
+ * peer is back (a new engine of its name). So no consumer ever gets the
+ * rest of a stream renumbered from chunk 0, or a chunk under the index of
+ * one that never left. ferry_prep_stream_abort still tells a consumer that
+ * is there (it completes with the stream's error, unsent, when the
+ * consumer went away); FERRY_OP_CLEANUP of its request (on this engine)
+ * ends the stream, and the key may then start a new one. Until then the
+ * failed stream holds its slot in the stream table (max_keys streams). A
+ * chunk that was sent and then failed or timed out keeps its index: the
+ * stream goes on (the consumer waits for that chunk until its gap
+ * deadline).
  */
 static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *stream, const struct iovec *iov,

@@ -23,6 +23,7 @@
 	X(EACCES, "refused: the peer did not prove the cluster secret (or we did not "  \
 		  "prove ours)")                                                        \
 	X(EFAULT, "internal consistency check failed")                                  \
+	X(EFBIG, "file too large (a stage file over 10 MiB)")                           \
 	X(EBUSY, "busy: poll again, or the object is still in use")                     \
 	X(EEXIST, "key already live at the destination (use REPLACE)")                  \
 	X(EINVAL, "invalid argument")                                                   \
@@ -42,6 +43,7 @@
 	X(EADDRINUSE, "name already live in this namespace")                            \
 	X(EADDRNOTAVAIL, "address not available on this host")                          \
 	X(ENETDOWN, "network is down")                                                  \
+	X(ENETUNREACH, "network unreachable")                                           \
 	X(ECONNABORTED, "connection aborted")                                           \
 	X(ECONNRESET, "peer went away (connection reset)")                              \
 	X(ENOTCONN, "no session with that peer (connect it first)")                     \

@@ -372,9 +372,12 @@ struct backend_ops {
 	/* Shut down: stop accepting, answer what is pending with -ECONNRESET. */
 	void (*fini)(struct ferry_engine *e, struct backend *b);
 	/*
-	 * Can this transport reach peer? 0 (and peer->transport set) or
-	 * -EHOSTUNREACH. Backends are asked in order; the first that can
-	 * reach a peer carries it until a PUT reports the peer gone.
+	 * Can this transport reach peer? 0 (and peer->transport set),
+	 * -EHOSTUNREACH (not this one: the next is asked), or -ENETUNREACH
+	 * (the peer is this transport's, e.g. it has a tcp address, and
+	 * cannot be reached now: no other transport may carry it). Backends
+	 * are asked in order; the first that can reach a peer carries it
+	 * until a PUT reports the peer gone.
 	 */
 	int (*resolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
 	/* The peer's transport state is being dropped (re-resolve, destroy). */

@@ -468,13 +468,19 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 	int rc;
 
 	if (!peer->backend) {
-		for (unsigned i = 0; i < e->nbackends && !peer->backend; i++) {
-			if (e->backends[i].ops->resolve(e, &e->backends[i], peer) == 0)
+		rc = -EHOSTUNREACH;
+		for (unsigned i = 0; i < e->nbackends && rc == -EHOSTUNREACH; i++) {
+			rc = e->backends[i].ops->resolve(e, &e->backends[i], peer);
+			if (rc == 0)
 				peer->backend = &e->backends[i];
 		}
 		if (!peer->backend) {
-			log_info("PUT %llx: no engine \"%s\" reachable in namespace \"%s\"",
-				 (unsigned long long)op->user_data, peer->name, e->ns);
+			/* -ENETUNREACH: its own transport cannot reach it now; no other may. */
+			log_info("PUT %llx: %s \"%s\" in namespace \"%s\"",
+				 (unsigned long long)op->user_data,
+				 rc == -ENETUNREACH ? "cannot call the address of"
+						    : "no engine reachable as",
+				 peer->name, e->ns);
 			return -EHOSTUNREACH;
 		}
 	}

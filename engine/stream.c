@@ -66,7 +66,9 @@ struct stream {
 	int err;          /* producer: the peer went away (sticky) */
 	bool broken;      /* producer: failed before its END was delivered: kept, failed,
 			     until a cleanup of its request (a later STREAM_PUT must not
-			     start the key again at chunk 0) */
+			     start the key again at chunk 0, nor take a failed one's index) */
+	bool cleaned;     /* producer: its request was cleaned up: over, never broken again */
+	bool aborting;    /* producer: its queue is failed by a STREAM_ABORT (not broken) */
 	struct ferry_peer *peer; /* producer: destination; consumer: source */
 	uint32_t next;    /* producer: next index to send; consumer: next expected */
 	uint64_t sent, lost, released; /* producer: chunk counts */
@@ -1059,17 +1061,22 @@ static void fail_queue(struct ferry_engine *e, struct stream *r, int res)
 }
 
 /*
- * A producer's stream failed (its peer went away, or a chunk was lost with
- * it): every later STREAM_PUT of it fails with err, and its record is kept
- * (numbering and all) until a cleanup of its request, so the key cannot
- * silently start over at chunk 0 on a peer that restarted. A stream whose
- * END was delivered and every chunk with it is complete, not broken.
+ * A producer's stream failed: its peer went away (or a chunk was lost with
+ * it), or a STREAM_PUT ended before it was given an index (its copy into
+ * the pool failed, or it timed out or was cancelled while it waited for
+ * credit). Every later STREAM_PUT of it fails with err, and its record is
+ * kept (numbering and all) until a cleanup of its request: the key cannot
+ * silently start over at chunk 0 on a peer that restarted, and no later
+ * chunk takes the index of one that never left (the consumer would get a
+ * whole-looking stream with a chunk missing and the rest shifted). A
+ * stream whose END was delivered and every chunk with it is complete, not
+ * broken.
  */
 static void producer_fail(struct ferry_engine *e, struct stream *r, int err)
 {
 	struct stream_table *t = e->streams;
 
-	if (r->err == -ECANCELED) { /* cleaned up already: over, not broken */
+	if (r->cleaned) { /* cleaned up already: over, not broken */
 		fail_queue(e, r, err);
 		return;
 	}
@@ -1155,8 +1162,16 @@ void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_s
 	if ((fl = stream_op_key(e, op, sqe, true, full)) < 0)
 		return;
 	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
+	if (r && r->broken && (r->err == -ECONNRESET || r->err == -EHOSTUNREACH ||
+			       r->err == -EPIPE)) {
+		/* Its consumer is gone: nobody to tell (a new engine of its name never saw it). */
+		op_complete(e, op, r->err, 0, NULL);
+		return;
+	}
 	if (r) {
+		r->aborting = true;
 		fail_queue(e, r, -ECANCELED); /* an END still queued goes too */
+		r->aborting = false;
 		if (r->ended) {
 			/* The END (or an abort) left already: the consumer has it all. */
 			log_info("op %llx: abort of stream %s after its END", (unsigned long long)op->user_data,
@@ -1319,6 +1334,11 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 			r->ended = false; /* the END never left: the stream may go on */
 		if (op->state == OP_QUEUED) {
 			op_list_remove(&r->q_head, &r->q_tail, op);
+			if (res < 0 && !r->err && !r->aborting)
+				producer_fail(e, r, res); /* it waited for credit: no index taken */
+		} else if (!(op->flags & OP_F_SENT)) {
+			if (res < 0 && !r->err)
+				producer_fail(e, r, res); /* it failed before it left: no index */
 		} else if (op->flags & OP_F_SENT) {
 			r->away--;
 			if (res < 0) {
@@ -1505,6 +1525,7 @@ int stream_cleanup(struct ferry_engine *e, const char *req, size_t rl,
 			continue;
 		n++;
 		r->err = -ECANCELED; /* over: credits no longer matter */
+		r->cleaned = true;
 		if (r->broken) { /* cleaned up: the key may start a new stream */
 			r->broken = false;
 			t->nbroken--;

@@ -9,7 +9,9 @@
  * a cleanup lets blocked streams go; a whole-stream read's timeout is a gap;
  * chunks that arrive out of order are still read from chunk 0 on, also when
  * chunk 0 goes straight to a waiting STREAM_GET; a stream whose peer went
- * away stays failed until its request is cleaned up.
+ * away stays failed until its request is cleaned up, and so does one whose
+ * chunk failed before it was given an index (its copy, or its wait for
+ * credit); an abort of a stream whose consumer is gone is not sent.
  * In-process engines (loopback transport); MANUAL mode where the order of
  * events matters.
  */
@@ -504,6 +506,146 @@ static void test_failed_stream_stays_failed(void **state)
 	rm();
 }
 
+/* The next CQE of e that is not from the engines' own traffic, within 5 s. */
+static struct ferry_cqe next_cqe(struct ferry_engine *e)
+{
+	struct ferry_cqe c;
+
+	memset(&c, 0, sizeof(c));
+	if (!waitc(e, &c, 5 * SEC))
+		fail_msg("no completion within 5 s");
+	return c;
+}
+
+/*
+ * A STREAM_PUT whose copy into the pool fails (-ENOMEM) never got an index:
+ * the stream is failed from then on, so the next chunk cannot take its
+ * index (before: it did, and the consumer got a whole-looking stream with
+ * chunk 1 missing and chunk 2 as chunk 1, the END). The producer can still
+ * tell the consumer (STREAM_ABORT reaches it).
+ */
+static void test_chunk_failed_before_sending_breaks_stream(void **state)
+{
+	static struct ferry_buf *fill[4096];
+	static char big[64 * 1024];
+	struct iovec iov_big = { big, sizeof(big) };
+	struct ferry_cqe c;
+	struct ferry_sqe *q;
+	unsigned nfill = 0;
+
+	(void)state;
+	manual = false;
+	A = t_engine("a", FERRY_PROGRESS_THREAD, 1u << 20);
+	B = t_engine("b", FERRY_PROGRESS_THREAD, 1u << 20);
+	toB = t_peer(A, "b");
+	fromA = t_peer(B, "a");
+	sget(B, fromA, "req2_0", 100, 0, 5 * SEC);
+	sput(A, toB, "req2_0", &iov_big, 1, 200, 0);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 200);
+	assert_int_equal(c.res, 0); /* chunk 0 */
+	c = next_cqe(B);
+	assert_int_equal(c.res, 0);
+	ferry_buf_release(c.buf);
+	while (nfill < 4096 && ferry_buf_alloc(A, 4096, &fill[nfill]) == 0)
+		nfill++; /* A's pool full */
+	sput(A, toB, "req2_0", &iov_big, 1, 201, 0);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 201);
+	assert_int_equal(c.res, -ENOMEM);
+	while (nfill)
+		ferry_buf_release(fill[--nfill]);
+	sput(A, toB, "req2_0", &iov_big, 1, 202, FERRY_SQE_STREAM_END);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 202);
+	assert_int_equal(c.res, -ENOMEM); /* failed, not chunk 1 */
+	q = t_sqe(A); /* the producer gives up: the consumer hears it at once */
+	ferry_prep_stream_abort(q, toB, "req2_0", "out of memory", 203);
+	t_submit(A);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 203);
+	assert_int_equal(c.res, 0);
+	c = next_cqe(B);
+	assert_int_equal(c.user_data, 100);
+	assert_int_equal(c.res, -ECANCELED);
+	assert_non_null(c.buf);
+	assert_memory_equal(ferry_buf_data(c.buf), "out of memory", 13);
+	ferry_buf_release(c.buf);
+	rm();
+}
+
+/*
+ * A chunk that times out while it waits for credit never got an index
+ * either: the stream is failed, and the chunk after it does not become
+ * chunk 1 once credit comes back.
+ */
+static void test_chunk_timed_out_waiting_breaks_stream(void **state)
+{
+	struct ferry_cqe c, held;
+	struct ferry_sqe *q;
+
+	(void)state;
+	mk(FERRY_PROGRESS_THREAD);
+	ferry_peer_set_stream_limits(toB, 1, 0);
+	sget(B, fromA, "req3_0", 100, 0, 5 * SEC);
+	sput(A, toB, "req3_0", &iov8, 1, 200, 0);
+	c = next_cqe(A);
+	assert_int_equal(c.res, 0);
+	held = next_cqe(B); /* chunk 0, held: no credit */
+	assert_int_equal(held.res, 0);
+	q = t_sqe(A);
+	ferry_prep_stream_put(q, toB, "req3_0", &iov8, 1, 201);
+	ferry_sqe_set_timeout(q, 100 * MS);
+	t_submit(A);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 201);
+	assert_int_equal(c.res, -ETIMEDOUT);
+	ferry_buf_release(held.buf); /* credit comes back */
+	sput(A, toB, "req3_0", &iov8, 1, 202, FERRY_SQE_STREAM_END);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 202);
+	assert_int_equal(c.res, -ETIMEDOUT); /* failed, not chunk 1 */
+	assert_int_equal(ferry_cq_wait(ferry_cq_default(B), &c, 1, 200 * MS), -ETIMEDOUT);
+	rm();
+}
+
+/*
+ * An abort of a stream whose consumer went away is not sent (a new engine
+ * of its name never saw the stream: the abort would open a stray stream
+ * there): it completes with the stream's error.
+ */
+static void test_abort_of_stream_to_gone_peer(void **state)
+{
+	struct ferry_cqe c;
+	struct ferry_sqe *q;
+	int err;
+
+	(void)state;
+	mk(FERRY_PROGRESS_THREAD);
+	sput(A, toB, "req4_0", &iov8, 1, 200, 0);
+	c = next_cqe(A);
+	assert_int_equal(c.res, 0);
+	assert_int_equal(ferry_engine_destroy(B), 0);
+	B = NULL;
+	sput(A, toB, "req4_0", &iov8, 1, 201, 0);
+	c = next_cqe(A);
+	assert_true(c.res < 0);
+	err = c.res;
+	B = t_engine("b", FERRY_PROGRESS_THREAD, 0);
+	fromA = t_peer(B, "a");
+	q = t_sqe(B);
+	ferry_prep_stream_accept(q, fromA, 300);
+	t_submit(B);
+	q = t_sqe(A);
+	ferry_prep_stream_abort(q, toB, "req4_0", "gone", 202);
+	t_submit(A);
+	c = next_cqe(A);
+	assert_int_equal(c.user_data, 202);
+	assert_int_equal(c.res, err);
+	assert_int_equal(ferry_cq_wait(ferry_cq_default(B), &c, 1, 200 * MS), -ETIMEDOUT);
+	rm();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -519,6 +661,9 @@ int main(void)
 		cmocka_unit_test(test_reordered_arrival),
 		cmocka_unit_test(test_reordered_arrival_while_reading),
 		cmocka_unit_test(test_failed_stream_stays_failed),
+		cmocka_unit_test(test_chunk_failed_before_sending_breaks_stream),
+		cmocka_unit_test(test_chunk_timed_out_waiting_breaks_stream),
+		cmocka_unit_test(test_abort_of_stream_to_gone_peer),
 	};
 
 	alarm(t_under_valgrind() ? 900 : 120);

@@ -12,7 +12,8 @@
  * the restarted peer, a silent (stopped) peer declared dead by the
  * heartbeat, both pools running dry (the receiver's: eager PUTs refused,
  * rendezvous PUTs wait; then the sender's: -ENOMEM; nothing sent is lost),
- * engines of two namespaces kept apart, and 8 concurrent 256 MiB transfers
+ * engines of two namespaces kept apart, a peer given an address that cannot
+ * be called not reached through another transport, and 8 concurrent 256 MiB transfers
  * with checksums. Children
  * report through their exit status; the parent asserts. No test leaves a
  * pool block behind (checked through the pool statistics).
@@ -647,6 +648,43 @@ static void test_tcp_get_before_put(void **state)
 	assert_int_equal(t_reap(ch.pid), 0);
 	assert_int_equal(pool_in_use(e), 0);
 	ferry_engine_destroy(e);
+}
+
+/*
+ * A peer given an address is reached over tcp or not at all. When the call
+ * cannot even start (connect fails at once: no route; a multicast address
+ * is refused so everywhere), its PUTs fail with -EHOSTUNREACH, the next one
+ * too (it asks again), and nothing goes to the engine of that name that
+ * another transport finds (here one in this process, which the in-process
+ * transport would reach; over a link cut, test_chaos_tcp saw traffic move
+ * to shm so, to the same engine on this host).
+ */
+static void test_tcp_address_sticks(void **state)
+{
+	struct mk ma = { .name = "a", .secret = SECRET }, mb = { .name = "b", .secret = SECRET };
+	struct ferry_engine *a, *b;
+	struct ferry_peer *to, *from;
+	struct ferry_cqe c;
+	char data[100] = { 0 };
+	struct iovec v = { data, sizeof(data) };
+
+	(void)state;
+	a = mk_engine(&ma);
+	b = mk_engine(&mb);
+	assert_non_null(a);
+	assert_non_null(b);
+	to = t_peer(a, "b");
+	from = t_peer(b, "a");
+	assert_int_equal(ferry_peer_set_address(to, "tcp://224.0.0.1:9"), 0);
+	for (int i = 0; i < 3; i++) {
+		put_iov(a, to, "k", &v, (uint64_t)i, 5 * SEC);
+		assert_int_equal(t_wait_one(a, &c, 5 * SEC), -EHOSTUNREACH);
+	}
+	get(b, from, "k", NULL, 9, 0, FERRY_SQE_NOWAIT);
+	assert_int_equal(t_wait_one(b, &c, 5 * SEC), -EAGAIN);
+	assert_int_equal(pool_in_use(a), 0);
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(a);
 }
 
 static void test_tcp_deadlines(void **state)
@@ -1794,6 +1832,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_sizes, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_get_before_put, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_address_sticks, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_pool_exhaustion, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_namespaces_isolated, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),

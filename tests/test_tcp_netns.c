@@ -15,35 +15,21 @@
  * store-like keys fetched from the holder, a NOWAIT miss, remote health).
  * Every process enters its namespace with setns(2) after the fork.
  */
-#include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <sys/stat.h>
 
+#include "netns.h"
 #include "tcp_helpers.h"
 
 static char rundir[256];
 static char ns_a[32], ns_b[32], ns_c[32];
 static int net; /* second octet of this run's addresses */
 
-static int sh(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static int sh(const char *fmt, ...)
-{
-	char cmd[512];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(cmd, sizeof(cmd), fmt, ap);
-	va_end(ap);
-	return system(cmd);
-}
-
 static void net_down(void)
 {
-	sh("ip netns del %s 2>/dev/null", ns_a);
-	sh("ip netns del %s 2>/dev/null", ns_b);
-	sh("ip netns del %s 2>/dev/null", ns_c);
+	ns_sh("ip netns del %s 2>/dev/null", ns_a);
+	ns_sh("ip netns del %s 2>/dev/null", ns_b);
+	ns_sh("ip netns del %s 2>/dev/null", ns_c);
 }
 
 /* A <-> peer over veth pair k: A is 10.net.k.1, peer 10.net.k.2. */
@@ -53,11 +39,13 @@ static int net_pair(const char *peer, int k)
 
 	snprintf(va, sizeof(va), "fa%d_%d", k, net);
 	snprintf(vp, sizeof(vp), "fp%d_%d", k, net);
-	return sh("ip link add %s netns %s type veth peer name %s netns %s", va, ns_a, vp, peer) ||
-	       sh("ip -n %s addr add 10.%d.%d.1/24 dev %s", ns_a, net, k, va) ||
-	       sh("ip -n %s addr add 10.%d.%d.2/24 dev %s", peer, net, k, vp) ||
-	       sh("ip -n %s link set %s up", ns_a, va) || sh("ip -n %s link set %s up", peer, vp) ||
-	       sh("ip -n %s link set lo up", peer);
+	return ns_sh("ip link add %s netns %s type veth peer name %s netns %s", va, ns_a, vp,
+		     peer) ||
+	       ns_sh("ip -n %s addr add 10.%d.%d.1/24 dev %s", ns_a, net, k, va) ||
+	       ns_sh("ip -n %s addr add 10.%d.%d.2/24 dev %s", peer, net, k, vp) ||
+	       ns_sh("ip -n %s link set %s up", ns_a, va) ||
+	       ns_sh("ip -n %s link set %s up", peer, vp) ||
+	       ns_sh("ip -n %s link set lo up", peer);
 }
 
 static int group_setup(void **state)
@@ -71,8 +59,8 @@ static int group_setup(void **state)
 	snprintf(ns_a, sizeof(ns_a), "ferry%da", getpid());
 	snprintf(ns_b, sizeof(ns_b), "ferry%db", getpid());
 	snprintf(ns_c, sizeof(ns_c), "ferry%dc", getpid());
-	if (sh("ip netns add %s", ns_a) || sh("ip netns add %s", ns_b) ||
-	    sh("ip netns add %s", ns_c) || sh("ip -n %s link set lo up", ns_a) ||
+	if (ns_sh("ip netns add %s", ns_a) || ns_sh("ip netns add %s", ns_b) ||
+	    ns_sh("ip netns add %s", ns_c) || ns_sh("ip -n %s link set lo up", ns_a) ||
 	    net_pair(ns_b, 1) || net_pair(ns_c, 2)) {
 		net_down();
 		fprintf(stderr, "test_tcp_netns: skipped: cannot create namespaces and veth pairs "
@@ -92,7 +80,7 @@ static int group_teardown(void **state)
 {
 	(void)state;
 	net_down();
-	sh("rm -rf %s", rundir);
+	ns_sh("rm -rf %s", rundir);
 	return 0;
 }
 
@@ -108,20 +96,6 @@ static int teardown(void **state)
 	(void)state;
 	alarm(0);
 	return 0;
-}
-
-static int enter(const char *ns)
-{
-	char path[128];
-	int fd, rc;
-
-	snprintf(path, sizeof(path), "/var/run/netns/%s", ns);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return -1;
-	rc = setns(fd, CLONE_NEWNET);
-	close(fd);
-	return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -152,7 +126,7 @@ static int producer(const char *addr, void *arg)
 	struct ferry_cqe c;
 	int rc;
 
-	if (enter(r->ns))
+	if (ns_enter(r->ns))
 		return 20;
 	e = mk_engine(&m);
 	if (!e)
@@ -210,7 +184,7 @@ static int consumer(const char *unused, void *arg)
 	int rc = 0;
 
 	(void)unused;
-	if (enter(r->ns))
+	if (ns_enter(r->ns))
 		return 30;
 	e = mk_engine(&m);
 	if (!e)
@@ -332,7 +306,7 @@ static int cut_producer(const char *addr, void *arg)
 	char cmd;
 
 	close(ct->go_wr);
-	if (enter(r->ns))
+	if (ns_enter(r->ns))
 		return 20;
 	e = mk_engine(&m);
 	if (!e)
@@ -408,7 +382,7 @@ static void test_netns_link_down(void **state)
 	/* A 256 MiB PUT, and the cable is pulled under it. */
 	assert_int_equal(t_write(go_pipe[1], "L", 1), 1);
 	usleep(30000);
-	assert_int_equal(sh("ip -n %s link set %s down", ns_b, vp), 0);
+	assert_int_equal(ns_sh("ip -n %s link set %s down", ns_b, vp), 0);
 	assert_int_equal(read_result(res_pipe[0], res, 30000), 0);
 	/* Failed well within its 20 s deadline: the heartbeat saw the silence. */
 	assert_true(res[0] == -ECONNRESET || res[0] == 0);
@@ -416,7 +390,7 @@ static void test_netns_link_down(void **state)
 	fprintf(stderr, "# link down: the PUT ended with %s after %d ms\n", ferry_err_name(res[0]),
 		res[1]);
 	/* The cable is back: the next PUT connects anew and arrives. */
-	assert_int_equal(sh("ip -n %s link set %s up", ns_b, vp), 0);
+	assert_int_equal(ns_sh("ip -n %s link set %s up", ns_b, vp), 0);
 	usleep(200000);
 	assert_int_equal(t_write(go_pipe[1], "s", 1), 1);
 	assert_int_equal(read_result(res_pipe[0], res, 30000), 0);
@@ -490,7 +464,7 @@ static int ctl_holder(const char *unused, void *arg)
 	char addr[TCP_ADDR_MAX];
 
 	(void)unused;
-	if (enter(ns_a) || !(e = ctl_engine("holder")))
+	if (ns_enter(ns_a) || !(e = ctl_engine("holder")))
 		return 40;
 	ferry_peer_open(e, "cons", &cons);
 	if (ferry_buf_alloc(e, 8 * MIB, &b))
@@ -524,7 +498,7 @@ static int ctl_consumer(const char *addr, void *arg)
 	struct ferry_cqe c;
 
 	(void)arg;
-	if (enter(ns_b) || !(e = ctl_engine("cons")))
+	if (ns_enter(ns_b) || !(e = ctl_engine("cons")))
 		return 50;
 	ferry_peer_open(e, "holder", &h);
 	if (ferry_peer_connect(h, addr))

@@ -2726,8 +2726,14 @@ static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 	if (!peer->address[0] && !st->links)
 		return -EHOSTUNREACH; /* the common case of engines without tcp */
 	rc = link_for(st, peer, &l);
-	if (rc)
-		return rc;
+	if (rc) {
+		/*
+		 * A peer given an address is reached there or not at all: a
+		 * call that cannot start (no route) must not hand it to another
+		 * transport that finds an engine of its name (shm, loop).
+		 */
+		return peer->address[0] ? -ENETUNREACH : rc;
+	}
 	l->refs++;
 	peer->transport = l;
 	return 0;
