@@ -781,7 +781,7 @@ static void test_ctl_malformed_messages(void **state)
 	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello) + 16];
 	struct ctl_hello h;
 	char ca[TCP_ADDR_MAX];
-	int zero = 0, tmo = 300;
+	int zero = 0, tmo = t_under_valgrind() ? 5000 : 300;
 	char big[4096];
 
 	(void)state;
