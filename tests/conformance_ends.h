@@ -232,7 +232,7 @@ enum cf_op {
 };
 
 /* PUT modes (mode of CF_PUT / CF_SPUT) and GET modes (mode of CF_GET). */
-enum { CF_IOV = 0, CF_GATHER = 1, CF_BUF = 2 };
+enum { CF_IOV = 0, CF_GATHER = 1, CF_BUF = 2 }; /* CF_IOV of 0 bytes: iov NULL, iovcnt 0 */
 enum { CF_INTO = 0, CF_SCATTER = 1, CF_ZC = 2 };
 
 /*
@@ -636,11 +636,11 @@ static inline int cf_put_source(struct cf_agent *a, struct cf_rec *r, struct fer
 			at += r->iov[s].iov_len;
 		}
 		free(tmp);
-	} else {
+	} else if (r->size) {
 		cf_fill(r->mem, r->size, r->seed);
 		r->iov[0] = (struct iovec){ r->mem, r->size };
 		r->iovcnt = 1;
-	}
+	} /* else nothing: no iovec at all (NULL, 0), as an empty PUT may be */
 	return 0;
 }
 
@@ -669,12 +669,13 @@ static inline void cf_ag_put(struct cf_agent *a, const struct cf_msg *m, struct 
 	if (stream && buf)
 		ferry_prep_stream_put_buf(sqe, a->peer[m->slot], m->key, buf, cf_rec_token(a, r));
 	else if (stream)
-		ferry_prep_stream_put(sqe, a->peer[m->slot], m->key, r->iov, r->iovcnt,
+		ferry_prep_stream_put(sqe, a->peer[m->slot], m->key, r->iovcnt ? r->iov : NULL, r->iovcnt,
 				      cf_rec_token(a, r));
 	else if (buf)
 		ferry_prep_put_buf(sqe, a->peer[m->slot], m->key, buf, cf_rec_token(a, r));
 	else
-		ferry_prep_put(sqe, a->peer[m->slot], m->key, r->iov, r->iovcnt, cf_rec_token(a, r));
+		ferry_prep_put(sqe, a->peer[m->slot], m->key, r->iovcnt ? r->iov : NULL, r->iovcnt,
+			       cf_rec_token(a, r));
 	ferry_sqe_set_flags(sqe, m->flags);
 	ferry_sqe_set_timeout(sqe, m->timeout_ns);
 	cf_ag_submit(a);
