@@ -52,7 +52,7 @@ static int cf_setup(void **state)
 	(void)state;
 	memset(&P, 0, sizeof(P));
 	cf_nsocks = 0;
-	ferry_log_set(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : -1, NULL, NULL);
+	t_log_capture(getenv("FERRY_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_INFO); /* for cf_explain */
 	unsetenv("FERRY_SECRET");
 	if (t_test_rundir(P.rundir, sizeof(P.rundir), "conf", 120))
 		return -1;
@@ -134,6 +134,27 @@ static void cf_restart_far(void)
 /* One-line commands                                                   */
 /* ------------------------------------------------------------------ */
 
+/* Before a case fails: what each end still waits for, holds and logged. */
+static inline void cf_explain(void)
+{
+	struct cf_end *ends[2] = { &P.near, &P.far };
+
+	for (int i = 0; i < 2; i++) {
+		struct cf_msg m = { .op = CF_DUMP };
+		struct cf_rep r;
+
+		if (!ends[i]->up || (!ends[i]->ag && ends[i]->pid <= 0))
+			continue;
+		r = cf_call(ends[i], &m);
+		fprintf(stderr, "%s: %s\n", ends[i]->name, r.dump);
+	}
+}
+#define cf_fail(...)                          \
+	do {                                  \
+		cf_explain();                 \
+		fail_msg(__VA_ARGS__);        \
+	} while (0)
+
 static inline int cf_put_to(struct cf_end *x, int slot, const char *key, size_t size,
 			    uint64_t seed, int mode, uint32_t flags, uint64_t timeout, uint64_t ud)
 {
@@ -205,7 +226,8 @@ static inline void cf_sget(struct cf_end *x, const char *key, uint64_t seed, uns
 			   bool hold)
 {
 	struct cf_msg m = { .op = CF_SGET, .slot = 0, .seed = seed, .spec = spec, .n = n,
-			    .arg = first, .flags = flags, .timeout_ns = gap, .ud = ud, .hold = hold };
+			    .arg = first, .flags = flags, .timeout_ns = gap, .ud = ud,
+			    .hold = hold };
 
 	snprintf(m.key, sizeof(m.key), "%s", key);
 	assert_int_equal(cf_call(x, &m).rc, 0);
@@ -244,14 +266,14 @@ static inline struct cf_done cf_expect_at(struct cf_end *x, uint64_t ud, int res
 	struct cf_done d = cf_wait_for(x, ud, CF_WAIT_NS);
 
 	if (d.res == -ETIME)
-		fail_msg("line %d: %s: op %llu did not complete", line, x->name,
+		cf_fail("line %d: %s: op %llu did not complete", line, x->name,
 			 (unsigned long long)ud);
 	if (d.res != res)
-		fail_msg("line %d: %s: op %llu: %d (%s), want %d (%s)", line, x->name,
+		cf_fail("line %d: %s: op %llu: %d (%s), want %d (%s)", line, x->name,
 			 (unsigned long long)ud, d.res, ferry_err_name(d.res), res,
 			 ferry_err_name(res));
 	if (!d.ok)
-		fail_msg("line %d: %s: op %llu completed with wrong data (len %llu, flags %x)",
+		cf_fail("line %d: %s: op %llu completed with wrong data (len %llu, flags %x)",
 			 line, x->name, (unsigned long long)ud, (unsigned long long)d.len, d.flags);
 	return d;
 }
@@ -267,7 +289,7 @@ static inline void cf_seq_at(struct cf_end *x, uint32_t mode, uint64_t ud, uint6
 	struct cf_rep r = cf_call(x, &m);
 
 	if (r.rc)
-		fail_msg("line %d: %s: %s", line, x->name, r.text);
+		cf_fail("line %d: %s: %s", line, x->name, r.text);
 }
 /* Ops ud .. ud + n - 1 complete (any order) with res = their index (ud - base) or `expect`. */
 #define cf_all(x, ud, n, base) cf_seq_at(x, CF_SEQ_ANY, ud, n, CF_RES_INDEX, base, false, __LINE__)
@@ -285,8 +307,8 @@ static inline void cf_none_at(struct cf_end *x, int ms, int line)
 	struct cf_rep r = cf_call(x, &m);
 
 	if (r.rc)
-		fail_msg("line %d: %s: op %llu completed (res %d%s%s, len %llu) where nothing should",
-			 line, x->name, (unsigned long long)r.d.ud, r.d.res, r.d.res < 0 ? " " : "",
+		cf_fail("line %d: %s: op %llu completed (res %d%s%s, len %llu), nothing should",
+			line, x->name, (unsigned long long)r.d.ud, r.d.res, r.d.res < 0 ? " " : "",
 			 r.d.res < 0 ? ferry_err_name(r.d.res) : "", (unsigned long long)r.d.len);
 }
 #define cf_none(x, ms) cf_none_at(x, ms, __LINE__)
@@ -338,7 +360,7 @@ static inline void cf_blocks_settle_at(struct cf_end *x, long long want, int lin
 	while ((n = cf_blocks(x)) != want && t_now() < end)
 		usleep(2000);
 	if (n != want)
-		fail_msg("line %d: %s holds %lld pool blocks, want %lld", line, x->name, n, want);
+		cf_fail("line %d: %s holds %lld pool blocks, want %lld", line, x->name, n, want);
 }
 #define cf_blocks_settle(x, want) cf_blocks_settle_at(x, want, __LINE__)
 
@@ -352,7 +374,8 @@ static inline void cf_carrier(struct cf_end *x, const char *name)
 	r = cf_call(x, &m);
 	assert_int_equal(r.rc, 0);
 	if (strcmp(r.text, cf_t->name) != 0 && strcmp(r.text, "none") != 0)
-		fail_msg("%s's peer %s is carried by %s, not %s", x->name, name, r.text, cf_t->name);
+		fail_msg("%s's peer %s is carried by %s, not %s", x->name, name, r.text,
+			 cf_t->name);
 }
 
 /*
@@ -403,7 +426,8 @@ static void cf_barrier(struct cf_end *x)
  */
 static void cf_order(void **state)
 {
-	unsigned total = t_under_valgrind() ? 2000 : 100000, round = t_under_valgrind() ? 500 : 2000;
+	unsigned total = t_under_valgrind() ? 2000 : 100000;
+	unsigned round = t_under_valgrind() ? 500 : 2000;
 
 	(void)state;
 	cf_open(&(struct cf_cfg){ .far_pool = 16 * CF_MIB, .near_pool = 16 * CF_MIB });
@@ -441,7 +465,8 @@ static void cf_sizes_between(struct cf_end *src, struct cf_end *dst)
 			continue;
 		for (int pm = 0; pm < 3; pm++) {
 			snprintf(key, sizeof(key), "s%u_%d_0", si, pm);
-			cf_get(dst, key, s, base + 4 * pm, CF_INTO, s, 0, 60 * CF_SEC, base + 4 * pm, 0);
+			cf_get(dst, key, s, base + 4 * pm, CF_INTO, s, 0, 60 * CF_SEC,
+			       base + 4 * pm, false);
 			snprintf(key, sizeof(key), "s%u_%d_1", si, pm);
 			cf_get(dst, key, s, base + 4 * pm + 1, CF_ZC, 0, 0, 60 * CF_SEC,
 			       base + 4 * pm + 1, 0);
@@ -655,7 +680,8 @@ static void cf_exists_and_replace(void **state)
 		cf_expect(NEAR, u + 2, -EEXIST);
 		cf_get(FAR, "dup", s, u + 1, CF_ZC, 0, FERRY_SQE_NOWAIT, 0, u + 3, false);
 		cf_expect(FAR, u + 3, 0); /* the first one, untouched */
-		assert_int_equal(cf_put(NEAR, "dup", s, u + 4, CF_GATHER, 0, 10 * CF_SEC, u + 4), 0);
+		assert_int_equal(cf_put(NEAR, "dup", s, u + 4, CF_GATHER, 0, 10 * CF_SEC, u + 4),
+				 0);
 		cf_expect(NEAR, u + 4, 0);
 		assert_int_equal(cf_put(NEAR, "dup", s, u + 5, CF_IOV, FERRY_SQE_REPLACE,
 					10 * CF_SEC, u + 5),
@@ -728,8 +754,8 @@ static void cf_key_table_full(void **state)
 	cf_expect(NEAR, 21, 0);
 	for (unsigned i = 1; i < 5; i++) {
 		snprintf(key, sizeof(key), "k%u", i);
-		cf_get(FAR, key, i == 4 ? 300000 : sizes[i], i, CF_ZC, 0, FERRY_SQE_NOWAIT, 0, 30 + i,
-		       false);
+		cf_get(FAR, key, i == 4 ? 300000 : sizes[i], i, CF_ZC, 0, FERRY_SQE_NOWAIT, 0,
+		       30 + i, false);
 		cf_expect(FAR, 30 + i, 0);
 	}
 	cf_finish();
@@ -774,8 +800,8 @@ static void cf_receiver_pool_full(void **state)
 			struct cf_done d;
 
 			snprintf(key, sizeof(key), "rxw%u", k);
-			assert_int_equal(cf_put(NEAR, key, cf_class_size[CF_LARGE], 10 + k, CF_IOV, 0,
-						60 * CF_SEC, 10 + k),
+			assert_int_equal(cf_put(NEAR, key, cf_class_size[CF_LARGE], 10 + k,
+						CF_IOV, 0, 60 * CF_SEC, 10 + k),
 					 0);
 			d = cf_wait_for(NEAR, UINT64_MAX, 300 * MS * cf_slow());
 			if (d.res == -ETIME) {
@@ -807,8 +833,8 @@ static void cf_receiver_pool_full(void **state)
 	for (unsigned k = 0; k + 1 < waiting + (dry ? 1 : 0); k++) {
 		snprintf(key, sizeof(key), "rxw%u", k);
 		if (k + 1 == dry) { /* the one refused for lack of our own room: again */
-			assert_int_equal(cf_put(NEAR, key, cf_class_size[CF_LARGE], 10 + k, CF_IOV, 0,
-						60 * CF_SEC, 10 + k),
+			assert_int_equal(cf_put(NEAR, key, cf_class_size[CF_LARGE], 10 + k,
+						CF_IOV, 0, 60 * CF_SEC, 10 + k),
 					 0);
 		}
 		cf_expect(NEAR, 10 + k, 0);
@@ -869,7 +895,8 @@ static void cf_sender_pool_full(void **state)
 		struct cf_done d;
 
 		snprintf(key, sizeof(key), "h%u", i);
-		assert_int_equal(cf_put(NEAR, key, 200000, 10 + i, CF_IOV, 0, 10 * CF_SEC, 20 + i), 0);
+		assert_int_equal(cf_put(NEAR, key, 200000, 10 + i, CF_IOV, 0, 10 * CF_SEC, 20 + i),
+				 0);
 		d = cf_wait_for(NEAR, 20 + i, CF_WAIT_NS);
 		if (d.res == 0) {
 			ok++;
@@ -886,7 +913,8 @@ static void cf_sender_pool_full(void **state)
 	cf_blocks_settle(NEAR, 0); /* released: every block came home */
 	for (unsigned i = ok; i < 7; i++) {
 		snprintf(key, sizeof(key), "h%u", i);
-		assert_int_equal(cf_put(NEAR, key, 200000, 10 + i, CF_IOV, 0, 10 * CF_SEC, 30 + i), 0);
+		assert_int_equal(cf_put(NEAR, key, 200000, 10 + i, CF_IOV, 0, 10 * CF_SEC, 30 + i),
+				 0);
 		cf_expect(NEAR, 30 + i, 0);
 		cf_expect(FAR, 10 + i, 0);
 	}
@@ -1449,8 +1477,8 @@ static inline int cf_main(const struct cf_transport *const *ts, unsigned n)
 		int rc;
 
 		cf_t = ts[i];
-		snprintf(group, sizeof(group), "%s/%s%s", program_invocation_short_name, ts[i]->name,
-			 ts[i]->progress == FERRY_PROGRESS_MANUAL ? "-manual" : "");
+		snprintf(group, sizeof(group), "%s/%s%s", program_invocation_short_name,
+			 ts[i]->name, ts[i]->progress == FERRY_PROGRESS_MANUAL ? "-manual" : "");
 		rc = t_run_cases_apart(group, cases, sizeof(cases) / sizeof(cases[0]), NULL, NULL);
 		if (rc == 77)
 			skipped++;

@@ -226,6 +226,7 @@ enum cf_op {
 	CF_FREEZE,     /* stop driving the engine (MANUAL: nothing moves, no CQ is read) */
 	CF_THAW,
 	CF_CARRIER,    /* text = the transport that carries our peer named text */
+	CF_DUMP,       /* dump = the agent's state, for a failing case's message */
 	CF_DESTROY,    /* destroy the engine, then release what was held (an in-process death) */
 	CF_EXIT,       /* release what is held, destroy the engine; a child then exits (0 unless
 			* the agent saw a fault) */
@@ -272,6 +273,7 @@ struct cf_rep {
 	int64_t num;
 	struct cf_done d;
 	char text[CF_ADDR_MAX];
+	char dump[3072]; /* CF_DUMP: what the agent waits for, holds and logged last */
 };
 
 /* ------------------------------------------------------------------ */
@@ -324,7 +326,8 @@ static struct cf_agent *cf_locals[4];
 static inline void cf_fault(struct cf_agent *a, const char *what, uint64_t ud)
 {
 	if (!a->broken[0])
-		snprintf(a->broken, sizeof(a->broken), "%s (op %llu)", what, (unsigned long long)ud);
+		snprintf(a->broken, sizeof(a->broken), "%s (op %llu)", what,
+			 (unsigned long long)ud);
 }
 
 static inline struct cf_agent *cf_ag_new(void)
@@ -489,8 +492,9 @@ static inline void cf_take(struct cf_agent *a, const struct ferry_cqe *c)
 	case CF_SGET:
 		if (c->res < 0) {
 			if (c->buf) { /* an abort's reason */
-				snprintf(d.text, sizeof(d.text), "%.*s",
-					 (int)(c->len < sizeof(d.text) ? c->len : sizeof(d.text) - 1),
+				size_t n = c->len < sizeof(d.text) ? c->len : sizeof(d.text) - 1;
+
+				snprintf(d.text, sizeof(d.text), "%.*s", (int)n,
 					 (const char *)ferry_buf_data(c->buf));
 				ferry_buf_release(c->buf);
 			}
@@ -504,7 +508,8 @@ static inline void cf_take(struct cf_agent *a, const struct ferry_cqe *c)
 			for (unsigned i = 0; d.ok && i < r->n; i++) {
 				size_t l = cf_chunk_len(r->spec, i, r->n);
 
-				d.ok = off + l <= c->len && cf_check(p + off, l, cf_chunk_seed(r->seed, i));
+				d.ok = off + l <= c->len &&
+				       cf_check(p + off, l, cf_chunk_seed(r->seed, i));
 				off += l;
 			}
 			d.ok = d.ok && off == c->len;
@@ -516,8 +521,8 @@ static inline void cf_take(struct cf_agent *a, const struct ferry_cqe *c)
 			size_t l = cf_chunk_len(r->spec, i, r->n);
 
 			/* In order, as long as its spec says, its bytes; MORE until the END. */
-			d.ok = i == r->next && c->buf && (c->flags & FERRY_CQE_F_BUF) && c->len == l &&
-			       ferry_buf_len(c->buf) == l &&
+			d.ok = i == r->next && c->buf && (c->flags & FERRY_CQE_F_BUF) &&
+			       c->len == l && ferry_buf_len(c->buf) == l &&
 			       cf_check(ferry_buf_data(c->buf), l, cf_chunk_seed(r->seed, i)) &&
 			       (!r->n || i < r->n) && (!r->n || final == (i + 1 == r->n));
 			r->next = i + 1;
@@ -669,8 +674,8 @@ static inline void cf_ag_put(struct cf_agent *a, const struct cf_msg *m, struct 
 	if (stream && buf)
 		ferry_prep_stream_put_buf(sqe, a->peer[m->slot], m->key, buf, cf_rec_token(a, r));
 	else if (stream)
-		ferry_prep_stream_put(sqe, a->peer[m->slot], m->key, r->iovcnt ? r->iov : NULL, r->iovcnt,
-				      cf_rec_token(a, r));
+		ferry_prep_stream_put(sqe, a->peer[m->slot], m->key, r->iovcnt ? r->iov : NULL,
+				      r->iovcnt, cf_rec_token(a, r));
 	else if (buf)
 		ferry_prep_put_buf(sqe, a->peer[m->slot], m->key, buf, cf_rec_token(a, r));
 	else
@@ -995,6 +1000,44 @@ static inline void cf_run(struct cf_agent *a, const struct cf_msg *m, struct cf_
 	}
 }
 
+/*
+ * What a failing case prints of an agent: its ops in flight, the
+ * completions nobody asked for yet, what it holds, and the end of what
+ * ferry logged in its process (at INFO and above).
+ */
+static inline void cf_ag_dump(struct cf_agent *a, char *out, size_t len)
+{
+	size_t at = 0;
+	unsigned shown = 0;
+
+#define CF_PUTS(...)                                                                       \
+	do {                                                                               \
+		int w_ = snprintf(out + at, len - at, __VA_ARGS__);                        \
+		at = w_ < 0 ? at : at + (size_t)w_ < len ? at + (size_t)w_ : len - 1;       \
+	} while (0)
+	CF_PUTS("engine %s; in flight:", a->e ? ferry_engine_name(a->e) : "(none)");
+	for (unsigned i = 0; i < CF_RECS && shown < 24; i++)
+		if (a->recs[i].used) {
+			CF_PUTS(" %llu(%u)", (unsigned long long)a->recs[i].ud, a->recs[i].op);
+			shown++;
+		}
+	CF_PUTS("; queued:");
+	for (unsigned k = 0; k < a->qlen && k < 24; k++) {
+		const struct cf_done *d = &a->q[(a->qhead + k) % CF_QUEUE];
+
+		CF_PUTS(" %llu=%d", (unsigned long long)d->ud, d->res);
+	}
+	CF_PUTS("; held %u, filled %u", a->nheld, a->nfill);
+	pthread_mutex_lock(&t_log_lock);
+	if (t_log_len) {
+		size_t from = t_log_len > 1800 ? t_log_len - 1800 : 0;
+
+		CF_PUTS("\n  log: %.*s", (int)(t_log_len - from), t_log_buf + from);
+	}
+	pthread_mutex_unlock(&t_log_lock);
+#undef CF_PUTS
+}
+
 /* Run one command on agent a. */
 static inline void cf_ag_exec(struct cf_agent *a, const struct cf_msg *m, struct cf_rep *rep)
 {
@@ -1063,7 +1106,8 @@ static inline void cf_ag_exec(struct cf_agent *a, const struct cf_msg *m, struct
 		break;
 	case CF_FILL:
 		for (size_t sz = 64 * CF_KIB; sz >= 64; sz /= 4)
-			while (a->nfill < CF_FILLS && ferry_buf_alloc(a->e, sz, &a->fill[a->nfill]) == 0)
+			while (a->nfill < CF_FILLS &&
+			       ferry_buf_alloc(a->e, sz, &a->fill[a->nfill]) == 0)
 				a->nfill++;
 		rep->rc = (int)a->nfill;
 		rep->num = cf_ag_health(a, "\"pool\":{", "largest_free");
@@ -1087,7 +1131,8 @@ static inline void cf_ag_exec(struct cf_agent *a, const struct cf_msg *m, struct
 		size_t n;
 
 		snprintf(want, sizeof(want), "{\"name\":\"%.63s\",\"transport\":\"", m->text);
-		if (ferry_engine_health(a->e, h, sizeof(h)) >= (int)sizeof(h) || !(at = strstr(h, want))) {
+		if (ferry_engine_health(a->e, h, sizeof(h)) >= (int)sizeof(h) ||
+		    !(at = strstr(h, want))) {
 			rep->rc = -ENOENT;
 			break;
 		}
@@ -1096,6 +1141,9 @@ static inline void cf_ag_exec(struct cf_agent *a, const struct cf_msg *m, struct
 		snprintf(rep->text, sizeof(rep->text), "%.*s", (int)n, at);
 		break;
 	}
+	case CF_DUMP:
+		cf_ag_dump(a, rep->dump, sizeof(rep->dump));
+		break;
 	case CF_DESTROY:
 	case CF_EXIT:
 		rep->rc = cf_ag_down(a, m->op == CF_DESTROY);
@@ -1116,6 +1164,7 @@ static inline int cf_agent_main(int sock)
 	bool broken;
 
 	memset(cf_locals, 0, sizeof(cf_locals)); /* the parent's agents are not ours */
+	t_log_capture(FERRY_LOG_INFO); /* for cf_ag_dump */
 	a = cf_ag_new();
 	cf_ag_local(a, true);
 	for (;;) {
@@ -1217,7 +1266,8 @@ static inline struct cf_rep cf_call_at(struct cf_end *x, struct cf_msg *m, int l
 		int64_t end = t_now() + bound;
 
 		if (t_send(x->sock, m, sizeof(*m), MSG_NOSIGNAL) != (ssize_t)sizeof(*m))
-			fail_msg("line %d: the %s agent is gone (%s)", line, x->name, strerror(errno));
+			fail_msg("line %d: the %s agent is gone (%s)", line, x->name,
+				 strerror(errno));
 		/* Meanwhile our own agents take what comes (and release what they do not keep). */
 		while (t_poll(&pd, 1, 1) != 1) {
 			if (t_now() > end)
@@ -1228,7 +1278,8 @@ static inline struct cf_rep cf_call_at(struct cf_end *x, struct cf_msg *m, int l
 					cf_ag_pump(cf_locals[i], 0);
 		}
 		if (t_recv(x->sock, &rep, sizeof(rep), 0) != (ssize_t)sizeof(rep))
-			fail_msg("line %d: the %s agent is gone (command %u)", line, x->name, m->op);
+			fail_msg("line %d: the %s agent is gone (command %u)", line, x->name,
+				 m->op);
 	} else {
 		cf_ag_exec(x->ag, m, &rep);
 	}

@@ -24,7 +24,8 @@ static int tcp_link(struct ferry_peer *p, const char *addr)
 /* A loopback port nobody listens on (bound, then closed). */
 static int tcp_ghost(struct ferry_peer *p)
 {
-	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in sa = { .sin_family = AF_INET,
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(sa);
 	char addr[64];
 	int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -396,7 +396,8 @@ static void tell_gone_locked(struct loop_ep *self)
 			continue;
 		m = calloc(1, sizeof(*m));
 		if (!m) {
-			log_error("engine %s: no memory to tell %s that it goes", self->name, ep->name);
+			log_error("engine %s: no memory to tell %s that it goes", self->name,
+				  ep->name);
 			continue;
 		}
 		m->kind = MSG_GONE;
