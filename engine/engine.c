@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ctl.h"
 #include "internal.h"
 
 static _Atomic uint64_t next_engine_id = 1;
@@ -188,6 +187,31 @@ static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 	return 0;
 }
 
+/* Every transport of the registry, in rank order (lowest first; ties: the table's order). */
+static int add_transports(struct ferry_engine *e)
+{
+	const struct backend_ops *order[ENGINE_MAX_BACKENDS];
+	unsigned n = 0;
+	int rc = 0;
+
+	for (unsigned i = 0; ferry__transports[i]; i++) {
+		unsigned j = n;
+
+		if (n == ENGINE_MAX_BACKENDS) {
+			log_error("engine %s: more transports than ENGINE_MAX_BACKENDS (%d)", e->name,
+				  ENGINE_MAX_BACKENDS);
+			return -ENOSPC;
+		}
+		for (; j > 0 && order[j - 1]->rank > ferry__transports[i]->rank; j--)
+			order[j] = order[j - 1];
+		order[j] = ferry__transports[i];
+		n++;
+	}
+	for (unsigned i = 0; !rc && i < n; i++)
+		rc = add_backend(e, order[i]);
+	return rc;
+}
+
 int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_engine **out)
 {
 	struct ferry_engine_params p;
@@ -231,17 +255,12 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	    (rc = reactor_init(e)))
 		goto fail;
 	/*
-	 * tcp first: a peer given an address always goes over tcp, and one
-	 * that reached us over tcp is answered there; the others fall through
-	 * to loop (same process) and shm (same host).
+	 * The transports of the registry, in rank order (engine/registry.c).
+	 * With a control endpoint and no data endpoint, the data path listens
+	 * on the control endpoint's host, port 0, and the control channel
+	 * publishes it.
 	 */
 	e->create_params = &p;
-	/*
-	 * Control channel hook: the control channel first (it holds a PUT back
-	 * only while the handshake that tells a peer's data address runs);
-	 * with a control endpoint and no data endpoint, the data path listens
-	 * on the control endpoint's host, port 0, and the channel publishes it.
-	 */
 	if (p.size > offsetof(struct ferry_engine_params, control) && p.control && !p.listen) {
 		const char *colon = strrchr(p.control, ':');
 
@@ -251,13 +270,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 			p.listen = data_listen;
 		}
 	}
-	rc = add_backend(e, &ferry__ctl_backend);
-	if (!rc)
-		rc = add_backend(e, &ferry__tcp_backend);
-	if (!rc)
-		rc = add_backend(e, &ferry__loop_backend);
-	if (!rc)
-		rc = add_backend(e, &ferry__shm_backend);
+	rc = add_transports(e);
 	e->create_params = NULL;
 	if (rc)
 		goto fail;
@@ -492,11 +505,14 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	}
 	pthread_mutex_unlock(&e->lock);
 	jprintf(&j, "]");
-	{
-		char ctl[320]; /* control channel hook: its sessions and counters */
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		char part[512]; /* a transport's own part: its sessions and counters */
+		struct backend *b = &e->backends[i];
+		int n;
 
-		if (ferry__ctl_health(e, ctl, sizeof(ctl)) > 0)
-			jprintf(&j, "%s", ctl);
+		if (b->ops->health && b->data && (n = b->ops->health(e, b, part, sizeof(part))) > 0 &&
+		    (size_t)n < sizeof(part))
+			jprintf(&j, "%s", part);
 	}
 	jprintf(&j, "}");
 	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;

@@ -24,7 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ctl.h"
 #include "internal.h"
 
 #if defined(__has_include)
@@ -160,8 +159,8 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		res = stream_op_ending(e, op, res);
 	if (unlikely(op->flags & OP_F_WISH)) {
 		op->flags &= ~OP_F_WISH;
-		if (res < 0)
-			ferry__ctl_forget(e, op); /* control channel hook: the holder forgets */
+		if (res < 0 && e->dir)
+			e->dir->forget(e, e->dir_svc, op); /* the holder forgets the wish */
 	}
 	if (op->state == OP_PARKED)
 		unpark(e, op);
@@ -381,9 +380,31 @@ void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int r
 	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
 }
 
-void reactor_peer_lost(struct ferry_engine *e, const char *name, int res)
+void ferry__peer_event(struct ferry_engine *e, const struct backend *from, const char *name,
+		       enum peer_event ev, int res)
 {
-	stream_peer_lost(e, name, res);
+	if (ev == PEER_LOST)
+		stream_peer_lost(e, name, res);
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (b != from && b->data && b->ops->peer_event)
+			b->ops->peer_event(e, b, name, ev, res);
+	}
+}
+
+void ferry__directory_set(struct ferry_engine *e, const struct directory_ops *ops, void *svc)
+{
+	e->dir = ops;
+	e->dir_svc = svc;
+}
+
+struct backend *ferry__backend_of(struct ferry_engine *e, const struct backend_ops *ops)
+{
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if (e->backends[i].ops == ops)
+			return &e->backends[i];
+	return NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -572,7 +593,10 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
 	if (unlikely(op->flags & FERRY_SQE_PUBLISH)) {
-		ferry__ctl_publish(e, op); /* control channel hook: keep it here */
+		if (e->dir)
+			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
+		else
+			op_complete(e, op, -EOPNOTSUPP, 0, NULL);
 		return;
 	}
 	op->state = OP_AWAY;
@@ -584,6 +608,15 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	if (op->state == OP_AWAY)
 		op_arm_deadline(e, op, sqe->timeout_ns);
+}
+
+/* A LOOKUP GET parked (or NOWAIT): the directory service asks its holder. */
+static void directory_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	if (e->dir)
+		e->dir->fetch(e, e->dir_svc, op, sqe);
+	else
+		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
 }
 
 static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
@@ -638,7 +671,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
 	if (unlikely(sqe->flags & FERRY_SQE_LOOKUP))
-		ferry__ctl_fetch(e, op, sqe); /* control channel hook: ask the holder */
+		directory_fetch(e, op, sqe); /* ask the holder */
 }
 
 static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
@@ -750,10 +783,13 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	case FERRY_OP_CLEANUP:
 		ferry__do_cleanup(e, op, sqe);
 		return true;
-	case FERRY_OP_PEER_HEALTH: /* control channel hook */
+	case FERRY_OP_PEER_HEALTH: /* the directory service's */
 	case FERRY_OP_LOOKUP:
 	case FERRY_OP_REMOTE_CANCEL:
-		ferry__ctl_do_op(e, op, sqe);
+		if (e->dir)
+			e->dir->do_op(e, e->dir_svc, op, sqe);
+		else
+			op_complete(e, op, -EOPNOTSUPP, 0, NULL);
 		return true;
 	default:
 		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
@@ -1011,6 +1047,24 @@ bool reactor_has_work(struct ferry_engine *e)
 	return next_deadline(e) && next_deadline(e) <= ferry__now_ns();
 }
 
+/*
+ * The progress side announced its sleep (its wake page says so): each
+ * transport's last word before it (prepare_sleep), then one more look.
+ * True: work is there, the sleep is called off.
+ */
+static bool reactor_sleep_check(struct ferry_engine *e)
+{
+	bool work = false;
+
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (b->ops->prepare_sleep && b->ops->prepare_sleep(e, b))
+			work = true;
+	}
+	return work || reactor_has_work(e);
+}
+
 /* How long the sleeper may sleep: the next deadline or timeout_ns. */
 static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
 {
@@ -1074,7 +1128,7 @@ void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic ui
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	announce_sleep(e);
-	if (reactor_has_work(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
+	if (reactor_sleep_check(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
 		atomic_store(&e->wake->sleeping, 0);
 		io_uring_submit(&e->ring);
 		return;
@@ -1126,7 +1180,7 @@ int reactor_arm_manual(struct ferry_engine *e)
 	}
 	io_uring_submit(&e->ring);
 	announce_sleep(e);
-	if (reactor_has_work(e)) {
+	if (reactor_sleep_check(e)) {
 		atomic_store(&e->wake->sleeping, 0);
 		return -EBUSY;
 	}
@@ -1218,7 +1272,7 @@ static void reactor_thread_sleep(struct ferry_engine *e)
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	announce_sleep(e);
-	if (reactor_has_work(e) || atomic_load(&e->stop)) {
+	if (reactor_sleep_check(e) || atomic_load(&e->stop)) {
 		atomic_store(&e->wake->sleeping, 0);
 		io_uring_submit(&e->ring);
 		return;
@@ -1320,7 +1374,7 @@ bool reactor_stand_in(struct ferry_engine *e)
 	wake = stand_in_round(e);
 	/* Only a reactor asleep needs its doorbell; a yielding one comes back soon. */
 	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP)
-		wake = wake || reactor_has_work(e);
+		wake = wake || reactor_sleep_check(e); /* the reactor sleeps meanwhile */
 	else
 		wake = false;
 	progress_unlock(e);

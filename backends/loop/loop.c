@@ -374,6 +374,8 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 
 const struct backend_ops ferry__loop_backend = {
 	.name = "loop",
+	.rank = 20,
+	.caps = TRANSPORT_CAP_SAME_PROCESS | TRANSPORT_CAP_ZERO_COPY | TRANSPORT_CAP_MEM_HOST,
 	.init = loop_init,
 	.fini = loop_fini,
 	.resolve = loop_resolve,

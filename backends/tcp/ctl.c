@@ -29,8 +29,8 @@
  * life; an idle session is pinged every heartbeat_ms, and one silent for
  * peer_timeout_ms is declared dead. For a peer with a control session this
  * verdict is the one that counts: it fails the peer's requests, its LOOKUP
- * GETs, and (ferry__tcp_peer_dead) its data links, since a dead engine can
- * hold none. The data path keeps its own check of its connections with the
+ * GETs, and (a PEER_DEAD event, engine/transport.h) its data links, since a
+ * dead engine can hold none. The data path keeps its own check of its connections with the
  * same two numbers; a data link that fails alone only fails what rode it
  * and is called again by the next PUT (the peer may well be alive).
  *
@@ -366,7 +366,7 @@ static void peer_gone(struct ctl_state *st, const char *name, int res)
 			ctl_req_finish(st, r, res, 0, NULL);
 	}
 	ctl_fail_lookup_gets(st, name, res);
-	ferry__tcp_peer_dead(st->e, name, res);
+	ferry__peer_event(st->e, st->b, name, PEER_DEAD, res); /* its data links go */
 }
 
 static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, const char *why)
@@ -1272,6 +1272,7 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	st->router.fd = -1;
 	pthread_mutex_init(&st->lock, NULL);
 	b->data = st;
+	ferry__directory_set(e, &ctl_directory, st);
 	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
 		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
 		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
@@ -1330,6 +1331,7 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	log_debug("ctl: engine %s: control on %s", e->name, st->bound);
 	return 0;
 fail:
+	ferry__directory_set(e, NULL, NULL);
 	if (st->gate.mon.z)
 		zmq_close(st->gate.mon.z);
 	if (st->router.z)
@@ -1348,6 +1350,7 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 
 	if (!st)
 		return;
+	ferry__directory_set(e, NULL, NULL); /* from now on: -EOPNOTSUPP */
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
 		struct ctl_session *s = &st->sessions[i];
 
@@ -1373,8 +1376,24 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	b->data = NULL;
 }
 
+static int ctl_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct ctl_state *st = b->data;
+
+	(void)e;
+	return snprintf(buf, len,
+			",\"control\":{\"address\":\"%s\",\"sessions_ready\":%llu,"
+			"\"declared_dead\":%llu,\"dropped\":%llu,\"auth_failed\":%llu}",
+			st->bound, (unsigned long long)STAT_GET(st->ready),
+			(unsigned long long)STAT_GET(st->declared_dead),
+			(unsigned long long)STAT_GET(st->dropped),
+			(unsigned long long)STAT_GET(st->auth_failed));
+}
+
 const struct backend_ops ferry__ctl_backend = {
 	.name = "ctl",
+	.rank = 0,
+	.caps = TRANSPORT_CAP_HOLDS,
 	.init = ctl_init,
 	.fini = ctl_fini,
 	.resolve = ctl_resolve,
@@ -1384,26 +1403,13 @@ const struct backend_ops ferry__ctl_backend = {
 	.has_work = ctl_has_work,
 	.forget = ctl_forget,
 	.on_cqe = ctl_on_cqe,
+	.health = ctl_health,
 };
 
 /* ------------------------------------------------------------------ */
 /* Public calls                                                        */
 /* ------------------------------------------------------------------ */
 
-int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
-{
-	struct ctl_state *st = ctl_state_of(e);
-
-	if (!st)
-		return 0;
-	return snprintf(buf, len,
-			",\"control\":{\"address\":\"%s\",\"sessions_ready\":%llu,"
-			"\"declared_dead\":%llu,\"dropped\":%llu,\"auth_failed\":%llu}",
-			st->bound, (unsigned long long)STAT_GET(st->ready),
-			(unsigned long long)STAT_GET(st->declared_dead),
-			(unsigned long long)STAT_GET(st->dropped),
-			(unsigned long long)STAT_GET(st->auth_failed));
-}
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
 {
@@ -1513,6 +1519,7 @@ static bool ctl_has_work(struct ferry_engine *e, struct backend *b)
 
 const struct backend_ops ferry__ctl_backend = {
 	.name = "ctl",
+	.rank = 0,
 	.init = ctl_init,
 	.fini = ctl_fini,
 	.resolve = ctl_resolve,
@@ -1520,37 +1527,6 @@ const struct backend_ops ferry__ctl_backend = {
 	.progress = ctl_progress,
 	.has_work = ctl_has_work,
 };
-
-void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	(void)sqe;
-	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-}
-
-void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
-{
-	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-}
-
-void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	(void)sqe;
-	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-}
-
-void ferry__ctl_forget(struct ferry_engine *e, struct op *op)
-{
-	(void)e;
-	(void)op;
-}
-
-int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
-{
-	(void)e;
-	(void)buf;
-	(void)len;
-	return 0;
-}
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
 {

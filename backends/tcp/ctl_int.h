@@ -194,6 +194,9 @@ int ctl_gate_srcfd(struct ctl_state *st, const void *msg);
 /* A session on connection fd proved the cluster secret: it stays. */
 void ctl_gate_proved(struct ctl_state *st, int fd);
 
+/* ctl_req.c: the engine's directory service, registered by ctl_init */
+extern const struct directory_ops ctl_directory;
+
 /* ctl_req.c: our requests */
 void ctl_req_free(struct ctl_state *st, struct ctl_req *r);
 /* Complete a request's op with res (unless it ended meanwhile), then free it. */

@@ -1858,7 +1858,8 @@ static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const c
 				op_complete(e, op, res == -ECANCELED ? res : -ECONNRESET, 0, NULL);
 		}
 		/* Its streams: STREAM_GETs end, chunks waiting for credit fail. */
-		reactor_peer_lost(e, l->peer_name, res == -ECANCELED ? res : -ECONNRESET);
+		ferry__peer_event(e, st->b, l->peer_name, PEER_LOST,
+				  res == -ECANCELED ? res : -ECONNRESET);
 	}
 	link_unref(l);
 }
@@ -2640,6 +2641,22 @@ static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 {
 	struct tcp_state *st = b->data;
 
+	(void)e;
+	if (!st->ready)
+		return false;
+	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) || st->nflush ||
+	       (st->stalled && st->free_ctls);
+}
+
+/*
+ * Before the progress side sleeps: hot connections (read by busy polling)
+ * go back to io_uring recvs, and what was held back to be sent in one go
+ * leaves now, so that no byte waits for a round that will not come.
+ */
+static bool tcp_prepare_sleep(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+
 	if (!st->ready)
 		return false;
 	if ((st->nhot || st->nflush) &&
@@ -2650,8 +2667,7 @@ static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 		if (io_uring_sq_ready(&st->ring))
 			io_uring_submit(&st->ring);
 	}
-	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) || st->nflush ||
-	       (st->stalled && st->free_ctls);
+	return tcp_has_work(e, b);
 }
 
 static void tcp_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
@@ -2962,8 +2978,28 @@ static void tcp_fini(struct ferry_engine *e, struct backend *b)
 	b->data = NULL;
 }
 
+/*
+ * The control plane declared the engine `name` dead: fail the data links to
+ * it as if they had gone silent (their ops fail with res). A link that
+ * failed alone is no such verdict (PEER_LOST): the peer may be alive.
+ */
+static void tcp_peer_event(struct ferry_engine *e, struct backend *b, const char *name,
+			   enum peer_event ev, int res)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	if (ev != PEER_DEAD)
+		return;
+	for (struct tcp_link *l = st->links; l; l = l->next)
+		if (l->state != LINK_DEAD && strcmp(l->peer_name, name) == 0)
+			link_fail(st, l, res, "the control channel declared it dead");
+}
+
 const struct backend_ops ferry__tcp_backend = {
 	.name = "tcp",
+	.rank = 10,
+	.caps = TRANSPORT_CAP_SAME_HOST | TRANSPORT_CAP_REMOTE | TRANSPORT_CAP_MEM_HOST,
 	.init = tcp_init,
 	.fini = tcp_fini,
 	.resolve = tcp_resolve,
@@ -2972,10 +3008,12 @@ const struct backend_ops ferry__tcp_backend = {
 	.iov_put_max = TCP_INLINE_MAX,
 	.progress = tcp_progress,
 	.has_work = tcp_has_work,
+	.prepare_sleep = tcp_prepare_sleep,
 	.sqs_drained = tcp_sqs_drained,
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
+	.peer_event = tcp_peer_event,
 };
 
 /* ------------------------------------------------------------------ */
@@ -2994,16 +3032,6 @@ static struct tcp_state *tcp_of(struct ferry_engine *e)
  * Control channel hook (ctl.h): the control channel declared engine `name`
  * dead; its data links go too, as if they had gone silent.
  */
-void ferry__tcp_peer_dead(struct ferry_engine *e, const char *name, int res)
-{
-	struct tcp_state *st = tcp_of(e);
-
-	if (!st)
-		return;
-	for (struct tcp_link *l = st->links; l; l = l->next)
-		if (l->state != LINK_DEAD && strcmp(l->peer_name, name) == 0)
-			link_fail(st, l, res, "the control channel declared it dead");
-}
 
 int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len)
 {
