@@ -212,6 +212,13 @@ static inline bool op_state_pending(uint8_t state)
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */
 /* LOOKUP GET: its holder may remember the wish (FETCH sent, not answered otherwise): wish_seq, key */
 #define OP_F_WISH (1u << 27)
+/*
+ * An AWAY PUT that waits in the engine, on its peer's wait list, for the
+ * peer to be reached (a transport's reaching hook said a connection is
+ * being made: the control plane's handshake); ferry__peer_reached sends it
+ * on or fails it.
+ */
+#define OP_F_WAIT_PEER (1u << 28)
 
 struct key_entry;
 
@@ -356,6 +363,7 @@ struct ferry_peer {
 	uint32_t stream_max_inflight, peer_max_inflight;
 	uint32_t stream_inflight;        /* chunks sent, not yet released, all streams */
 	struct stream *blocked;          /* producer streams waiting for peer credit */
+	struct op *wait_head, *wait_tail; /* PUTs waiting for it to be reached (OP_F_WAIT_PEER) */
 	struct ferry_peer *next;
 	char address[128];         /* tcp endpoint set by ferry_peer_set_address ("" = none) */
 };

@@ -148,6 +148,35 @@ static void unpark(struct ferry_engine *e, struct op *op)
 	keytable_put(&e->keys, ke);
 }
 
+/* Off its peer's wait list (OP_F_WAIT_PEER): it ended there (deadline, cancel, destroy). */
+static void peer_wait_remove(struct op *op)
+{
+	op_list_remove(&op->peer->wait_head, &op->peer->wait_tail, op);
+	op->flags &= ~OP_F_WAIT_PEER;
+}
+
+
+void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res)
+{
+	unsigned n = 0;
+
+	/* The ones waiting now, once each: one that must wait again goes to the tail. */
+	for (struct op *w = peer->wait_head; w; w = w->next)
+		n++;
+	while (n-- && peer->wait_head) {
+		struct op *op = peer->wait_head;
+		uint32_t gen = op->gen;
+		int rc = res;
+
+		peer_wait_remove(op);
+		if (!rc)
+			rc = reactor_send(e, op);
+		if (rc)
+			reactor_put_done(e, op, gen, rc);
+	}
+}
+
+
 void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		 struct ferry_buf *buf)
 {
@@ -164,6 +193,8 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	}
 	if (op->state == OP_PARKED)
 		unpark(e, op);
+	else if (unlikely(op->flags & OP_F_WAIT_PEER))
+		peer_wait_remove(op);
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
 		 op->peer->backend->ops->forget)
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
@@ -489,8 +520,22 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 	int rc;
 
 	if (!peer->backend) {
+		/* A connection to it being made: the PUT waits here, in order. */
+		for (unsigned i = 0; i < e->nbackends; i++) {
+			struct backend *b = &e->backends[i];
+
+			if (!b->ops->reaching || !b->data || !(rc = b->ops->reaching(e, b, peer)))
+				continue;
+			if (rc < 0)
+				return rc;
+			op->flags |= OP_F_WAIT_PEER;
+			op_list_append(&peer->wait_head, &peer->wait_tail, op);
+			return 0;
+		}
 		rc = -EHOSTUNREACH;
 		for (unsigned i = 0; i < e->nbackends && rc == -EHOSTUNREACH; i++) {
+			if (!e->backends[i].ops->resolve)
+				continue; /* a service (the control plane): it carries no PUT */
 			rc = e->backends[i].ops->resolve(e, &e->backends[i], peer);
 			if (rc == 0)
 				peer->backend = &e->backends[i];

@@ -76,6 +76,14 @@ struct backend_ops {
 	/* The peer's transport state is being dropped (re-resolve, destroy). */
 	void (*unresolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
 	/*
+	 * Optional, asked before any resolve: is a connection to peer being
+	 * made (the control plane's handshake, which will tell how to reach
+	 * it)? 1: its PUTs wait in the engine until ferry__peer_reached; 0:
+	 * no; a negative errno: PUTs to it fail so (-EACCES: it refused us).
+	 * A service without resolve (the control plane) carries no PUT itself.
+	 */
+	int (*reaching)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
+	/*
 	 * Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno.
 	 * A PUT of an iovec of at most iov_put_max bytes comes with op->buf
 	 * NULL and its data still in op->iov / op->iovcnt (valid until its
@@ -173,6 +181,12 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
 void reactor_unresolve_all(struct ferry_engine *e, struct backend *b);
 /* Hand a PUT to the transport that reaches op->peer (resolving it first). */
 int reactor_send(struct ferry_engine *e, struct op *op);
+/*
+ * The connection being made to peer (see reaching) is done: res 0, the PUTs
+ * that waited go to the transport that now reaches it, in order; else they
+ * fail with res. Progress side only.
+ */
+void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res);
 /* The transport finished a PUT (res 0 or negative errno). */
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
 /* Ring the engine's doorbell if its progress side sleeps. Any thread. */

@@ -621,6 +621,65 @@ static void test_ctl_remote_cancel(void **state)
 	ferry_engine_destroy(b);
 }
 
+/*
+ * PUTs to a peer whose handshake has not answered wait in the engine (not
+ * at a transport): one whose deadline passes there ends with -ETIMEDOUT,
+ * one cancelled there with -ECANCELED, and the call's own failure later
+ * (nobody answers: -EHOSTUNREACH after its bound) fails only what still
+ * waits; each op completes once. A control port that accepts and never
+ * speaks stands in for the silent peer.
+ */
+static void test_ctl_puts_wait_for_handshake(void **state)
+{
+	struct ferry_engine *c = mk_ctl("ctlW", SECRET, 0, 0);
+	struct ferry_peer *p = t_peer(c, "mute");
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sa);
+	char ep[64];
+	const char x[] = "x";
+	struct ferry_cqe e;
+	struct ferry_sqe *sqe;
+	int lfd = socket(AF_INET, SOCK_STREAM, 0);
+	int64_t t0;
+
+	(void)state;
+	assert_true(lfd >= 0);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 8), 0); /* the kernel accepts; nobody speaks */
+	assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+	assert_int_equal(ferry_peer_connect(p, ep), 0);
+	t0 = t_now();
+	sqe = t_sqe(c);
+	ferry_prep_put(sqe, p, "short", &(struct iovec){ (void *)x, 1 }, 1, 1);
+	ferry_sqe_set_timeout(sqe, 200 * MS);
+	t_submit(c);
+	t_put(c, p, "cancelled", x, 1, 2, 0);
+	t_put(c, p, "waits", x, 1, 3, 0);
+	sqe = t_sqe(c);
+	ferry_prep_cancel(sqe, 2, 4);
+	t_submit(c);
+	/* The cancel, and the cancelled PUT. */
+	for (int n = 0; n < 2; n++) {
+		assert_int_equal(t_wait_cqe(c, NULL, &e, 5 * SEC), 1);
+		if (e.user_data == 4)
+			assert_int_equal(e.res, 0);
+		else
+			assert_true(e.user_data == 2 && e.res == -ECANCELED);
+	}
+	assert_int_equal(t_wait_cqe(c, NULL, &e, 5 * SEC), 1);
+	assert_int_equal(e.user_data, 1);
+	assert_int_equal(e.res, -ETIMEDOUT);
+	assert_true(t_now() - t0 < 2 * SEC);
+	/* The call gives up (no answer within its bound): what still waits fails. */
+	assert_int_equal(t_wait_cqe(c, NULL, &e, 10 * SEC), 1);
+	assert_int_equal(e.user_data, 3);
+	assert_int_equal(e.res, -EHOSTUNREACH);
+	t_expect_none(c, NULL, 200);
+	ferry_engine_destroy(c);
+	close(lfd);
+}
+
 static void test_ctl_wrong_secret(void **state)
 {
 	struct ferry_engine *a, *c;
@@ -1095,6 +1154,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_lookup_every_peer_ends),
 		cmocka_unit_test(test_ctl_lookup_every_peer_connecting),
 		cmocka_unit_test(test_ctl_remote_cancel),
+		cmocka_unit_test(test_ctl_puts_wait_for_handshake),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_silent_flood),
 		cmocka_unit_test(test_ctl_malformed_messages),

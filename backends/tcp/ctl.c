@@ -336,24 +336,15 @@ static struct ctl_session *session_by_id(struct ctl_state *st, const void *id, s
 	return NULL;
 }
 
-/* PUTs that waited for the handshake: on to the transport that now reaches the peer. */
+/*
+ * Our call to a peer is through (res 0: the PUTs that waited in the engine
+ * for it go to the transport that now reaches the peer) or failed (they
+ * fail with res). Only our calls hold PUTs (ctl_reaching): one per peer.
+ */
 static void waiters_go(struct ctl_state *st, struct ctl_session *s, int res)
 {
-	struct ferry_engine *e = st->e;
-	struct op *op;
-
-	if (s->peer && s->peer->backend == st->b)
-		reactor_unresolve(e, s->peer);
-	while ((op = s->wait_head)) {
-		uint32_t gen = op->gen;
-		int rc = res;
-
-		op_list_remove(&s->wait_head, &s->wait_tail, op);
-		if (!rc)
-			rc = reactor_send(e, op);
-		if (rc)
-			reactor_put_done(e, op, gen, rc);
-	}
+	if (s->caller && s->peer)
+		ferry__peer_reached(st->e, s->peer, res);
 }
 
 /* The peer `name` has no READY session left. */
@@ -1191,69 +1182,28 @@ static void ctl_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 	st->any_dirty = true;
 }
 
-static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+/*
+ * Before any transport resolves peer: our call to it still in its
+ * handshake (or waiting to call again) holds its PUTs in the engine until
+ * the handshake tells its data address (waiters_go); a peer that refused us
+ * fails them with -EACCES. A peer with a READY session, or none of ours,
+ * is for the transports.
+ */
+static int ctl_reaching(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
 	struct ctl_state *st = b->data;
 
 	(void)e;
-	ctl_connects_first(st);
-	if (!st->nsessions)
-		return -EHOSTUNREACH;
+	ctl_connects_first(st); /* a ferry_peer_connect just before this PUT */
+	if (!st->nsessions || ctl_session_for(st, peer->name, true))
+		return 0;
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
 		struct ctl_session *s = &st->sessions[i];
 
-		/* Only a call of ours still in its handshake holds PUTs back. */
-		if (s->caller && s->peer == peer && s->state != CS_FREE && s->state != CS_READY &&
-		    !ctl_session_for(st, peer->name, true)) {
-			peer->transport = s;
-			return 0;
-		}
+		if (s->caller && s->peer == peer && s->state != CS_FREE && s->state != CS_READY)
+			return s->refused && s->state == CS_BACKOFF ? -EACCES : 1;
 	}
-	return -EHOSTUNREACH;
-}
-
-static void ctl_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
-{
-	(void)e;
-	(void)b;
-	peer->transport = NULL;
-}
-
-static int ctl_put(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	struct ctl_state *st = b->data;
-	struct ctl_session *s = op->peer->transport;
-
-	if (!s || s->state == CS_READY || s->state == CS_FREE) {
-		reactor_unresolve(e, op->peer);
-		if (ctl_resolve(e, b, op->peer) == 0) {
-			op->peer->backend = b;
-			s = op->peer->transport;
-		} else {
-			return reactor_send(e, op);
-		}
-	}
-	if (s->refused && s->state == CS_BACKOFF)
-		return -EACCES;
-	(void)st;
-	op_list_append(&s->wait_head, &s->wait_tail, op);
 	return 0;
-}
-
-static void ctl_forget(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	struct ctl_state *st = b->data;
-
-	(void)e;
-	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
-		struct ctl_session *s = &st->sessions[i];
-
-		for (struct op *w = s->wait_head; w; w = w->next)
-			if (w == op) {
-				op_list_remove(&s->wait_head, &s->wait_tail, op);
-				return;
-			}
-	}
 }
 
 static int ctl_init(struct ferry_engine *e, struct backend *b)
@@ -1358,8 +1308,6 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 			ctl_send_msg(st, s, CTL_BYE, 0, NULL, 0, NULL, 0);
 		if (s->state != CS_FREE) {
 			waiters_go(st, s, -ECANCELED);
-			if (s->peer && s->peer->backend == b)
-				reactor_unresolve(e, s->peer);
 			session_free(st, s);
 		}
 	}
@@ -1396,12 +1344,9 @@ const struct backend_ops ferry__ctl_backend = {
 	.caps = TRANSPORT_CAP_HOLDS,
 	.init = ctl_init,
 	.fini = ctl_fini,
-	.resolve = ctl_resolve,
-	.unresolve = ctl_unresolve,
-	.put = ctl_put,
+	.reaching = ctl_reaching,
 	.progress = ctl_progress,
 	.has_work = ctl_has_work,
-	.forget = ctl_forget,
 	.on_cqe = ctl_on_cqe,
 	.health = ctl_health,
 };
@@ -1487,21 +1432,6 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	(void)b;
 }
 
-static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
-{
-	(void)e;
-	(void)b;
-	(void)peer;
-	return -EHOSTUNREACH;
-}
-
-static int ctl_put(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	(void)e;
-	(void)b;
-	(void)op;
-	return -EHOSTUNREACH;
-}
 
 static int ctl_progress(struct ferry_engine *e, struct backend *b)
 {
@@ -1522,8 +1452,6 @@ const struct backend_ops ferry__ctl_backend = {
 	.rank = 0,
 	.init = ctl_init,
 	.fini = ctl_fini,
-	.resolve = ctl_resolve,
-	.put = ctl_put,
 	.progress = ctl_progress,
 	.has_work = ctl_has_work,
 };

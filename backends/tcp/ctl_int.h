@@ -69,7 +69,6 @@ struct ctl_session {
 	uint8_t nonce_me[TCP_NONCE_BYTES], nonce_peer[TCP_NONCE_BYTES];
 	uint32_t peer_caps;
 	uint64_t hs_deadline, last_rx, last_ping, retry_at;
-	struct op *wait_head, *wait_tail; /* PUTs waiting for the handshake */
 	int fd;                 /* callee: the connection its HELLO came on (ZMQ_SRCFD), or -1 */
 };
 
