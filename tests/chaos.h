@@ -148,7 +148,7 @@ struct ch_shared {
 	_Atomic int ready[CH_MAXW], drained[CH_MAXW];
 	_Atomic int inc[CH_MAXW]; /* the incarnation started last */
 	_Atomic int addr_set[CH_MAXW];
-	char addr[CH_MAXW][TCP_ADDR_MAX];
+	char addr[CH_MAXW][NETADDR_MAX];
 	char name[CH_MAXW][16];
 	char netns[CH_MAXW][32];  /* tcp: the namespace a worker enters */
 	char listen[CH_MAXW][64]; /* tcp: where it listens */

@@ -14,7 +14,7 @@
 
 #include "helpers.h"
 #include "internal.h"
-#include "tcp_addr.h"
+#include "netaddr.h"
 
 #define NS "tcptest"
 #define SECRET "test-cluster-secret"
@@ -147,7 +147,7 @@ static inline void spawn(struct child *c, int (*fn)(const char *addr, void *arg)
 	c->pid = fork();
 	assert_true(c->pid >= 0);
 	if (c->pid == 0) {
-		char addr[TCP_ADDR_MAX];
+		char addr[NETADDR_MAX];
 
 		alarm(t_under_valgrind() ? 900 : 100);
 		close(c->fd[1]);

@@ -1,5 +1,5 @@
 /*
- * tests/test_ctl.c - the control channel (backends/tcp/ctl.c): handshake and
+ * tests/test_ctl.c - the control channel (control/ctl.c): handshake and
  * the data address it publishes (control port 0, data port 0), directory
  * queries, store-like keys (PUBLISH / LOOKUP GETs, and the wish of one that
  * ended withdrawn from the holder), a directory query to every peer at once,
@@ -25,7 +25,7 @@
 
 #include "ctl_wire.h"
 
-#define CTL_TEST_PREAUTH_MAX 64 /* CTL_GATE_PREAUTH_MAX (backends/tcp/ctl_int.h) */
+#define CTL_TEST_PREAUTH_MAX 64 /* CTL_GATE_PREAUTH_MAX (control/ctl_int.h) */
 
 #define CNS "ctltest"
 
@@ -118,7 +118,7 @@ static void health_to(struct ferry_engine *e, struct ferry_peer *p, uint64_t ud,
 /* b calls a; waits until a health query over the session answers. */
 static struct ferry_peer *connect_to(struct ferry_engine *b, struct ferry_engine *a)
 {
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_peer *p = t_peer(b, ferry_engine_name(a));
 	ctl_addr(a, addr, sizeof(addr));
 	assert_int_equal(ferry_peer_connect(p, addr), 0);
@@ -132,7 +132,7 @@ static struct ferry_peer *connect_to(struct ferry_engine *b, struct ferry_engine
 static void test_ctl_handshake_publishes_data_address(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
-	char ca[TCP_ADDR_MAX], cb[TCP_ADDR_MAX], da[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX], cb[NETADDR_MAX], da[NETADDR_MAX];
 	const char msg[] = "over the data path, found through the control channel";
 	struct ferry_peer *pa, *pb;
 	struct iovec v;
@@ -509,7 +509,7 @@ static void test_ctl_lookup_every_peer_ends(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
 	struct ferry_cqe c;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	uint64_t used;
 
 	(void)state;
@@ -557,7 +557,7 @@ static void test_ctl_lookup_every_peer_connecting(void **state)
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
 	const char one[] = "published before anyone called";
 	struct ferry_cqe q;
-	char cb[TCP_ADDR_MAX], want[64];
+	char cb[NETADDR_MAX], want[64];
 
 	(void)state;
 	t_put(b, t_peer(b, "ctlA"), "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
@@ -684,7 +684,7 @@ static void test_ctl_wrong_secret(void **state)
 {
 	struct ferry_engine *a, *c;
 	struct ferry_peer *pa;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	const char x[] = "x";
 
 	(void)state;
@@ -753,7 +753,7 @@ static void test_ctl_silent_flood(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b;
 	static int fds[FLOOD];
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	int64_t t0, end;
 
 	(void)state;
@@ -839,7 +839,7 @@ static void test_ctl_malformed_messages(void **state)
 	void *z = zmq_socket(ctx, ZMQ_DEALER);
 	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello) + 16];
 	struct ctl_hello h;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	int zero = 0, tmo = t_under_valgrind() ? 5000 : 300;
 	char big[4096];
 
@@ -940,7 +940,7 @@ static void test_ctl_addr_in_use(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 
 	(void)state;
 	ctl_addr(a, ca, sizeof(ca));
@@ -970,7 +970,7 @@ static int serve_forever(const char *unused, void *arg)
 {
 	struct ferry_engine *b;
 	int fd = *(int *)arg;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	(void)unused;
 	b = mk_ctl("ctlB", SECRET, 100, 600);
@@ -990,7 +990,7 @@ static void test_ctl_dead_peer(void **state)
 	struct ferry_peer *pb;
 	struct child ch;
 	int back[2];
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_cqe c;
 	int64_t t0, took;
 
@@ -1118,7 +1118,7 @@ static void test_ctl_manual_mode(void **state)
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
 	struct ferry_peer *pa, *pb;
 	const char one[] = "manual";
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	struct ferry_cqe c;
 
 	(void)state;

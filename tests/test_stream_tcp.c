@@ -88,7 +88,7 @@ static void test_order_and_credits(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *from;
 	struct ferry_buf *held[LIMIT];
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	unsigned got = 0, nheld = 0, full = 0;
 
 	(void)state;
@@ -135,7 +135,7 @@ static void test_producer_death(void **state)
 	struct child ch;
 	struct ferry_engine *e;
 	struct ferry_peer *from;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_cqe c;
 	int64_t t0;
 
@@ -211,7 +211,7 @@ static void test_kv_handoff(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *from;
 	struct iovec dst[2 * KV_LAYERS];
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_cqe c;
 	uint8_t *whole;
 

@@ -4,7 +4,7 @@
  *
  * Owns: the listener, links (everything between us and one peer engine:
  * one to TCP_MAX_CONNS connections), the authenticated handshake of every
- * connection (tcp_auth.h), the data path (eager frames, rendezvous),
+ * connection (security.h), the data path (eager frames, rendezvous),
  * heartbeats and dead-peer detection, and what happens when a peer dies,
  * misbehaves or comes back.
  *
@@ -78,10 +78,9 @@
 #define VALGRIND_MAKE_MEM_DEFINED(p, n) ((void)(p), (void)(n))
 #endif
 
-#include "ctl.h"
 #include "internal.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 #include "tcp_wire.h"
 
 #define TCP_EAGER_MAX (64u * 1024u) /* payloads up to this go in one frame */
@@ -294,9 +293,9 @@ struct tcp_state {
 	uint32_t nconns;       /* connections in the table */
 	struct __kernel_timespec tick_ts, end_ts;
 	/* Configuration. */
-	struct tcp_secret secret;
-	char listen_text[TCP_ADDR_MAX];
-	char bound[TCP_ADDR_MAX];
+	struct sec_secret secret;
+	char listen_text[NETADDR_MAX];
+	char bound[NETADDR_MAX];
 	int lfd;
 	uint32_t lgen;
 	uint64_t heartbeat_ns, peer_timeout_ns;
@@ -1957,9 +1956,9 @@ static void callee_hello(struct tcp_state *st, struct tcp_conn *c)
 	struct ferry_engine *e = st->engine;
 	struct tcp_hello *in = &c->hin, h;
 	struct tcp_link *l = NULL;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
-	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+	netaddr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
 	if (in->type != TCP_H_HELLO || in->version != TCP_PROTO_VERSION) {
 		log_warn("tcp: engine %s: refused %s: protocol version %u type %u (we speak %u)",
 			 e->name, addr, in->version, in->type, TCP_PROTO_VERSION);
@@ -1979,14 +1978,14 @@ static void callee_hello(struct tcp_state *st, struct tcp_conn *c)
 	c->index = in->conn_index;
 	c->nconns = in->nconns;
 	memcpy(c->nonce_peer, in->nonce, TCP_NONCE_BYTES);
-	if (tcp_nonce(c->nonce_me, TCP_NONCE_BYTES)) {
+	if (sec_nonce(c->nonce_me, TCP_NONCE_BYTES)) {
 		refuse(st, c, EIO);
 		return;
 	}
 	(void)l;
 	hello_fill(st, &h, TCP_H_PROOF);
 	memcpy(h.nonce, c->nonce_me, TCP_NONCE_BYTES);
-	tcp_proof(&st->secret, "ferry-callee", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
+	sec_proof(&st->secret, "ferry-callee", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
 		  e->ns, c->link_id, c->index, h.mac);
 	if (hello_send(c, &h)) {
 		conn_kill(st, c);
@@ -2003,10 +2002,10 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 	uint8_t want[TCP_MAC_BYTES];
 	struct tcp_link *l;
 	struct tcp_hello h;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
-	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
-	tcp_proof(&st->secret, "ferry-caller", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
+	netaddr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+	sec_proof(&st->secret, "ferry-caller", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
 		  e->ns, c->link_id, c->index, want);
 	if (c->hin.type == TCP_H_NO) {
 		/* The caller found our proof wrong: the two hold different secrets. */
@@ -2019,7 +2018,7 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 		conn_kill(st, c);
 		return;
 	}
-	if (c->hin.type != TCP_H_AUTH || !tcp_proof_equal(want, c->hin.mac)) {
+	if (c->hin.type != TCP_H_AUTH || !sec_proof_equal(want, c->hin.mac)) {
 		STAT_ADD(e->stats.peers_refused, 1);
 		log_limited(FERRY__LOG_WARN, "tcp: engine %s: refused \"%s\" from %s: wrong secret",
 			    e->name, c->peer_name, addr);
@@ -2109,9 +2108,9 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 		return;
 	}
 	memcpy(c->nonce_peer, c->hin.nonce, TCP_NONCE_BYTES);
-	tcp_proof(&st->secret, "ferry-callee", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
+	sec_proof(&st->secret, "ferry-callee", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
 		  e->ns, l->link_id, c->index, want);
-	if (!tcp_proof_equal(want, c->hin.mac)) {
+	if (!sec_proof_equal(want, c->hin.mac)) {
 		log_warn("tcp: engine %s: %s does not hold our secret: hung up", e->name,
 			 l->peer_name);
 		/* Say so before hanging up: the engine we called logs and counts it too. */
@@ -2122,7 +2121,7 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 		return;
 	}
 	hello_fill(st, &h, TCP_H_AUTH);
-	tcp_proof(&st->secret, "ferry-caller", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
+	sec_proof(&st->secret, "ferry-caller", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
 		  e->ns, l->link_id, c->index, h.mac);
 	if (hello_send(c, &h)) {
 		hs_fail(st, c, -EHOSTUNREACH, "handshake send failed");
@@ -2276,7 +2275,7 @@ static int caller_start(struct tcp_state *st, struct tcp_link *l, uint16_t index
 	c->index = index;
 	c->hs = HS_CONNECTING;
 	l->conns[index] = c;
-	if ((rc = tcp_nonce(c->nonce_me, TCP_NONCE_BYTES))) {
+	if ((rc = sec_nonce(c->nonce_me, TCP_NONCE_BYTES))) {
 		conn_kill(st, c);
 		return rc;
 	}
@@ -2326,7 +2325,7 @@ static unsigned count_preauth(struct tcp_state *st)
 static void drop_oldest_preauth(struct tcp_state *st)
 {
 	struct tcp_conn *old = NULL;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++) {
 		struct tcp_conn *c = st->conns[i];
@@ -2337,7 +2336,7 @@ static void drop_oldest_preauth(struct tcp_state *st)
 	}
 	if (!old)
 		return;
-	tcp_addr_format((struct sockaddr *)&old->peer_sa, addr, sizeof(addr));
+	netaddr_format((struct sockaddr *)&old->peer_sa, addr, sizeof(addr));
 	STAT_ADD(st->engine->stats.handshakes_dropped, 1);
 	log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s was the oldest of %u that had "
 		    "not proved the cluster secret yet: hung up", st->engine->name, addr,
@@ -2351,7 +2350,7 @@ static void accept_all(struct tcp_state *st)
 		struct sockaddr_storage sa;
 		socklen_t len = sizeof(sa);
 		struct tcp_conn *c;
-		char addr[TCP_ADDR_MAX];
+		char addr[NETADDR_MAX];
 		int fd = accept4(st->lfd, (struct sockaddr *)&sa, &len,
 				 SOCK_NONBLOCK | SOCK_CLOEXEC);
 
@@ -2363,8 +2362,8 @@ static void accept_all(struct tcp_state *st)
 				continue;
 			return;
 		}
-		if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&sa)) {
-			tcp_addr_format((struct sockaddr *)&sa, addr, sizeof(addr));
+		if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&sa)) {
+			netaddr_format((struct sockaddr *)&sa, addr, sizeof(addr));
 			log_warn("tcp: engine %s: refused %s: no cluster secret is set, so only "
 				 "loopback peers are accepted", st->engine->name, addr);
 			close(fd);
@@ -2392,10 +2391,10 @@ static int listen_start(struct tcp_state *st)
 	socklen_t len;
 	int fd, rc, one = 1;
 
-	rc = tcp_addr_parse(st->listen_text, false, &ss, &len);
+	rc = netaddr_parse(st->listen_text, false, &ss, &len);
 	if (rc)
 		return rc;
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss))
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss))
 		log_warn("tcp: engine %s listens on %s without a cluster secret: only loopback "
 			 "peers will be accepted (set params.secret, FERRY_SECRET or "
 			 "params.secret_file)", e->name, st->listen_text);
@@ -2421,7 +2420,7 @@ static int listen_start(struct tcp_state *st)
 	}
 	len = sizeof(ss);
 	getsockname(fd, (struct sockaddr *)&ss, &len);
-	tcp_addr_format((struct sockaddr *)&ss, st->bound, sizeof(st->bound));
+	netaddr_format((struct sockaddr *)&ss, st->bound, sizeof(st->bound));
 	st->lfd = fd;
 	st->lgen++;
 	log_debug("tcp: engine %s listens on %s", e->name, st->bound);
@@ -2447,9 +2446,9 @@ static int check_time(struct tcp_state *st)
 				 c->link->peer_name);
 			hs_fail(st, c, -EHOSTUNREACH, NULL);
 		} else {
-			char addr[TCP_ADDR_MAX];
+			char addr[NETADDR_MAX];
 
-			tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+			netaddr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
 			STAT_ADD(st->engine->stats.handshakes_dropped, 1);
 			log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s%s%s%s did not "
 				    "finish its handshake within %u ms: hung up", st->engine->name,
@@ -2711,12 +2710,12 @@ static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_li
 	l = link_new(st, peer->name, true);
 	if (!l)
 		return -ENOMEM;
-	if ((rc = tcp_addr_parse(address, true, &l->addr, &l->addrlen)) ||
-	    (rc = tcp_nonce((uint8_t *)&l->link_id, sizeof(l->link_id)))) {
+	if ((rc = netaddr_parse(address, true, &l->addr, &l->addrlen)) ||
+	    (rc = sec_nonce((uint8_t *)&l->link_id, sizeof(l->link_id)))) {
 		link_fail(st, l, -EHOSTUNREACH, NULL);
 		return -EHOSTUNREACH;
 	}
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&l->addr)) {
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&l->addr)) {
 		log_error("tcp: engine %s: not calling %s at %s: no cluster secret is set",
 			  e->name, peer->name, address);
 		link_fail(st, l, -EACCES, NULL);
@@ -2866,9 +2865,9 @@ static int tcp_init(struct ferry_engine *e, struct backend *b)
 	st->lfd = -1;
 	b->data = st;
 	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
-		if (p->listen && strnlen(p->listen, TCP_ADDR_MAX) >= TCP_ADDR_MAX) {
+		if (p->listen && strnlen(p->listen, NETADDR_MAX) >= NETADDR_MAX) {
 			log_error("ferry_engine_create: listen endpoint longer than %d bytes",
-				  TCP_ADDR_MAX - 1);
+				  NETADDR_MAX - 1);
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -2876,9 +2875,9 @@ static int tcp_init(struct ferry_engine *e, struct backend *b)
 			snprintf(st->listen_text, sizeof(st->listen_text), "%s", p->listen);
 		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
 		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
-		rc = tcp_secret_load(&st->secret, p->secret, p->secret_file);
+		rc = sec_secret_load(&st->secret, p->secret, p->secret_file);
 	} else {
-		rc = tcp_secret_load(&st->secret, NULL, NULL);
+		rc = sec_secret_load(&st->secret, NULL, NULL);
 	}
 	if (rc)
 		goto fail;
@@ -3051,7 +3050,7 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 {
 	struct sockaddr_storage ss;
 	struct tcp_state *st;
-	char text[TCP_ADDR_MAX];
+	char text[NETADDR_MAX];
 	socklen_t len;
 	int rc;
 
@@ -3059,7 +3058,7 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 		log_error("ferry_peer_set_address: NULL %s", p ? "endpoint" : "peer");
 		return -EINVAL;
 	}
-	rc = tcp_addr_parse_peer("ferry_peer_set_address", endpoint, &ss, &len);
+	rc = netaddr_parse_peer("ferry_peer_set_address", endpoint, &ss, &len);
 	if (rc)
 		return rc;
 	st = tcp_of(p->engine);
@@ -3067,15 +3066,13 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 		log_error("ferry_peer_set_address: engine %s has no tcp transport", p->engine->name);
 		return -EINVAL;
 	}
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
 		log_error("ferry_peer_set_address: %s for %s is not a loopback address and engine "
 			  "%s has no cluster secret", endpoint, p->name, p->engine->name);
 		return -EACCES;
 	}
-	if (!st->secret.set)
-		log_warn("tcp: engine %s has no cluster secret: peers prove nothing (loopback "
-			 "only)", p->engine->name);
-	tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
+	sec_note_no_secret(&st->secret, p->engine->name);
+	netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
 	pthread_mutex_lock(&p->engine->lock);
 	snprintf(p->address, sizeof(p->address), "%s", text);
 	pthread_mutex_unlock(&p->engine->lock);

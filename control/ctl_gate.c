@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_gate.c - the control port's door: how many connections
+ * control/ctl_gate.c - the control port's door: how many connections
  * that have proved nothing it holds, and for how long.
  *
  * Owns: the table of connections accepted at the control ROUTER (learned
@@ -56,7 +56,7 @@ static bool same_peer(const struct ctl_door *d)
 
 static void door_hang_up(struct ctl_state *st, struct ctl_door *d, const char *why)
 {
-	char addr[TCP_ADDR_MAX] = "?";
+	char addr[NETADDR_MAX] = "?";
 
 	if (d->hung)
 		return;
@@ -64,7 +64,7 @@ static void door_hang_up(struct ctl_state *st, struct ctl_door *d, const char *w
 	preauth_add(st, -1);
 	STAT_ADD(st->e->stats.handshakes_dropped, 1);
 	if (d->peer_len)
-		tcp_addr_format((struct sockaddr *)&d->peer, addr, sizeof(addr));
+		netaddr_format((struct sockaddr *)&d->peer, addr, sizeof(addr));
 	log_limited(FERRY__LOG_WARN, "ctl: engine %s: a caller at %s %s: hung up", st->e->name,
 		    addr, why);
 	if (same_peer(d))

@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl.h - the control channel's parts that tcp.c and the
+ * control/ctl.h - the control channel's parts that tcp.c and the
  * channel's own files share (private).
  *
  * Owns: the channel's ops table (the engine finds it in engine/registry.c)

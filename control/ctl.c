@@ -1,10 +1,10 @@
 /*
- * backends/tcp/ctl.c - the control channel between engines, on ZeroMQ.
+ * control/ctl.c - the control channel between engines, on ZeroMQ.
  *
  * Owns: the control endpoint (a ROUTER socket bound at params.control), the
  * sessions with peers (ours: a DEALER per peer we call with
  * ferry_peer_connect; theirs: a routing id at our ROUTER), their
- * authenticated handshake (tcp_auth.h's HMAC over fresh nonces, roles
+ * authenticated handshake (security.h's HMAC over fresh nonces, roles
  * "ferry-ctl-caller" / "ferry-ctl-callee"), the exchange of data addresses,
  * heartbeats and the dead-peer verdict, receiving and checking every
  * message, and the public calls. The requests that ride a READY session (a
@@ -51,8 +51,8 @@
 
 #include "ctl.h"
 #include "ctl_wire.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 
 #ifdef FERRY_HAVE_ZMQ
 #include <zmq.h>
@@ -411,7 +411,7 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 	struct ferry_engine *e = st->e;
 	struct sockaddr_storage ss;
 	socklen_t sl;
-	char text[TCP_ADDR_MAX] = "";
+	char text[NETADDR_MAX] = "";
 	int rc;
 
 	if (!s->peer && (rc = ferry_peer_open(e, s->peer_name, &s->peer))) {
@@ -419,7 +419,7 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 		return;
 	}
 	if (data_addr[0]) {
-		if (tcp_addr_parse(data_addr, true, &ss, &sl)) {
+		if (netaddr_parse(data_addr, true, &ss, &sl)) {
 			log_warn("ctl: engine %s: %s published a malformed data address", e->name,
 				 s->peer_name);
 		} else {
@@ -430,17 +430,17 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 						     &((struct sockaddr_in6 *)&ss)->sin6_addr);
 
 			if (any && s->seen_host[0]) {
-				char ep[TCP_ADDR_MAX];
+				char ep[NETADDR_MAX];
 				unsigned port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
 
 				snprintf(ep, sizeof(ep), strchr(s->seen_host, ':') ? "tcp://[%s]:%u"
 										 : "tcp://%s:%u",
 					 s->seen_host, port);
-				if (tcp_addr_parse(ep, true, &ss, &sl))
+				if (netaddr_parse(ep, true, &ss, &sl))
 					ss.ss_family = AF_UNSPEC;
 			}
 			if (ss.ss_family != AF_UNSPEC)
-				tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
+				netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
 		}
 	}
 	if (text[0]) {
@@ -482,7 +482,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 {
 	struct ferry_engine *e = st->e;
 	struct ctl_hello h;
-	char ep[TCP_ADDR_MAX + 2];
+	char ep[NETADDR_MAX + 2];
 	int rc;
 
 	zmq_endpoint(s->endpoint, ep, sizeof(ep));
@@ -494,7 +494,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 			  zmq_strerror(errno));
 		goto fail;
 	}
-	if ((rc = tcp_nonce(s->nonce_me, sizeof(s->nonce_me))))
+	if ((rc = sec_nonce(s->nonce_me, sizeof(s->nonce_me))))
 		goto fail;
 	memset(&h, 0, sizeof(h));
 	h.caps = htole32(CTL_CAPS);
@@ -534,18 +534,21 @@ static bool name_ok(const char *s, size_t cap)
 	return true;
 }
 
-static bool peer_addr_loopback(const char *text)
+/* ZeroMQ's Peer-Address text (a numeric IPv4 or IPv6 address) as a socket address. */
+static bool peer_sockaddr(const char *text, struct sockaddr_storage *ss)
 {
-	struct sockaddr_in in = { .sin_family = AF_INET };
-	struct sockaddr_in6 in6 = { .sin6_family = AF_INET6 };
+	struct sockaddr_in *in = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
 
+	memset(ss, 0, sizeof(*ss));
 	if (!text)
 		return false;
-	if (inet_pton(AF_INET, text, &in.sin_addr) == 1)
-		return tcp_addr_is_loopback((struct sockaddr *)&in);
-	if (inet_pton(AF_INET6, text, &in6.sin6_addr) == 1)
-		return tcp_addr_is_loopback((struct sockaddr *)&in6);
-	return false;
+	in->sin_family = AF_INET;
+	if (inet_pton(AF_INET, text, &in->sin_addr) == 1)
+		return true;
+	memset(ss, 0, sizeof(*ss));
+	in6->sin6_family = AF_INET6;
+	return inet_pton(AF_INET6, text, &in6->sin6_addr) == 1;
 }
 
 /* A message of a READY session. */
@@ -618,6 +621,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 {
 	struct ferry_engine *e = st->e;
 	struct ctl_session tmp, *s;
+	struct sockaddr_storage pss;
 	struct ctl_hello h;
 	struct ctl_proof p;
 
@@ -633,7 +637,8 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 			 peer_addr ? peer_addr : "?");
 		return;
 	}
-	if (!st->secret.set && !peer_addr_loopback(peer_addr)) {
+	if (!sec_peer_allowed(&st->secret, peer_sockaddr(peer_addr, &pss) ? (struct sockaddr *)&pss
+									   : NULL)) {
 		log_warn("ctl: engine %s: refusing %s from %s: no cluster secret is set, so only "
 			 "loopback peers are served", e->name, h.caller, peer_addr ? peer_addr : "?");
 		return;
@@ -662,7 +667,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	snprintf(s->seen_host, sizeof(s->seen_host), "%s", peer_addr ? peer_addr : "");
 	memcpy(s->nonce_peer, h.nonce, sizeof(h.nonce));
 	s->peer_caps = le32toh(h.caps);
-	if (tcp_nonce(s->nonce_me, sizeof(s->nonce_me))) {
+	if (sec_nonce(s->nonce_me, sizeof(s->nonce_me))) {
 		session_free(st, s);
 		return;
 	}
@@ -670,7 +675,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	p.caps = htole32(CTL_CAPS);
 	snprintf(p.name, sizeof(p.name), "%s", e->name);
 	memcpy(p.nonce, s->nonce_me, sizeof(p.nonce));
-	tcp_proof(&st->secret, ROLE_CALLEE, s->nonce_peer, s->nonce_me, s->peer_name, e->name,
+	sec_proof(&st->secret, ROLE_CALLEE, s->nonce_peer, s->nonce_me, s->peer_name, e->name,
 		  e->ns, 0, 0, p.mac);
 	s->state = CS_WAIT_AUTH;
 	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
@@ -730,12 +735,12 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 	{
 		struct ctl_auth a;
 		struct ctl_ok ok;
-		uint8_t want[TCP_MAC_BYTES];
+		uint8_t want[SEC_MAC_BYTES];
 
 		memcpy(&a, body, sizeof(a));
-		tcp_proof(&st->secret, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
+		sec_proof(&st->secret, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
 			  e->name, e->ns, 0, 0, want);
-		if (!tcp_proof_equal(want, a.mac)) {
+		if (!sec_proof_equal(want, a.mac)) {
 			STAT_ADD(e->stats.peers_refused, 1);
 			CTL_REFUSE(st, "ctl: engine %s: %s (%s) failed to prove the cluster secret: "
 				 "refused", e->name, s->peer_name, peer_addr ? peer_addr : "?");
@@ -792,14 +797,14 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 	if (s->state == CS_WAIT_PROOF && h.type == CTL_PROOF && h.len == sizeof(struct ctl_proof)) {
 		struct ctl_proof p;
 		struct ctl_auth a;
-		uint8_t want[TCP_MAC_BYTES];
+		uint8_t want[SEC_MAC_BYTES];
 
 		memcpy(&p, body, sizeof(p));
 		memcpy(s->nonce_peer, p.nonce, sizeof(p.nonce));
-		tcp_proof(&st->secret, ROLE_CALLEE, s->nonce_me, s->nonce_peer, e->name,
+		sec_proof(&st->secret, ROLE_CALLEE, s->nonce_me, s->nonce_peer, e->name,
 			  s->peer_name, e->ns, 0, 0, want);
 		if (strnlen(p.name, sizeof(p.name)) >= sizeof(p.name) ||
-		    strcmp(p.name, s->peer_name) || !tcp_proof_equal(want, p.mac)) {
+		    strcmp(p.name, s->peer_name) || !sec_proof_equal(want, p.mac)) {
 			CTL_REFUSE(st, "ctl: engine %s: the engine at %s failed to prove it is %s "
 				   "holding the cluster secret: hung up", e->name, s->endpoint,
 				   s->peer_name);
@@ -811,7 +816,7 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 		}
 		s->peer_caps = le32toh(p.caps);
 		memset(&a, 0, sizeof(a));
-		tcp_proof(&st->secret, ROLE_CALLER, s->nonce_me, s->nonce_peer, e->name,
+		sec_proof(&st->secret, ROLE_CALLER, s->nonce_me, s->nonce_peer, e->name,
 			  s->peer_name, e->ns, 0, 0, a.mac);
 		my_data_addr(st, a.data_addr);
 		s->state = CS_WAIT_OK;
@@ -1211,7 +1216,7 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	const struct ferry_engine_params *p = e->create_params;
 	struct ctl_state *st = calloc(1, sizeof(*st));
 	const char *control = NULL;
-	char ep[TCP_ADDR_MAX + 2];
+	char ep[NETADDR_MAX + 2];
 	size_t len = sizeof(st->bound);
 	int rc;
 
@@ -1226,9 +1231,9 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
 		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
 		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
-		rc = tcp_secret_load(&st->secret, p->secret, p->secret_file);
+		rc = sec_secret_load(&st->secret, p->secret, p->secret_file);
 	} else {
-		rc = tcp_secret_load(&st->secret, NULL, NULL);
+		rc = sec_secret_load(&st->secret, NULL, NULL);
 	}
 	if (rc)
 		goto fail;
@@ -1240,9 +1245,9 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 		control = p->control;
 	if (!control)
 		return 0;
-	if (strnlen(control, TCP_ADDR_MAX) >= TCP_ADDR_MAX) {
+	if (strnlen(control, NETADDR_MAX) >= NETADDR_MAX) {
 		log_error("ferry_engine_create: control endpoint longer than %d bytes",
-			  TCP_ADDR_MAX - 1);
+			  NETADDR_MAX - 1);
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -1250,18 +1255,16 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 		struct sockaddr_storage ss;
 		socklen_t sl;
 
-		if ((rc = tcp_addr_parse(control, true, &ss, &sl)))
+		if ((rc = netaddr_parse(control, true, &ss, &sl)))
 			goto fail;
-		if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+		if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
 			log_error("ferry_engine_create: control endpoint %s is not a loopback "
 				  "address and engine %s has no cluster secret", control, e->name);
 			rc = -EACCES;
 			goto fail;
 		}
 	}
-	if (!st->secret.set)
-		log_warn("ctl: engine %s has no cluster secret: peers prove nothing (loopback only)",
-			 e->name);
+	sec_note_no_secret(&st->secret, e->name);
 	zmq_endpoint(control, ep, sizeof(ep));
 	if ((rc = ctl_sock_open(st, &st->router, ZMQ_ROUTER, ep)))
 		goto fail;
@@ -1374,7 +1377,7 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 {
 	struct sockaddr_storage ss;
 	struct ctl_state *st;
-	char text[TCP_ADDR_MAX];
+	char text[NETADDR_MAX];
 	socklen_t len;
 	int rc;
 
@@ -1382,28 +1385,26 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 		log_error("ferry_peer_connect: NULL %s", p ? "endpoint" : "peer");
 		return -EINVAL;
 	}
-	rc = tcp_addr_parse_peer("ferry_peer_connect", control_endpoint, &ss, &len);
+	rc = netaddr_parse_peer("ferry_peer_connect", control_endpoint, &ss, &len);
 	if (rc)
 		return rc;
 	st = ctl_state_of(p->engine);
 	if (!st)
 		return -EOPNOTSUPP;
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
 		log_error("ferry_peer_connect: %s for %s is not a loopback address and engine %s "
 			  "has no cluster secret", control_endpoint, p->name, p->engine->name);
 		return -EACCES;
 	}
-	if (!st->secret.set)
-		log_warn("ctl: engine %s has no cluster secret: peers prove nothing (loopback only)",
-			 p->engine->name);
-	tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
+	sec_note_no_secret(&st->secret, p->engine->name);
+	netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
 	pthread_mutex_lock(&st->lock);
 	if (st->nconnects == CTL_MAX_SESSIONS) {
 		pthread_mutex_unlock(&st->lock);
 		return -ENOMEM;
 	}
 	st->connects[st->nconnects].peer = p;
-	snprintf(st->connects[st->nconnects].endpoint, TCP_ADDR_MAX, "%s", text);
+	snprintf(st->connects[st->nconnects].endpoint, NETADDR_MAX, "%s", text);
 	st->nconnects++;
 	atomic_store_explicit(&st->connects_pending, 1, memory_order_release);
 	pthread_mutex_unlock(&st->lock);

@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_req.c - the requests that ride a control channel session.
+ * control/ctl_req.c - the requests that ride a control channel session.
  *
  * Owns: our requests (a table of 1024 waiting for their answers: PEER_HEALTH,
  * LOOKUP, REMOTE_CANCEL, and the FETCH of a LOOKUP GET), the peer's requests

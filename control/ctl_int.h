@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_int.h - the control channel's own types (private to
+ * control/ctl_int.h - the control channel's own types (private to
  * ctl.c and ctl_req.c; built with libzmq only).
  *
  * Owns: the state of one engine's control channel (sockets, sessions, the
@@ -18,8 +18,8 @@
 
 #include "ctl.h"
 #include "ctl_wire.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 
 #define CTL_MAX_SESSIONS 64
 #define CTL_MAX_REQS 1024
@@ -64,9 +64,9 @@ struct ctl_session {
 	uint32_t id_len;
 	char peer_name[FERRY_NAME_MAX];
 	struct ferry_peer *peer;
-	char endpoint[TCP_ADDR_MAX]; /* caller: the control endpoint we call */
+	char endpoint[NETADDR_MAX]; /* caller: the control endpoint we call */
 	char seen_host[INET6_ADDRSTRLEN]; /* where the peer was seen (a wildcard data address) */
-	uint8_t nonce_me[TCP_NONCE_BYTES], nonce_peer[TCP_NONCE_BYTES];
+	uint8_t nonce_me[SEC_NONCE_BYTES], nonce_peer[SEC_NONCE_BYTES];
 	uint32_t peer_caps;
 	uint64_t hs_deadline, last_rx, last_ping, retry_at;
 	int fd;                 /* callee: the connection its HELLO came on (ZMQ_SRCFD), or -1 */
@@ -107,7 +107,7 @@ struct ctl_req {
 
 struct ctl_connect {
 	struct ferry_peer *peer;
-	char endpoint[TCP_ADDR_MAX];
+	char endpoint[NETADDR_MAX];
 };
 
 struct ctl_state {
@@ -115,8 +115,8 @@ struct ctl_state {
 	struct backend *b;
 	void *zctx;
 	struct ctl_sock router;
-	char bound[TCP_ADDR_MAX];
-	struct tcp_secret secret;
+	char bound[NETADDR_MAX];
+	struct sec_secret secret;
 	uint64_t heartbeat_ns, peer_timeout_ns;
 	bool any_dirty;
 	bool need_arm;         /* a socket may want its poll armed again */
