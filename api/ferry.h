@@ -416,7 +416,11 @@ enum ferry_op {
 	FERRY_OP__MAX
 };
 
-/* SQE flags. */
+/*
+ * SQE flags. Each op takes only those its comment names (and
+ * FERRY_SQE_CB_REACTOR, which any op takes): an op with any other flag
+ * completes with -EINVAL (a PUT of a pool buffer frees the buffer).
+ */
 #define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
 #define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */

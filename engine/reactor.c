@@ -740,6 +740,52 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 }
 
 /* Take one SQE. Returns false when it could not be taken (no free op). */
+static void do_nop(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	(void)sqe;
+	STAT_ADD(e->stats.nops, 1);
+	op_complete(e, op, 0, 0, NULL);
+}
+
+static void do_cancel_sqe(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	do_cancel(e, op, sqe->cancel_user_data);
+}
+
+/* PEER_HEALTH, LOOKUP, REMOTE_CANCEL: the directory service's (directory.h). */
+static void directory_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	if (e->dir)
+		e->dir->do_op(e, e->dir_svc, op, sqe);
+	else
+		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
+}
+
+/*
+ * Every op: its name (for the logs), the FERRY_SQE_* flags it takes
+ * besides FERRY_SQE_CB_REACTOR (any other is -EINVAL, as ferry.h says),
+ * and what issues it. Its ending, where it has one of its own, is the
+ * stream layer's (op_complete calls stream_op_ending for stream ops).
+ */
+static const struct op_def {
+	const char *name;
+	uint32_t flags;
+	void (*issue)(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+} op_defs[FERRY_OP__MAX] = {
+	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
+	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH, do_put },
+	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP, do_get },
+	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
+	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT", FERRY_SQE_STREAM_END, stream_do_put },
+	[FERRY_OP_STREAM_GET] = { "STREAM_GET", FERRY_SQE_STREAM_WHOLE, stream_do_get },
+	[FERRY_OP_STREAM_ABORT] = { "STREAM_ABORT", 0, stream_do_abort },
+	[FERRY_OP_STREAM_ACCEPT] = { "STREAM_ACCEPT", 0, stream_do_accept },
+	[FERRY_OP_CLEANUP] = { "CLEANUP", 0, ferry__do_cleanup },
+	[FERRY_OP_PEER_HEALTH] = { "PEER_HEALTH", 0, directory_do_op },
+	[FERRY_OP_LOOKUP] = { "LOOKUP", 0, directory_do_op },
+	[FERRY_OP_REMOTE_CANCEL] = { "REMOTE_CANCEL", 0, directory_do_op },
+};
+
 static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 {
 	struct ferry_cq *cq = sqe->cq ? sqe->cq : &e->default_cq;
@@ -747,7 +793,7 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 
 	STAT_ADD(e->stats.submitted, 1);
 	/* Fast path: a NOP needs no op when its CQ has room. */
-	if (sqe->opcode == FERRY_OP_NOP && !(sqe->flags & ~FERRY_SQE__ALL) && cq->engine == e &&
+	if (sqe->opcode == FERRY_OP_NOP && !sqe->flags && cq->engine == e &&
 	    !atomic_load_explicit(&cq->dead, memory_order_relaxed) &&
 	    !(sqe->flags & FERRY_SQE_CB_REACTOR) && cq_has_space(cq)) {
 		struct ferry_cqe cqe = { .user_data = sqe->user_data, .opcode = FERRY_OP_NOP };
@@ -792,55 +838,25 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		op->flags &= FERRY_SQE__ALL;
 		goto invalid;
 	}
+	if (sqe->opcode >= FERRY_OP__MAX || !op_defs[sqe->opcode].issue) {
+		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
+			  sqe->opcode);
+		goto invalid;
+	}
+	if (op->flags & ~(op_defs[sqe->opcode].flags | FERRY_SQE_CB_REACTOR)) {
+		log_error("op %llx: %s does not take the flags 0x%x", (unsigned long long)op->user_data,
+			  op_defs[sqe->opcode].name,
+			  op->flags & ~(op_defs[sqe->opcode].flags | FERRY_SQE_CB_REACTOR));
+		goto invalid;
+	}
 	if (sqe->opcode != FERRY_OP_NOP && sqe->opcode != FERRY_OP_CANCEL)
 		op->peer = sqe->peer && sqe->peer->engine == e ? sqe->peer : NULL;
 	if (op->flags & FERRY_SQE_CB_REACTOR) {
 		op->flags |= OP_F_REACTOR_CB; /* no stand-in round while it is pending */
 		e->reactor_cb_ops++;
 	}
-
-	switch (sqe->opcode) {
-	case FERRY_OP_NOP:
-		STAT_ADD(e->stats.nops, 1);
-		op_complete(e, op, 0, 0, NULL);
-		return true;
-	case FERRY_OP_PUT:
-		do_put(e, op, sqe);
-		return true;
-	case FERRY_OP_GET:
-		do_get(e, op, sqe);
-		return true;
-	case FERRY_OP_CANCEL:
-		do_cancel(e, op, sqe->cancel_user_data);
-		return true;
-	case FERRY_OP_STREAM_PUT:
-		stream_do_put(e, op, sqe);
-		return true;
-	case FERRY_OP_STREAM_GET:
-		stream_do_get(e, op, sqe);
-		return true;
-	case FERRY_OP_STREAM_ABORT:
-		stream_do_abort(e, op, sqe);
-		return true;
-	case FERRY_OP_STREAM_ACCEPT:
-		stream_do_accept(e, op, sqe);
-		return true;
-	case FERRY_OP_CLEANUP:
-		ferry__do_cleanup(e, op, sqe);
-		return true;
-	case FERRY_OP_PEER_HEALTH: /* the directory service's */
-	case FERRY_OP_LOOKUP:
-	case FERRY_OP_REMOTE_CANCEL:
-		if (e->dir)
-			e->dir->do_op(e, e->dir_svc, op, sqe);
-		else
-			op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-		return true;
-	default:
-		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
-			  sqe->opcode);
-		break;
-	}
+	op_defs[sqe->opcode].issue(e, op, sqe);
+	return true;
 invalid:
 	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) && sqe->buf &&
 	    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
