@@ -443,11 +443,9 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 				netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
 		}
 	}
-	if (text[0]) {
-		pthread_mutex_lock(&e->lock);
-		snprintf(s->peer->address, sizeof(s->peer->address), "%s", text);
-		pthread_mutex_unlock(&e->lock);
-	}
+	if (text[0] && ferry__peer_addr_set(s->peer, text)) /* its data path's address */
+		log_warn("ctl: engine %s: %s: no room for its address %s", e->name, s->peer_name,
+			 text);
 	s->state = CS_READY;
 	s->refused = false;
 	if (!s->caller)

@@ -231,7 +231,7 @@ int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_k
 
 	if (n < 0)
 		return n;
-	if (!s->peer->address[0] && !s->peer->backend) {
+	if (!s->peer->backend && !atomic_load(&s->peer->naddrs)) {
 		/* Nowhere to send it: it published no data address and has no link to us. */
 		log_warn("ctl: engine %s: %s asks for %s but listens for no data: refused",
 			 e->name, s->peer_name, key);

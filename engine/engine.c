@@ -361,6 +361,58 @@ const char *ferry_peer_name(const struct ferry_peer *p)
 	return p ? p->name : NULL;
 }
 
+/* The scheme of uri ("tcp" of "tcp://..."): its length, or 0 when it has none. */
+static size_t uri_scheme(const char *uri)
+{
+	const char *sep = uri ? strstr(uri, "://") : NULL;
+
+	return sep && sep > uri && sep - uri < 16 ? (size_t)(sep - uri) : 0;
+}
+
+int ferry__peer_addr_set(struct ferry_peer *peer, const char *uri)
+{
+	struct ferry_engine *e = peer->engine;
+	size_t n = uri_scheme(uri);
+	uint32_t i, have;
+	int rc = 0;
+
+	if (!n || strlen(uri) >= PEER_ADDR_MAX)
+		return -EINVAL;
+	pthread_mutex_lock(&e->lock);
+	have = atomic_load_explicit(&peer->naddrs, memory_order_relaxed);
+	for (i = 0; i < have; i++)
+		if (uri_scheme(peer->addrs[i].uri) == n && !memcmp(peer->addrs[i].uri, uri, n))
+			break;
+	if (i == PEER_MAX_ADDRS)
+		rc = -ENOSPC;
+	else
+		snprintf(peer->addrs[i].uri, sizeof(peer->addrs[i].uri), "%s", uri);
+	if (!rc && i == have)
+		atomic_store_explicit(&peer->naddrs, have + 1, memory_order_release);
+	pthread_mutex_unlock(&e->lock);
+	return rc;
+}
+
+bool ferry__peer_addr_get(struct ferry_peer *peer, const char *scheme, char *out, size_t len)
+{
+	struct ferry_engine *e = peer->engine;
+	size_t n = strlen(scheme);
+	bool found = false;
+
+	if (!atomic_load_explicit(&peer->naddrs, memory_order_acquire))
+		return false; /* the common case: none at all */
+	pthread_mutex_lock(&e->lock);
+	for (uint32_t i = 0; i < atomic_load_explicit(&peer->naddrs, memory_order_relaxed); i++) {
+		if (uri_scheme(peer->addrs[i].uri) == n && !memcmp(peer->addrs[i].uri, scheme, n)) {
+			snprintf(out, len, "%s", peer->addrs[i].uri);
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	return found;
+}
+
 /* ------------------------------------------------------------------ */
 /* Buffers                                                             */
 /* ------------------------------------------------------------------ */
@@ -494,9 +546,12 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "\"peers\":[");
 	pthread_mutex_lock(&e->lock);
 	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		jprintf(&j, "{\"name\":\"%s\",\"transport\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
+		jprintf(&j, "{\"name\":\"%s\",\"addresses\":[", p->name);
+		for (uint32_t i = 0; i < atomic_load(&p->naddrs); i++)
+			jprintf(&j, "%s\"%s\"", i ? "," : "", p->addrs[i].uri);
+		jprintf(&j, "],\"transport\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
 			"\"bytes_in\":%llu,\"errors\":%llu}%s",
-			p->name, p->backend ? p->backend->ops->name : "none",
+			p->backend ? p->backend->ops->name : "none",
 			(unsigned long long)STAT_GET(p->stats.puts),
 			(unsigned long long)STAT_GET(p->stats.gets),
 			(unsigned long long)STAT_GET(p->stats.bytes_out),

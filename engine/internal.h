@@ -365,7 +365,15 @@ struct ferry_peer {
 	struct stream *blocked;          /* producer streams waiting for peer credit */
 	struct op *wait_head, *wait_tail; /* PUTs waiting for it to be reached (OP_F_WAIT_PEER) */
 	struct ferry_peer *next;
-	char address[128];         /* tcp endpoint set by ferry_peer_set_address ("" = none) */
+	/*
+	 * Where the peer can be reached, one entry per transport (the URI
+	 * scheme names it: "tcp://HOST:PORT"), filled by whoever learns one:
+	 * ferry_peer_set_address, the control plane's handshake, later ones.
+	 * Under e->lock (ferry__peer_addr_set / _get); naddrs is read unlocked
+	 * as a hint.
+	 */
+	struct peer_addr addrs[PEER_MAX_ADDRS];
+	_Atomic uint32_t naddrs;
 };
 
 /*

@@ -29,6 +29,22 @@ struct ferry_buf;
 struct op;
 struct backend;
 
+/* A peer's address for one transport: a URI whose scheme names the transport. */
+#define PEER_MAX_ADDRS 4
+#define PEER_ADDR_MAX 128
+struct peer_addr {
+	char uri[PEER_ADDR_MAX]; /* e.g. "tcp://10.0.0.2:4100" */
+};
+
+/*
+ * Set peer's address for the transport its scheme names (replacing the one
+ * it had there); 0, -EINVAL (no "scheme://"), -ENOSPC (PEER_MAX_ADDRS
+ * transports already). Any thread.
+ */
+int ferry__peer_addr_set(struct ferry_peer *peer, const char *uri);
+/* Copy peer's address for transport scheme into out: true, or false when it has none. */
+bool ferry__peer_addr_get(struct ferry_peer *peer, const char *scheme, char *out, size_t len);
+
 /* What a transport can do: its entry's caps (the registry and health show them). */
 enum transport_cap {
 	TRANSPORT_CAP_SAME_PROCESS = 1u << 0, /* reaches engines of this process */

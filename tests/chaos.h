@@ -1410,10 +1410,14 @@ static void ch_check_transport(struct ch_w *w)
 
 		if (p == w->me)
 			continue;
-		snprintf(pat, sizeof(pat), "{\"name\":\"%s\",\"transport\":\"", w->sh->name[p]);
+		snprintf(pat, sizeof(pat), "{\"name\":\"%s\",", w->sh->name[p]);
 		if (!(at = strstr(json, pat)))
+			continue; /* not opened yet */
+		if (!(tr = strstr(at, "\"transport\":\""))) {
+			ch_bad(w, "peer %s: no transport in the health JSON", w->sh->name[p]);
 			continue;
-		tr = at + strlen(pat);
+		}
+		tr += strlen("\"transport\":\"");
 		if (strncmp(tr, want, 3) && strncmp(tr, "none", 4))
 			ch_bad(w, "peer %s is carried by %.*s, not %s", w->sh->name[p],
 			       (int)strcspn(tr, "\""), tr, want);

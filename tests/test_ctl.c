@@ -154,7 +154,12 @@ static void test_ctl_handshake_publishes_data_address(void **state)
 	t_put(b, pa, "k1", msg, sizeof(msg), 1, 0);
 	t_expect(b, NULL, 1, 0, &c);
 	assert_int_equal(c.len, sizeof(msg));
-	assert_string_equal(pa->address, da); /* learned from a, not configured */
+	{
+		char learned[PEER_ADDR_MAX] = "";
+
+		assert_true(ferry__peer_addr_get(pa, "tcp", learned, sizeof(learned)));
+		assert_string_equal(learned, da); /* learned from a, not configured */
+	}
 
 	pb = t_peer(a, "ctlB");
 	v.iov_base = out;
@@ -696,7 +701,8 @@ static void test_ctl_wrong_secret(void **state)
 	assert_int_equal(ferry_peer_connect(pa, ca), 0);
 	t_put(c, pa, "k", x, sizeof(x), 1, 0);
 	t_expect(c, NULL, 1, -EACCES, NULL);
-	assert_string_equal(pa->address, ""); /* nothing learned */
+	assert_false(ferry__peer_addr_get(pa, "tcp", (char[PEER_ADDR_MAX]){ 0 },
+					  PEER_ADDR_MAX)); /* nothing learned */
 	health_to(c, pa, 2, 2 * SEC);
 	{
 		struct ferry_cqe e;

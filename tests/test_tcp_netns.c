@@ -524,8 +524,13 @@ static int ctl_consumer(const char *addr, void *arg)
 		return 56;
 	ferry_buf_release(c.buf);
 	/* The holder's wildcard data address became the host we called. */
-	if (strncmp(h->address, "tcp://10.", 9))
-		return 57;
+	{
+		char learned[PEER_ADDR_MAX] = "";
+
+		if (!ferry__peer_addr_get(h, "tcp", learned, sizeof(learned)) ||
+		    strncmp(learned, "tcp://10.", 9))
+			return 57;
+	}
 	ferry_engine_destroy(e);
 	return 0;
 }

@@ -2689,13 +2689,11 @@ static void tcp_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_link **out)
 {
 	struct ferry_engine *e = st->engine;
-	char address[sizeof(peer->address)];
+	char address[PEER_ADDR_MAX] = "";
 	struct tcp_link *l;
 	int rc;
 
-	pthread_mutex_lock(&e->lock);
-	memcpy(address, peer->address, sizeof(address));
-	pthread_mutex_unlock(&e->lock);
+	ferry__peer_addr_get(peer, "tcp", address, sizeof(address));
 	for (l = st->links; l; l = l->next)
 		if (link_open(l) && strcmp(l->peer_name, peer->name) == 0)
 			break;
@@ -2734,11 +2732,13 @@ static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_li
 static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
 	struct tcp_state *st = b->data;
+	char address[PEER_ADDR_MAX];
+	bool has_address = ferry__peer_addr_get(peer, "tcp", address, sizeof(address));
 	struct tcp_link *l;
 	int rc;
 
 	(void)e;
-	if (!peer->address[0] && !st->links)
+	if (!has_address && !st->links)
 		return -EHOSTUNREACH; /* the common case of engines without tcp */
 	rc = link_for(st, peer, &l);
 	if (rc) {
@@ -2747,7 +2747,7 @@ static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 		 * call that cannot start (no route) must not hand it to another
 		 * transport that finds an engine of its name (shm, loop).
 		 */
-		return peer->address[0] ? -ENETUNREACH : rc;
+		return has_address ? -ENETUNREACH : rc;
 	}
 	l->refs++;
 	peer->transport = l;
@@ -3073,8 +3073,5 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 	}
 	sec_note_no_secret(&st->secret, p->engine->name);
 	netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
-	pthread_mutex_lock(&p->engine->lock);
-	snprintf(p->address, sizeof(p->address), "%s", text);
-	pthread_mutex_unlock(&p->engine->lock);
-	return 0;
+	return ferry__peer_addr_set(p, text);
 }
