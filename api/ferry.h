@@ -39,9 +39,46 @@ extern "C" {
 #define FERRY_API
 #endif
 
+/*
+ * The ferry_prep_* and ferry_sqe_set_* helpers are static inline for C; the
+ * library also exports each of them, out of line and under the same name
+ * (built from these same bodies, engine/prep.c), for a foreign-function
+ * interface (cffi, ctypes) that cannot call an inline function.
+ */
+#ifdef FERRY_INLINE_EXPORT
+#define FERRY_INLINE FERRY_API
+#else
+#define FERRY_INLINE static inline
+#endif
+
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 1
 #define FERRY_VERSION_PATCH 0
+/* A version as one number: major * 10000 + minor * 100 + patch. */
+#define FERRY_VERSION_NUMBER                                                           \
+	(FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
+
+/*
+ * The version of the library running (FERRY_VERSION_NUMBER's form): a
+ * program built against one header may run with a newer library. Any
+ * thread.
+ */
+FERRY_API int ferry_version(void);
+
+/* What this build of the library can do (ferry_features, bits). */
+#define FERRY_FEATURE_SHM (1u << 0)     /* engines of one host, over shared memory */
+#define FERRY_FEATURE_TCP (1u << 1)     /* engines on other hosts, over tcp */
+#define FERRY_FEATURE_CONTROL (1u << 2) /* the control channel (libzmq): ferry_peer_connect, LOOKUP, ... */
+#define FERRY_FEATURE_YAML (1u << 3)    /* stage files (libyaml): ferry_stage_open */
+#define FERRY_FEATURE_RDMA (1u << 4)    /* the rdma transport (libibverbs, librdmacm) */
+#define FERRY_FEATURE_CUDA (1u << 5)    /* CUDA device memory */
+
+/*
+ * The FERRY_FEATURE_* bits of this build. A feature without its bit is
+ * refused where it is asked for, with the errno its functions document.
+ * Any thread.
+ */
+FERRY_API uint32_t ferry_features(void);
 
 /* Limits of names carried in SQEs. Longer names are refused (-ENAMETOOLONG). */
 #define FERRY_NAME_MAX 64 /* engine and peer names, namespaces, incl. NUL */
@@ -517,7 +554,7 @@ static inline void ferry__sqe_key(struct ferry_sqe *sqe, const char *key)
 }
 
 /* A NOP: completes with res 0. */
-static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
+FERRY_INLINE void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_NOP, user_data);
 }
@@ -545,7 +582,7 @@ static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
  * (any iovec fits, also one of total length 0; a longer payload into one of
  * length 0 is -EMSGSIZE, the key stays).
  */
-static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 				  const char *key, const struct iovec *iov,
 				  unsigned iovcnt, uint64_t user_data)
 {
@@ -560,7 +597,7 @@ static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
  * PUT of a pool buffer: zero copy; ownership of buf moves to ferry at
  * submission (do not touch or release it afterwards, whatever the result).
  */
-static inline void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 				      const char *key, struct ferry_buf *buf,
 				      uint64_t user_data)
 {
@@ -581,7 +618,7 @@ static inline void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *
  * FERRY_SQE_NOWAIT completes at once with -EAGAIN. Several GETs waiting on
  * one key are served in the order they were taken.
  */
-static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 				  const char *key, const struct iovec *iov,
 				  unsigned iovcnt, uint64_t user_data)
 {
@@ -598,7 +635,7 @@ static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from
  * 0, or -ENOENT if no such op is pending (already completed, or unknown),
  * or -EALREADY if it completed and only waits for room in its CQ.
  */
-static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
+FERRY_INLINE void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
 				     uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_CANCEL, user_data);
@@ -616,7 +653,7 @@ static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
  * the number of keys and GETs dropped (0 when there were none); -EINVAL
  * for an empty request_id, -ENAMETOOLONG for one of FERRY_KEY_MAX or more.
  */
-static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *from,
 				      const char *request_id, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_CLEANUP, user_data);
@@ -658,7 +695,7 @@ static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *
  * ready control session to the peer, -ECONNRESET if the peer died
  * meanwhile, -ETIMEDOUT at the op's deadline.
  */
-static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_peer *peer,
+FERRY_INLINE void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_peer *peer,
 					  uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_PEER_HEALTH, user_data);
@@ -684,7 +721,7 @@ static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pe
  * requests wait for answers; -ENOMEM when the pool has no room for the
  * text; -ETIMEDOUT at the op's deadline.
  */
-static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
+FERRY_INLINE void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_LOOKUP, user_data);
@@ -700,7 +737,7 @@ static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *p
  * FERRY_OP_CLEANUP does locally. Completes with res = the number of
  * things dropped there; the errors of ferry_prep_peer_health.
  */
-static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_peer *peer,
+FERRY_INLINE void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_peer *peer,
 					    const char *request_id, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_REMOTE_CANCEL, user_data);
@@ -758,7 +795,7 @@ static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_
  * stream goes on (the consumer waits for that chunk until its gap
  * deadline).
  */
-static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *stream, const struct iovec *iov,
 					 unsigned iovcnt, uint64_t user_data)
 {
@@ -770,7 +807,7 @@ static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_pee
 }
 
 /* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */
-static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 					     const char *stream, struct ferry_buf *buf,
 					     uint64_t user_data)
 {
@@ -796,7 +833,7 @@ static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry
  * a stream it takes each chunk as it arrives: a plain GET of a chunk key is
  * for streams nobody reads with a STREAM_GET.
  */
-static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 					 const char *stream, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_STREAM_GET, user_data);
@@ -814,7 +851,7 @@ static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_pee
  * fully released long ago, which then poisons that key: keys are per
  * request.
  */
-static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
 					   const char *stream, const char *reason,
 					   uint64_t user_data)
 {
@@ -831,20 +868,20 @@ static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_p
  * stream key as text (NUL-terminated, len bytes without the NUL); release
  * it. The op lasts until cancelled (-ECANCELED) or the engine goes.
  */
-static inline void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
 					    uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_STREAM_ACCEPT, user_data);
 	sqe->peer = from;
 }
 
-static inline void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
+FERRY_INLINE void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
 {
 	sqe->flags |= flags;
 }
 
 /* Relative deadline: the op completes with -ETIMEDOUT if not done by then. */
-static inline void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_ns)
+FERRY_INLINE void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_ns)
 {
 	sqe->timeout_ns = timeout_ns;
 }
@@ -854,7 +891,7 @@ static inline void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout
  * ferry_cq_poll/wait; it runs inside poll/wait of the target CQ, on the
  * polling thread (or on the reactor with FERRY_SQE_CB_REACTOR).
  */
-static inline void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_cb *cb,
+FERRY_INLINE void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_cb *cb,
 					  void *arg)
 {
 	sqe->cb = cb;
@@ -862,7 +899,7 @@ static inline void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_
 }
 
 /* Post the completion to cq instead of the engine's default CQ. */
-static inline void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
+FERRY_INLINE void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
 {
 	sqe->cq = cq;
 }

@@ -5,13 +5,15 @@
 #                internal names, pool_alloc or ferry__op_complete, are local:
 #                a static consumer can not clash with them);
 #   libferry.so  it exports exactly the functions api/ferry.h declares with
-#                FERRY_API, each under the version node FERRY_0.
+#                FERRY_API (and the FERRY_INLINE helpers, out of line), each
+#                under the version node FERRY_0.
 set -uo pipefail
 a=$1 so=$2 header=$3
 rc=0
-# The first identifier followed by '(' on each FERRY_API line is the function.
-want=$(grep -E '^FERRY_API ' "$header" |
-	sed -E 's/^FERRY_API [^(]*[ *]([a-z_0-9]+)\(.*/\1/' | sort -u)
+# The first identifier followed by '(' on each FERRY_API line is the function;
+# FERRY_INLINE ones (the SQE helpers) are exported out of line too.
+want=$(grep -E '^FERRY_(API|INLINE) ' "$header" |
+	sed -E 's/^FERRY_(API|INLINE) [^(]*[ *]([a-z_0-9]+)\(.*/\2/' | sort -u)
 nwant=$(printf '%s\n' "$want" | grep -c .)
 if ((nwant < 20)); then
 	echo "symbols_check: found only $nwant FERRY_API functions in $header" >&2
