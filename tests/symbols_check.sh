@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/symbols_check.sh LIBFERRY.a LIBFERRY.so FERRY.h - what the installed
+# tests/symbols_check.sh LIBFERRY.a LIBFERRY.so HEADER... - what the installed
 # libraries show a program linked to them:
 #   libferry.a   every global symbol it defines is ferry_ and public (the
 #                internal names, pool_alloc or ferry__op_complete, are local:
@@ -8,11 +8,13 @@
 #                FERRY_API (and the FERRY_INLINE helpers, out of line), each
 #                under the version node FERRY_0.
 set -uo pipefail
-a=$1 so=$2 header=$3
+a=$1 so=$2
+shift 2
+header="$*"
 rc=0
 # The first identifier followed by '(' on each FERRY_API line is the function;
 # FERRY_INLINE ones (the SQE helpers) are exported out of line too.
-want=$(grep -E '^FERRY_(API|INLINE) ' "$header" |
+want=$(cat "$@" | grep -E '^FERRY_(API|INLINE) ' |
 	sed -E 's/^FERRY_(API|INLINE) [^(]*[ *]([a-z_0-9]+)\(.*/\2/' | sort -u)
 nwant=$(printf '%s\n' "$want" | grep -c .)
 if ((nwant < 20)); then
