@@ -174,6 +174,10 @@ struct ferry_engine_params {
 				    * listen NULL, the data path listens on HOST, port 0, and
 				    * the control channel publishes its address: one address
 				    * per engine, no port arithmetic. */
+	/* Added with the bounds on handshakes (size-versioned). */
+	uint32_t handshake_ms;     /* tcp and control: a handshake not done in this long is
+				    * dropped, at both ends, and a caller that has proved
+				    * nothing by then is hung up on (0 = 3000) */
 };
 
 /* Do not fault the pool in at creation (tests with huge pools only). */

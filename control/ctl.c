@@ -176,7 +176,7 @@ int ctl_sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char
 		 * libzmq's own greeting bounded too (its default: 30 s): a second
 		 * after ctl_gate.c's bound, which hangs up (and counts) first.
 		 */
-		int ivl = (int)(CTL_HANDSHAKE_NS / 1000000) + 1000;
+		int ivl = (int)(st->e->handshake_ns / 1000000) + 1000;
 
 		zmq_setsockopt(s->z, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
 		zmq_setsockopt(s->z, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl));
@@ -501,7 +501,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 	snprintf(h.callee, sizeof(h.callee), "%s", s->peer_name);
 	memcpy(h.nonce, s->nonce_me, sizeof(h.nonce));
 	s->state = CS_WAIT_PROOF;
-	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
+	s->hs_deadline = reactor_now(e) + e->handshake_ns;
 	if ((rc = ctl_send_msg(st, s, CTL_HELLO, 0, &h, sizeof(h), NULL, 0)))
 		goto fail;
 	return;
@@ -676,7 +676,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	sec_proof(&st->secret, ROLE_CALLEE, s->nonce_peer, s->nonce_me, s->peer_name, e->name,
 		  e->ns, 0, 0, p.mac);
 	s->state = CS_WAIT_AUTH;
-	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
+	s->hs_deadline = reactor_now(e) + e->handshake_ns;
 	if (ctl_send_msg(st, s, CTL_PROOF, 0, &p, sizeof(p), NULL, 0))
 		session_free(st, s);
 }
@@ -989,7 +989,7 @@ static int check_time(struct ctl_state *st)
 				log_limited(FERRY__LOG_WARN, "ctl: engine %s: %s (%s) did not prove the "
 					    "cluster secret within %llu ms: hung up", st->e->name,
 					    s->peer_name, s->seen_host[0] ? s->seen_host : "?",
-					    (unsigned long long)(CTL_HANDSHAKE_NS / 1000000));
+					    (unsigned long long)(st->e->handshake_ns / 1000000));
 				session_dead(st, s, -EHOSTUNREACH, NULL);
 				n++;
 			} else if (now >= s->hs_deadline) {

@@ -8,7 +8,7 @@
  * CLOSED end it), which of them carry a session that proved the cluster
  * secret (ctl.c tells, from the fd a message came on, ZMQ_SRCFD), and hanging
  * up on the others: a connection that has not proved the secret within
- * CTL_HANDSHAKE_NS (as the data port's TCP_HANDSHAKE_MS), and the oldest of
+ * params.handshake_ms (as the data port), and the oldest of
  * them when CTL_GATE_PREAUTH_MAX wait at once. libzmq's own ZMTP greeting is
  * bounded too (ZMQ_HANDSHAKE_IVL, set in ctl.c a second after this bound, so
  * that the gate acts, and counts, first), but a connection
@@ -267,11 +267,11 @@ int ctl_gate_tick(struct ctl_state *st)
 	for (uint32_t i = 0; i < CTL_GATE_MAX; i++) {
 		struct ctl_door *d = &st->gate.doors[i];
 
-		if (d->fd >= 0 && !d->proved && !d->hung && now - d->since >= CTL_HANDSHAKE_NS) {
+		if (d->fd >= 0 && !d->proved && !d->hung && now - d->since >= st->e->handshake_ns) {
 			char why[96];
 
 			snprintf(why, sizeof(why), "did not prove the cluster secret within %llu ms",
-				 (unsigned long long)(CTL_HANDSHAKE_NS / 1000000));
+				 (unsigned long long)(st->e->handshake_ns / 1000000));
 			door_hang_up(st, d, why);
 			n++;
 		}

@@ -24,7 +24,6 @@
 #define CTL_MAX_SESSIONS 64
 #define CTL_MAX_REQS 1024
 #define CTL_ID_MAX 256
-#define CTL_HANDSHAKE_NS (3000ull * 1000000ull)
 #define CTL_FETCH_MAX_NS (3600ull * 1000000000ull)
 #define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
 #define CTL_DEFAULT_HEARTBEAT_MS 1000

@@ -241,6 +241,8 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	e->max_ops = p.max_ops;
 	e->max_keys = p.max_keys;
 	e->max_bufs = p.max_bufs;
+	e->handshake_ns = (p.size > offsetof(struct ferry_engine_params, handshake_ms) &&
+			   p.handshake_ms ? p.handshake_ms : 3000) * 1000000ull;
 	e->created_ns = ferry__now_ns();
 	e->doorbell_fd = -1;
 	e->ring.ring_fd = -1;

@@ -555,6 +555,7 @@ struct ferry_engine {
 	/* The creation parameters, valid only while backends init (NULL after). */
 	const struct ferry_engine_params *create_params;
 
+	uint64_t handshake_ns;   /* params.handshake_ms (default 3 s): every transport's bound */
 	/* The directory service (directory.h), or NULL: its ops are -EOPNOTSUPP. */
 	const struct directory_ops *dir;
 	void *dir_svc;

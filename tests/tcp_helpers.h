@@ -32,6 +32,7 @@ struct mk {
 	const char *secret;  /* NULL: none */
 	size_t pool;
 	uint32_t heartbeat_ms, peer_timeout_ms;
+	uint32_t handshake_ms; /* 0: t_handshake_ms() */
 	uint32_t max_ops;
 	uint32_t max_keys;
 	uint32_t max_bufs;
@@ -51,6 +52,7 @@ static inline struct ferry_engine *mk_engine(const struct mk *m)
 	p.secret = m->secret;
 	p.heartbeat_ms = m->heartbeat_ms;
 	p.peer_timeout_ms = m->peer_timeout_ms;
+	p.handshake_ms = m->handshake_ms ? m->handshake_ms : t_handshake_ms();
 	p.max_ops = m->max_ops;
 	p.max_keys = m->max_keys;
 	p.max_bufs = m->max_bufs;

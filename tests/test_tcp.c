@@ -1178,7 +1178,8 @@ static void test_tcp_silent_flood(void **state)
 {
 	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp.c */ };
 	struct producer good = { .name = "prod", .secret = SECRET, .count = 5, .size = 100 };
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.handshake_ms = 3000 /* the bound under test, valgrind or not */ };
 	static int fds[FLOOD];
 	struct ferry_engine *e;
 	char addr[NETADDR_MAX];
@@ -1208,6 +1209,31 @@ static void test_tcp_silent_flood(void **state)
 	fprintf(stderr, "# %d silent connections hung up on within %.1f s\n", FLOOD,
 		(double)(t_now() - t0) / SEC);
 	assert_true(t_health_num(e, "\"security\":{", "handshakes_dropped") >= FLOOD);
+	ferry_engine_destroy(e);
+}
+
+/* params.handshake_ms bounds it: 500 ms, a silent caller is gone well before 3 s. */
+static void test_tcp_handshake_bound(void **state)
+{
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.handshake_ms = 500 };
+	struct ferry_engine *e;
+	char addr[NETADDR_MAX];
+	int fd[1];
+	int64_t t0;
+
+	(void)state;
+	if (t_under_valgrind())
+		skip(); /* a bound this short is for a machine at full speed */
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	t_silent_open(fd, 1, atoi(strrchr(addr, ':') + 1));
+	t0 = t_now();
+	assert_true(t_silent_all_closed(fd, 1, 10000));
+	fprintf(stderr, "# a silent caller hung up on after %.2f s (handshake_ms 500)\n",
+		(double)(t_now() - t0) / SEC);
+	assert_true(t_now() - t0 < 2500 * MS);
 	ferry_engine_destroy(e);
 }
 
@@ -1853,6 +1879,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_flood, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_handshake_bound, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_malformed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_bad_peer_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),

@@ -105,7 +105,6 @@
 #define TCP_MAX_SOCKS 1024          /* connections of one engine */
 #define TCP_PREAUTH_MAX 64          /* callers that proved nothing yet, at once */
 #define TCP_RING_ENTRIES 256
-#define TCP_HANDSHAKE_MS 3000
 #define TCP_DEFAULT_HEARTBEAT_MS 1000
 #define TCP_DEFAULT_PEER_TIMEOUT_MS 10000
 #define TCP_BACKLOG 128
@@ -526,7 +525,7 @@ static struct tcp_conn *conn_new(struct tcp_state *st, int fd, bool caller)
 	c->gen = ++st->next_gen & 0xffffffffu;
 	c->fd = fd;
 	c->caller = caller;
-	c->hs_deadline = reactor_now(st->engine) + TCP_HANDSHAKE_MS * 1000000ull;
+	c->hs_deadline = reactor_now(st->engine) + st->engine->handshake_ns;
 	for (unsigned i = 0; i < TCP_CHUNKS_PER_CONN; i++)
 		c->chunks[i].tx.kind = TX_CHUNK;
 	st->conns[slot] = c;
@@ -2453,7 +2452,8 @@ static int check_time(struct tcp_state *st)
 			log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s%s%s%s did not "
 				    "finish its handshake within %u ms: hung up", st->engine->name,
 				    addr, c->peer_name[0] ? " (\"" : "", c->peer_name,
-				    c->peer_name[0] ? "\")" : "", TCP_HANDSHAKE_MS);
+				    c->peer_name[0] ? "\")" : "",
+				    (unsigned)(st->engine->handshake_ns / 1000000));
 			conn_kill(st, c);
 		}
 		n++;
