@@ -39,9 +39,46 @@ extern "C" {
 #define FERRY_API
 #endif
 
+/*
+ * The ferry_prep_* and ferry_sqe_set_* helpers are static inline for C; the
+ * library also exports each of them, out of line and under the same name
+ * (built from these same bodies, engine/prep.c), for a foreign-function
+ * interface (cffi, ctypes) that cannot call an inline function.
+ */
+#ifdef FERRY_INLINE_EXPORT
+#define FERRY_INLINE FERRY_API
+#else
+#define FERRY_INLINE static inline
+#endif
+
 #define FERRY_VERSION_MAJOR 0
 #define FERRY_VERSION_MINOR 1
 #define FERRY_VERSION_PATCH 0
+/* A version as one number: major * 10000 + minor * 100 + patch. */
+#define FERRY_VERSION_NUMBER                                                           \
+	(FERRY_VERSION_MAJOR * 10000 + FERRY_VERSION_MINOR * 100 + FERRY_VERSION_PATCH)
+
+/*
+ * The version of the library running (FERRY_VERSION_NUMBER's form): a
+ * program built against one header may run with a newer library. Any
+ * thread.
+ */
+FERRY_API int ferry_version(void);
+
+/* What this build of the library can do (ferry_features, bits). */
+#define FERRY_FEATURE_SHM (1u << 0)     /* engines of one host, over shared memory */
+#define FERRY_FEATURE_TCP (1u << 1)     /* engines on other hosts, over tcp */
+#define FERRY_FEATURE_CONTROL (1u << 2) /* the control channel (libzmq): ferry_peer_connect, LOOKUP, ... */
+#define FERRY_FEATURE_YAML (1u << 3)    /* stage files (libyaml): ferry_stage_open */
+#define FERRY_FEATURE_RDMA (1u << 4)    /* the rdma transport (libibverbs, librdmacm) */
+#define FERRY_FEATURE_CUDA (1u << 5)    /* CUDA device memory */
+
+/*
+ * The FERRY_FEATURE_* bits of this build. A feature without its bit is
+ * refused where it is asked for, with the errno its functions document.
+ * Any thread.
+ */
+FERRY_API uint32_t ferry_features(void);
 
 /* Limits of names carried in SQEs. Longer names are refused (-ENAMETOOLONG). */
 #define FERRY_NAME_MAX 64 /* engine and peer names, namespaces, incl. NUL */
@@ -137,6 +174,10 @@ struct ferry_engine_params {
 				    * listen NULL, the data path listens on HOST, port 0, and
 				    * the control channel publishes its address: one address
 				    * per engine, no port arithmetic. */
+	/* Added with the bounds on handshakes (size-versioned). */
+	uint32_t handshake_ms;     /* tcp and control: a handshake not done in this long is
+				    * dropped, at both ends, and a caller that has proved
+				    * nothing by then is hung up on (0 = 3000) */
 };
 
 /* Do not fault the pool in at creation (tests with huge pools only). */
@@ -416,7 +457,11 @@ enum ferry_op {
 	FERRY_OP__MAX
 };
 
-/* SQE flags. */
+/*
+ * SQE flags. Each op takes only those its comment names (and
+ * FERRY_SQE_CB_REACTOR, which any op takes): an op with any other flag
+ * completes with -EINVAL (a PUT of a pool buffer frees the buffer).
+ */
 #define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
 #define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
@@ -513,7 +558,7 @@ static inline void ferry__sqe_key(struct ferry_sqe *sqe, const char *key)
 }
 
 /* A NOP: completes with res 0. */
-static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
+FERRY_INLINE void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_NOP, user_data);
 }
@@ -541,7 +586,7 @@ static inline void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
  * (any iovec fits, also one of total length 0; a longer payload into one of
  * length 0 is -EMSGSIZE, the key stays).
  */
-static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 				  const char *key, const struct iovec *iov,
 				  unsigned iovcnt, uint64_t user_data)
 {
@@ -556,7 +601,7 @@ static inline void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
  * PUT of a pool buffer: zero copy; ownership of buf moves to ferry at
  * submission (do not touch or release it afterwards, whatever the result).
  */
-static inline void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 				      const char *key, struct ferry_buf *buf,
 				      uint64_t user_data)
 {
@@ -577,7 +622,7 @@ static inline void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *
  * FERRY_SQE_NOWAIT completes at once with -EAGAIN. Several GETs waiting on
  * one key are served in the order they were taken.
  */
-static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 				  const char *key, const struct iovec *iov,
 				  unsigned iovcnt, uint64_t user_data)
 {
@@ -594,7 +639,7 @@ static inline void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from
  * 0, or -ENOENT if no such op is pending (already completed, or unknown),
  * or -EALREADY if it completed and only waits for room in its CQ.
  */
-static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
+FERRY_INLINE void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
 				     uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_CANCEL, user_data);
@@ -612,7 +657,7 @@ static inline void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
  * the number of keys and GETs dropped (0 when there were none); -EINVAL
  * for an empty request_id, -ENAMETOOLONG for one of FERRY_KEY_MAX or more.
  */
-static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *from,
 				      const char *request_id, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_CLEANUP, user_data);
@@ -654,7 +699,7 @@ static inline void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *
  * ready control session to the peer, -ECONNRESET if the peer died
  * meanwhile, -ETIMEDOUT at the op's deadline.
  */
-static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_peer *peer,
+FERRY_INLINE void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_peer *peer,
 					  uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_PEER_HEALTH, user_data);
@@ -680,7 +725,7 @@ static inline void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pe
  * requests wait for answers; -ENOMEM when the pool has no room for the
  * text; -ETIMEDOUT at the op's deadline.
  */
-static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
+FERRY_INLINE void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_LOOKUP, user_data);
@@ -696,7 +741,7 @@ static inline void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *p
  * FERRY_OP_CLEANUP does locally. Completes with res = the number of
  * things dropped there; the errors of ferry_prep_peer_health.
  */
-static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_peer *peer,
+FERRY_INLINE void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_peer *peer,
 					    const char *request_id, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_REMOTE_CANCEL, user_data);
@@ -754,7 +799,7 @@ static inline void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_
  * stream goes on (the consumer waits for that chunk until its gap
  * deadline).
  */
-static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *stream, const struct iovec *iov,
 					 unsigned iovcnt, uint64_t user_data)
 {
@@ -766,7 +811,7 @@ static inline void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_pee
 }
 
 /* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */
-static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 					     const char *stream, struct ferry_buf *buf,
 					     uint64_t user_data)
 {
@@ -792,7 +837,7 @@ static inline void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry
  * a stream it takes each chunk as it arrives: a plain GET of a chunk key is
  * for streams nobody reads with a STREAM_GET.
  */
-static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 					 const char *stream, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_STREAM_GET, user_data);
@@ -810,7 +855,7 @@ static inline void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_pee
  * fully released long ago, which then poisons that key: keys are per
  * request.
  */
-static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
+FERRY_INLINE void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
 					   const char *stream, const char *reason,
 					   uint64_t user_data)
 {
@@ -827,20 +872,20 @@ static inline void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_p
  * stream key as text (NUL-terminated, len bytes without the NUL); release
  * it. The op lasts until cancelled (-ECANCELED) or the engine goes.
  */
-static inline void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
+FERRY_INLINE void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
 					    uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_STREAM_ACCEPT, user_data);
 	sqe->peer = from;
 }
 
-static inline void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
+FERRY_INLINE void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
 {
 	sqe->flags |= flags;
 }
 
 /* Relative deadline: the op completes with -ETIMEDOUT if not done by then. */
-static inline void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_ns)
+FERRY_INLINE void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_ns)
 {
 	sqe->timeout_ns = timeout_ns;
 }
@@ -850,7 +895,7 @@ static inline void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout
  * ferry_cq_poll/wait; it runs inside poll/wait of the target CQ, on the
  * polling thread (or on the reactor with FERRY_SQE_CB_REACTOR).
  */
-static inline void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_cb *cb,
+FERRY_INLINE void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_cb *cb,
 					  void *arg)
 {
 	sqe->cb = cb;
@@ -858,143 +903,10 @@ static inline void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_
 }
 
 /* Post the completion to cq instead of the engine's default CQ. */
-static inline void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
+FERRY_INLINE void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
 {
 	sqe->cq = cq;
 }
-
-/* ------------------------------------------------------------------ */
-/* Stages: a pipeline stage opened from the stage YAML                 */
-/* ------------------------------------------------------------------ */
-
-/*
- * The OmniConnector-style surface. A stage YAML (vLLM-Omni's, either
- * schema) describes stages and the edges between them; ferry_stage_open
- * makes the engine of one rank of one stage and wires its edges: a peer per
- * edge, the transport the edge's connector maps to, the role (the `from`
- * stage sends, the `to` stage receives). Engine names are
- * "stage<id>.rank<r>"; keys are stored as "{key}@{from engine}_{to engine}".
- * put/get are synchronous calls in upstream's shape (put reports the size
- * and an opaque metadata blob, get works with or without it); under them
- * are ordinary PUT and GET ops, so the engine (ferry_stage_engine) can be
- * used with the SQ/CQ API at the same time. docs/api.md has a walk-through.
- */
-struct ferry_stage;
-
-struct ferry_stage_params {
-	size_t size;             /* sizeof(struct ferry_stage_params) */
-	const char *config_path; /* the stage YAML (required) */
-	const char *stage_id;    /* this stage, as its stage_id is written ("1") */
-	uint32_t rank;           /* this rank of the stage (< its tensor_parallel_size) */
-	const char *ns;          /* namespace; NULL = "default" */
-	enum ferry_progress_mode progress; /* THREAD (default) or MANUAL */
-	size_t pool_size;        /* 0: the largest memory_pool_size of its edges, else 64 MiB */
-	uint32_t timeout_ms;     /* bound of put and of a get without its own (0 = 30000) */
-	uint32_t flags;          /* none yet: must be 0 */
-};
-
-#define FERRY_STAGE_PARAMS_INIT { .size = sizeof(struct ferry_stage_params) }
-
-/* The metadata put hands back: opaque, fixed size, safe to copy as bytes. */
-#define FERRY_STAGE_META_SIZE 64
-struct ferry_stage_meta {
-	uint8_t opaque[FERRY_STAGE_META_SIZE];
-};
-
-/* ferry_stage_get flags. */
-#define FERRY_STAGE_NOWAIT (1u << 0) /* -EAGAIN at once when the key is not there yet */
-
-/*
- * Load the YAML, check it (any error: -EINVAL, every problem logged as
- * "file:line:column: key: what", nothing started), create the engine
- * "stage<stage_id>.rank<rank>" and wire the edges of this stage. An edge
- * whose transport this build does not have (rdma today) fails the open
- * with -EPROTONOSUPPORT and a log line naming the edge; a store-like edge
- * in a build without libzmq with -EOPNOTSUPP. Returns 0 and
- * *out, or -EINVAL (params, config, unknown stage_id or rank),
- * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), -EFBIG
- * (a file over 10 MiB), the errors of ferry_engine_create, -ENOMEM.
- */
-FERRY_API int ferry_stage_open(const struct ferry_stage_params *params,
-			       struct ferry_stage **out);
-
-/* The stage's engine (valid until ferry_stage_close), for the SQ/CQ API. */
-FERRY_API struct ferry_engine *ferry_stage_engine(struct ferry_stage *s);
-
-/*
- * The edge from -> to of this stage (it is one end of it), for streams: the
- * peer to STREAM_PUT to (a sending edge: its credits are the edge's
- * max_inflight when the file sets one) or to STREAM_GET from, and in
- * *stream_get_flags (may be NULL) the SQE flags the edge asks of a
- * STREAM_GET: FERRY_SQE_STREAM_WHOLE when the file says window_size: -1.
- * Returns 0, -EINVAL, or -ENOENT when the stage is no end of from -> to.
- */
-FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const char *to,
-			       struct ferry_peer **peer, uint32_t *stream_get_flags);
-
-/*
- * Put len bytes of data under key on edge from -> to (stage ids; from must
- * be this stage). Waits until the receiving stage holds the key (or the
- * stage's timeout: -ETIMEDOUT); on a store-like edge (MooncakeStoreConnector,
- * MooncakeConnector, YuanrongConnector) the key is kept here instead and the
- * receiving stage's get fetches it through the control channel, so the put
- * returns once it is kept (-EEXIST: already kept here). On success returns 0, writes the payload
- * size to *size and the metadata to *meta (each may be NULL); the
- * metadata travels to the consumer by whatever control path the
- * application has, and may be handed to ferry_stage_get. Errors: -EINVAL
- * (arguments, or no such edge of this stage: logged), -EEXIST (key live at
- * the receiver), the PUT errors of ferry_prep_put. Thread-safe; data is
- * copied once into the pool.
- */
-FERRY_API int ferry_stage_put(struct ferry_stage *s, const char *from, const char *to,
-			      const char *key, const void *data, size_t len, uint64_t *size,
-			      struct ferry_stage_meta *meta);
-
-/* The same with a pool buffer (zero copy; ownership moves, whatever the result). */
-FERRY_API int ferry_stage_put_buf(struct ferry_stage *s, const char *from, const char *to,
-				  const char *key, struct ferry_buf *buf, uint64_t *size,
-				  struct ferry_stage_meta *meta);
-
-/*
- * Get the data put under key on edge from -> to (to must be this stage).
- * meta is what the producer's put returned, or NULL (the key alone finds
- * the data); a meta that is not ferry's or was made for another key or
- * edge is refused with -EINVAL. Waits up to timeout_ns (0: the edge's
- * get_sub_timeout_ms, else the stage's timeout; < 0: forever) and returns
- * -ETIMEDOUT; with FERRY_STAGE_NOWAIT returns -EAGAIN at once when the key
- * is not there yet (upstream's "None: poll again"). On success returns 0
- * and *out, a buffer holding the data (zero copy: ferry_buf_data,
- * ferry_buf_len; release it with ferry_buf_release). A get consumes the
- * key. -ECANCELED when ferry_stage_cleanup dropped the request meanwhile.
- * Thread-safe.
- */
-FERRY_API int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to,
-			      const char *key, const struct ferry_stage_meta *meta,
-			      int64_t timeout_ns, uint32_t flags, struct ferry_buf **out);
-
-/*
- * Free everything of one request on this stage's edges: data that arrived
- * for it and was never taken, and gets still waiting for it (they return
- * -ECANCELED). Keys match as for ferry_prep_cleanup. Returns the number of
- * keys and gets dropped, or -EINVAL / -ENAMETOOLONG / -ESHUTDOWN.
- */
-FERRY_API int ferry_stage_cleanup(struct ferry_stage *s, const char *request_id);
-
-/*
- * The stage's health as one JSON object: stage id, rank, its edges
- * (peer, transport, connector, role, window_size, max_inflight) and the
- * engine's health (see ferry_engine_health). Same length contract as
- * ferry_engine_health.
- */
-FERRY_API int ferry_stage_health(struct ferry_stage *s, char *buf, size_t len);
-
-/*
- * Close the stage: destroy its engine (pending gets return -ECANCELED),
- * free the handle and set *s to NULL. Safe to call twice with the same
- * variable (the second call finds NULL and returns 0). Must not race with
- * other calls on the stage.
- */
-FERRY_API int ferry_stage_close(struct ferry_stage **s);
 
 #ifdef __cplusplus
 }

@@ -18,7 +18,6 @@
 #include <errno.h>
 #include <string.h>
 
-#include "ctl.h"
 #include "internal.h"
 
 #define REQUEST_SEPARATORS "_:/#"

@@ -13,7 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "ctl.h"
 #include "internal.h"
 
 static _Atomic uint64_t next_engine_id = 1;
@@ -188,6 +187,31 @@ static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 	return 0;
 }
 
+/* Every transport of the registry, in rank order (lowest first; ties: the table's order). */
+static int add_transports(struct ferry_engine *e)
+{
+	const struct backend_ops *order[ENGINE_MAX_BACKENDS];
+	unsigned n = 0;
+	int rc = 0;
+
+	for (unsigned i = 0; ferry__transports[i]; i++) {
+		unsigned j = n;
+
+		if (n == ENGINE_MAX_BACKENDS) {
+			log_error("engine %s: more transports than ENGINE_MAX_BACKENDS (%d)", e->name,
+				  ENGINE_MAX_BACKENDS);
+			return -ENOSPC;
+		}
+		for (; j > 0 && order[j - 1]->rank > ferry__transports[i]->rank; j--)
+			order[j] = order[j - 1];
+		order[j] = ferry__transports[i];
+		n++;
+	}
+	for (unsigned i = 0; !rc && i < n; i++)
+		rc = add_backend(e, order[i]);
+	return rc;
+}
+
 int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_engine **out)
 {
 	struct ferry_engine_params p;
@@ -217,6 +241,8 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	e->max_ops = p.max_ops;
 	e->max_keys = p.max_keys;
 	e->max_bufs = p.max_bufs;
+	e->handshake_ns = (p.size > offsetof(struct ferry_engine_params, handshake_ms) &&
+			   p.handshake_ms ? p.handshake_ms : 3000) * 1000000ull;
 	e->created_ns = ferry__now_ns();
 	e->doorbell_fd = -1;
 	e->ring.ring_fd = -1;
@@ -231,17 +257,12 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	    (rc = reactor_init(e)))
 		goto fail;
 	/*
-	 * tcp first: a peer given an address always goes over tcp, and one
-	 * that reached us over tcp is answered there; the others fall through
-	 * to loop (same process) and shm (same host).
+	 * The transports of the registry, in rank order (engine/registry.c).
+	 * With a control endpoint and no data endpoint, the data path listens
+	 * on the control endpoint's host, port 0, and the control channel
+	 * publishes it.
 	 */
 	e->create_params = &p;
-	/*
-	 * Control channel hook: the control channel first (it holds a PUT back
-	 * only while the handshake that tells a peer's data address runs);
-	 * with a control endpoint and no data endpoint, the data path listens
-	 * on the control endpoint's host, port 0, and the channel publishes it.
-	 */
 	if (p.size > offsetof(struct ferry_engine_params, control) && p.control && !p.listen) {
 		const char *colon = strrchr(p.control, ':');
 
@@ -251,13 +272,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 			p.listen = data_listen;
 		}
 	}
-	rc = add_backend(e, &ferry__ctl_backend);
-	if (!rc)
-		rc = add_backend(e, &ferry__tcp_backend);
-	if (!rc)
-		rc = add_backend(e, &ferry__loop_backend);
-	if (!rc)
-		rc = add_backend(e, &ferry__shm_backend);
+	rc = add_transports(e);
 	e->create_params = NULL;
 	if (rc)
 		goto fail;
@@ -346,6 +361,58 @@ int ferry_peer_open(struct ferry_engine *e, const char *name, struct ferry_peer 
 const char *ferry_peer_name(const struct ferry_peer *p)
 {
 	return p ? p->name : NULL;
+}
+
+/* The scheme of uri ("tcp" of "tcp://..."): its length, or 0 when it has none. */
+static size_t uri_scheme(const char *uri)
+{
+	const char *sep = uri ? strstr(uri, "://") : NULL;
+
+	return sep && sep > uri && sep - uri < 16 ? (size_t)(sep - uri) : 0;
+}
+
+int ferry__peer_addr_set(struct ferry_peer *peer, const char *uri)
+{
+	struct ferry_engine *e = peer->engine;
+	size_t n = uri_scheme(uri);
+	uint32_t i, have;
+	int rc = 0;
+
+	if (!n || strlen(uri) >= PEER_ADDR_MAX)
+		return -EINVAL;
+	pthread_mutex_lock(&e->lock);
+	have = atomic_load_explicit(&peer->naddrs, memory_order_relaxed);
+	for (i = 0; i < have; i++)
+		if (uri_scheme(peer->addrs[i].uri) == n && !memcmp(peer->addrs[i].uri, uri, n))
+			break;
+	if (i == PEER_MAX_ADDRS)
+		rc = -ENOSPC;
+	else
+		snprintf(peer->addrs[i].uri, sizeof(peer->addrs[i].uri), "%s", uri);
+	if (!rc && i == have)
+		atomic_store_explicit(&peer->naddrs, have + 1, memory_order_release);
+	pthread_mutex_unlock(&e->lock);
+	return rc;
+}
+
+bool ferry__peer_addr_get(struct ferry_peer *peer, const char *scheme, char *out, size_t len)
+{
+	struct ferry_engine *e = peer->engine;
+	size_t n = strlen(scheme);
+	bool found = false;
+
+	if (!atomic_load_explicit(&peer->naddrs, memory_order_acquire))
+		return false; /* the common case: none at all */
+	pthread_mutex_lock(&e->lock);
+	for (uint32_t i = 0; i < atomic_load_explicit(&peer->naddrs, memory_order_relaxed); i++) {
+		if (uri_scheme(peer->addrs[i].uri) == n && !memcmp(peer->addrs[i].uri, scheme, n)) {
+			snprintf(out, len, "%s", peer->addrs[i].uri);
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	return found;
 }
 
 /* ------------------------------------------------------------------ */
@@ -481,9 +548,12 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "\"peers\":[");
 	pthread_mutex_lock(&e->lock);
 	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		jprintf(&j, "{\"name\":\"%s\",\"transport\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
+		jprintf(&j, "{\"name\":\"%s\",\"addresses\":[", p->name);
+		for (uint32_t i = 0; i < atomic_load(&p->naddrs); i++)
+			jprintf(&j, "%s\"%s\"", i ? "," : "", p->addrs[i].uri);
+		jprintf(&j, "],\"transport\":\"%s\",\"puts\":%llu,\"gets\":%llu,\"bytes_out\":%llu,"
 			"\"bytes_in\":%llu,\"errors\":%llu}%s",
-			p->name, p->backend ? p->backend->ops->name : "none",
+			p->backend ? p->backend->ops->name : "none",
 			(unsigned long long)STAT_GET(p->stats.puts),
 			(unsigned long long)STAT_GET(p->stats.gets),
 			(unsigned long long)STAT_GET(p->stats.bytes_out),
@@ -492,11 +562,14 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	}
 	pthread_mutex_unlock(&e->lock);
 	jprintf(&j, "]");
-	{
-		char ctl[320]; /* control channel hook: its sessions and counters */
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		char part[512]; /* a transport's own part: its sessions and counters */
+		struct backend *b = &e->backends[i];
+		int n;
 
-		if (ferry__ctl_health(e, ctl, sizeof(ctl)) > 0)
-			jprintf(&j, "%s", ctl);
+		if (b->ops->health && b->data && (n = b->ops->health(e, b, part, sizeof(part))) > 0 &&
+		    (size_t)n < sizeof(part))
+			jprintf(&j, "%s", part);
 	}
 	jprintf(&j, "}");
 	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;

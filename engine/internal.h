@@ -22,6 +22,8 @@
 #include "ferry.h"
 #include "log.h"
 #include "pool.h"
+#include "directory.h"
+#include "transport.h"
 
 #define CACHELINE 64
 #define cacheline_aligned __attribute__((aligned(CACHELINE)))
@@ -210,6 +212,13 @@ static inline bool op_state_pending(uint8_t state)
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */
 /* LOOKUP GET: its holder may remember the wish (FETCH sent, not answered otherwise): wish_seq, key */
 #define OP_F_WISH (1u << 27)
+/*
+ * An AWAY PUT that waits in the engine, on its peer's wait list, for the
+ * peer to be reached (a transport's reaching hook said a connection is
+ * being made: the control plane's handshake); ferry__peer_reached sends it
+ * on or fails it.
+ */
+#define OP_F_WAIT_PEER (1u << 28)
 
 struct key_entry;
 
@@ -344,8 +353,6 @@ struct peer_stats {
 	stat_t puts, gets, bytes_out, bytes_in, errors;
 };
 
-struct backend;
-
 struct ferry_peer {
 	struct ferry_engine *engine;
 	char name[FERRY_NAME_MAX];
@@ -356,78 +363,18 @@ struct ferry_peer {
 	uint32_t stream_max_inflight, peer_max_inflight;
 	uint32_t stream_inflight;        /* chunks sent, not yet released, all streams */
 	struct stream *blocked;          /* producer streams waiting for peer credit */
+	struct op *wait_head, *wait_tail; /* PUTs waiting for it to be reached (OP_F_WAIT_PEER) */
 	struct ferry_peer *next;
-	char address[128];         /* tcp endpoint set by ferry_peer_set_address ("" = none) */
+	/*
+	 * Where the peer can be reached, one entry per transport (the URI
+	 * scheme names it: "tcp://HOST:PORT"), filled by whoever learns one:
+	 * ferry_peer_set_address, the control plane's handshake, later ones.
+	 * Under e->lock (ferry__peer_addr_set / _get); naddrs is read unlocked
+	 * as a hint.
+	 */
+	struct peer_addr addrs[PEER_MAX_ADDRS];
+	_Atomic uint32_t naddrs;
 };
-
-/*
- * A transport. The reactor hands it PUTs already holding their data in a
- * pool buffer; the backend delivers and later calls reactor_put_done().
- * Arrivals from peers go through reactor_deliver(). Every hook runs with
- * progress held, except where noted.
- */
-struct backend_ops {
-	const char *name;
-	int (*init)(struct ferry_engine *e, struct backend *b);
-	/* Shut down: stop accepting, answer what is pending with -ECONNRESET. */
-	void (*fini)(struct ferry_engine *e, struct backend *b);
-	/*
-	 * Can this transport reach peer? 0 (and peer->transport set),
-	 * -EHOSTUNREACH (not this one: the next is asked), or -ENETUNREACH
-	 * (the peer is this transport's, e.g. it has a tcp address, and
-	 * cannot be reached now: no other transport may carry it). Backends
-	 * are asked in order; the first that can reach a peer carries it
-	 * until a PUT reports the peer gone.
-	 */
-	int (*resolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
-	/* The peer's transport state is being dropped (re-resolve, destroy). */
-	void (*unresolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
-	/*
-	 * Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno.
-	 * A PUT of an iovec of at most iov_put_max bytes comes with op->buf
-	 * NULL and its data still in op->iov / op->iovcnt (valid until its
-	 * completion, by the API's contract): the transport copies it once
-	 * where it goes, and no pool block is taken for it. iov_put_max 0: the
-	 * transport takes no iovec at all (every PUT comes with op->buf, also
-	 * a 0-byte one: a 0-byte payload is a 0-byte buffer everywhere).
-	 */
-	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
-	uint64_t iov_put_max;
-	/* Make progress; returns events handled. */
-	int (*progress)(struct ferry_engine *e, struct backend *b);
-	/* True if progress() has work right now (checked before sleeping). */
-	bool (*has_work)(struct ferry_engine *e, struct backend *b);
-	/*
-	 * Optional: the round took entries from the SQs (before the backends'
-	 * progress): send what they made now, so that a PUT leaves before the
-	 * round spends time elsewhere. round_end still sends the rest.
-	 */
-	void (*sqs_drained)(struct ferry_engine *e, struct backend *b);
-	/*
-	 * Optional: the round is over (after the SQs were drained): send what
-	 * it made (and poll what is polled); returns events handled.
-	 */
-	int (*round_end)(struct ferry_engine *e, struct backend *b);
-	/* An op that is AWAY was cancelled or timed out. */
-	void (*forget)(struct ferry_engine *e, struct backend *b, struct op *op);
-	/* A completion of the engine's io_uring tagged for this backend. */
-	void (*on_cqe)(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
-		       uint32_t flags);
-};
-
-struct backend {
-	const struct backend_ops *ops;
-	void *data;
-	uint8_t index;
-};
-
-#define ENGINE_MAX_BACKENDS 6 /* ctl, tcp, loop, shm; room for rdma, cuda */
-
-/* io_uring user_data for a backend's SQE: its index in the top byte. */
-static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
-{
-	return ((uint64_t)(b->index + 1) << 56) | (cookie & ((1ull << 56) - 1));
-}
 
 /*
  * The engine's wake word, in a shared page (a memfd) so that peers in other
@@ -437,40 +384,6 @@ struct wake_page {
 	_Atomic int sleeping cacheline_aligned;
 	_Atomic int doorbell_rung;
 };
-
-extern const struct backend_ops ferry__loop_backend;
-extern const struct backend_ops ferry__shm_backend;
-extern const struct backend_ops ferry__tcp_backend;
-
-/*
- * A PUT arrived for this engine: fullkey, data in buf. On 0 the engine owns
- * buf; on an error (-EEXIST, -ENOSPC, -EINVAL for a malformed stream credit)
- * it stays the caller's, who frees it and reports the error to the sender.
- */
-int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
-		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
-/*
- * A PUT arrived whose data the transport can read in place (src, len):
- * if a GET into an iovec already waits for fullkey, copy into it and
- * complete it, and return true (the transport keeps its block, which may go
- * back to its owner at once). false: nothing was done; reactor_deliver
- * takes it. Stream traffic always goes through reactor_deliver.
- */
-bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			  const void *src, uint64_t len, uint32_t flags);
-/* Drop the transport state of a peer (so the next PUT resolves it again). */
-void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
-/* The same for every peer that transport b carries (at its shutdown). */
-void reactor_unresolve_all(struct ferry_engine *e, struct backend *b);
-/* The transport finished a PUT (res 0 or negative errno). */
-void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
-/* Ring the engine's doorbell if its progress side sleeps. Any thread. */
-void reactor_wake(struct ferry_engine *e);
-/*
- * A transport lost the engine called name (it died or hung up): streams
- * from it fail with res, streams to it stop. Progress side only.
- */
-void reactor_peer_lost(struct ferry_engine *e, const char *name, int res);
 
 /* ------------------------------------------------------------------ */
 /* Streams (stream.c)                                                  */
@@ -526,12 +439,17 @@ void stream_peer_lost(struct ferry_engine *e, const char *name, int res);
  */
 int stream_cleanup(struct ferry_engine *e, const char *r, size_t rl,
 		   const struct ferry_peer *from);
+/*
+ * Drop what this engine holds of request r whose stored key is
+ * "{key}@{from}_{to}" (NULL: any name): arrived data, parked GETs. Returns
+ * how many (engine/cleanup.c).
+ */
+int ferry__cleanup_keys(struct ferry_engine *e, const char *r, size_t rl, const char *from,
+			const char *to);
 /* Is the application key k (n bytes) request r's: r itself or r + one of "_:/#"? */
 bool request_owns_key(const char *k, size_t n, const char *r, size_t rl);
 /* Data handed to a STREAM_GET, or the key's data when none waits: op_fill. */
 int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt);
-/* Hand a PUT-like op (data in op->buf, key in op->key) to its transport. */
-int reactor_send(struct ferry_engine *e, struct op *op);
 void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns);
 /* Check a PUT-like SQE and take its buffer: 0, or the op was completed. */
 int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
@@ -637,6 +555,10 @@ struct ferry_engine {
 	/* The creation parameters, valid only while backends init (NULL after). */
 	const struct ferry_engine_params *create_params;
 
+	uint64_t handshake_ns;   /* params.handshake_ms (default 3 s): every transport's bound */
+	/* The directory service (directory.h), or NULL: its ops are -EOPNOTSUPP. */
+	const struct directory_ops *dir;
+	void *dir_svc;
 	struct engine_stats stats;
 };
 

@@ -24,7 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ctl.h"
 #include "internal.h"
 
 #if defined(__has_include)
@@ -149,6 +148,35 @@ static void unpark(struct ferry_engine *e, struct op *op)
 	keytable_put(&e->keys, ke);
 }
 
+/* Off its peer's wait list (OP_F_WAIT_PEER): it ended there (deadline, cancel, destroy). */
+static void peer_wait_remove(struct op *op)
+{
+	op_list_remove(&op->peer->wait_head, &op->peer->wait_tail, op);
+	op->flags &= ~OP_F_WAIT_PEER;
+}
+
+
+void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res)
+{
+	unsigned n = 0;
+
+	/* The ones waiting now, once each: one that must wait again goes to the tail. */
+	for (struct op *w = peer->wait_head; w; w = w->next)
+		n++;
+	while (n-- && peer->wait_head) {
+		struct op *op = peer->wait_head;
+		uint32_t gen = op->gen;
+		int rc = res;
+
+		peer_wait_remove(op);
+		if (!rc)
+			rc = reactor_send(e, op);
+		if (rc)
+			reactor_put_done(e, op, gen, rc);
+	}
+}
+
+
 void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		 struct ferry_buf *buf)
 {
@@ -160,11 +188,13 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		res = stream_op_ending(e, op, res);
 	if (unlikely(op->flags & OP_F_WISH)) {
 		op->flags &= ~OP_F_WISH;
-		if (res < 0)
-			ferry__ctl_forget(e, op); /* control channel hook: the holder forgets */
+		if (res < 0 && e->dir)
+			e->dir->forget(e, e->dir_svc, op); /* the holder forgets the wish */
 	}
 	if (op->state == OP_PARKED)
 		unpark(e, op);
+	else if (unlikely(op->flags & OP_F_WAIT_PEER))
+		peer_wait_remove(op);
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
 		 op->peer->backend->ops->forget)
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
@@ -381,9 +411,31 @@ void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int r
 	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
 }
 
-void reactor_peer_lost(struct ferry_engine *e, const char *name, int res)
+void ferry__peer_event(struct ferry_engine *e, const struct backend *from, const char *name,
+		       enum peer_event ev, int res)
 {
-	stream_peer_lost(e, name, res);
+	if (ev == PEER_LOST)
+		stream_peer_lost(e, name, res);
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (b != from && b->data && b->ops->peer_event)
+			b->ops->peer_event(e, b, name, ev, res);
+	}
+}
+
+void ferry__directory_set(struct ferry_engine *e, const struct directory_ops *ops, void *svc)
+{
+	e->dir = ops;
+	e->dir_svc = svc;
+}
+
+struct backend *ferry__backend_of(struct ferry_engine *e, const struct backend_ops *ops)
+{
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if (e->backends[i].ops == ops)
+			return &e->backends[i];
+	return NULL;
 }
 
 /* ------------------------------------------------------------------ */
@@ -468,8 +520,22 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 	int rc;
 
 	if (!peer->backend) {
+		/* A connection to it being made: the PUT waits here, in order. */
+		for (unsigned i = 0; i < e->nbackends; i++) {
+			struct backend *b = &e->backends[i];
+
+			if (!b->ops->reaching || !b->data || !(rc = b->ops->reaching(e, b, peer)))
+				continue;
+			if (rc < 0)
+				return rc;
+			op->flags |= OP_F_WAIT_PEER;
+			op_list_append(&peer->wait_head, &peer->wait_tail, op);
+			return 0;
+		}
 		rc = -EHOSTUNREACH;
 		for (unsigned i = 0; i < e->nbackends && rc == -EHOSTUNREACH; i++) {
+			if (!e->backends[i].ops->resolve)
+				continue; /* a service (the control plane): it carries no PUT */
 			rc = e->backends[i].ops->resolve(e, &e->backends[i], peer);
 			if (rc == 0)
 				peer->backend = &e->backends[i];
@@ -572,7 +638,10 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
 	if (unlikely(op->flags & FERRY_SQE_PUBLISH)) {
-		ferry__ctl_publish(e, op); /* control channel hook: keep it here */
+		if (e->dir)
+			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
+		else
+			op_complete(e, op, -EOPNOTSUPP, 0, NULL);
 		return;
 	}
 	op->state = OP_AWAY;
@@ -584,6 +653,15 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	if (op->state == OP_AWAY)
 		op_arm_deadline(e, op, sqe->timeout_ns);
+}
+
+/* A LOOKUP GET parked (or NOWAIT): the directory service asks its holder. */
+static void directory_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	if (e->dir)
+		e->dir->fetch(e, e->dir_svc, op, sqe);
+	else
+		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
 }
 
 static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
@@ -638,7 +716,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
 	if (unlikely(sqe->flags & FERRY_SQE_LOOKUP))
-		ferry__ctl_fetch(e, op, sqe); /* control channel hook: ask the holder */
+		directory_fetch(e, op, sqe); /* ask the holder */
 }
 
 static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
@@ -662,6 +740,52 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 }
 
 /* Take one SQE. Returns false when it could not be taken (no free op). */
+static void do_nop(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	(void)sqe;
+	STAT_ADD(e->stats.nops, 1);
+	op_complete(e, op, 0, 0, NULL);
+}
+
+static void do_cancel_sqe(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	do_cancel(e, op, sqe->cancel_user_data);
+}
+
+/* PEER_HEALTH, LOOKUP, REMOTE_CANCEL: the directory service's (directory.h). */
+static void directory_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	if (e->dir)
+		e->dir->do_op(e, e->dir_svc, op, sqe);
+	else
+		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
+}
+
+/*
+ * Every op: its name (for the logs), the FERRY_SQE_* flags it takes
+ * besides FERRY_SQE_CB_REACTOR (any other is -EINVAL, as ferry.h says),
+ * and what issues it. Its ending, where it has one of its own, is the
+ * stream layer's (op_complete calls stream_op_ending for stream ops).
+ */
+static const struct op_def {
+	const char *name;
+	uint32_t flags;
+	void (*issue)(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+} op_defs[FERRY_OP__MAX] = {
+	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
+	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH, do_put },
+	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP, do_get },
+	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
+	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT", FERRY_SQE_STREAM_END, stream_do_put },
+	[FERRY_OP_STREAM_GET] = { "STREAM_GET", FERRY_SQE_STREAM_WHOLE, stream_do_get },
+	[FERRY_OP_STREAM_ABORT] = { "STREAM_ABORT", 0, stream_do_abort },
+	[FERRY_OP_STREAM_ACCEPT] = { "STREAM_ACCEPT", 0, stream_do_accept },
+	[FERRY_OP_CLEANUP] = { "CLEANUP", 0, ferry__do_cleanup },
+	[FERRY_OP_PEER_HEALTH] = { "PEER_HEALTH", 0, directory_do_op },
+	[FERRY_OP_LOOKUP] = { "LOOKUP", 0, directory_do_op },
+	[FERRY_OP_REMOTE_CANCEL] = { "REMOTE_CANCEL", 0, directory_do_op },
+};
+
 static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 {
 	struct ferry_cq *cq = sqe->cq ? sqe->cq : &e->default_cq;
@@ -669,7 +793,7 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 
 	STAT_ADD(e->stats.submitted, 1);
 	/* Fast path: a NOP needs no op when its CQ has room. */
-	if (sqe->opcode == FERRY_OP_NOP && !(sqe->flags & ~FERRY_SQE__ALL) && cq->engine == e &&
+	if (sqe->opcode == FERRY_OP_NOP && !sqe->flags && cq->engine == e &&
 	    !atomic_load_explicit(&cq->dead, memory_order_relaxed) &&
 	    !(sqe->flags & FERRY_SQE_CB_REACTOR) && cq_has_space(cq)) {
 		struct ferry_cqe cqe = { .user_data = sqe->user_data, .opcode = FERRY_OP_NOP };
@@ -714,52 +838,25 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		op->flags &= FERRY_SQE__ALL;
 		goto invalid;
 	}
+	if (sqe->opcode >= FERRY_OP__MAX || !op_defs[sqe->opcode].issue) {
+		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
+			  sqe->opcode);
+		goto invalid;
+	}
+	if (op->flags & ~(op_defs[sqe->opcode].flags | FERRY_SQE_CB_REACTOR)) {
+		log_error("op %llx: %s does not take the flags 0x%x", (unsigned long long)op->user_data,
+			  op_defs[sqe->opcode].name,
+			  op->flags & ~(op_defs[sqe->opcode].flags | FERRY_SQE_CB_REACTOR));
+		goto invalid;
+	}
 	if (sqe->opcode != FERRY_OP_NOP && sqe->opcode != FERRY_OP_CANCEL)
 		op->peer = sqe->peer && sqe->peer->engine == e ? sqe->peer : NULL;
 	if (op->flags & FERRY_SQE_CB_REACTOR) {
 		op->flags |= OP_F_REACTOR_CB; /* no stand-in round while it is pending */
 		e->reactor_cb_ops++;
 	}
-
-	switch (sqe->opcode) {
-	case FERRY_OP_NOP:
-		STAT_ADD(e->stats.nops, 1);
-		op_complete(e, op, 0, 0, NULL);
-		return true;
-	case FERRY_OP_PUT:
-		do_put(e, op, sqe);
-		return true;
-	case FERRY_OP_GET:
-		do_get(e, op, sqe);
-		return true;
-	case FERRY_OP_CANCEL:
-		do_cancel(e, op, sqe->cancel_user_data);
-		return true;
-	case FERRY_OP_STREAM_PUT:
-		stream_do_put(e, op, sqe);
-		return true;
-	case FERRY_OP_STREAM_GET:
-		stream_do_get(e, op, sqe);
-		return true;
-	case FERRY_OP_STREAM_ABORT:
-		stream_do_abort(e, op, sqe);
-		return true;
-	case FERRY_OP_STREAM_ACCEPT:
-		stream_do_accept(e, op, sqe);
-		return true;
-	case FERRY_OP_CLEANUP:
-		ferry__do_cleanup(e, op, sqe);
-		return true;
-	case FERRY_OP_PEER_HEALTH: /* control channel hook */
-	case FERRY_OP_LOOKUP:
-	case FERRY_OP_REMOTE_CANCEL:
-		ferry__ctl_do_op(e, op, sqe);
-		return true;
-	default:
-		log_error("op %llx: unknown opcode %u", (unsigned long long)sqe->user_data,
-			  sqe->opcode);
-		break;
-	}
+	op_defs[sqe->opcode].issue(e, op, sqe);
+	return true;
 invalid:
 	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) && sqe->buf &&
 	    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
@@ -1011,6 +1108,24 @@ bool reactor_has_work(struct ferry_engine *e)
 	return next_deadline(e) && next_deadline(e) <= ferry__now_ns();
 }
 
+/*
+ * The progress side announced its sleep (its wake page says so): each
+ * transport's last word before it (prepare_sleep), then one more look.
+ * True: work is there, the sleep is called off.
+ */
+static bool reactor_sleep_check(struct ferry_engine *e)
+{
+	bool work = false;
+
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (b->ops->prepare_sleep && b->ops->prepare_sleep(e, b))
+			work = true;
+	}
+	return work || reactor_has_work(e);
+}
+
 /* How long the sleeper may sleep: the next deadline or timeout_ns. */
 static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
 {
@@ -1074,7 +1189,7 @@ void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic ui
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	announce_sleep(e);
-	if (reactor_has_work(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
+	if (reactor_sleep_check(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
 		atomic_store(&e->wake->sleeping, 0);
 		io_uring_submit(&e->ring);
 		return;
@@ -1126,7 +1241,7 @@ int reactor_arm_manual(struct ferry_engine *e)
 	}
 	io_uring_submit(&e->ring);
 	announce_sleep(e);
-	if (reactor_has_work(e)) {
+	if (reactor_sleep_check(e)) {
 		atomic_store(&e->wake->sleeping, 0);
 		return -EBUSY;
 	}
@@ -1218,7 +1333,7 @@ static void reactor_thread_sleep(struct ferry_engine *e)
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	announce_sleep(e);
-	if (reactor_has_work(e) || atomic_load(&e->stop)) {
+	if (reactor_sleep_check(e) || atomic_load(&e->stop)) {
 		atomic_store(&e->wake->sleeping, 0);
 		io_uring_submit(&e->ring);
 		return;
@@ -1320,7 +1435,7 @@ bool reactor_stand_in(struct ferry_engine *e)
 	wake = stand_in_round(e);
 	/* Only a reactor asleep needs its doorbell; a yielding one comes back soon. */
 	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP)
-		wake = wake || reactor_has_work(e);
+		wake = wake || reactor_sleep_check(e); /* the reactor sleeps meanwhile */
 	else
 		wake = false;
 	progress_unlock(e);

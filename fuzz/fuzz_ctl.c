@@ -1,6 +1,6 @@
 /*
  * fuzz/fuzz_ctl.c - the control channel's message parser: what an engine
- * does with each message its ZeroMQ sockets bring (backends/tcp/ctl.c
+ * does with each message its ZeroMQ sockets bring (control/ctl.c
  * on_callee_msg / on_caller_msg, the handshake, on_ready_msg, and the
  * bodies parsed in ctl_req.c: ctl_key_parse, the peer's requests, the
  * answers to ours), with the engine's real sessions and requests.
@@ -68,7 +68,7 @@ static struct ctl_state *cst;
 static struct ferry_peer *peer_a, *peer_c;
 static void *zctx, *dealers[2];
 static int dead_fd[2] = { -1, -1 };
-static char dead_ep[2][TCP_ADDR_MAX];
+static char dead_ep[2][NETADDR_MAX];
 static unsigned which_ep;
 static struct fz_idle idle;
 static uint64_t op_seq;
@@ -182,7 +182,7 @@ static void await_msg(unsigned i, uint16_t type, void *body, size_t blen)
 static void dealer_proves(unsigned i)
 {
 	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello) + sizeof(struct ctl_auth)];
-	uint8_t nc[TCP_NONCE_BYTES];
+	uint8_t nc[SEC_NONCE_BYTES];
 	struct ctl_hello *hp = (struct ctl_hello *)(m + CTL_HDR_BYTES);
 	struct ctl_proof p;
 	struct ctl_auth a;
@@ -194,7 +194,7 @@ static void dealer_proves(unsigned i)
 		FZ_FAIL("zmq_send HELLO");
 	await_msg(i, CTL_PROOF, &p, sizeof(p));
 	memset(&a, 0, sizeof(a));
-	tcp_proof(&cst->secret, ROLE_CALLER, nc, p.nonce, "fzA", FZ_ENGINE, FZ_NS, 0, 0, a.mac);
+	sec_proof(&cst->secret, ROLE_CALLER, nc, p.nonce, "fzA", FZ_ENGINE, FZ_NS, 0, 0, a.mac);
 	ctl_hdr_pack(m, CTL_AUTH, sizeof(a), 0);
 	memcpy(m + CTL_HDR_BYTES, &a, sizeof(a));
 	n = CTL_HDR_BYTES + sizeof(a);
@@ -243,7 +243,7 @@ static void call_c_again(void)
 static void setup(void)
 {
 	struct fz_engine_opts o = { .name = FZ_ENGINE, .control = "tcp://127.0.0.1:0" };
-	char ctl_addr[TCP_ADDR_MAX];
+	char ctl_addr[NETADDR_MAX];
 
 	eng = fz_engine(&o);
 	cst = ctl_state_of(eng);
@@ -308,7 +308,7 @@ static uint64_t req_seq(uint64_t k, const char *name)
 
 static bool mac_zero(const uint8_t *mac)
 {
-	for (int i = 0; i < TCP_MAC_BYTES; i++)
+	for (int i = 0; i < SEC_MAC_BYTES; i++)
 		if (mac[i])
 			return false;
 	return true;
@@ -317,7 +317,7 @@ static bool mac_zero(const uint8_t *mac)
 static void fix_up(uint8_t *m, size_t n, bool caller, unsigned id)
 {
 	struct ctl_hdr h;
-	const struct tcp_secret *sec = &cst->secret;
+	const struct sec_secret *sec = &cst->secret;
 
 	struct ctl_session *sess = caller ? our_call() : callee_session(ids[id]);
 
@@ -336,7 +336,7 @@ static void fix_up(uint8_t *m, size_t n, bool caller, unsigned id)
 
 		if (s && s->state == CS_WAIT_AUTH && mac_zero(a->mac) &&
 		    (strcmp(s->peer_name, "fzA") == 0 || strcmp(s->peer_name, "fzB") == 0))
-			tcp_proof(sec, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
+			sec_proof(sec, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
 				  FZ_ENGINE, FZ_NS, 0, 0, a->mac);
 	}
 	if (caller && h.type == CTL_PROOF && h.len == sizeof(struct ctl_proof)) {
@@ -344,7 +344,7 @@ static void fix_up(uint8_t *m, size_t n, bool caller, unsigned id)
 		struct ctl_proof *p = (struct ctl_proof *)(m + CTL_HDR_BYTES);
 
 		if (s && s->state == CS_WAIT_PROOF && mac_zero(p->mac))
-			tcp_proof(sec, ROLE_CALLEE, s->nonce_me, p->nonce, FZ_ENGINE, s->peer_name,
+			sec_proof(sec, ROLE_CALLEE, s->nonce_me, p->nonce, FZ_ENGINE, s->peer_name,
 				  FZ_NS, 0, 0, p->mac);
 	}
 }

@@ -47,7 +47,7 @@
 
 static struct ferry_engine *eng;
 static struct ferry_peer *peer;
-static char eng_addr[TCP_ADDR_MAX];
+static char eng_addr[NETADDR_MAX];
 static uint64_t link_seq;
 static struct fz_idle idle;
 

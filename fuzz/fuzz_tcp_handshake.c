@@ -2,7 +2,7 @@
  * fuzz/fuzz_tcp_handshake.c - the tcp data path's handshake, both ends:
  * hello_recv, callee_hello, callee_auth, caller_proof and caller_ok in
  * backends/tcp/tcp.c, with tcp_hello_from_wire and the proofs of
- * tcp_auth.c, fed the hello messages of a peer under the fuzzer's control.
+ * control/security.c, fed the hello messages of a peer under the fuzzer's control.
  *
  * Like fuzz_tcp_frames (and for the same reasons) this drives one
  * long-lived engine ("fzh", MANUAL progress) through real loopback
@@ -40,7 +40,7 @@
 
 static struct ferry_engine *eng;
 static struct ferry_peer *up;
-static char eng_addr[TCP_ADDR_MAX];
+static char eng_addr[NETADDR_MAX];
 static int lfd = -1;
 static struct fz_idle idle;
 static uint64_t put_seq;
@@ -50,7 +50,7 @@ static void setup(void)
 	struct fz_engine_opts o = { .name = FZ_ENGINE, .listen = "tcp://127.0.0.1:0" };
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	socklen_t len = sizeof(sa);
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
 	/* One connection per link: the engine calling us opens no more after the first. */
@@ -141,7 +141,7 @@ static int we_call(struct fz_in *in)
 
 		tcp_hello_from_wire(&h);
 		tcp_hello_from_wire(&a);
-		tcp_proof(fz_secret(), "ferry-caller", h.nonce, a.nonce, h.name, FZ_ENGINE, h.ns,
+		sec_proof(fz_secret(), "ferry-caller", h.nonce, a.nonce, h.name, FZ_ENGINE, h.ns,
 			  h.link_id, h.conn_index, auth.mac);
 	}
 	if (fz_send_all(eng, fd, &auth, got) == 0 && got == HELLO_BYTES)
@@ -171,7 +171,7 @@ static int it_calls(struct fz_in *in)
 
 		tcp_hello_from_wire(&h);
 		tcp_hello_from_wire(&p);
-		tcp_proof(fz_secret(), "ferry-callee", h.nonce, p.nonce, h.name, p.name, h.ns,
+		sec_proof(fz_secret(), "ferry-callee", h.nonce, p.nonce, h.name, p.name, h.ns,
 			  h.link_id, h.conn_index, proof.mac);
 	}
 	if (fz_send_all(eng, fd, &proof, got) || got < HELLO_BYTES || !read_hello(fd, &ans))

@@ -5,7 +5,7 @@
  * Owns: connecting to the engine's listener on loopback, sending and
  * receiving with the engine driven in between (the engine runs MANUAL on
  * the harness's thread, so a wait for its answer is a loop of rounds and
- * non-blocking reads, bounded), and the handshake of tcp_auth.h done right
+ * non-blocking reads, bounded), and the handshake of security.h done right
  * (HELLO, the engine's PROOF, AUTH with the proof computed from the cluster
  * secret, OK), so that a harness can hand the engine frames from a peer
  * that proved the secret, as the data path sees them.
@@ -19,8 +19,8 @@
 #include <sys/socket.h>
 
 #include "harness.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 #include "tcp_wire.h"
 
 #define FZ_ROUNDS 256 /* engine rounds a wait for an answer may take */
@@ -32,7 +32,7 @@ static inline int fz_tcp_connect(const char *addr)
 	socklen_t len;
 	int fd, one = 1;
 
-	if (tcp_addr_parse(addr, true, &ss, &len))
+	if (netaddr_parse(addr, true, &ss, &len))
 		FZ_FAIL("address %s", addr);
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
@@ -117,12 +117,12 @@ static inline void fz_hello_init(struct tcp_hello *h, uint16_t type, const char 
 	snprintf(h->name, sizeof(h->name), "%s", name);
 }
 
-/* The secret every harness engine holds (tcp_secret_load is cheap, but once is enough). */
-static inline const struct tcp_secret *fz_secret(void)
+/* The secret every harness engine holds (sec_secret_load is cheap, but once is enough). */
+static inline const struct sec_secret *fz_secret(void)
 {
-	static struct tcp_secret s;
+	static struct sec_secret s;
 
-	if (!s.set && tcp_secret_load(&s, FZ_SECRET, NULL))
+	if (!s.set && sec_secret_load(&s, FZ_SECRET, NULL))
 		FZ_FAIL("secret");
 	return &s;
 }
@@ -151,7 +151,7 @@ static inline int fz_tcp_call(struct ferry_engine *e, const char *addr, const ch
 	if (in.type != TCP_H_PROOF)
 		goto refused;
 	fz_hello_init(&h, TCP_H_AUTH, name);
-	tcp_proof(fz_secret(), "ferry-caller", nc, in.nonce, name, callee, FZ_NS, link_id, 0,
+	sec_proof(fz_secret(), "ferry-caller", nc, in.nonce, name, callee, FZ_NS, link_id, 0,
 		  h.mac);
 	tcp_hello_to_wire(&h);
 	if (fz_send_all(e, fd, &h, sizeof(h)) || fz_recv_all(e, fd, &in, sizeof(in)))

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "ferry/stage.h"
 #include "internal.h"
 #include "shm_sock.h"
 

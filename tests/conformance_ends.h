@@ -943,6 +943,7 @@ static inline void cf_ag_create(struct cf_agent *a, const struct cf_msg *m, stru
 	p.pool_size = m->pool;
 	p.max_keys = m->max_keys;
 	p.spin_ns = 20000;
+	p.handshake_ms = t_handshake_ms(); /* handshakes are not what the suite tests */
 	p.progress = m->manual ? FERRY_PROGRESS_MANUAL : cf_t->progress;
 	if (cf_t->params)
 		cf_t->params(&p, m->text[0] ? m->text : NULL);
@@ -1124,21 +1125,23 @@ static inline void cf_ag_exec(struct cf_agent *a, const struct cf_msg *m, struct
 	case CF_THAW:
 		a->frozen = false;
 		break;
-	case CF_CARRIER: {
+	case CF_CARRIER: { /* the peer's entry, then the first "transport" in it */
 		static char h[65536];
-		char want[FERRY_NAME_MAX + 32];
-		const char *at;
+		char want[FERRY_NAME_MAX + 16];
+		const char *at, *tr = NULL;
 		size_t n;
 
-		snprintf(want, sizeof(want), "{\"name\":\"%.63s\",\"transport\":\"", m->text);
-		if (ferry_engine_health(a->e, h, sizeof(h)) >= (int)sizeof(h) ||
-		    !(at = strstr(h, want))) {
+		snprintf(want, sizeof(want), "{\"name\":\"%.63s\",", m->text);
+		if (ferry_engine_health(a->e, h, sizeof(h)) < (int)sizeof(h) &&
+		    (at = strstr(h, want)))
+			tr = strstr(at, "\"transport\":\"");
+		if (!tr) {
 			rep->rc = -ENOENT;
 			break;
 		}
-		at += strlen(want);
-		n = strcspn(at, "\"");
-		snprintf(rep->text, sizeof(rep->text), "%.*s", (int)n, at);
+		tr += strlen("\"transport\":\"");
+		n = strcspn(tr, "\"");
+		snprintf(rep->text, sizeof(rep->text), "%.*s", (int)n, tr);
 		break;
 	}
 	case CF_DUMP:

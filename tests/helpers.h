@@ -55,6 +55,16 @@ static inline int t_under_valgrind(void)
 }
 
 /*
+ * params.handshake_ms for tests whose handshakes are not what they test:
+ * the default (3 s), or 30 s under valgrind, where a busy machine can take
+ * longer than 3 s for one.
+ */
+static inline uint32_t t_handshake_ms(void)
+{
+	return t_under_valgrind() ? 30000 : 0;
+}
+
+/*
  * Every test program gets a private runtime directory (where engines
  * publish their names on the host), unless FERRY_RUNTIME_DIR is set: test
  * programs run in parallel (ctest -j, other checkouts) and name their

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# tests/symbols_check.sh LIBFERRY.a LIBFERRY.so FERRY.h - what the installed
+# tests/symbols_check.sh LIBFERRY.a LIBFERRY.so HEADER... - what the installed
 # libraries show a program linked to them:
 #   libferry.a   every global symbol it defines is ferry_ and public (the
 #                internal names, pool_alloc or ferry__op_complete, are local:
 #                a static consumer can not clash with them);
 #   libferry.so  it exports exactly the functions api/ferry.h declares with
-#                FERRY_API, each under the version node FERRY_0.
+#                FERRY_API (and the FERRY_INLINE helpers, out of line), each
+#                under the version node FERRY_0.
 set -uo pipefail
-a=$1 so=$2 header=$3
+a=$1 so=$2
+shift 2
+header="$*"
 rc=0
-# The first identifier followed by '(' on each FERRY_API line is the function.
-want=$(grep -E '^FERRY_API ' "$header" |
-	sed -E 's/^FERRY_API [^(]*[ *]([a-z_0-9]+)\(.*/\1/' | sort -u)
+# The first identifier followed by '(' on each FERRY_API line is the function;
+# FERRY_INLINE ones (the SQE helpers) are exported out of line too.
+want=$(cat "$@" | grep -E '^FERRY_(API|INLINE) ' |
+	sed -E 's/^FERRY_(API|INLINE) [^(]*[ *]([a-z_0-9]+)\(.*/\2/' | sort -u)
 nwant=$(printf '%s\n' "$want" | grep -c .)
 if ((nwant < 20)); then
 	echo "symbols_check: found only $nwant FERRY_API functions in $header" >&2

@@ -14,7 +14,7 @@
 
 #include "helpers.h"
 #include "internal.h"
-#include "tcp_addr.h"
+#include "netaddr.h"
 
 #define NS "tcptest"
 #define SECRET "test-cluster-secret"
@@ -32,6 +32,7 @@ struct mk {
 	const char *secret;  /* NULL: none */
 	size_t pool;
 	uint32_t heartbeat_ms, peer_timeout_ms;
+	uint32_t handshake_ms; /* 0: t_handshake_ms() */
 	uint32_t max_ops;
 	uint32_t max_keys;
 	uint32_t max_bufs;
@@ -51,6 +52,7 @@ static inline struct ferry_engine *mk_engine(const struct mk *m)
 	p.secret = m->secret;
 	p.heartbeat_ms = m->heartbeat_ms;
 	p.peer_timeout_ms = m->peer_timeout_ms;
+	p.handshake_ms = m->handshake_ms ? m->handshake_ms : t_handshake_ms();
 	p.max_ops = m->max_ops;
 	p.max_keys = m->max_keys;
 	p.max_bufs = m->max_bufs;
@@ -147,7 +149,7 @@ static inline void spawn(struct child *c, int (*fn)(const char *addr, void *arg)
 	c->pid = fork();
 	assert_true(c->pid >= 0);
 	if (c->pid == 0) {
-		char addr[TCP_ADDR_MAX];
+		char addr[NETADDR_MAX];
 
 		alarm(t_under_valgrind() ? 900 : 100);
 		close(c->fd[1]);

@@ -1,5 +1,5 @@
 /*
- * tests/test_ctl.c - the control channel (backends/tcp/ctl.c): handshake and
+ * tests/test_ctl.c - the control channel (control/ctl.c): handshake and
  * the data address it publishes (control port 0, data port 0), directory
  * queries, store-like keys (PUBLISH / LOOKUP GETs, and the wish of one that
  * ended withdrawn from the holder), a directory query to every peer at once,
@@ -25,9 +25,11 @@
 
 #include "ctl_wire.h"
 
-#define CTL_TEST_PREAUTH_MAX 64 /* CTL_GATE_PREAUTH_MAX (backends/tcp/ctl_int.h) */
+#define CTL_TEST_PREAUTH_MAX 64 /* CTL_GATE_PREAUTH_MAX (control/ctl_int.h) */
 
 #define CNS "ctltest"
+
+static uint32_t mk_handshake_ms; /* 0: t_handshake_ms() */
 
 static struct ferry_engine *mk_ctl_mode(const char *name, const char *secret, uint32_t hb,
 					uint32_t timeout, enum ferry_progress_mode mode)
@@ -43,6 +45,7 @@ static struct ferry_engine *mk_ctl_mode(const char *name, const char *secret, ui
 	p.secret = secret;
 	p.heartbeat_ms = hb;
 	p.peer_timeout_ms = timeout;
+	p.handshake_ms = mk_handshake_ms ? mk_handshake_ms : t_handshake_ms();
 	p.spin_ns = 20000;
 	p.progress = mode;
 	rc = ferry_engine_create(&p, &e);
@@ -118,7 +121,7 @@ static void health_to(struct ferry_engine *e, struct ferry_peer *p, uint64_t ud,
 /* b calls a; waits until a health query over the session answers. */
 static struct ferry_peer *connect_to(struct ferry_engine *b, struct ferry_engine *a)
 {
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_peer *p = t_peer(b, ferry_engine_name(a));
 	ctl_addr(a, addr, sizeof(addr));
 	assert_int_equal(ferry_peer_connect(p, addr), 0);
@@ -132,7 +135,7 @@ static struct ferry_peer *connect_to(struct ferry_engine *b, struct ferry_engine
 static void test_ctl_handshake_publishes_data_address(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
-	char ca[TCP_ADDR_MAX], cb[TCP_ADDR_MAX], da[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX], cb[NETADDR_MAX], da[NETADDR_MAX];
 	const char msg[] = "over the data path, found through the control channel";
 	struct ferry_peer *pa, *pb;
 	struct iovec v;
@@ -154,7 +157,12 @@ static void test_ctl_handshake_publishes_data_address(void **state)
 	t_put(b, pa, "k1", msg, sizeof(msg), 1, 0);
 	t_expect(b, NULL, 1, 0, &c);
 	assert_int_equal(c.len, sizeof(msg));
-	assert_string_equal(pa->address, da); /* learned from a, not configured */
+	{
+		char learned[PEER_ADDR_MAX] = "";
+
+		assert_true(ferry__peer_addr_get(pa, "tcp", learned, sizeof(learned)));
+		assert_string_equal(learned, da); /* learned from a, not configured */
+	}
 
 	pb = t_peer(a, "ctlB");
 	v.iov_base = out;
@@ -509,7 +517,7 @@ static void test_ctl_lookup_every_peer_ends(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
 	struct ferry_cqe c;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	uint64_t used;
 
 	(void)state;
@@ -557,7 +565,7 @@ static void test_ctl_lookup_every_peer_connecting(void **state)
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
 	const char one[] = "published before anyone called";
 	struct ferry_cqe q;
-	char cb[TCP_ADDR_MAX], want[64];
+	char cb[NETADDR_MAX], want[64];
 
 	(void)state;
 	t_put(b, t_peer(b, "ctlA"), "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
@@ -621,11 +629,70 @@ static void test_ctl_remote_cancel(void **state)
 	ferry_engine_destroy(b);
 }
 
+/*
+ * PUTs to a peer whose handshake has not answered wait in the engine (not
+ * at a transport): one whose deadline passes there ends with -ETIMEDOUT,
+ * one cancelled there with -ECANCELED, and the call's own failure later
+ * (nobody answers: -EHOSTUNREACH after its bound) fails only what still
+ * waits; each op completes once. A control port that accepts and never
+ * speaks stands in for the silent peer.
+ */
+static void test_ctl_puts_wait_for_handshake(void **state)
+{
+	struct ferry_engine *c = mk_ctl("ctlW", SECRET, 0, 0);
+	struct ferry_peer *p = t_peer(c, "mute");
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sa);
+	char ep[64];
+	const char x[] = "x";
+	struct ferry_cqe e;
+	struct ferry_sqe *sqe;
+	int lfd = socket(AF_INET, SOCK_STREAM, 0);
+	int64_t t0;
+
+	(void)state;
+	assert_true(lfd >= 0);
+	assert_int_equal(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	assert_int_equal(listen(lfd, 8), 0); /* the kernel accepts; nobody speaks */
+	assert_int_equal(getsockname(lfd, (struct sockaddr *)&sa, &sl), 0);
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%d", ntohs(sa.sin_port));
+	assert_int_equal(ferry_peer_connect(p, ep), 0);
+	t0 = t_now();
+	sqe = t_sqe(c);
+	ferry_prep_put(sqe, p, "short", &(struct iovec){ (void *)x, 1 }, 1, 1);
+	ferry_sqe_set_timeout(sqe, 200 * MS);
+	t_submit(c);
+	t_put(c, p, "cancelled", x, 1, 2, 0);
+	t_put(c, p, "waits", x, 1, 3, 0);
+	sqe = t_sqe(c);
+	ferry_prep_cancel(sqe, 2, 4);
+	t_submit(c);
+	/* The cancel, and the cancelled PUT. */
+	for (int n = 0; n < 2; n++) {
+		assert_int_equal(t_wait_cqe(c, NULL, &e, 5 * SEC), 1);
+		if (e.user_data == 4)
+			assert_int_equal(e.res, 0);
+		else
+			assert_true(e.user_data == 2 && e.res == -ECANCELED);
+	}
+	assert_int_equal(t_wait_cqe(c, NULL, &e, 5 * SEC), 1);
+	assert_int_equal(e.user_data, 1);
+	assert_int_equal(e.res, -ETIMEDOUT);
+	assert_true(t_now() - t0 < 2 * SEC);
+	/* The call gives up (no answer within its bound): what still waits fails. */
+	assert_int_equal(t_wait_cqe(c, NULL, &e, 10 * SEC), 1);
+	assert_int_equal(e.user_data, 3);
+	assert_int_equal(e.res, -EHOSTUNREACH);
+	t_expect_none(c, NULL, 200);
+	ferry_engine_destroy(c);
+	close(lfd);
+}
+
 static void test_ctl_wrong_secret(void **state)
 {
 	struct ferry_engine *a, *c;
 	struct ferry_peer *pa;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	const char x[] = "x";
 
 	(void)state;
@@ -637,7 +704,8 @@ static void test_ctl_wrong_secret(void **state)
 	assert_int_equal(ferry_peer_connect(pa, ca), 0);
 	t_put(c, pa, "k", x, sizeof(x), 1, 0);
 	t_expect(c, NULL, 1, -EACCES, NULL);
-	assert_string_equal(pa->address, ""); /* nothing learned */
+	assert_false(ferry__peer_addr_get(pa, "tcp", (char[PEER_ADDR_MAX]){ 0 },
+					  PEER_ADDR_MAX)); /* nothing learned */
 	health_to(c, pa, 2, 2 * SEC);
 	{
 		struct ferry_cqe e;
@@ -692,12 +760,15 @@ enum { FLOOD = 200 };
  */
 static void test_ctl_silent_flood(void **state)
 {
-	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b;
+	struct ferry_engine *a, *b;
 	static int fds[FLOOD];
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	int64_t t0, end;
 
 	(void)state;
+	mk_handshake_ms = 3000; /* the bound under test, valgrind or not */
+	a = mk_ctl("ctlA", SECRET, 0, 0);
+	mk_handshake_ms = 0;
 	ctl_addr(a, ca, sizeof(ca));
 	t_silent_open(fds, FLOOD, port_of(ca));
 	t0 = t_now();
@@ -780,7 +851,7 @@ static void test_ctl_malformed_messages(void **state)
 	void *z = zmq_socket(ctx, ZMQ_DEALER);
 	uint8_t m[CTL_HDR_BYTES + sizeof(struct ctl_hello) + 16];
 	struct ctl_hello h;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	int zero = 0, tmo = t_under_valgrind() ? 5000 : 300;
 	char big[4096];
 
@@ -881,7 +952,7 @@ static void test_ctl_addr_in_use(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 
 	(void)state;
 	ctl_addr(a, ca, sizeof(ca));
@@ -911,7 +982,7 @@ static int serve_forever(const char *unused, void *arg)
 {
 	struct ferry_engine *b;
 	int fd = *(int *)arg;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	(void)unused;
 	b = mk_ctl("ctlB", SECRET, 100, 600);
@@ -931,7 +1002,7 @@ static void test_ctl_dead_peer(void **state)
 	struct ferry_peer *pb;
 	struct child ch;
 	int back[2];
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_cqe c;
 	int64_t t0, took;
 
@@ -983,6 +1054,7 @@ static int serve_on_port(const char *unused, void *arg)
 	p.secret = SECRET;
 	p.heartbeat_ms = 100;
 	p.peer_timeout_ms = 600;
+	p.handshake_ms = t_handshake_ms();
 	for (int i = 0; i < 100 && ferry_engine_create(&p, &b); i++)
 		usleep(50000); /* the address may linger a moment after the last owner died */
 	if (!b || t_write(a[1], "up", 2) != 2)
@@ -1059,7 +1131,7 @@ static void test_ctl_manual_mode(void **state)
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = NULL;
 	struct ferry_peer *pa, *pb;
 	const char one[] = "manual";
-	char ca[TCP_ADDR_MAX];
+	char ca[NETADDR_MAX];
 	struct ferry_cqe c;
 
 	(void)state;
@@ -1095,6 +1167,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_lookup_every_peer_ends),
 		cmocka_unit_test(test_ctl_lookup_every_peer_connecting),
 		cmocka_unit_test(test_ctl_remote_cancel),
+		cmocka_unit_test(test_ctl_puts_wait_for_handshake),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_silent_flood),
 		cmocka_unit_test(test_ctl_malformed_messages),

@@ -253,6 +253,100 @@ static void test_strerror_every_documented_code(void **state)
 }
 
 /* Malformed SQEs complete with a negative errno in their CQE, never silently. */
+/*
+ * Each op takes only its own flags (and CB_REACTOR): any other is -EINVAL,
+ * as ferry.h says; a PUT of a buffer refused so frees the buffer. These
+ * were accepted silently (a GET with PUBLISH|STREAM_END|REPLACE, a NOP with
+ * LOOKUP).
+ */
+static void test_flags_per_op(void **state)
+{
+	struct ferry_engine *e = t_engine("flags", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_engine *other = t_engine("flags2", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_peer *p = t_peer(e, "flags2");
+	static const struct {
+		uint8_t opcode;
+		uint32_t bad;
+	} cases[] = {
+		{ FERRY_OP_NOP, FERRY_SQE_LOOKUP },
+		{ FERRY_OP_NOP, FERRY_SQE_NOWAIT },
+		{ FERRY_OP_GET, FERRY_SQE_PUBLISH | FERRY_SQE_STREAM_END | FERRY_SQE_REPLACE },
+		{ FERRY_OP_GET, FERRY_SQE_STREAM_WHOLE },
+		{ FERRY_OP_PUT, FERRY_SQE_NOWAIT },
+		{ FERRY_OP_PUT, FERRY_SQE_LOOKUP },
+		{ FERRY_OP_PUT, FERRY_SQE_STREAM_END },
+		{ FERRY_OP_STREAM_PUT, FERRY_SQE_REPLACE },
+		{ FERRY_OP_STREAM_PUT, FERRY_SQE_NOWAIT },
+		{ FERRY_OP_STREAM_GET, FERRY_SQE_STREAM_END },
+		{ FERRY_OP_STREAM_ABORT, FERRY_SQE_STREAM_END },
+		{ FERRY_OP_STREAM_ACCEPT, FERRY_SQE_NOWAIT },
+		{ FERRY_OP_CLEANUP, FERRY_SQE_REPLACE },
+		{ FERRY_OP_CANCEL, FERRY_SQE_NOWAIT },
+		{ FERRY_OP_LOOKUP, FERRY_SQE_LOOKUP },
+	};
+	struct iovec iov = { "data", 4 };
+	struct ferry_buf *b;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+
+	(void)state;
+	quiet_logs();
+	for (unsigned i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		sqe = t_sqe(e);
+		switch (cases[i].opcode) {
+		case FERRY_OP_PUT:
+			ferry_prep_put(sqe, p, "k", &iov, 1, i);
+			break;
+		case FERRY_OP_GET:
+			ferry_prep_get(sqe, p, "k", NULL, 0, i);
+			break;
+		case FERRY_OP_STREAM_PUT:
+			ferry_prep_stream_put(sqe, p, "s", &iov, 1, i);
+			break;
+		case FERRY_OP_STREAM_GET:
+			ferry_prep_stream_get(sqe, p, "s", i);
+			break;
+		case FERRY_OP_STREAM_ABORT:
+			ferry_prep_stream_abort(sqe, p, "s", "why", i);
+			break;
+		case FERRY_OP_STREAM_ACCEPT:
+			ferry_prep_stream_accept(sqe, p, i);
+			break;
+		case FERRY_OP_CLEANUP:
+			ferry_prep_cleanup(sqe, NULL, "r", i);
+			break;
+		case FERRY_OP_CANCEL:
+			ferry_prep_cancel(sqe, 12345, i);
+			break;
+		case FERRY_OP_LOOKUP:
+			ferry_prep_lookup(sqe, p, "k", i);
+			break;
+		default:
+			ferry_prep_nop(sqe, i);
+			break;
+		}
+		ferry_sqe_set_flags(sqe, cases[i].bad);
+		t_submit(e);
+		t_expect(e, other, i, -EINVAL, NULL);
+	}
+	/* A PUT of a pool buffer refused for its flags gives the buffer back. */
+	assert_int_equal(ferry_buf_alloc(e, 100, &b), 0);
+	sqe = t_sqe(e);
+	ferry_prep_put_buf(sqe, p, "k", b, 99);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+	t_submit(e);
+	t_expect(e, other, 99, -EINVAL, NULL);
+	assert_int_equal(t_health_num(e, "\"pool\":{", "blocks_in_use"), 0);
+	/* The flags an op does take still work (CB_REACTOR aside). */
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "absent", NULL, 0, 100);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+	t_submit(e);
+	t_expect(e, other, 100, -EAGAIN, &c);
+	ferry_engine_destroy(e);
+	ferry_engine_destroy(other);
+}
+
 static void test_bad_sqes(void **state)
 {
 	struct ferry_engine *e = t_engine("bad", FERRY_PROGRESS_MANUAL, 1u << 20);
@@ -497,6 +591,7 @@ int main(void)
 		cmocka_unit_test(test_strerror),
 		cmocka_unit_test(test_strerror_every_documented_code),
 		cmocka_unit_test(test_bad_sqes),
+		cmocka_unit_test(test_flags_per_op),
 		cmocka_unit_test(test_sq_backpressure),
 		cmocka_unit_test(test_cq_overflow),
 		cmocka_unit_test(test_health_json),

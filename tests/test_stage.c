@@ -22,6 +22,7 @@
 
 #include "helpers.h"
 #include "config.h"
+#include "ferry/stage.h"
 #include "shm_sock.h"
 
 #define FIX FERRY_TEST_SRCDIR "/fixtures/stages/"

@@ -58,7 +58,7 @@ static void test_kv_handoff(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *from;
 	struct iovec dst[2 * KV_LAYERS];
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_cqe c;
 	uint8_t *whole;
 

@@ -33,8 +33,8 @@
 
 #include "helpers.h"
 #include "internal.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 #include "tcp_wire.h"
 
 
@@ -184,7 +184,7 @@ static void test_tcp_params(void **state)
 	struct mk m2 = { .name = "b", .secret = SECRET };
 	struct ferry_engine *a, *b, *c;
 	struct ferry_peer *p;
-	char addr[TCP_ADDR_MAX], small[8];
+	char addr[NETADDR_MAX], small[8];
 	int n;
 
 	(void)state;
@@ -349,7 +349,7 @@ static void test_tcp_one_gib(void **state)
 			.pool = bp.pool };
 	struct child ch;
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	int64_t t0;
 
 	(void)state;
@@ -379,7 +379,7 @@ static void test_tcp_eight_concurrent(void **state)
 			.pool = bp.pool };
 	struct child ch;
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	(void)state;
 	spawn(&ch, big_producer, &bp);
@@ -450,7 +450,7 @@ static int listener_main(const char *unused, void *arg)
 	struct mk m = { .name = lc->name, .listen = "tcp://127.0.0.1:0", .secret = SECRET,
 			.pool = lc->pool };
 	struct ferry_engine *e = mk_engine(&m);
-	char addr[TCP_ADDR_MAX], go_word[8];
+	char addr[NETADDR_MAX], go_word[8];
 	int n, rc;
 
 	(void)unused;
@@ -485,7 +485,7 @@ static void spawn_listener(struct child *ch, struct listener_child *lc)
 static void listener_addr(struct child *ch, struct listener_child *lc, char *addr)
 {
 	go(ch, "start");
-	assert_int_equal(wait_text(lc->back[0], addr, TCP_ADDR_MAX, 20000), 0);
+	assert_int_equal(wait_text(lc->back[0], addr, NETADDR_MAX, 20000), 0);
 	close(lc->back[0]);
 }
 
@@ -514,7 +514,7 @@ static void test_tcp_one_to_three(void **state)
 	e = mk_engine(&m);
 	assert_non_null(e);
 	for (int i = 0; i < 3; i++) {
-		char addr[TCP_ADDR_MAX];
+		char addr[NETADDR_MAX];
 
 		listener_addr(&ch[i], &lc[i], addr);
 		to[i] = t_peer(e, names[i]);
@@ -675,7 +675,7 @@ static void tell_test(const char *s)
 /* Child side of linked_to_child: make engine m and say "A<its address>" on up_pipe. */
 static struct ferry_engine *child_engine(const struct mk *m)
 {
-	char addr[TCP_ADDR_MAX + 1] = "A";
+	char addr[NETADDR_MAX + 1] = "A";
 	struct ferry_engine *e = mk_engine(m);
 
 	if (!e)
@@ -694,7 +694,7 @@ static struct ferry_engine *linked_to_child(struct child *ch,
 					    const struct mk *m, struct ferry_peer **to)
 {
 	struct ferry_engine *e;
-	char msg[TCP_ADDR_MAX + 2];
+	char msg[NETADDR_MAX + 2];
 
 	assert_int_equal(pipe(up_pipe), 0);
 	spawn(ch, fn, NULL);
@@ -774,7 +774,7 @@ static void test_tcp_three_to_one(void **state)
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
 			.pool = all + all / 4 > 128 * MIB ? all + all / 4 : 128 * MIB };
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	unsigned got[3] = { 0 };
 
 	(void)state;
@@ -839,7 +839,7 @@ static void test_tcp_wrong_secret(void **state)
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
 	struct child c1, c2, c3;
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct ferry_cqe c;
 
 	(void)state;
@@ -890,10 +890,11 @@ static void test_tcp_silent_flood(void **state)
 {
 	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp.c */ };
 	struct producer good = { .name = "prod", .secret = SECRET, .count = 5, .size = 100 };
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.handshake_ms = 3000 /* the bound under test, valgrind or not */ };
 	static int fds[FLOOD];
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	struct child ch;
 	int64_t t0, end;
 
@@ -923,6 +924,31 @@ static void test_tcp_silent_flood(void **state)
 	ferry_engine_destroy(e);
 }
 
+/* params.handshake_ms bounds it: 500 ms, a silent caller is gone well before 3 s. */
+static void test_tcp_handshake_bound(void **state)
+{
+	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
+			.handshake_ms = 500 };
+	struct ferry_engine *e;
+	char addr[NETADDR_MAX];
+	int fd[1];
+	int64_t t0;
+
+	(void)state;
+	if (t_under_valgrind())
+		skip(); /* a bound this short is for a machine at full speed */
+	e = mk_engine(&m);
+	assert_non_null(e);
+	engine_addr(e, addr, sizeof(addr));
+	t_silent_open(fd, 1, atoi(strrchr(addr, ':') + 1));
+	t0 = t_now();
+	assert_true(t_silent_all_closed(fd, 1, 10000));
+	fprintf(stderr, "# a silent caller hung up on after %.2f s (handshake_ms 500)\n",
+		(double)(t_now() - t0) / SEC);
+	assert_true(t_now() - t0 < 2500 * MS);
+	ferry_engine_destroy(e);
+}
+
 /* ------------------------------------------------------------------ */
 /* A raw client speaking the protocol by hand                          */
 /* ------------------------------------------------------------------ */
@@ -934,7 +960,7 @@ static int raw_connect(const char *addr)
 	struct timeval tv = { 3, 0 };
 	int fd;
 
-	assert_int_equal(tcp_addr_parse(addr, true, &ss, &len), 0);
+	assert_int_equal(netaddr_parse(addr, true, &ss, &len), 0);
 	fd = socket(ss.ss_family, SOCK_STREAM, 0);
 	assert_true(fd >= 0);
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
@@ -959,14 +985,14 @@ static int read_full(int fd, void *p, size_t n)
 /* Handshake as "raw" with secret; returns the fd, or -1 when refused. */
 static int raw_handshake(const char *addr, const char *secret)
 {
-	struct tcp_secret s;
+	struct sec_secret s;
 	struct tcp_hello h = { 0 }, in;
 	uint8_t nc[TCP_NONCE_BYTES], ns[TCP_NONCE_BYTES];
 	uint64_t link_id = 42;
 	int fd = raw_connect(addr);
 
-	assert_int_equal(tcp_secret_load(&s, secret, NULL), 0);
-	tcp_nonce(nc, sizeof(nc));
+	assert_int_equal(sec_secret_load(&s, secret, NULL), 0);
+	sec_nonce(nc, sizeof(nc));
 	h.magic = TCP_HELLO_MAGIC;
 	h.version = TCP_PROTO_VERSION;
 	h.type = TCP_H_HELLO;
@@ -985,7 +1011,7 @@ static int raw_handshake(const char *addr, const char *secret)
 	h.magic = TCP_HELLO_MAGIC;
 	h.version = TCP_PROTO_VERSION;
 	h.type = TCP_H_AUTH;
-	tcp_proof(&s, "ferry-caller", nc, ns, "raw", "cons", NS, link_id, 0, h.mac);
+	sec_proof(&s, "ferry-caller", nc, ns, "raw", "cons", NS, link_id, 0, h.mac);
 	tcp_hello_to_wire(&h);
 	assert_int_equal(t_send(fd, &h, sizeof(h), MSG_NOSIGNAL), sizeof(h));
 	if (read_full(fd, &in, sizeof(in))) {
@@ -1061,7 +1087,7 @@ static void test_tcp_bad_peer_name(void **state)
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
 	struct ferry_engine *e;
 	struct tcp_hello in;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	(void)state;
 	e = mk_engine(&m);
@@ -1087,7 +1113,7 @@ static void test_tcp_malformed(void **state)
 	struct producer good = { .name = "prod", .secret = SECRET, .count = 20, .size = 5000 };
 	struct child ch;
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	uint8_t body[256];
 	int fd;
 
@@ -1261,7 +1287,7 @@ static int sink_main(const char *unused, void *arg)
 	struct sink *s = arg;
 	struct mk m = { .name = "cons", .listen = s->listen, .secret = SECRET, .pool = s->pool };
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	(void)unused;
 	if (s->end_one)
@@ -1329,7 +1355,7 @@ static void put_small(struct ferry_engine *e, struct ferry_peer *to, const char 
 /*
  * A sink child, and our engine (m) linked to it: its first PUT, k0
  * (user_data 1), made it and the link is up. to: the sink's peer handle;
- * addr (TCP_ADDR_MAX bytes): the sink's address.
+ * addr (NETADDR_MAX bytes): the sink's address.
  */
 static struct ferry_engine *linked_to_sink(struct child *ch, struct sink *s, const struct mk *m,
 					   struct ferry_peer **to, char *addr)
@@ -1337,7 +1363,7 @@ static struct ferry_engine *linked_to_sink(struct child *ch, struct sink *s, con
 	struct ferry_engine *e;
 	struct ferry_cqe c;
 
-	start_sink(ch, s, addr, TCP_ADDR_MAX);
+	start_sink(ch, s, addr, NETADDR_MAX);
 	e = mk_engine(m);
 	assert_non_null(e);
 	*to = t_peer(e, "cons");
@@ -1357,7 +1383,7 @@ static void test_tcp_kill_receiver(void **state)
 	struct ferry_peer *to;
 	struct ferry_buf *b;
 	struct ferry_cqe c;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	int64_t t0;
 	int rc;
 
@@ -1399,7 +1425,7 @@ static void test_tcp_kill_sender(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *from;
 	struct ferry_cqe c;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	int rc;
 
 	(void)state;
@@ -1439,7 +1465,7 @@ static void test_tcp_silent_peer(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *to;
 	struct ferry_cqe c;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	int64_t t0, dt;
 
 	(void)state;
@@ -1479,7 +1505,7 @@ static void test_tcp_peer_leaves_after_answer(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *to;
 	struct ferry_cqe c;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	int64_t t0;
 
 	(void)state;
@@ -1528,7 +1554,7 @@ static void test_tcp_peer_ends_one_connection(void **state)
 	struct ferry_engine *e;
 	struct ferry_peer *to;
 	struct ferry_cqe c;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	int64_t t0;
 
 	(void)state;
@@ -1561,6 +1587,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_wrong_secret, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_flood, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_handshake_bound, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_malformed, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_bad_peer_name, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_silent_peer, setup, teardown),

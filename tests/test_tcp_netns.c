@@ -178,7 +178,7 @@ static int consumer(const char *unused, void *arg)
 	struct mk m = { .name = r->name, .listen = r->listen, .secret = r->secret,
 			.pool = 320 * MIB };
 	struct ferry_engine *e;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 	uint64_t want = r->large ? expected_sum(r->large, 99) : 0;
 	uint8_t *exp = malloc(1000);
 	int rc = 0;
@@ -245,7 +245,7 @@ static void start_consumer(struct child *ch, struct consumer *k, char *addr, siz
 
 static void test_netns_two_hosts(void **state)
 {
-	char listen[64], addr[TCP_ADDR_MAX];
+	char listen[64], addr[NETADDR_MAX];
 	struct consumer k = { .r = { .ns = ns_a, .name = "cons", .listen = listen,
 				      .secret = SECRET, .small = 500, .large = 64 * MIB },
 			      .from = { "prod" }, .nfrom = 1 };
@@ -264,7 +264,7 @@ static void test_netns_two_hosts(void **state)
 
 static void test_netns_no_secret(void **state)
 {
-	char listen[64], addr[TCP_ADDR_MAX];
+	char listen[64], addr[NETADDR_MAX];
 	/* A consumer without a secret accepts loopback peers only. */
 	struct consumer k = { .r = { .ns = ns_a, .name = "cons", .listen = listen },
 			      .nfrom = 0 };
@@ -353,7 +353,7 @@ static int read_result(int fd, int res[2], int ms)
 
 static void test_netns_link_down(void **state)
 {
-	char listen[64], addr[TCP_ADDR_MAX], vp[16];
+	char listen[64], addr[NETADDR_MAX], vp[16];
 	struct consumer k = { .r = { .ns = ns_a, .name = "cons", .listen = listen,
 				      .secret = SECRET }, .nfrom = 0 };
 	struct cutter ct = { .r = { .ns = ns_b, .name = "prod", .to = "cons", .secret = SECRET,
@@ -405,7 +405,7 @@ static void test_netns_link_down(void **state)
 
 static void test_netns_three_hosts(void **state)
 {
-	char listen[64], addr[TCP_ADDR_MAX], addr_c[TCP_ADDR_MAX];
+	char listen[64], addr[NETADDR_MAX], addr_c[NETADDR_MAX];
 	struct consumer k = { .r = { .ns = ns_a, .name = "cons", .listen = listen,
 				      .secret = SECRET, .small = 300, .large = 32 * MIB },
 			      .from = { "pb", "pc" }, .nfrom = 2 };
@@ -461,7 +461,7 @@ static int ctl_holder(const char *unused, void *arg)
 	struct ferry_buf *b;
 	struct ferry_sqe *sqe;
 	struct ferry_cqe c;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	(void)unused;
 	if (ns_enter(ns_a) || !(e = ctl_engine("holder")))
@@ -524,8 +524,13 @@ static int ctl_consumer(const char *addr, void *arg)
 		return 56;
 	ferry_buf_release(c.buf);
 	/* The holder's wildcard data address became the host we called. */
-	if (strncmp(h->address, "tcp://10.", 9))
-		return 57;
+	{
+		char learned[PEER_ADDR_MAX] = "";
+
+		if (!ferry__peer_addr_get(h, "tcp", learned, sizeof(learned)) ||
+		    strncmp(learned, "tcp://10.", 9))
+			return 57;
+	}
 	ferry_engine_destroy(e);
 	return 0;
 }
@@ -533,7 +538,7 @@ static int ctl_consumer(const char *addr, void *arg)
 static void test_netns_control(void **state)
 {
 	struct child ch, cc;
-	char port[16], addr[TCP_ADDR_MAX];
+	char port[16], addr[NETADDR_MAX];
 	int p[2];
 
 	(void)state;

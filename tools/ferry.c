@@ -28,6 +28,7 @@
 
 #include "config.h"
 #include "ferry.h"
+#include "ferry/stage.h"
 #include "shm_sock.h"
 
 static int usage(FILE *f)

@@ -342,16 +342,11 @@ static void take_gone(struct ferry_engine *e, struct backend *b, struct loop_msg
 	bool ours = true;
 
 	for (struct ferry_peer *p = e->peers; p; p = p->next) {
-		bool addressed;
-
 		if (strcmp(p->name, gone->name) != 0)
 			continue;
-		pthread_mutex_lock(&e->lock);
-		addressed = p->address[0] != '\0';
-		pthread_mutex_unlock(&e->lock);
 		if (p->backend == b && p->transport == gone)
 			reactor_unresolve(e, p);
-		else if (p->backend || addressed)
+		else if (p->backend || atomic_load(&p->naddrs)) /* an address: not loop's */
 			ours = false;
 	}
 	if (ours) {
@@ -362,7 +357,7 @@ static void take_gone(struct ferry_engine *e, struct backend *b, struct loop_msg
 			    strcmp(op->peer->name, gone->name) == 0)
 				op_complete(e, op, -ECONNRESET, 0, NULL);
 		}
-		reactor_peer_lost(e, gone->name, -ECONNRESET); /* its streams */
+		ferry__peer_event(e, b, gone->name, PEER_LOST, -ECONNRESET); /* its streams */
 	}
 	ep_unref(gone);
 	free(m);
@@ -461,6 +456,8 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 
 const struct backend_ops ferry__loop_backend = {
 	.name = "loop",
+	.rank = 20,
+	.caps = TRANSPORT_CAP_SAME_PROCESS | TRANSPORT_CAP_ZERO_COPY | TRANSPORT_CAP_MEM_HOST,
 	.init = loop_init,
 	.fini = loop_fini,
 	.resolve = loop_resolve,

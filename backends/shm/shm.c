@@ -869,7 +869,7 @@ static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *wh
 		}
 	}
 	if (!others)
-		reactor_peer_lost(e, c->peer_name, res); /* its streams */
+		ferry__peer_event(e, st->b, c->peer_name, PEER_LOST, res); /* its streams */
 	for (uint32_t i = 0; i < st->max_bufs; i++)
 		if (st->lent_conn[i] == c->id + 1)
 			free_lent(st, i);
@@ -1506,24 +1506,31 @@ static bool ctrl_room_appeared(struct shm_conn *c)
 }
 
 /* Some queued release can be sent (its peer's control ring has room, or is gone). */
-static bool releases_can_move(struct shm_state *st)
+/* Room in c's control ring now; ask: or say we want it (before a sleep), then look again. */
+static bool ctrl_room_now(struct shm_conn *c, bool ask)
+{
+	return ctrl_room(c) != 0 || (ask && ctrl_room_appeared(c));
+}
+
+static bool releases_can_move(struct shm_state *st, bool ask)
 {
 	if (st->nlive == 0)
 		return true; /* only gone peers: nothing to wait for */
 	for (uint32_t i = 0; i < st->nlive; i++) {
 		struct shm_conn *c = st->live[i];
 
-		if (c->dead || ctrl_room(c) != 0 || ctrl_room_appeared(c))
+		if (c->dead || ctrl_room_now(c, ask))
 			return true;
 	}
 	return false;
 }
 
-static bool shm_has_work(struct ferry_engine *e, struct backend *b)
+/*
+ * Work for progress now? ask (before a sleep): where work waits for room in
+ * a ring the peer drains, tell the peer to ring us when it makes room.
+ */
+static bool shm_look(struct shm_state *st, bool ask)
 {
-	struct shm_state *st = b->data;
-
-	(void)e;
 	for (uint32_t i = 0; i < st->nlive; i++) {
 		struct shm_conn *c = st->live[i];
 
@@ -1532,15 +1539,29 @@ static bool shm_has_work(struct ferry_engine *e, struct backend *b)
 		if (ctrl_entry_state(c) != 0)
 			return true; /* ready, or garbage to disconnect */
 		/* PUTs to take need control room for their RESULT. */
-		if (put_entry_state(c) != 0 && (ctrl_room(c) != 0 || ctrl_room_appeared(c)))
+		if (put_entry_state(c) != 0 && ctrl_room_now(c, ask))
 			return true;
 		if (c->pending_head &&
 		    (put_room(c) != 0 ||
-		     room_appeared(&c->tx->put, SHM_PUT_ENTRIES, c->put_tail, &c->put_head_seen)))
+		     (ask && room_appeared(&c->tx->put, SHM_PUT_ENTRIES, c->put_tail,
+					   &c->put_head_seen))))
 			return true;
 	}
 	/* Releases wait for control room, which the loop above asked for. */
-	return atomic_load_explicit(&st->releases, memory_order_relaxed) && releases_can_move(st);
+	return atomic_load_explicit(&st->releases, memory_order_relaxed) &&
+	       releases_can_move(st, ask);
+}
+
+static bool shm_has_work(struct ferry_engine *e, struct backend *b)
+{
+	(void)e;
+	return shm_look(b->data, false);
+}
+
+static bool shm_prepare_sleep(struct ferry_engine *e, struct backend *b)
+{
+	(void)e;
+	return shm_look(b->data, true);
 }
 
 static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
@@ -1668,6 +1689,8 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 
 const struct backend_ops ferry__shm_backend = {
 	.name = "shm",
+	.rank = 30,
+	.caps = TRANSPORT_CAP_SAME_HOST | TRANSPORT_CAP_ZERO_COPY | TRANSPORT_CAP_MEM_HOST,
 	.init = shm_init,
 	.fini = shm_fini,
 	.resolve = shm_resolve,
@@ -1676,6 +1699,7 @@ const struct backend_ops ferry__shm_backend = {
 	.iov_put_max = SHM_INLINE_MAX,
 	.progress = shm_progress,
 	.has_work = shm_has_work,
+	.prepare_sleep = shm_prepare_sleep,
 	.forget = shm_forget,
 	.on_cqe = shm_on_cqe,
 };

@@ -4,7 +4,7 @@
  *
  * Owns: the listener, links (everything between us and one peer engine:
  * one to TCP_MAX_CONNS connections), the authenticated handshake of every
- * connection (tcp_auth.h), the data path (eager frames, rendezvous),
+ * connection (security.h), the data path (eager frames, rendezvous),
  * heartbeats and dead-peer detection, and what happens when a peer dies,
  * misbehaves or comes back.
  *
@@ -78,10 +78,9 @@
 #define VALGRIND_MAKE_MEM_DEFINED(p, n) ((void)(p), (void)(n))
 #endif
 
-#include "ctl.h"
 #include "internal.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 #include "tcp_wire.h"
 
 #define TCP_EAGER_MAX (64u * 1024u) /* payloads up to this go in one frame */
@@ -106,7 +105,6 @@
 #define TCP_MAX_SOCKS 1024          /* connections of one engine */
 #define TCP_PREAUTH_MAX 64          /* callers that proved nothing yet, at once */
 #define TCP_RING_ENTRIES 256
-#define TCP_HANDSHAKE_MS 3000
 #define TCP_DEFAULT_HEARTBEAT_MS 1000
 #define TCP_DEFAULT_PEER_TIMEOUT_MS 10000
 #define TCP_BACKLOG 128
@@ -294,9 +292,9 @@ struct tcp_state {
 	uint32_t nconns;       /* connections in the table */
 	struct __kernel_timespec tick_ts, end_ts;
 	/* Configuration. */
-	struct tcp_secret secret;
-	char listen_text[TCP_ADDR_MAX];
-	char bound[TCP_ADDR_MAX];
+	struct sec_secret secret;
+	char listen_text[NETADDR_MAX];
+	char bound[NETADDR_MAX];
 	int lfd;
 	uint32_t lgen;
 	uint64_t heartbeat_ns, peer_timeout_ns;
@@ -527,7 +525,7 @@ static struct tcp_conn *conn_new(struct tcp_state *st, int fd, bool caller)
 	c->gen = ++st->next_gen & 0xffffffffu;
 	c->fd = fd;
 	c->caller = caller;
-	c->hs_deadline = reactor_now(st->engine) + TCP_HANDSHAKE_MS * 1000000ull;
+	c->hs_deadline = reactor_now(st->engine) + st->engine->handshake_ns;
 	for (unsigned i = 0; i < TCP_CHUNKS_PER_CONN; i++)
 		c->chunks[i].tx.kind = TX_CHUNK;
 	st->conns[slot] = c;
@@ -1858,7 +1856,8 @@ static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const c
 				op_complete(e, op, res == -ECANCELED ? res : -ECONNRESET, 0, NULL);
 		}
 		/* Its streams: STREAM_GETs end, chunks waiting for credit fail. */
-		reactor_peer_lost(e, l->peer_name, res == -ECANCELED ? res : -ECONNRESET);
+		ferry__peer_event(e, st->b, l->peer_name, PEER_LOST,
+				  res == -ECANCELED ? res : -ECONNRESET);
 	}
 	link_unref(l);
 }
@@ -1956,9 +1955,9 @@ static void callee_hello(struct tcp_state *st, struct tcp_conn *c)
 	struct ferry_engine *e = st->engine;
 	struct tcp_hello *in = &c->hin, h;
 	struct tcp_link *l = NULL;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
-	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+	netaddr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
 	if (in->type != TCP_H_HELLO || in->version != TCP_PROTO_VERSION) {
 		log_warn("tcp: engine %s: refused %s: protocol version %u type %u (we speak %u)",
 			 e->name, addr, in->version, in->type, TCP_PROTO_VERSION);
@@ -1978,14 +1977,14 @@ static void callee_hello(struct tcp_state *st, struct tcp_conn *c)
 	c->index = in->conn_index;
 	c->nconns = in->nconns;
 	memcpy(c->nonce_peer, in->nonce, TCP_NONCE_BYTES);
-	if (tcp_nonce(c->nonce_me, TCP_NONCE_BYTES)) {
+	if (sec_nonce(c->nonce_me, TCP_NONCE_BYTES)) {
 		refuse(st, c, EIO);
 		return;
 	}
 	(void)l;
 	hello_fill(st, &h, TCP_H_PROOF);
 	memcpy(h.nonce, c->nonce_me, TCP_NONCE_BYTES);
-	tcp_proof(&st->secret, "ferry-callee", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
+	sec_proof(&st->secret, "ferry-callee", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
 		  e->ns, c->link_id, c->index, h.mac);
 	if (hello_send(c, &h)) {
 		conn_kill(st, c);
@@ -2002,10 +2001,10 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 	uint8_t want[TCP_MAC_BYTES];
 	struct tcp_link *l;
 	struct tcp_hello h;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
-	tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
-	tcp_proof(&st->secret, "ferry-caller", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
+	netaddr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+	sec_proof(&st->secret, "ferry-caller", c->nonce_peer, c->nonce_me, c->peer_name, e->name,
 		  e->ns, c->link_id, c->index, want);
 	if (c->hin.type == TCP_H_NO) {
 		/* The caller found our proof wrong: the two hold different secrets. */
@@ -2018,7 +2017,7 @@ static void callee_auth(struct tcp_state *st, struct tcp_conn *c)
 		conn_kill(st, c);
 		return;
 	}
-	if (c->hin.type != TCP_H_AUTH || !tcp_proof_equal(want, c->hin.mac)) {
+	if (c->hin.type != TCP_H_AUTH || !sec_proof_equal(want, c->hin.mac)) {
 		STAT_ADD(e->stats.peers_refused, 1);
 		log_limited(FERRY__LOG_WARN, "tcp: engine %s: refused \"%s\" from %s: wrong secret",
 			    e->name, c->peer_name, addr);
@@ -2108,9 +2107,9 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 		return;
 	}
 	memcpy(c->nonce_peer, c->hin.nonce, TCP_NONCE_BYTES);
-	tcp_proof(&st->secret, "ferry-callee", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
+	sec_proof(&st->secret, "ferry-callee", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
 		  e->ns, l->link_id, c->index, want);
-	if (!tcp_proof_equal(want, c->hin.mac)) {
+	if (!sec_proof_equal(want, c->hin.mac)) {
 		log_warn("tcp: engine %s: %s does not hold our secret: hung up", e->name,
 			 l->peer_name);
 		/* Say so before hanging up: the engine we called logs and counts it too. */
@@ -2121,7 +2120,7 @@ static void caller_proof(struct tcp_state *st, struct tcp_conn *c)
 		return;
 	}
 	hello_fill(st, &h, TCP_H_AUTH);
-	tcp_proof(&st->secret, "ferry-caller", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
+	sec_proof(&st->secret, "ferry-caller", c->nonce_me, c->nonce_peer, e->name, l->peer_name,
 		  e->ns, l->link_id, c->index, h.mac);
 	if (hello_send(c, &h)) {
 		hs_fail(st, c, -EHOSTUNREACH, "handshake send failed");
@@ -2275,7 +2274,7 @@ static int caller_start(struct tcp_state *st, struct tcp_link *l, uint16_t index
 	c->index = index;
 	c->hs = HS_CONNECTING;
 	l->conns[index] = c;
-	if ((rc = tcp_nonce(c->nonce_me, TCP_NONCE_BYTES))) {
+	if ((rc = sec_nonce(c->nonce_me, TCP_NONCE_BYTES))) {
 		conn_kill(st, c);
 		return rc;
 	}
@@ -2325,7 +2324,7 @@ static unsigned count_preauth(struct tcp_state *st)
 static void drop_oldest_preauth(struct tcp_state *st)
 {
 	struct tcp_conn *old = NULL;
-	char addr[TCP_ADDR_MAX];
+	char addr[NETADDR_MAX];
 
 	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++) {
 		struct tcp_conn *c = st->conns[i];
@@ -2336,7 +2335,7 @@ static void drop_oldest_preauth(struct tcp_state *st)
 	}
 	if (!old)
 		return;
-	tcp_addr_format((struct sockaddr *)&old->peer_sa, addr, sizeof(addr));
+	netaddr_format((struct sockaddr *)&old->peer_sa, addr, sizeof(addr));
 	STAT_ADD(st->engine->stats.handshakes_dropped, 1);
 	log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s was the oldest of %u that had "
 		    "not proved the cluster secret yet: hung up", st->engine->name, addr,
@@ -2350,7 +2349,7 @@ static void accept_all(struct tcp_state *st)
 		struct sockaddr_storage sa;
 		socklen_t len = sizeof(sa);
 		struct tcp_conn *c;
-		char addr[TCP_ADDR_MAX];
+		char addr[NETADDR_MAX];
 		int fd = accept4(st->lfd, (struct sockaddr *)&sa, &len,
 				 SOCK_NONBLOCK | SOCK_CLOEXEC);
 
@@ -2362,8 +2361,8 @@ static void accept_all(struct tcp_state *st)
 				continue;
 			return;
 		}
-		if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&sa)) {
-			tcp_addr_format((struct sockaddr *)&sa, addr, sizeof(addr));
+		if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&sa)) {
+			netaddr_format((struct sockaddr *)&sa, addr, sizeof(addr));
 			log_warn("tcp: engine %s: refused %s: no cluster secret is set, so only "
 				 "loopback peers are accepted", st->engine->name, addr);
 			close(fd);
@@ -2391,10 +2390,10 @@ static int listen_start(struct tcp_state *st)
 	socklen_t len;
 	int fd, rc, one = 1;
 
-	rc = tcp_addr_parse(st->listen_text, false, &ss, &len);
+	rc = netaddr_parse(st->listen_text, false, &ss, &len);
 	if (rc)
 		return rc;
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss))
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss))
 		log_warn("tcp: engine %s listens on %s without a cluster secret: only loopback "
 			 "peers will be accepted (set params.secret, FERRY_SECRET or "
 			 "params.secret_file)", e->name, st->listen_text);
@@ -2420,7 +2419,7 @@ static int listen_start(struct tcp_state *st)
 	}
 	len = sizeof(ss);
 	getsockname(fd, (struct sockaddr *)&ss, &len);
-	tcp_addr_format((struct sockaddr *)&ss, st->bound, sizeof(st->bound));
+	netaddr_format((struct sockaddr *)&ss, st->bound, sizeof(st->bound));
 	st->lfd = fd;
 	st->lgen++;
 	log_debug("tcp: engine %s listens on %s", e->name, st->bound);
@@ -2446,14 +2445,15 @@ static int check_time(struct tcp_state *st)
 				 c->link->peer_name);
 			hs_fail(st, c, -EHOSTUNREACH, NULL);
 		} else {
-			char addr[TCP_ADDR_MAX];
+			char addr[NETADDR_MAX];
 
-			tcp_addr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
+			netaddr_format((struct sockaddr *)&c->peer_sa, addr, sizeof(addr));
 			STAT_ADD(st->engine->stats.handshakes_dropped, 1);
 			log_limited(FERRY__LOG_WARN, "tcp: engine %s: a caller at %s%s%s%s did not "
 				    "finish its handshake within %u ms: hung up", st->engine->name,
 				    addr, c->peer_name[0] ? " (\"" : "", c->peer_name,
-				    c->peer_name[0] ? "\")" : "", TCP_HANDSHAKE_MS);
+				    c->peer_name[0] ? "\")" : "",
+				    (unsigned)(st->engine->handshake_ns / 1000000));
 			conn_kill(st, c);
 		}
 		n++;
@@ -2640,6 +2640,22 @@ static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 {
 	struct tcp_state *st = b->data;
 
+	(void)e;
+	if (!st->ready)
+		return false;
+	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) || st->nflush ||
+	       (st->stalled && st->free_ctls);
+}
+
+/*
+ * Before the progress side sleeps: hot connections (read by busy polling)
+ * go back to io_uring recvs, and what was held back to be sent in one go
+ * leaves now, so that no byte waits for a round that will not come.
+ */
+static bool tcp_prepare_sleep(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+
 	if (!st->ready)
 		return false;
 	if ((st->nhot || st->nflush) &&
@@ -2650,8 +2666,7 @@ static bool tcp_has_work(struct ferry_engine *e, struct backend *b)
 		if (io_uring_sq_ready(&st->ring))
 			io_uring_submit(&st->ring);
 	}
-	return io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) || st->nflush ||
-	       (st->stalled && st->free_ctls);
+	return tcp_has_work(e, b);
 }
 
 static void tcp_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
@@ -2674,13 +2689,11 @@ static void tcp_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_link **out)
 {
 	struct ferry_engine *e = st->engine;
-	char address[sizeof(peer->address)];
+	char address[PEER_ADDR_MAX] = "";
 	struct tcp_link *l;
 	int rc;
 
-	pthread_mutex_lock(&e->lock);
-	memcpy(address, peer->address, sizeof(address));
-	pthread_mutex_unlock(&e->lock);
+	ferry__peer_addr_get(peer, "tcp", address, sizeof(address));
 	for (l = st->links; l; l = l->next)
 		if (link_open(l) && strcmp(l->peer_name, peer->name) == 0)
 			break;
@@ -2695,12 +2708,12 @@ static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_li
 	l = link_new(st, peer->name, true);
 	if (!l)
 		return -ENOMEM;
-	if ((rc = tcp_addr_parse(address, true, &l->addr, &l->addrlen)) ||
-	    (rc = tcp_nonce((uint8_t *)&l->link_id, sizeof(l->link_id)))) {
+	if ((rc = netaddr_parse(address, true, &l->addr, &l->addrlen)) ||
+	    (rc = sec_nonce((uint8_t *)&l->link_id, sizeof(l->link_id)))) {
 		link_fail(st, l, -EHOSTUNREACH, NULL);
 		return -EHOSTUNREACH;
 	}
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&l->addr)) {
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&l->addr)) {
 		log_error("tcp: engine %s: not calling %s at %s: no cluster secret is set",
 			  e->name, peer->name, address);
 		link_fail(st, l, -EACCES, NULL);
@@ -2719,11 +2732,13 @@ static int link_for(struct tcp_state *st, struct ferry_peer *peer, struct tcp_li
 static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
 	struct tcp_state *st = b->data;
+	char address[PEER_ADDR_MAX];
+	bool has_address = ferry__peer_addr_get(peer, "tcp", address, sizeof(address));
 	struct tcp_link *l;
 	int rc;
 
 	(void)e;
-	if (!peer->address[0] && !st->links)
+	if (!has_address && !st->links)
 		return -EHOSTUNREACH; /* the common case of engines without tcp */
 	rc = link_for(st, peer, &l);
 	if (rc) {
@@ -2732,7 +2747,7 @@ static int tcp_resolve(struct ferry_engine *e, struct backend *b, struct ferry_p
 		 * call that cannot start (no route) must not hand it to another
 		 * transport that finds an engine of its name (shm, loop).
 		 */
-		return peer->address[0] ? -ENETUNREACH : rc;
+		return has_address ? -ENETUNREACH : rc;
 	}
 	l->refs++;
 	peer->transport = l;
@@ -2850,9 +2865,9 @@ static int tcp_init(struct ferry_engine *e, struct backend *b)
 	st->lfd = -1;
 	b->data = st;
 	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
-		if (p->listen && strnlen(p->listen, TCP_ADDR_MAX) >= TCP_ADDR_MAX) {
+		if (p->listen && strnlen(p->listen, NETADDR_MAX) >= NETADDR_MAX) {
 			log_error("ferry_engine_create: listen endpoint longer than %d bytes",
-				  TCP_ADDR_MAX - 1);
+				  NETADDR_MAX - 1);
 			rc = -EINVAL;
 			goto fail;
 		}
@@ -2860,9 +2875,9 @@ static int tcp_init(struct ferry_engine *e, struct backend *b)
 			snprintf(st->listen_text, sizeof(st->listen_text), "%s", p->listen);
 		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
 		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
-		rc = tcp_secret_load(&st->secret, p->secret, p->secret_file);
+		rc = sec_secret_load(&st->secret, p->secret, p->secret_file);
 	} else {
-		rc = tcp_secret_load(&st->secret, NULL, NULL);
+		rc = sec_secret_load(&st->secret, NULL, NULL);
 	}
 	if (rc)
 		goto fail;
@@ -2962,8 +2977,28 @@ static void tcp_fini(struct ferry_engine *e, struct backend *b)
 	b->data = NULL;
 }
 
+/*
+ * The control plane declared the engine `name` dead: fail the data links to
+ * it as if they had gone silent (their ops fail with res). A link that
+ * failed alone is no such verdict (PEER_LOST): the peer may be alive.
+ */
+static void tcp_peer_event(struct ferry_engine *e, struct backend *b, const char *name,
+			   enum peer_event ev, int res)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	if (ev != PEER_DEAD)
+		return;
+	for (struct tcp_link *l = st->links; l; l = l->next)
+		if (l->state != LINK_DEAD && strcmp(l->peer_name, name) == 0)
+			link_fail(st, l, res, "the control channel declared it dead");
+}
+
 const struct backend_ops ferry__tcp_backend = {
 	.name = "tcp",
+	.rank = 10,
+	.caps = TRANSPORT_CAP_SAME_HOST | TRANSPORT_CAP_REMOTE | TRANSPORT_CAP_MEM_HOST,
 	.init = tcp_init,
 	.fini = tcp_fini,
 	.resolve = tcp_resolve,
@@ -2972,10 +3007,12 @@ const struct backend_ops ferry__tcp_backend = {
 	.iov_put_max = TCP_INLINE_MAX,
 	.progress = tcp_progress,
 	.has_work = tcp_has_work,
+	.prepare_sleep = tcp_prepare_sleep,
 	.sqs_drained = tcp_sqs_drained,
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
+	.peer_event = tcp_peer_event,
 };
 
 /* ------------------------------------------------------------------ */
@@ -2994,16 +3031,6 @@ static struct tcp_state *tcp_of(struct ferry_engine *e)
  * Control channel hook (ctl.h): the control channel declared engine `name`
  * dead; its data links go too, as if they had gone silent.
  */
-void ferry__tcp_peer_dead(struct ferry_engine *e, const char *name, int res)
-{
-	struct tcp_state *st = tcp_of(e);
-
-	if (!st)
-		return;
-	for (struct tcp_link *l = st->links; l; l = l->next)
-		if (l->state != LINK_DEAD && strcmp(l->peer_name, name) == 0)
-			link_fail(st, l, res, "the control channel declared it dead");
-}
 
 int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len)
 {
@@ -3023,7 +3050,7 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 {
 	struct sockaddr_storage ss;
 	struct tcp_state *st;
-	char text[TCP_ADDR_MAX];
+	char text[NETADDR_MAX];
 	socklen_t len;
 	int rc;
 
@@ -3031,7 +3058,7 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 		log_error("ferry_peer_set_address: NULL %s", p ? "endpoint" : "peer");
 		return -EINVAL;
 	}
-	rc = tcp_addr_parse_peer("ferry_peer_set_address", endpoint, &ss, &len);
+	rc = netaddr_parse_peer("ferry_peer_set_address", endpoint, &ss, &len);
 	if (rc)
 		return rc;
 	st = tcp_of(p->engine);
@@ -3039,17 +3066,12 @@ int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
 		log_error("ferry_peer_set_address: engine %s has no tcp transport", p->engine->name);
 		return -EINVAL;
 	}
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
 		log_error("ferry_peer_set_address: %s for %s is not a loopback address and engine "
 			  "%s has no cluster secret", endpoint, p->name, p->engine->name);
 		return -EACCES;
 	}
-	if (!st->secret.set)
-		log_warn("tcp: engine %s has no cluster secret: peers prove nothing (loopback "
-			 "only)", p->engine->name);
-	tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
-	pthread_mutex_lock(&p->engine->lock);
-	snprintf(p->address, sizeof(p->address), "%s", text);
-	pthread_mutex_unlock(&p->engine->lock);
-	return 0;
+	sec_note_no_secret(&st->secret, p->engine->name);
+	netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
+	return ferry__peer_addr_set(p, text);
 }

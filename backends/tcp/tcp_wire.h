@@ -7,7 +7,7 @@
  * checks every length, offset and id before using it).
  *
  * A connection starts with the handshake (four struct tcp_hello messages,
- * see tcp_auth.h), then carries frames: a fixed 32-byte header, then
+ * see security.h), then carries frames: a fixed 32-byte header, then
  * `len` bytes (a key, then data, as the type says).
  */
 #ifndef FERRY_TCP_WIRE_H
@@ -55,6 +55,10 @@ struct tcp_hello {
 	char ns[FERRY_NAME_MAX];
 	char name[FERRY_NAME_MAX];
 };
+
+/* The hello to and from its wire form, in place (tcp_wire.c); from_wire NUL-terminates names. */
+void tcp_hello_to_wire(struct tcp_hello *h);
+void tcp_hello_from_wire(struct tcp_hello *h);
 
 enum tcp_frame_type {
 	/* Eager PUT: key, then data. cookie: the sender's message; arg: data bytes. */

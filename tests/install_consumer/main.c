@@ -3,6 +3,8 @@
  * installed ferry, through find_package(ferry) and through pkg-config.
  */
 #include <ferry.h>
+#include <ferry/stage.h>
+#include <errno.h>
 #include <stdio.h>
 
 int main(void)
@@ -25,5 +27,11 @@ int main(void)
 		return 1;
 	}
 	printf("engine created and destroyed\n");
+	/* The stage API's header installed beside it: a stage needs its file. */
+	if (ferry_stage_open(NULL, NULL) != -EINVAL) {
+		fprintf(stderr, "ferry_stage_open(NULL, NULL) is not -EINVAL\n");
+		return 1;
+	}
+	printf("ferry %d, features 0x%x\n", ferry_version(), (unsigned)ferry_features());
 	return 0;
 }

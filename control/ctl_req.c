@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_req.c - the requests that ride a control channel session.
+ * control/ctl_req.c - the requests that ride a control channel session.
  *
  * Owns: our requests (a table of 1024 waiting for their answers: PEER_HEALTH,
  * LOOKUP, REMOTE_CANCEL, and the FETCH of a LOOKUP GET), the peer's requests
@@ -231,7 +231,7 @@ int ctl_on_fetch(struct ctl_state *st, struct ctl_session *s, const struct ctl_k
 
 	if (n < 0)
 		return n;
-	if (!s->peer->address[0] && !s->peer->backend) {
+	if (!s->peer->backend && !atomic_load(&s->peer->naddrs)) {
 		/* Nowhere to send it: it published no data address and has no link to us. */
 		log_warn("ctl: engine %s: %s asks for %s but listens for no data: refused",
 			 e->name, s->peer_name, key);
@@ -566,9 +566,9 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 	return 0;
 }
 
-void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+static void dir_do_op(struct ferry_engine *e, void *svc, struct op *op, const struct ferry_sqe *sqe)
 {
-	struct ctl_state *st = ctl_state_of(e);
+	struct ctl_state *st = svc;
 	uint8_t type = sqe->opcode == FERRY_OP_PEER_HEALTH ? CTL_HEALTH_REQ
 		       : sqe->opcode == FERRY_OP_LOOKUP    ? CTL_LOOKUP
 							   : CTL_CANCEL;
@@ -610,12 +610,13 @@ void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_
 		op_arm_deadline(e, op, sqe->timeout_ns);
 }
 
-void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
+static void dir_publish(struct ferry_engine *e, void *svc, struct op *op)
 {
 	char fullkey[FULLKEY_MAX];
 	uint64_t len = op->len;
 	int n, rc;
 
+	(void)svc;
 	n = keytable_compose(fullkey, op->key, op->key_len, e->name, op->peer->name);
 	if (n < 0) {
 		op_complete(e, op, n, 0, NULL);
@@ -628,20 +629,21 @@ void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
 	op_complete(e, op, rc, rc ? 0 : len, NULL);
 }
 
-void ferry__ctl_forget(struct ferry_engine *e, struct op *op)
+static void dir_forget(struct ferry_engine *e, void *svc, struct op *op)
 {
-	struct ctl_state *st = ctl_state_of(e);
+	struct ctl_state *st = svc;
 	struct ctl_session *s = st && op->peer ? ctl_session_for(st, op->peer->name, true) : NULL;
 	struct ctl_key k = { .key_len = htole16(op->key_len) };
 
+	(void)e;
 	if (!s || s->state != CS_READY || !(s->peer_caps & CTL_CAP_FORGET))
 		return; /* a session that ended took the wish with it */
 	ctl_send_msg(st, s, CTL_FORGET, op->wish_seq, &k, sizeof(k), op->key, op->key_len);
 }
 
-void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+static void dir_fetch(struct ferry_engine *e, void *svc, struct op *op, const struct ferry_sqe *sqe)
 {
-	struct ctl_state *st = ctl_state_of(e);
+	struct ctl_state *st = svc;
 	bool nowait = sqe->flags & FERRY_SQE_NOWAIT;
 	uint64_t ms = sqe->timeout_ns / 1000000ull;
 	int rc;
@@ -667,5 +669,14 @@ void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_
 	if (nowait && op->heap_idx == UINT32_MAX && op_state_pending(op->state))
 		op_arm_deadline(e, op, st->peer_timeout_ns);
 }
+
+/* The control channel as the engine's directory service (engine/directory.h). */
+const struct directory_ops ctl_directory = {
+	.name = "control channel",
+	.publish = dir_publish,
+	.fetch = dir_fetch,
+	.forget = dir_forget,
+	.do_op = dir_do_op,
+};
 
 #endif

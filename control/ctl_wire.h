@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_wire.h - what two engines say on the control channel
+ * control/ctl_wire.h - what two engines say on the control channel
  * (private to ctl.c and its tests).
  *
  * Owns: the control message format. Every message is one ZeroMQ frame (on
@@ -12,7 +12,7 @@
  * before reading a field. A message that fails a check is logged and
  * dropped; one that breaks the handshake ends the session.
  *
- * The handshake (the data path's, see tcp_auth.h, with its own HMAC roles):
+ * The handshake (the data path's, see security.h, with its own HMAC roles):
  *   caller -> callee  HELLO  caps, namespace, caller name, callee name, nonce Nc
  *   callee -> caller  PROOF  caps, callee name, nonce Ns,
  *                            HMAC(K, "ferry-ctl-callee" | Nc | Ns | names | ns)
@@ -29,7 +29,7 @@
 #include <string.h>
 
 #include "ferry.h"
-#include "tcp_wire.h"
+#include "security.h"
 
 #define CTL_MAGIC 0x4c544346u /* "FCTL" */
 #define CTL_VERSION 1
@@ -86,19 +86,19 @@ struct ctl_hello {
 	char ns[FERRY_NAME_MAX];
 	char caller[FERRY_NAME_MAX];
 	char callee[FERRY_NAME_MAX]; /* the engine the caller means to reach */
-	uint8_t nonce[TCP_NONCE_BYTES];
+	uint8_t nonce[SEC_NONCE_BYTES];
 };
 
 struct ctl_proof {
 	uint32_t caps;
 	uint32_t resv;
 	char name[FERRY_NAME_MAX];
-	uint8_t nonce[TCP_NONCE_BYTES];
-	uint8_t mac[TCP_MAC_BYTES];
+	uint8_t nonce[SEC_NONCE_BYTES];
+	uint8_t mac[SEC_MAC_BYTES];
 };
 
 struct ctl_auth {
-	uint8_t mac[TCP_MAC_BYTES];
+	uint8_t mac[SEC_MAC_BYTES];
 	char data_addr[CTL_ADDR_BYTES]; /* "" when it listens for no data */
 };
 

@@ -1,10 +1,10 @@
 /*
- * backends/tcp/ctl.c - the control channel between engines, on ZeroMQ.
+ * control/ctl.c - the control channel between engines, on ZeroMQ.
  *
  * Owns: the control endpoint (a ROUTER socket bound at params.control), the
  * sessions with peers (ours: a DEALER per peer we call with
  * ferry_peer_connect; theirs: a routing id at our ROUTER), their
- * authenticated handshake (tcp_auth.h's HMAC over fresh nonces, roles
+ * authenticated handshake (security.h's HMAC over fresh nonces, roles
  * "ferry-ctl-caller" / "ferry-ctl-callee"), the exchange of data addresses,
  * heartbeats and the dead-peer verdict, receiving and checking every
  * message, and the public calls. The requests that ride a READY session (a
@@ -29,8 +29,8 @@
  * life; an idle session is pinged every heartbeat_ms, and one silent for
  * peer_timeout_ms is declared dead. For a peer with a control session this
  * verdict is the one that counts: it fails the peer's requests, its LOOKUP
- * GETs, and (ferry__tcp_peer_dead) its data links, since a dead engine can
- * hold none. The data path keeps its own check of its connections with the
+ * GETs, and (a PEER_DEAD event, engine/transport.h) its data links, since a
+ * dead engine can hold none. The data path keeps its own check of its connections with the
  * same two numbers; a data link that fails alone only fails what rode it
  * and is called again by the next PUT (the peer may well be alive).
  *
@@ -51,8 +51,8 @@
 
 #include "ctl.h"
 #include "ctl_wire.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 
 #ifdef FERRY_HAVE_ZMQ
 #include <zmq.h>
@@ -176,7 +176,7 @@ int ctl_sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char
 		 * libzmq's own greeting bounded too (its default: 30 s): a second
 		 * after ctl_gate.c's bound, which hangs up (and counts) first.
 		 */
-		int ivl = (int)(CTL_HANDSHAKE_NS / 1000000) + 1000;
+		int ivl = (int)(st->e->handshake_ns / 1000000) + 1000;
 
 		zmq_setsockopt(s->z, ZMQ_ROUTER_MANDATORY, &one, sizeof(one));
 		zmq_setsockopt(s->z, ZMQ_HANDSHAKE_IVL, &ivl, sizeof(ivl));
@@ -336,24 +336,15 @@ static struct ctl_session *session_by_id(struct ctl_state *st, const void *id, s
 	return NULL;
 }
 
-/* PUTs that waited for the handshake: on to the transport that now reaches the peer. */
+/*
+ * Our call to a peer is through (res 0: the PUTs that waited in the engine
+ * for it go to the transport that now reaches the peer) or failed (they
+ * fail with res). Only our calls hold PUTs (ctl_reaching): one per peer.
+ */
 static void waiters_go(struct ctl_state *st, struct ctl_session *s, int res)
 {
-	struct ferry_engine *e = st->e;
-	struct op *op;
-
-	if (s->peer && s->peer->backend == st->b)
-		reactor_unresolve(e, s->peer);
-	while ((op = s->wait_head)) {
-		uint32_t gen = op->gen;
-		int rc = res;
-
-		op_list_remove(&s->wait_head, &s->wait_tail, op);
-		if (!rc)
-			rc = reactor_send(e, op);
-		if (rc)
-			reactor_put_done(e, op, gen, rc);
-	}
+	if (s->caller && s->peer)
+		ferry__peer_reached(st->e, s->peer, res);
 }
 
 /* The peer `name` has no READY session left. */
@@ -366,7 +357,7 @@ static void peer_gone(struct ctl_state *st, const char *name, int res)
 			ctl_req_finish(st, r, res, 0, NULL);
 	}
 	ctl_fail_lookup_gets(st, name, res);
-	ferry__tcp_peer_dead(st->e, name, res);
+	ferry__peer_event(st->e, st->b, name, PEER_DEAD, res); /* its data links go */
 }
 
 static void session_dead(struct ctl_state *st, struct ctl_session *s, int res, const char *why)
@@ -420,7 +411,7 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 	struct ferry_engine *e = st->e;
 	struct sockaddr_storage ss;
 	socklen_t sl;
-	char text[TCP_ADDR_MAX] = "";
+	char text[NETADDR_MAX] = "";
 	int rc;
 
 	if (!s->peer && (rc = ferry_peer_open(e, s->peer_name, &s->peer))) {
@@ -428,7 +419,7 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 		return;
 	}
 	if (data_addr[0]) {
-		if (tcp_addr_parse(data_addr, true, &ss, &sl)) {
+		if (netaddr_parse(data_addr, true, &ss, &sl)) {
 			log_warn("ctl: engine %s: %s published a malformed data address", e->name,
 				 s->peer_name);
 		} else {
@@ -439,24 +430,22 @@ static void session_ready(struct ctl_state *st, struct ctl_session *s, const cha
 						     &((struct sockaddr_in6 *)&ss)->sin6_addr);
 
 			if (any && s->seen_host[0]) {
-				char ep[TCP_ADDR_MAX];
+				char ep[NETADDR_MAX];
 				unsigned port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
 
 				snprintf(ep, sizeof(ep), strchr(s->seen_host, ':') ? "tcp://[%s]:%u"
 										 : "tcp://%s:%u",
 					 s->seen_host, port);
-				if (tcp_addr_parse(ep, true, &ss, &sl))
+				if (netaddr_parse(ep, true, &ss, &sl))
 					ss.ss_family = AF_UNSPEC;
 			}
 			if (ss.ss_family != AF_UNSPEC)
-				tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
+				netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
 		}
 	}
-	if (text[0]) {
-		pthread_mutex_lock(&e->lock);
-		snprintf(s->peer->address, sizeof(s->peer->address), "%s", text);
-		pthread_mutex_unlock(&e->lock);
-	}
+	if (text[0] && ferry__peer_addr_set(s->peer, text)) /* its data path's address */
+		log_warn("ctl: engine %s: %s: no room for its address %s", e->name, s->peer_name,
+			 text);
 	s->state = CS_READY;
 	s->refused = false;
 	if (!s->caller)
@@ -491,7 +480,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 {
 	struct ferry_engine *e = st->e;
 	struct ctl_hello h;
-	char ep[TCP_ADDR_MAX + 2];
+	char ep[NETADDR_MAX + 2];
 	int rc;
 
 	zmq_endpoint(s->endpoint, ep, sizeof(ep));
@@ -503,7 +492,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 			  zmq_strerror(errno));
 		goto fail;
 	}
-	if ((rc = tcp_nonce(s->nonce_me, sizeof(s->nonce_me))))
+	if ((rc = sec_nonce(s->nonce_me, sizeof(s->nonce_me))))
 		goto fail;
 	memset(&h, 0, sizeof(h));
 	h.caps = htole32(CTL_CAPS);
@@ -512,7 +501,7 @@ static void call_start(struct ctl_state *st, struct ctl_session *s)
 	snprintf(h.callee, sizeof(h.callee), "%s", s->peer_name);
 	memcpy(h.nonce, s->nonce_me, sizeof(h.nonce));
 	s->state = CS_WAIT_PROOF;
-	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
+	s->hs_deadline = reactor_now(e) + e->handshake_ns;
 	if ((rc = ctl_send_msg(st, s, CTL_HELLO, 0, &h, sizeof(h), NULL, 0)))
 		goto fail;
 	return;
@@ -543,18 +532,21 @@ static bool name_ok(const char *s, size_t cap)
 	return true;
 }
 
-static bool peer_addr_loopback(const char *text)
+/* ZeroMQ's Peer-Address text (a numeric IPv4 or IPv6 address) as a socket address. */
+static bool peer_sockaddr(const char *text, struct sockaddr_storage *ss)
 {
-	struct sockaddr_in in = { .sin_family = AF_INET };
-	struct sockaddr_in6 in6 = { .sin6_family = AF_INET6 };
+	struct sockaddr_in *in = (struct sockaddr_in *)ss;
+	struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)ss;
 
+	memset(ss, 0, sizeof(*ss));
 	if (!text)
 		return false;
-	if (inet_pton(AF_INET, text, &in.sin_addr) == 1)
-		return tcp_addr_is_loopback((struct sockaddr *)&in);
-	if (inet_pton(AF_INET6, text, &in6.sin6_addr) == 1)
-		return tcp_addr_is_loopback((struct sockaddr *)&in6);
-	return false;
+	in->sin_family = AF_INET;
+	if (inet_pton(AF_INET, text, &in->sin_addr) == 1)
+		return true;
+	memset(ss, 0, sizeof(*ss));
+	in6->sin6_family = AF_INET6;
+	return inet_pton(AF_INET6, text, &in6->sin6_addr) == 1;
 }
 
 /* A message of a READY session. */
@@ -627,6 +619,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 {
 	struct ferry_engine *e = st->e;
 	struct ctl_session tmp, *s;
+	struct sockaddr_storage pss;
 	struct ctl_hello h;
 	struct ctl_proof p;
 
@@ -642,7 +635,8 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 			 peer_addr ? peer_addr : "?");
 		return;
 	}
-	if (!st->secret.set && !peer_addr_loopback(peer_addr)) {
+	if (!sec_peer_allowed(&st->secret, peer_sockaddr(peer_addr, &pss) ? (struct sockaddr *)&pss
+									   : NULL)) {
 		log_warn("ctl: engine %s: refusing %s from %s: no cluster secret is set, so only "
 			 "loopback peers are served", e->name, h.caller, peer_addr ? peer_addr : "?");
 		return;
@@ -671,7 +665,7 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	snprintf(s->seen_host, sizeof(s->seen_host), "%s", peer_addr ? peer_addr : "");
 	memcpy(s->nonce_peer, h.nonce, sizeof(h.nonce));
 	s->peer_caps = le32toh(h.caps);
-	if (tcp_nonce(s->nonce_me, sizeof(s->nonce_me))) {
+	if (sec_nonce(s->nonce_me, sizeof(s->nonce_me))) {
 		session_free(st, s);
 		return;
 	}
@@ -679,10 +673,10 @@ static void on_hello(struct ctl_state *st, const void *id, size_t id_len, const 
 	p.caps = htole32(CTL_CAPS);
 	snprintf(p.name, sizeof(p.name), "%s", e->name);
 	memcpy(p.nonce, s->nonce_me, sizeof(p.nonce));
-	tcp_proof(&st->secret, ROLE_CALLEE, s->nonce_peer, s->nonce_me, s->peer_name, e->name,
+	sec_proof(&st->secret, ROLE_CALLEE, s->nonce_peer, s->nonce_me, s->peer_name, e->name,
 		  e->ns, 0, 0, p.mac);
 	s->state = CS_WAIT_AUTH;
-	s->hs_deadline = reactor_now(e) + CTL_HANDSHAKE_NS;
+	s->hs_deadline = reactor_now(e) + e->handshake_ns;
 	if (ctl_send_msg(st, s, CTL_PROOF, 0, &p, sizeof(p), NULL, 0))
 		session_free(st, s);
 }
@@ -739,12 +733,12 @@ static void on_callee_msg(struct ctl_state *st, const void *id, size_t id_len,
 	{
 		struct ctl_auth a;
 		struct ctl_ok ok;
-		uint8_t want[TCP_MAC_BYTES];
+		uint8_t want[SEC_MAC_BYTES];
 
 		memcpy(&a, body, sizeof(a));
-		tcp_proof(&st->secret, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
+		sec_proof(&st->secret, ROLE_CALLER, s->nonce_peer, s->nonce_me, s->peer_name,
 			  e->name, e->ns, 0, 0, want);
-		if (!tcp_proof_equal(want, a.mac)) {
+		if (!sec_proof_equal(want, a.mac)) {
 			STAT_ADD(e->stats.peers_refused, 1);
 			CTL_REFUSE(st, "ctl: engine %s: %s (%s) failed to prove the cluster secret: "
 				 "refused", e->name, s->peer_name, peer_addr ? peer_addr : "?");
@@ -801,14 +795,14 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 	if (s->state == CS_WAIT_PROOF && h.type == CTL_PROOF && h.len == sizeof(struct ctl_proof)) {
 		struct ctl_proof p;
 		struct ctl_auth a;
-		uint8_t want[TCP_MAC_BYTES];
+		uint8_t want[SEC_MAC_BYTES];
 
 		memcpy(&p, body, sizeof(p));
 		memcpy(s->nonce_peer, p.nonce, sizeof(p.nonce));
-		tcp_proof(&st->secret, ROLE_CALLEE, s->nonce_me, s->nonce_peer, e->name,
+		sec_proof(&st->secret, ROLE_CALLEE, s->nonce_me, s->nonce_peer, e->name,
 			  s->peer_name, e->ns, 0, 0, want);
 		if (strnlen(p.name, sizeof(p.name)) >= sizeof(p.name) ||
-		    strcmp(p.name, s->peer_name) || !tcp_proof_equal(want, p.mac)) {
+		    strcmp(p.name, s->peer_name) || !sec_proof_equal(want, p.mac)) {
 			CTL_REFUSE(st, "ctl: engine %s: the engine at %s failed to prove it is %s "
 				   "holding the cluster secret: hung up", e->name, s->endpoint,
 				   s->peer_name);
@@ -820,7 +814,7 @@ static void on_caller_msg(struct ctl_state *st, struct ctl_session *s, const uin
 		}
 		s->peer_caps = le32toh(p.caps);
 		memset(&a, 0, sizeof(a));
-		tcp_proof(&st->secret, ROLE_CALLER, s->nonce_me, s->nonce_peer, e->name,
+		sec_proof(&st->secret, ROLE_CALLER, s->nonce_me, s->nonce_peer, e->name,
 			  s->peer_name, e->ns, 0, 0, a.mac);
 		my_data_addr(st, a.data_addr);
 		s->state = CS_WAIT_OK;
@@ -995,7 +989,7 @@ static int check_time(struct ctl_state *st)
 				log_limited(FERRY__LOG_WARN, "ctl: engine %s: %s (%s) did not prove the "
 					    "cluster secret within %llu ms: hung up", st->e->name,
 					    s->peer_name, s->seen_host[0] ? s->seen_host : "?",
-					    (unsigned long long)(CTL_HANDSHAKE_NS / 1000000));
+					    (unsigned long long)(st->e->handshake_ns / 1000000));
 				session_dead(st, s, -EHOSTUNREACH, NULL);
 				n++;
 			} else if (now >= s->hs_deadline) {
@@ -1191,69 +1185,28 @@ static void ctl_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 	st->any_dirty = true;
 }
 
-static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+/*
+ * Before any transport resolves peer: our call to it still in its
+ * handshake (or waiting to call again) holds its PUTs in the engine until
+ * the handshake tells its data address (waiters_go); a peer that refused us
+ * fails them with -EACCES. A peer with a READY session, or none of ours,
+ * is for the transports.
+ */
+static int ctl_reaching(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
 	struct ctl_state *st = b->data;
 
 	(void)e;
-	ctl_connects_first(st);
-	if (!st->nsessions)
-		return -EHOSTUNREACH;
+	ctl_connects_first(st); /* a ferry_peer_connect just before this PUT */
+	if (!st->nsessions || ctl_session_for(st, peer->name, true))
+		return 0;
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
 		struct ctl_session *s = &st->sessions[i];
 
-		/* Only a call of ours still in its handshake holds PUTs back. */
-		if (s->caller && s->peer == peer && s->state != CS_FREE && s->state != CS_READY &&
-		    !ctl_session_for(st, peer->name, true)) {
-			peer->transport = s;
-			return 0;
-		}
+		if (s->caller && s->peer == peer && s->state != CS_FREE && s->state != CS_READY)
+			return s->refused && s->state == CS_BACKOFF ? -EACCES : 1;
 	}
-	return -EHOSTUNREACH;
-}
-
-static void ctl_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
-{
-	(void)e;
-	(void)b;
-	peer->transport = NULL;
-}
-
-static int ctl_put(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	struct ctl_state *st = b->data;
-	struct ctl_session *s = op->peer->transport;
-
-	if (!s || s->state == CS_READY || s->state == CS_FREE) {
-		reactor_unresolve(e, op->peer);
-		if (ctl_resolve(e, b, op->peer) == 0) {
-			op->peer->backend = b;
-			s = op->peer->transport;
-		} else {
-			return reactor_send(e, op);
-		}
-	}
-	if (s->refused && s->state == CS_BACKOFF)
-		return -EACCES;
-	(void)st;
-	op_list_append(&s->wait_head, &s->wait_tail, op);
 	return 0;
-}
-
-static void ctl_forget(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	struct ctl_state *st = b->data;
-
-	(void)e;
-	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
-		struct ctl_session *s = &st->sessions[i];
-
-		for (struct op *w = s->wait_head; w; w = w->next)
-			if (w == op) {
-				op_list_remove(&s->wait_head, &s->wait_tail, op);
-				return;
-			}
-	}
 }
 
 static int ctl_init(struct ferry_engine *e, struct backend *b)
@@ -1261,7 +1214,7 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	const struct ferry_engine_params *p = e->create_params;
 	struct ctl_state *st = calloc(1, sizeof(*st));
 	const char *control = NULL;
-	char ep[TCP_ADDR_MAX + 2];
+	char ep[NETADDR_MAX + 2];
 	size_t len = sizeof(st->bound);
 	int rc;
 
@@ -1272,12 +1225,13 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	st->router.fd = -1;
 	pthread_mutex_init(&st->lock, NULL);
 	b->data = st;
+	ferry__directory_set(e, &ctl_directory, st);
 	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
 		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
 		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
-		rc = tcp_secret_load(&st->secret, p->secret, p->secret_file);
+		rc = sec_secret_load(&st->secret, p->secret, p->secret_file);
 	} else {
-		rc = tcp_secret_load(&st->secret, NULL, NULL);
+		rc = sec_secret_load(&st->secret, NULL, NULL);
 	}
 	if (rc)
 		goto fail;
@@ -1289,9 +1243,9 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 		control = p->control;
 	if (!control)
 		return 0;
-	if (strnlen(control, TCP_ADDR_MAX) >= TCP_ADDR_MAX) {
+	if (strnlen(control, NETADDR_MAX) >= NETADDR_MAX) {
 		log_error("ferry_engine_create: control endpoint longer than %d bytes",
-			  TCP_ADDR_MAX - 1);
+			  NETADDR_MAX - 1);
 		rc = -EINVAL;
 		goto fail;
 	}
@@ -1299,18 +1253,16 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 		struct sockaddr_storage ss;
 		socklen_t sl;
 
-		if ((rc = tcp_addr_parse(control, true, &ss, &sl)))
+		if ((rc = netaddr_parse(control, true, &ss, &sl)))
 			goto fail;
-		if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+		if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
 			log_error("ferry_engine_create: control endpoint %s is not a loopback "
 				  "address and engine %s has no cluster secret", control, e->name);
 			rc = -EACCES;
 			goto fail;
 		}
 	}
-	if (!st->secret.set)
-		log_warn("ctl: engine %s has no cluster secret: peers prove nothing (loopback only)",
-			 e->name);
+	sec_note_no_secret(&st->secret, e->name);
 	zmq_endpoint(control, ep, sizeof(ep));
 	if ((rc = ctl_sock_open(st, &st->router, ZMQ_ROUTER, ep)))
 		goto fail;
@@ -1330,6 +1282,7 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	log_debug("ctl: engine %s: control on %s", e->name, st->bound);
 	return 0;
 fail:
+	ferry__directory_set(e, NULL, NULL);
 	if (st->gate.mon.z)
 		zmq_close(st->gate.mon.z);
 	if (st->router.z)
@@ -1348,6 +1301,7 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 
 	if (!st)
 		return;
+	ferry__directory_set(e, NULL, NULL); /* from now on: -EOPNOTSUPP */
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++) {
 		struct ctl_session *s = &st->sessions[i];
 
@@ -1355,8 +1309,6 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 			ctl_send_msg(st, s, CTL_BYE, 0, NULL, 0, NULL, 0);
 		if (s->state != CS_FREE) {
 			waiters_go(st, s, -ECANCELED);
-			if (s->peer && s->peer->backend == b)
-				reactor_unresolve(e, s->peer);
 			session_free(st, s);
 		}
 	}
@@ -1373,29 +1325,11 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	b->data = NULL;
 }
 
-const struct backend_ops ferry__ctl_backend = {
-	.name = "ctl",
-	.init = ctl_init,
-	.fini = ctl_fini,
-	.resolve = ctl_resolve,
-	.unresolve = ctl_unresolve,
-	.put = ctl_put,
-	.progress = ctl_progress,
-	.has_work = ctl_has_work,
-	.forget = ctl_forget,
-	.on_cqe = ctl_on_cqe,
-};
-
-/* ------------------------------------------------------------------ */
-/* Public calls                                                        */
-/* ------------------------------------------------------------------ */
-
-int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
+static int ctl_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
 {
-	struct ctl_state *st = ctl_state_of(e);
+	struct ctl_state *st = b->data;
 
-	if (!st)
-		return 0;
+	(void)e;
 	return snprintf(buf, len,
 			",\"control\":{\"address\":\"%s\",\"sessions_ready\":%llu,"
 			"\"declared_dead\":%llu,\"dropped\":%llu,\"auth_failed\":%llu}",
@@ -1404,6 +1338,24 @@ int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
 			(unsigned long long)STAT_GET(st->dropped),
 			(unsigned long long)STAT_GET(st->auth_failed));
 }
+
+const struct backend_ops ferry__ctl_backend = {
+	.name = "ctl",
+	.rank = 0,
+	.caps = TRANSPORT_CAP_HOLDS,
+	.init = ctl_init,
+	.fini = ctl_fini,
+	.reaching = ctl_reaching,
+	.progress = ctl_progress,
+	.has_work = ctl_has_work,
+	.on_cqe = ctl_on_cqe,
+	.health = ctl_health,
+};
+
+/* ------------------------------------------------------------------ */
+/* Public calls                                                        */
+/* ------------------------------------------------------------------ */
+
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
 {
@@ -1423,7 +1375,7 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 {
 	struct sockaddr_storage ss;
 	struct ctl_state *st;
-	char text[TCP_ADDR_MAX];
+	char text[NETADDR_MAX];
 	socklen_t len;
 	int rc;
 
@@ -1431,28 +1383,26 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 		log_error("ferry_peer_connect: NULL %s", p ? "endpoint" : "peer");
 		return -EINVAL;
 	}
-	rc = tcp_addr_parse_peer("ferry_peer_connect", control_endpoint, &ss, &len);
+	rc = netaddr_parse_peer("ferry_peer_connect", control_endpoint, &ss, &len);
 	if (rc)
 		return rc;
 	st = ctl_state_of(p->engine);
 	if (!st)
 		return -EOPNOTSUPP;
-	if (!st->secret.set && !tcp_addr_is_loopback((struct sockaddr *)&ss)) {
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
 		log_error("ferry_peer_connect: %s for %s is not a loopback address and engine %s "
 			  "has no cluster secret", control_endpoint, p->name, p->engine->name);
 		return -EACCES;
 	}
-	if (!st->secret.set)
-		log_warn("ctl: engine %s has no cluster secret: peers prove nothing (loopback only)",
-			 p->engine->name);
-	tcp_addr_format((struct sockaddr *)&ss, text, sizeof(text));
+	sec_note_no_secret(&st->secret, p->engine->name);
+	netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
 	pthread_mutex_lock(&st->lock);
 	if (st->nconnects == CTL_MAX_SESSIONS) {
 		pthread_mutex_unlock(&st->lock);
 		return -ENOMEM;
 	}
 	st->connects[st->nconnects].peer = p;
-	snprintf(st->connects[st->nconnects].endpoint, TCP_ADDR_MAX, "%s", text);
+	snprintf(st->connects[st->nconnects].endpoint, NETADDR_MAX, "%s", text);
 	st->nconnects++;
 	atomic_store_explicit(&st->connects_pending, 1, memory_order_release);
 	pthread_mutex_unlock(&st->lock);
@@ -1481,21 +1431,6 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	(void)b;
 }
 
-static int ctl_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
-{
-	(void)e;
-	(void)b;
-	(void)peer;
-	return -EHOSTUNREACH;
-}
-
-static int ctl_put(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	(void)e;
-	(void)b;
-	(void)op;
-	return -EHOSTUNREACH;
-}
 
 static int ctl_progress(struct ferry_engine *e, struct backend *b)
 {
@@ -1513,44 +1448,12 @@ static bool ctl_has_work(struct ferry_engine *e, struct backend *b)
 
 const struct backend_ops ferry__ctl_backend = {
 	.name = "ctl",
+	.rank = 0,
 	.init = ctl_init,
 	.fini = ctl_fini,
-	.resolve = ctl_resolve,
-	.put = ctl_put,
 	.progress = ctl_progress,
 	.has_work = ctl_has_work,
 };
-
-void ferry__ctl_do_op(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	(void)sqe;
-	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-}
-
-void ferry__ctl_publish(struct ferry_engine *e, struct op *op)
-{
-	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-}
-
-void ferry__ctl_fetch(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	(void)sqe;
-	op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-}
-
-void ferry__ctl_forget(struct ferry_engine *e, struct op *op)
-{
-	(void)e;
-	(void)op;
-}
-
-int ferry__ctl_health(struct ferry_engine *e, char *buf, size_t len)
-{
-	(void)e;
-	(void)buf;
-	(void)len;
-	return 0;
-}
 
 int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len)
 {

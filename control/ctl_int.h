@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_int.h - the control channel's own types (private to
+ * control/ctl_int.h - the control channel's own types (private to
  * ctl.c and ctl_req.c; built with libzmq only).
  *
  * Owns: the state of one engine's control channel (sockets, sessions, the
@@ -18,13 +18,12 @@
 
 #include "ctl.h"
 #include "ctl_wire.h"
-#include "tcp_addr.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 
 #define CTL_MAX_SESSIONS 64
 #define CTL_MAX_REQS 1024
 #define CTL_ID_MAX 256
-#define CTL_HANDSHAKE_NS (3000ull * 1000000ull)
 #define CTL_FETCH_MAX_NS (3600ull * 1000000000ull)
 #define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
 #define CTL_DEFAULT_HEARTBEAT_MS 1000
@@ -64,12 +63,11 @@ struct ctl_session {
 	uint32_t id_len;
 	char peer_name[FERRY_NAME_MAX];
 	struct ferry_peer *peer;
-	char endpoint[TCP_ADDR_MAX]; /* caller: the control endpoint we call */
+	char endpoint[NETADDR_MAX]; /* caller: the control endpoint we call */
 	char seen_host[INET6_ADDRSTRLEN]; /* where the peer was seen (a wildcard data address) */
-	uint8_t nonce_me[TCP_NONCE_BYTES], nonce_peer[TCP_NONCE_BYTES];
+	uint8_t nonce_me[SEC_NONCE_BYTES], nonce_peer[SEC_NONCE_BYTES];
 	uint32_t peer_caps;
 	uint64_t hs_deadline, last_rx, last_ping, retry_at;
-	struct op *wait_head, *wait_tail; /* PUTs waiting for the handshake */
 	int fd;                 /* callee: the connection its HELLO came on (ZMQ_SRCFD), or -1 */
 };
 
@@ -108,7 +106,7 @@ struct ctl_req {
 
 struct ctl_connect {
 	struct ferry_peer *peer;
-	char endpoint[TCP_ADDR_MAX];
+	char endpoint[NETADDR_MAX];
 };
 
 struct ctl_state {
@@ -116,8 +114,8 @@ struct ctl_state {
 	struct backend *b;
 	void *zctx;
 	struct ctl_sock router;
-	char bound[TCP_ADDR_MAX];
-	struct tcp_secret secret;
+	char bound[NETADDR_MAX];
+	struct sec_secret secret;
 	uint64_t heartbeat_ns, peer_timeout_ns;
 	bool any_dirty;
 	bool need_arm;         /* a socket may want its poll armed again */
@@ -193,6 +191,9 @@ int ctl_gate_tick(struct ctl_state *st);   /* hang up on connections past the bo
 int ctl_gate_srcfd(struct ctl_state *st, const void *msg);
 /* A session on connection fd proved the cluster secret: it stays. */
 void ctl_gate_proved(struct ctl_state *st, int fd);
+
+/* ctl_req.c: the engine's directory service, registered by ctl_init */
+extern const struct directory_ops ctl_directory;
 
 /* ctl_req.c: our requests */
 void ctl_req_free(struct ctl_state *st, struct ctl_req *r);

@@ -1,11 +1,11 @@
 /*
- * backends/tcp/tcp_auth.c - the cluster secret and the handshake proofs.
+ * control/security.c - the cluster secret, the handshake proofs, and the
+ * rule for engines without a secret.
  *
- * Owns: what tcp_auth.h declares. HMAC-SHA256, the random nonces and the
+ * Owns: what security.h declares. HMAC-SHA256, the random nonces and the
  * constant-time compare come from OpenSSL's libcrypto (HMAC, RAND_bytes,
  * CRYPTO_memcmp): no cryptography is written here.
  */
-#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -19,10 +19,12 @@
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
 
+#include "ferry.h"
 #include "log.h"
-#include "tcp_auth.h"
+#include "netaddr.h"
+#include "security.h"
 
-static int secret_from_file(struct tcp_secret *s, const char *path)
+static int secret_from_file(struct sec_secret *s, const char *path)
 {
 	int fd = open(path, O_RDONLY | O_CLOEXEC);
 	ssize_t n;
@@ -31,7 +33,7 @@ static int secret_from_file(struct tcp_secret *s, const char *path)
 	if (fd < 0) {
 		int rc = -errno;
 
-		log_error("tcp: secret file %s: %s", path, strerror(-rc));
+		log_error("secret file %s: %s", path, strerror(-rc));
 		return rc;
 	}
 	while (got < sizeof(s->key) && (n = read(fd, s->key + got, sizeof(s->key) - got)) > 0)
@@ -44,13 +46,13 @@ static int secret_from_file(struct tcp_secret *s, const char *path)
 	}
 	close(fd);
 	if (n > 0) {
-		log_error("tcp: secret file %s is larger than %d bytes", path, TCP_SECRET_MAX);
+		log_error("secret file %s is larger than %d bytes", path, SEC_SECRET_MAX);
 		return -EFBIG;
 	}
 	if (got && s->key[got - 1] == '\n')
 		got--;
 	if (!got) {
-		log_error("tcp: secret file %s is empty", path);
+		log_error("secret file %s is empty", path);
 		return -EINVAL;
 	}
 	s->len = got;
@@ -59,7 +61,7 @@ static int secret_from_file(struct tcp_secret *s, const char *path)
 	return 0;
 }
 
-int tcp_secret_load(struct tcp_secret *s, const char *param, const char *path)
+int sec_secret_load(struct sec_secret *s, const char *param, const char *path)
 {
 	const char *env = getenv("FERRY_SECRET");
 	const char *text = NULL;
@@ -88,7 +90,7 @@ int tcp_secret_load(struct tcp_secret *s, const char *param, const char *path)
 	return 0;
 }
 
-int tcp_nonce(uint8_t *out, size_t n)
+int sec_nonce(uint8_t *out, size_t n)
 {
 	if (RAND_bytes(out, (int)n) != 1) {
 		log_error("tcp: no random bytes for a nonce");
@@ -97,25 +99,25 @@ int tcp_nonce(uint8_t *out, size_t n)
 	return 0;
 }
 
-void tcp_proof(const struct tcp_secret *s, const char *role, const uint8_t nc[TCP_NONCE_BYTES],
-	       const uint8_t ns[TCP_NONCE_BYTES], const char *caller, const char *callee,
+void sec_proof(const struct sec_secret *s, const char *role, const uint8_t nc[SEC_NONCE_BYTES],
+	       const uint8_t ns[SEC_NONCE_BYTES], const char *caller, const char *callee,
 	       const char *ns_name, uint64_t link_id, uint16_t conn_index,
-	       uint8_t out[TCP_MAC_BYTES])
+	       uint8_t out[SEC_MAC_BYTES])
 {
 	/* Fixed-width fields: no two different inputs serialize the same. */
-	uint8_t msg[16 + 2 * TCP_NONCE_BYTES + 3 * FERRY_NAME_MAX + 8 + 2];
+	uint8_t msg[16 + 2 * SEC_NONCE_BYTES + 3 * FERRY_NAME_MAX + 8 + 2];
 	uint64_t lid = htole64(link_id);
 	uint16_t ci = htole16(conn_index);
-	unsigned int mdlen = TCP_MAC_BYTES;
+	unsigned int mdlen = SEC_MAC_BYTES;
 	size_t o = 0;
 
 	memset(msg, 0, sizeof(msg));
 	strncpy((char *)msg, role, 16);
 	o = 16;
-	memcpy(msg + o, nc, TCP_NONCE_BYTES);
-	o += TCP_NONCE_BYTES;
-	memcpy(msg + o, ns, TCP_NONCE_BYTES);
-	o += TCP_NONCE_BYTES;
+	memcpy(msg + o, nc, SEC_NONCE_BYTES);
+	o += SEC_NONCE_BYTES;
+	memcpy(msg + o, ns, SEC_NONCE_BYTES);
+	o += SEC_NONCE_BYTES;
 	strncpy((char *)msg + o, caller, FERRY_NAME_MAX);
 	o += FERRY_NAME_MAX;
 	strncpy((char *)msg + o, callee, FERRY_NAME_MAX);
@@ -126,53 +128,22 @@ void tcp_proof(const struct tcp_secret *s, const char *role, const uint8_t nc[TC
 	o += 8;
 	memcpy(msg + o, &ci, 2);
 	if (!HMAC(EVP_sha256(), s->key, (int)s->len, msg, sizeof(msg), out, &mdlen))
-		memset(out, 0, TCP_MAC_BYTES); /* never matches a real proof by chance */
+		memset(out, 0, SEC_MAC_BYTES); /* never matches a real proof by chance */
 }
 
-bool tcp_proof_equal(const uint8_t a[TCP_MAC_BYTES], const uint8_t b[TCP_MAC_BYTES])
+bool sec_proof_equal(const uint8_t a[SEC_MAC_BYTES], const uint8_t b[SEC_MAC_BYTES])
 {
-	return CRYPTO_memcmp(a, b, TCP_MAC_BYTES) == 0;
+	return CRYPTO_memcmp(a, b, SEC_MAC_BYTES) == 0;
 }
 
-void tcp_hello_to_wire(struct tcp_hello *h)
+bool sec_peer_allowed(const struct sec_secret *s, const struct sockaddr *sa)
 {
-	h->magic = htole64(h->magic);
-	h->version = htole16(h->version);
-	h->type = htole16(h->type);
-	h->caps = htole32(h->caps);
-	h->status = htole32(h->status);
-	h->conn_index = htole16(h->conn_index);
-	h->nconns = htole16(h->nconns);
-	h->link_id = htole64(h->link_id);
+	return s->set || (sa && netaddr_is_loopback(sa));
 }
 
-void tcp_hello_from_wire(struct tcp_hello *h)
+void sec_note_no_secret(const struct sec_secret *s, const char *engine)
 {
-	h->magic = le64toh(h->magic);
-	h->version = le16toh(h->version);
-	h->type = le16toh(h->type);
-	h->caps = le32toh(h->caps);
-	h->status = le32toh(h->status);
-	h->conn_index = le16toh(h->conn_index);
-	h->nconns = le16toh(h->nconns);
-	h->link_id = le64toh(h->link_id);
-	h->ns[FERRY_NAME_MAX - 1] = '\0';
-	h->name[FERRY_NAME_MAX - 1] = '\0';
-}
-
-bool tcp_addr_is_loopback(const struct sockaddr *sa)
-{
-	if (sa->sa_family == AF_INET) {
-		const struct sockaddr_in *in = (const void *)sa;
-
-		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
-	}
-	if (sa->sa_family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const void *)sa;
-
-		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
-			return true;
-		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
-	}
-	return false;
+	if (!s->set)
+		log_warn("engine %s has no cluster secret: peers prove nothing (loopback only; set "
+			 "params.secret, FERRY_SECRET or params.secret_file)", engine);
 }

@@ -1,7 +1,7 @@
 /*
- * backends/tcp/tcp_addr.c - endpoints: "tcp://HOST:PORT" to socket
- * addresses and back, and the upstream port arithmetic kept for
- * compatibility (ferry_port_compat).
+ * control/netaddr.c - network endpoints: "tcp://HOST:PORT" to socket
+ * addresses and back, loopback or not, and the upstream port arithmetic
+ * kept for compatibility (ferry_port_compat).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -13,12 +13,12 @@
 
 #include "ferry.h"
 #include "log.h"
-#include "tcp_addr.h"
+#include "netaddr.h"
 
-int tcp_addr_parse(const char *endpoint, bool numeric, struct sockaddr_storage *ss,
+int netaddr_parse(const char *endpoint, bool numeric, struct sockaddr_storage *ss,
 		   socklen_t *len)
 {
-	char host[TCP_ADDR_MAX], *end;
+	char host[NETADDR_MAX], *end;
 	const char *h, *colon;
 	struct addrinfo hints = { 0 }, *res = NULL;
 	unsigned long port;
@@ -26,7 +26,7 @@ int tcp_addr_parse(const char *endpoint, bool numeric, struct sockaddr_storage *
 	int rc;
 
 	if (!endpoint || strncmp(endpoint, "tcp://", 6) != 0 ||
-	    strnlen(endpoint, TCP_ADDR_MAX) >= TCP_ADDR_MAX) {
+	    strnlen(endpoint, NETADDR_MAX) >= NETADDR_MAX) {
 		log_error("tcp: endpoint \"%s\" is not tcp://HOST:PORT", endpoint ? endpoint : "(null)");
 		return -EINVAL;
 	}
@@ -81,7 +81,7 @@ bad:
 	return -EINVAL;
 }
 
-int tcp_addr_format(const struct sockaddr *sa, char *buf, size_t len)
+int netaddr_format(const struct sockaddr *sa, char *buf, size_t len)
 {
 	char host[INET6_ADDRSTRLEN];
 
@@ -112,10 +112,10 @@ int ferry_port_compat(uint32_t base, uint32_t purpose_offset, uint32_t stage, ui
 	return (int)port;
 }
 
-int tcp_addr_parse_peer(const char *caller, const char *endpoint, struct sockaddr_storage *ss,
+int netaddr_parse_peer(const char *caller, const char *endpoint, struct sockaddr_storage *ss,
 			socklen_t *len)
 {
-	int rc = tcp_addr_parse(endpoint, false, ss, len);
+	int rc = netaddr_parse(endpoint, false, ss, len);
 
 	if (rc)
 		return rc;
@@ -125,4 +125,21 @@ int tcp_addr_parse_peer(const char *caller, const char *endpoint, struct sockadd
 		return -EINVAL;
 	}
 	return 0;
+}
+
+bool netaddr_is_loopback(const struct sockaddr *sa)
+{
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const void *)sa;
+
+		return (ntohl(in->sin_addr.s_addr) >> 24) == 127;
+	}
+	if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const void *)sa;
+
+		if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr))
+			return true;
+		return IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127;
+	}
+	return false;
 }

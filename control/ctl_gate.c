@@ -1,5 +1,5 @@
 /*
- * backends/tcp/ctl_gate.c - the control port's door: how many connections
+ * control/ctl_gate.c - the control port's door: how many connections
  * that have proved nothing it holds, and for how long.
  *
  * Owns: the table of connections accepted at the control ROUTER (learned
@@ -8,7 +8,7 @@
  * CLOSED end it), which of them carry a session that proved the cluster
  * secret (ctl.c tells, from the fd a message came on, ZMQ_SRCFD), and hanging
  * up on the others: a connection that has not proved the secret within
- * CTL_HANDSHAKE_NS (as the data port's TCP_HANDSHAKE_MS), and the oldest of
+ * params.handshake_ms (as the data port), and the oldest of
  * them when CTL_GATE_PREAUTH_MAX wait at once. libzmq's own ZMTP greeting is
  * bounded too (ZMQ_HANDSHAKE_IVL, set in ctl.c a second after this bound, so
  * that the gate acts, and counts, first), but a connection
@@ -56,7 +56,7 @@ static bool same_peer(const struct ctl_door *d)
 
 static void door_hang_up(struct ctl_state *st, struct ctl_door *d, const char *why)
 {
-	char addr[TCP_ADDR_MAX] = "?";
+	char addr[NETADDR_MAX] = "?";
 
 	if (d->hung)
 		return;
@@ -64,7 +64,7 @@ static void door_hang_up(struct ctl_state *st, struct ctl_door *d, const char *w
 	preauth_add(st, -1);
 	STAT_ADD(st->e->stats.handshakes_dropped, 1);
 	if (d->peer_len)
-		tcp_addr_format((struct sockaddr *)&d->peer, addr, sizeof(addr));
+		netaddr_format((struct sockaddr *)&d->peer, addr, sizeof(addr));
 	log_limited(FERRY__LOG_WARN, "ctl: engine %s: a caller at %s %s: hung up", st->e->name,
 		    addr, why);
 	if (same_peer(d))
@@ -267,11 +267,11 @@ int ctl_gate_tick(struct ctl_state *st)
 	for (uint32_t i = 0; i < CTL_GATE_MAX; i++) {
 		struct ctl_door *d = &st->gate.doors[i];
 
-		if (d->fd >= 0 && !d->proved && !d->hung && now - d->since >= CTL_HANDSHAKE_NS) {
+		if (d->fd >= 0 && !d->proved && !d->hung && now - d->since >= st->e->handshake_ns) {
 			char why[96];
 
 			snprintf(why, sizeof(why), "did not prove the cluster secret within %llu ms",
-				 (unsigned long long)(CTL_HANDSHAKE_NS / 1000000));
+				 (unsigned long long)(st->e->handshake_ns / 1000000));
 			door_hang_up(st, d, why);
 			n++;
 		}

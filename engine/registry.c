@@ -1,0 +1,22 @@
+/*
+ * engine/registry.c - the transports this build has, in rank order.
+ *
+ * Owns: the one list that names them. The engine starts one of each at
+ * ferry_engine_create, in this order, and asks them in this order which
+ * one reaches a peer (struct backend_ops.rank says why each stands where
+ * it does). A new transport is a folder under backends/ and a line here.
+ */
+#include "internal.h"
+
+extern const struct backend_ops ferry__ctl_backend;
+extern const struct backend_ops ferry__tcp_backend;
+extern const struct backend_ops ferry__loop_backend;
+extern const struct backend_ops ferry__shm_backend;
+
+const struct backend_ops *const ferry__transports[] = {
+	&ferry__ctl_backend,  /* rank 0: holds a PUT while its peer's handshake runs */
+	&ferry__tcp_backend,  /* rank 10: a peer given an address goes there, always */
+	&ferry__loop_backend, /* rank 20: an engine of this process */
+	&ferry__shm_backend,  /* rank 30: an engine of this host */
+	NULL,
+};

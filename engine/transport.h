@@ -1,0 +1,218 @@
+/*
+ * engine/transport.h - the contract between the engine and its transports.
+ *
+ * Owns: the ops table every transport fills (struct backend_ops: its name,
+ * rank and capabilities, and the hooks the reactor calls), the registry of
+ * transports the engine is built with (engine/registry.c, the one place
+ * that names them), the engine-wide peer events every layer subscribes to,
+ * and the calls a transport makes into the engine (arrivals, PUTs done,
+ * wake-ups, peer events). Nothing here names a transport: a new one is a
+ * folder under backends/ with one of these tables, plus a line in the
+ * registry (docs/design.md, "Adding a transport").
+ *
+ * Data flows one way: the reactor hands a transport PUTs (already holding
+ * their data in a pool buffer, or an iovec up to iov_put_max); the
+ * transport delivers them and later calls reactor_put_done(); what arrives
+ * from peers goes through reactor_deliver(). Every hook runs on the
+ * progress side (progress held), except where noted.
+ */
+#ifndef FERRY_TRANSPORT_H
+#define FERRY_TRANSPORT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct ferry_engine;
+struct ferry_peer;
+struct ferry_buf;
+struct op;
+struct backend;
+
+/* A peer's address for one transport: a URI whose scheme names the transport. */
+#define PEER_MAX_ADDRS 4
+#define PEER_ADDR_MAX 128
+struct peer_addr {
+	char uri[PEER_ADDR_MAX]; /* e.g. "tcp://10.0.0.2:4100" */
+};
+
+/*
+ * Set peer's address for the transport its scheme names (replacing the one
+ * it had there); 0, -EINVAL (no "scheme://"), -ENOSPC (PEER_MAX_ADDRS
+ * transports already). Any thread.
+ */
+int ferry__peer_addr_set(struct ferry_peer *peer, const char *uri);
+/* Copy peer's address for transport scheme into out: true, or false when it has none. */
+bool ferry__peer_addr_get(struct ferry_peer *peer, const char *scheme, char *out, size_t len);
+
+/* What a transport can do: its entry's caps (the registry and health show them). */
+enum transport_cap {
+	TRANSPORT_CAP_SAME_PROCESS = 1u << 0, /* reaches engines of this process */
+	TRANSPORT_CAP_SAME_HOST = 1u << 1,    /* reaches engines of this host */
+	TRANSPORT_CAP_REMOTE = 1u << 2,       /* reaches engines on other hosts */
+	TRANSPORT_CAP_ZERO_COPY = 1u << 3,    /* a pool buffer reaches the peer unread */
+	TRANSPORT_CAP_ONE_SIDED = 1u << 4,    /* the receiver reads the sender's memory */
+	TRANSPORT_CAP_HOLDS = 1u << 5,        /* holds PUTs while a peer is being reached */
+	TRANSPORT_CAP_MEM_HOST = 1u << 8,     /* moves host memory */
+};
+
+/*
+ * Engine-wide peer events (ferry__peer_event): a transport or the control
+ * plane learned something about the engine called name; the stream layer
+ * and every other transport hear it.
+ *   PEER_LOST  the connection that transport `from` had to it is gone:
+ *              streams to and from it fail (res).
+ *   PEER_DEAD  the engine is gone (the control plane's verdict, from its
+ *              heartbeats): every transport drops what it has to it, as if
+ *              it had gone silent there.
+ */
+enum peer_event { PEER_LOST = 1, PEER_DEAD = 2 };
+
+struct backend_ops {
+	const char *name;
+	/*
+	 * Where it stands in the order a peer is resolved in (lower first):
+	 * the registry sorts by it. A transport that a peer names (an address)
+	 * comes before those that find peers by name.
+	 */
+	unsigned rank;
+	uint32_t caps; /* enum transport_cap */
+	int (*init)(struct ferry_engine *e, struct backend *b);
+	/* Shut down: stop accepting, answer what is pending with -ECONNRESET. */
+	void (*fini)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Can this transport reach peer? 0 (and peer->transport set),
+	 * -EHOSTUNREACH (not this one: the next is asked), or -ENETUNREACH
+	 * (the peer is this transport's, e.g. it has a tcp address, and
+	 * cannot be reached now: no other transport may carry it). Transports
+	 * are asked in rank order; the first that can reach a peer carries it
+	 * until a PUT reports the peer gone.
+	 */
+	int (*resolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
+	/* The peer's transport state is being dropped (re-resolve, destroy). */
+	void (*unresolve)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
+	/*
+	 * Optional, asked before any resolve: is a connection to peer being
+	 * made (the control plane's handshake, which will tell how to reach
+	 * it)? 1: its PUTs wait in the engine until ferry__peer_reached; 0:
+	 * no; a negative errno: PUTs to it fail so (-EACCES: it refused us).
+	 * A service without resolve (the control plane) carries no PUT itself.
+	 */
+	int (*reaching)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer);
+	/*
+	 * Send op (PUT, data in op->buf) to op->peer. 0, or a negative errno.
+	 * A PUT of an iovec of at most iov_put_max bytes comes with op->buf
+	 * NULL and its data still in op->iov / op->iovcnt (valid until its
+	 * completion, by the API's contract): the transport copies it once
+	 * where it goes, and no pool block is taken for it. iov_put_max 0: the
+	 * transport takes no iovec at all (every PUT comes with op->buf, also
+	 * a 0-byte one: a 0-byte payload is a 0-byte buffer everywhere).
+	 */
+	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
+	uint64_t iov_put_max;
+	/* Make progress; returns events handled. */
+	int (*progress)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * True if progress() has work right now. Pure: it looks, and changes
+	 * nothing (any thread that holds progress may ask, any number of times).
+	 */
+	bool (*has_work)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Optional: the progress side is about to sleep (it said so in its wake
+	 * page): tell the peers whose moves would end that sleep to ring (for
+	 * instance: ask for a doorbell when ring room appears; send what was
+	 * held back while spinning), then look once more. True if work is
+	 * there now (the sleep is called off).
+	 */
+	bool (*prepare_sleep)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Optional: the round took entries from the SQs (before the backends'
+	 * progress): send what they made now, so that a PUT leaves before the
+	 * round spends time elsewhere. round_end still sends the rest.
+	 */
+	void (*sqs_drained)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Optional: the round is over (after the SQs were drained): send what
+	 * it made (and poll what is polled); returns events handled.
+	 */
+	int (*round_end)(struct ferry_engine *e, struct backend *b);
+	/* An op that is AWAY was cancelled or timed out. */
+	void (*forget)(struct ferry_engine *e, struct backend *b, struct op *op);
+	/* A completion of the engine's io_uring tagged for this backend. */
+	void (*on_cqe)(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
+		       uint32_t flags);
+	/*
+	 * Optional: its part of the engine's health JSON, `,"name":{...}`,
+	 * written into buf like snprintf (0: nothing to say). Any thread: only
+	 * what may be read unlocked.
+	 */
+	int (*health)(struct ferry_engine *e, struct backend *b, char *buf, size_t len);
+	/* Optional: a peer event of another layer (see enum peer_event). */
+	void (*peer_event)(struct ferry_engine *e, struct backend *b, const char *name,
+			   enum peer_event ev, int res);
+};
+
+struct backend {
+	const struct backend_ops *ops;
+	void *data;
+	uint8_t index;
+};
+
+#define ENGINE_MAX_BACKENDS 8
+
+/* io_uring user_data for a backend's SQE: its index in the top byte. */
+static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
+{
+	return ((uint64_t)(b->index + 1) << 56) | (cookie & ((1ull << 56) - 1));
+}
+
+/*
+ * The registry (engine/registry.c): the transports this build has, in rank
+ * order, NULL-terminated. An engine runs one of each.
+ */
+extern const struct backend_ops *const ferry__transports[];
+
+/* The running transport of e with this ops table, or NULL. */
+struct backend *ferry__backend_of(struct ferry_engine *e, const struct backend_ops *ops);
+
+/*
+ * A PUT arrived for this engine: fullkey, data in buf. On 0 the engine owns
+ * buf; on an error (-EEXIST, -ENOSPC, -EINVAL for a malformed stream credit)
+ * it stays the caller's, who frees it and reports the error to the sender.
+ */
+int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char *fullkey,
+		    size_t fullkey_len, struct ferry_buf *buf, uint64_t len, uint32_t flags);
+/*
+ * A PUT arrived whose data the transport can read in place (src, len):
+ * if a GET into an iovec already waits for fullkey, copy into it and
+ * complete it, and return true (the transport keeps its block, which may go
+ * back to its owner at once). false: nothing was done; reactor_deliver
+ * takes it. Stream traffic always goes through reactor_deliver.
+ */
+bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			  const void *src, uint64_t len, uint32_t flags);
+/* Drop the transport state of a peer (so the next PUT resolves it again). */
+void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
+/* The same for every peer that transport b carries (at its shutdown). */
+void reactor_unresolve_all(struct ferry_engine *e, struct backend *b);
+/* Hand a PUT to the transport that reaches op->peer (resolving it first). */
+int reactor_send(struct ferry_engine *e, struct op *op);
+/*
+ * The connection being made to peer (see reaching) is done: res 0, the PUTs
+ * that waited go to the transport that now reaches it, in order; else they
+ * fail with res. Progress side only.
+ */
+void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res);
+/* The transport finished a PUT (res 0 or negative errno). */
+void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
+/* Ring the engine's doorbell if its progress side sleeps. Any thread. */
+void reactor_wake(struct ferry_engine *e);
+/*
+ * A peer event (enum peer_event) about the engine called name, from
+ * transport `from` (NULL: the control plane): the stream layer and every
+ * transport but `from` hear it. Progress side only.
+ */
+void ferry__peer_event(struct ferry_engine *e, const struct backend *from, const char *name,
+		       enum peer_event ev, int res);
+
+#endif
