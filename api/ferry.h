@@ -349,6 +349,78 @@ FERRY_API int ferry_buf_set_len(struct ferry_buf *b, size_t len);
  */
 FERRY_API int ferry_buf_release(struct ferry_buf *b);
 
+/*
+ * Memory types. Every buffer and every registered region has one; host
+ * memory is all this build moves (FERRY_FEATURE_CUDA says when CUDA device
+ * memory is there too; until then asking for it is -EOPNOTSUPP, logged).
+ */
+enum ferry_mem_type {
+	FERRY_MEM_HOST = 0,
+	FERRY_MEM_CUDA = 1, /* CUDA device memory (device = the CUDA device ordinal) */
+};
+
+struct ferry_buf_params {
+	size_t size;               /* sizeof(struct ferry_buf_params) */
+	size_t len;                /* bytes */
+	enum ferry_mem_type mem;   /* where the buffer lives (FERRY_MEM_HOST) */
+	int device;                /* FERRY_MEM_CUDA: which device */
+	uint32_t flags;            /* 0 */
+};
+#define FERRY_BUF_PARAMS_INIT { .size = sizeof(struct ferry_buf_params) }
+
+/*
+ * ferry_buf_alloc with parameters that can grow (a memory type, for one).
+ * Returns 0 and *out; -EINVAL (NULL, a bad size or flags); -EOPNOTSUPP for
+ * a memory type this build cannot give; -ENOMEM when that memory is
+ * exhausted. Any thread.
+ */
+FERRY_API int ferry_buf_alloc_params(struct ferry_engine *e, const struct ferry_buf_params *p,
+				     struct ferry_buf **out);
+
+/* The memory type of a buffer (FERRY_MEM_HOST for a NULL one). Any thread. */
+FERRY_API enum ferry_mem_type ferry_buf_mem(const struct ferry_buf *b);
+
+/*
+ * A registered region: memory of the application (host memory now)
+ * announced to the engine once, so that every transport that must know
+ * memory beforehand (RDMA registers it, CUDA pins it) does so once, not per
+ * transfer. Segments of regions stand where an iovec does
+ * (ferry_prep_put_segs, ferry_prep_get_segs). The memory must stay valid
+ * until ferry_region_release.
+ */
+struct ferry_region;
+
+struct ferry_region_params {
+	size_t size;               /* sizeof(struct ferry_region_params) */
+	void *addr;                /* start of the memory */
+	size_t len;                /* its bytes (> 0) */
+	enum ferry_mem_type mem;   /* FERRY_MEM_HOST */
+	int device;                /* FERRY_MEM_CUDA: which device */
+};
+#define FERRY_REGION_PARAMS_INIT { .size = sizeof(struct ferry_region_params) }
+
+/*
+ * Register a region. Returns 0 and *out; -EINVAL (NULL, an empty region);
+ * -EOPNOTSUPP for a memory type this build cannot move; -ENOMEM; or the
+ * error of a transport that could not register it (logged). Any thread.
+ */
+FERRY_API int ferry_region_register(struct ferry_engine *e, const struct ferry_region_params *p,
+				    struct ferry_region **out);
+
+/*
+ * Release a region (*r is set to NULL). -EBUSY while an op that names one
+ * of its segments is in flight (nothing is released then); -EINVAL for
+ * NULL. Any thread; regions left at ferry_engine_destroy are released.
+ */
+FERRY_API int ferry_region_release(struct ferry_region **r);
+
+/* A piece of a registered region: len bytes at offset. */
+struct ferry_seg {
+	struct ferry_region *region;
+	uint64_t offset;
+	uint64_t len;
+};
+
 /* ------------------------------------------------------------------ */
 /* Completion queues                                                   */
 /* ------------------------------------------------------------------ */
@@ -469,7 +541,8 @@ enum ferry_op {
 #define FERRY_SQE_STREAM_WHOLE (1u << 4) /* STREAM_GET: one CQE with the whole stream */
 #define FERRY_SQE_PUBLISH (1u << 5)   /* PUT: keep the data here, published for `to` */
 #define FERRY_SQE_LOOKUP (1u << 6)    /* GET: fetch the key from its holder (control channel) */
-#define FERRY_SQE__ALL ((1u << 7) - 1)
+#define FERRY_SQE_SEGS (1u << 7)      /* PUT, GET, STREAM_PUT: iov is segments (the _segs preps) */
+#define FERRY_SQE__ALL ((1u << 8) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the
@@ -631,6 +704,30 @@ FERRY_INLINE void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 	sqe->iov = iov;
 	sqe->iovcnt = iovcnt;
 	ferry__sqe_key(sqe, key);
+}
+
+/*
+ * PUT and GET with segments of registered regions where an iovec stands
+ * (struct ferry_seg: region, offset, len): the same ops, the same results;
+ * the segments (and their regions) must stay valid until the CQE, and a
+ * region named by an op in flight is not released (-EBUSY). A segment
+ * outside its region, or of a released or another engine's region, is
+ * -EINVAL.
+ */
+FERRY_INLINE void ferry_prep_put_segs(struct ferry_sqe *sqe, struct ferry_peer *to,
+				      const char *key, const struct ferry_seg *segs, unsigned nsegs,
+				      uint64_t user_data)
+{
+	ferry_prep_put(sqe, to, key, (const struct iovec *)(const void *)segs, nsegs, user_data);
+	sqe->flags |= FERRY_SQE_SEGS;
+}
+
+FERRY_INLINE void ferry_prep_get_segs(struct ferry_sqe *sqe, struct ferry_peer *from,
+				      const char *key, const struct ferry_seg *segs, unsigned nsegs,
+				      uint64_t user_data)
+{
+	ferry_prep_get(sqe, from, key, (const struct iovec *)(const void *)segs, nsegs, user_data);
+	sqe->flags |= FERRY_SQE_SEGS;
 }
 
 /*
@@ -808,6 +905,16 @@ FERRY_INLINE void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer
 	sqe->iov = iov;
 	sqe->iovcnt = iovcnt;
 	ferry__sqe_key(sqe, stream);
+}
+
+/* STREAM_PUT from segments of registered regions (as ferry_prep_put_segs). */
+FERRY_INLINE void ferry_prep_stream_put_segs(struct ferry_sqe *sqe, struct ferry_peer *to,
+					     const char *stream, const struct ferry_seg *segs,
+					     unsigned nsegs, uint64_t user_data)
+{
+	ferry_prep_stream_put(sqe, to, stream, (const struct iovec *)(const void *)segs, nsegs,
+			      user_data);
+	sqe->flags |= FERRY_SQE_SEGS;
 }
 
 /* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */

@@ -160,6 +160,7 @@ static void engine_free(struct ferry_engine *e)
 		free(p);
 	}
 	sq_free_all(e);
+	memory_fini(e);
 	if (e->pool)
 		pool_release_owner(e->pool);
 	pthread_mutex_destroy(&e->lock);

@@ -198,6 +198,10 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
 		 op->peer->backend->ops->forget)
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
+	if (unlikely(op->flags & OP_F_PINNED)) {
+		memory_unpin(op->segs, op->iovcnt); /* its regions may go now */
+		op->flags &= ~OP_F_PINNED;
+	}
 	op->state = OP_FREE;
 
 	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
@@ -256,25 +260,6 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 /* Key table side: GET and arrivals                                    */
 /* ------------------------------------------------------------------ */
 
-static uint64_t iov_total(const struct iovec *iov, uint32_t n)
-{
-	uint64_t t = 0;
-
-	for (uint32_t i = 0; i < n; i++)
-		t += iov[i].iov_len;
-	return t;
-}
-
-static void scatter(const struct iovec *iov, uint32_t n, const char *src, uint64_t len)
-{
-	for (uint32_t i = 0; i < n && len; i++) {
-		uint64_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
-
-		memcpy(iov[i].iov_base, src, c);
-		src += c;
-		len -= c;
-	}
-}
 
 /*
  * Hand data to a GET. Returns false (and completes the GET with
@@ -298,7 +283,7 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 			op_complete(e, op, -EMSGSIZE, len, NULL);
 			return false;
 		}
-		scatter(op->iov, op->iovcnt, buf->data, len);
+		op_scatter(op, buf->data, len);
 		STAT_ADD(e->stats.copies, 1);
 		pool_free(buf);
 		op_complete(e, op, 0, len, NULL);
@@ -397,7 +382,7 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	op->entry = NULL;
 	op->state = OP_FREE;
 	keytable_put(&e->keys, ke);
-	scatter(op->iov, op->iovcnt, src, len);
+	op_scatter(op, src, len);
 	STAT_ADD(e->stats.copies, 1);
 	op_complete(e, op, 0, len, NULL);
 	return true;
@@ -474,6 +459,8 @@ static int check_iov(const struct ferry_sqe *sqe)
 			  (unsigned long long)sqe->user_data, sqe->iovcnt, (void *)sqe->iov);
 		return -EINVAL;
 	}
+	if (sqe->flags & FERRY_SQE_SEGS)
+		return 0; /* segments: memory_check_pin, once the op is ours */
 	for (uint32_t i = 0; i < sqe->iovcnt; i++) {
 		if (!sqe->iov[i].iov_base && sqe->iov[i].iov_len) {
 			log_error("op %llx: iov[%u] is NULL with length %zu",
@@ -562,7 +549,7 @@ int reactor_send(struct ferry_engine *e, struct op *op)
  * the iovec. Returns 0 or a negative errno (op->buf then NULL or still
  * ours, freed by op_complete).
  */
-int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt)
+int op_fill(struct ferry_engine *e, struct op *op)
 {
 	int rc;
 
@@ -573,7 +560,7 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 		rc = pool_alloc(e->pool, op->buf->len, &own);
 		if (rc)
 			return rc; /* op_complete frees the foreign one */
-		memcpy(own->data, op->buf->data, op->buf->len);
+		ferry__payload_copy(own->data, op->buf->data, op->buf->len);
 		pool_free(op->buf);
 		op->buf = own;
 		op->len = own->len;
@@ -582,7 +569,8 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 		op->len = op->buf->len;
 		STAT_ADD(e->stats.zero_copies, 1);
 	} else {
-		uint64_t total = iov_total(iov, iovcnt);
+		uint64_t total = (op->flags & FERRY_SQE_SEGS) ? segs_total(op->segs, op->iovcnt)
+							      : iov_total(op->iov, op->iovcnt);
 
 		rc = pool_alloc(e->pool, total, &op->buf);
 		if (rc) {
@@ -590,10 +578,23 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 				 (unsigned long long)op->user_data, (unsigned long long)total);
 			return rc;
 		}
-		iov_gather(iov, iovcnt, op->buf->data, total);
+		op_gather(op, op->buf->data, total);
 		op->len = total;
 		STAT_ADD(e->stats.copies, 1);
 	}
+	return 0;
+}
+
+/* An SQE's segments (FERRY_SQE_SEGS) checked and their regions pinned until the op ends. */
+static int op_pin(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	int rc;
+
+	if (likely(!(sqe->flags & FERRY_SQE_SEGS)))
+		return 0;
+	if ((rc = memory_check_pin(e, sqe)))
+		return rc;
+	op->flags |= OP_F_PINNED;
 	return 0;
 }
 
@@ -613,7 +614,7 @@ int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *s
 		}
 	}
 	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
-	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL))) {
+	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL)) || (rc = op_pin(e, op, sqe))) {
 		op_complete(e, op, rc, 0, NULL);
 		return rc;
 	}
@@ -628,10 +629,10 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		return;
 	if (!sqe->buf && !(op->flags & FERRY_SQE_PUBLISH) && op->peer->backend &&
 	    op->peer->backend->ops->iov_put_max &&
-	    (op->len = iov_total(sqe->iov, sqe->iovcnt)) <= op->peer->backend->ops->iov_put_max) {
+	    (op->len = sqe_payload_len(sqe)) <= op->peer->backend->ops->iov_put_max) {
 		/* The transport copies it straight from the iovec (struct backend_ops). */
 		STAT_ADD(e->stats.copies, 1);
-	} else if ((rc = op_fill(e, op, sqe->iov, sqe->iovcnt))) {
+	} else if ((rc = op_fill(e, op))) {
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
@@ -671,7 +672,8 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	uint64_t h;
 	int rc, n;
 
-	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe))) {
+	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
+	    (rc = op_pin(e, op, sqe))) {
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
@@ -680,7 +682,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		op_complete(e, op, n, 0, NULL);
 		return;
 	}
-	op->len = iov_total(sqe->iov, sqe->iovcnt); /* capacity while waiting */
+	op->len = sqe_payload_len(sqe); /* capacity while waiting */
 	h = keytable_hash(fullkey, (size_t)n);
 	ke = keytable_find(&e->keys, fullkey, (size_t)n, h);
 	if (ke && ke->present) {
@@ -773,10 +775,11 @@ static const struct op_def {
 	void (*issue)(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 } op_defs[FERRY_OP__MAX] = {
 	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
-	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH, do_put },
-	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP, do_get },
+	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH | FERRY_SQE_SEGS, do_put },
+	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP | FERRY_SQE_SEGS, do_get },
 	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
-	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT", FERRY_SQE_STREAM_END, stream_do_put },
+	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT", FERRY_SQE_STREAM_END | FERRY_SQE_SEGS,
+				  stream_do_put },
 	[FERRY_OP_STREAM_GET] = { "STREAM_GET", FERRY_SQE_STREAM_WHOLE, stream_do_get },
 	[FERRY_OP_STREAM_ABORT] = { "STREAM_ABORT", 0, stream_do_abort },
 	[FERRY_OP_STREAM_ACCEPT] = { "STREAM_ACCEPT", 0, stream_do_accept },

@@ -620,7 +620,7 @@ static void whole_finish(struct ferry_engine *e, struct stream *r, struct op *g)
 	dst = out->data;
 	for (struct ferry_buf *b = r->whole_head; b;
 	     b = atomic_load_explicit(&b->release_next, memory_order_relaxed)) {
-		memcpy(dst, b->data, b->len);
+		ferry__payload_copy(dst, b->data, b->len);
 		dst += b->len;
 	}
 	out->len = total;
@@ -984,7 +984,7 @@ static void send_credit(struct ferry_engine *e, struct stream *r)
 /* Send one STREAM_PUT as chunk r->next. */
 static void send_chunk(struct ferry_engine *e, struct stream *r, struct op *op)
 {
-	int rc = op_fill(e, op, op->iov, op->iovcnt);
+	int rc = op_fill(e, op);
 
 	if (rc) {
 		op_complete(e, op, rc, 0, NULL);

@@ -974,7 +974,7 @@ static size_t conn_gather(struct tcp_state *st, struct tcp_conn *c)
 		unsigned k = tx_unsent(t, part, len);
 
 		for (unsigned i = 0; i < k; i++) {
-			memcpy(p, part[i], len[i]);
+			ferry__payload_copy(p, part[i], len[i]);
 			p += len[i];
 		}
 	}
@@ -1336,7 +1336,7 @@ static int take_frame(struct tcp_state *st, struct tcp_conn *c)
 		}
 		rc = pool_alloc(st->engine->pool, f.arg, &buf);
 		if (rc == 0) {
-			memcpy(buf->data, key + f.key_len, f.arg);
+			ferry__payload_copy(buf->data, key + f.key_len, f.arg);
 			rc = deliver(st, l, (const char *)key, f.key_len, buf, f.arg, f.flags);
 		} else {
 			log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
@@ -1442,7 +1442,7 @@ static int take_frame(struct tcp_state *st, struct tcp_conn *c)
 		c->rx_head += TCP_FRAME_BYTES;
 		have = c->rx_tail - c->rx_head;
 		n = have < f.len ? have : f.len;
-		memcpy((uint8_t *)r->buf->data + f.arg, c->rx + c->rx_head, n);
+		ferry__payload_copy((uint8_t *)r->buf->data + f.arg, c->rx + c->rx_head, n);
 		c->rx_head += (uint32_t)n;
 		r->got += n;
 		if (n < f.len) {
@@ -2800,7 +2800,7 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	 * pointing at the caller's memory.
 	 */
 	if (!m->buf)
-		iov_gather(op->iov, op->iovcnt, m->inl, m->len);
+		op_gather(op, m->inl, m->len);
 	m->link = l;
 	l->refs++;
 	m->resulted = false;
