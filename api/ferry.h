@@ -300,6 +300,25 @@ FERRY_API int ferry_engine_control_address(struct ferry_engine *e, char *buf, si
 FERRY_API int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint);
 
 /*
+ * The one way to give a peer an address, whatever the transport: uri is
+ * "ferry://HOST:PORT" (its control endpoint, as ferry_peer_connect: the
+ * only address a user need give), or a transport's own ("tcp://HOST:PORT":
+ * its data address, as ferry_peer_set_address). Returns what that call
+ * returns; -EPROTONOSUPPORT for a scheme no transport of this build takes
+ * (logged); -EINVAL for NULL or no "scheme://". Any thread.
+ */
+FERRY_API int ferry_peer_connect_uri(struct ferry_peer *p, const char *uri);
+
+/*
+ * Every address this engine can be reached at, as URIs separated by one
+ * space ("ferry://HOST:PORT tcp://HOST:PORT": what to hand a peer's
+ * ferry_peer_connect_uri), into buf (at most len bytes incl. the NUL).
+ * Returns the length of the full text (like snprintf; 0: it listens on
+ * nothing), -EINVAL. Any thread.
+ */
+FERRY_API int ferry_engine_addresses(struct ferry_engine *e, char *buf, size_t len);
+
+/*
  * The port of the upstream (vLLM-Omni) scheme, for deployments that keep
  * their fixed ports: base + purpose_offset + stage + 16 * rank. Use it to
  * build a listen endpoint; ferry itself needs no port arithmetic (listen on

@@ -688,6 +688,40 @@ static void test_ctl_puts_wait_for_handshake(void **state)
 	close(lfd);
 }
 
+/*
+ * One address per engine, by URI: a's addresses name its control endpoint
+ * (ferry://) and its data address (tcp://); b reaches a with the ferry://
+ * one alone; a scheme no transport takes, or none, is refused.
+ */
+static void test_ctl_connect_by_uri(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	struct ferry_peer *pa = t_peer(b, "ctlA");
+	char all[256], ctl_uri[NETADDR_MAX + 8] = "", data[NETADDR_MAX];
+	char *sp;
+	int n;
+
+	(void)state;
+	n = ferry_engine_addresses(a, all, sizeof(all));
+	assert_true(n > 0 && (size_t)n < sizeof(all));
+	assert_int_equal(ferry_engine_address(a, data, sizeof(data)) > 0, 1);
+	assert_non_null(strstr(all, data)); /* tcp://..., the data address */
+	assert_true(!strncmp(all, "ferry://127.0.0.1:", 18));
+	sp = strchr(all, ' ');
+	assert_non_null(sp);
+	snprintf(ctl_uri, sizeof(ctl_uri), "%.*s", (int)(sp - all), all);
+	assert_int_equal(ferry_engine_addresses(a, all, 5), n); /* cut, like snprintf */
+	assert_int_equal(strlen(all), 4);
+	assert_int_equal(ferry_peer_connect_uri(pa, ctl_uri), 0);
+	health_to(b, pa, 1, 5 * SEC);
+	expect_health_of(b, 1, "ctlA");
+	assert_int_equal(ferry_peer_connect_uri(pa, "rdma://10.0.0.1:1"), -EPROTONOSUPPORT);
+	assert_int_equal(ferry_peer_connect_uri(pa, "127.0.0.1:1"), -EINVAL);
+	assert_int_equal(ferry_peer_connect_uri(NULL, ctl_uri), -EINVAL);
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(a);
+}
+
 static void test_ctl_wrong_secret(void **state)
 {
 	struct ferry_engine *a, *c;
@@ -1168,6 +1202,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_lookup_every_peer_connecting),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_puts_wait_for_handshake),
+		cmocka_unit_test(test_ctl_connect_by_uri),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_silent_flood),
 		cmocka_unit_test(test_ctl_malformed_messages),

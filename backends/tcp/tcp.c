@@ -2995,6 +2995,22 @@ static void tcp_peer_event(struct ferry_engine *e, struct backend *b, const char
 			link_fail(st, l, res, "the control channel declared it dead");
 }
 
+static int tcp_connect(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer,
+		       const char *uri)
+{
+	(void)e;
+	(void)b;
+	return ferry_peer_set_address(peer, uri);
+}
+
+static int tcp_address(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	return st->bound[0] ? snprintf(buf, len, "%s", st->bound) : 0;
+}
+
 const struct backend_ops ferry__tcp_backend = {
 	.name = "tcp",
 	.rank = 10,
@@ -3012,6 +3028,9 @@ const struct backend_ops ferry__tcp_backend = {
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
+	.scheme = "tcp",
+	.connect = tcp_connect,
+	.address = tcp_address,
 	.peer_event = tcp_peer_event,
 };
 
