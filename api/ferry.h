@@ -561,7 +561,15 @@ enum ferry_op {
 #define FERRY_SQE_PUBLISH (1u << 5)   /* PUT: keep the data here, published for `to` */
 #define FERRY_SQE_LOOKUP (1u << 6)    /* GET: fetch the key from its holder (control channel) */
 #define FERRY_SQE_SEGS (1u << 7)      /* PUT, GET, STREAM_PUT: iov is segments (the _segs preps) */
-#define FERRY_SQE__ALL ((1u << 8) - 1)
+/*
+ * PUT, STREAM_PUT: when the peer cannot be reached yet (no engine holds its
+ * name, or its address refuses the call: the peer is not up), wait for it
+ * instead of failing with -EHOSTUNREACH, and send once it can be reached
+ * (stages start in any order). Give the op a deadline: it ends with
+ * -ETIMEDOUT if the peer is not up by then (a CANCEL ends it too).
+ */
+#define FERRY_SQE_WAIT_PEER (1u << 8)
+#define FERRY_SQE__ALL ((1u << 9) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the

@@ -351,6 +351,8 @@ struct ferry_peer {
 	uint32_t stream_inflight;        /* chunks sent, not yet released, all streams */
 	struct stream *blocked;          /* producer streams waiting for peer credit */
 	struct op *wait_head, *wait_tail; /* PUTs waiting for it to be reached (OP_F_WAIT_PEER) */
+	struct ferry_peer *retry_next;   /* on e->retry_peers: its PUTs wait for it to be up */
+	bool retrying;
 	struct ferry_peer *next;
 	/*
 	 * Where the peer can be reached, one entry per transport (the URI
@@ -564,6 +566,9 @@ struct ferry_engine {
 
 	uint64_t handshake_ns;   /* params.handshake_ms (default 3 s): every transport's bound */
 	struct ferry_region *regions; /* registered regions (memory.c), under lock */
+	/* Peers whose FERRY_SQE_WAIT_PEER PUTs wait for them to come up (progress side). */
+	struct ferry_peer *retry_peers;
+	uint64_t retry_at, retry_ns;  /* the next try of them all, and the backoff */
 	/* The directory service (directory.h), or NULL: its ops are -EOPNOTSUPP. */
 	const struct directory_ops *dir;
 	void *dir_svc;

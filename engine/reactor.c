@@ -148,6 +148,70 @@ static void unpark(struct ferry_engine *e, struct op *op)
 	keytable_put(&e->keys, ke);
 }
 
+#define RETRY_FIRST_NS 5000000ull    /* a peer not up: tried again after 5 ms, */
+#define RETRY_MAX_NS 200000000ull    /* then less and less often, at least every 200 ms */
+
+/*
+ * A FERRY_SQE_WAIT_PEER PUT met a peer that is not up (-EHOSTUNREACH, or
+ * its address refused: nothing of it was delivered): it waits on the
+ * peer's wait list instead of completing, and the peer is tried again
+ * (retry_peers) until it is up or the PUT's deadline passes. False when the
+ * op must complete after all (the engine is closing).
+ */
+static bool wait_for_peer(struct ferry_engine *e, struct op *op)
+{
+	struct ferry_peer *peer = op->peer;
+
+	if (atomic_load_explicit(&e->closing, memory_order_relaxed) ||
+	    (op->flags & OP_F_WAIT_PEER))
+		return false;
+	if (op->state == OP_PARKED || op->state == OP_QUEUED)
+		return false; /* not a PUT that was on its way */
+	op->state = OP_AWAY;
+	op->flags |= OP_F_WAIT_PEER;
+	op_list_append(&peer->wait_head, &peer->wait_tail, op);
+	if (op->heap_idx == NO_SLOT && op->interval)
+		op_arm_deadline(e, op, op->interval);
+	if (!peer->retrying) {
+		peer->retrying = true;
+		peer->retry_next = e->retry_peers;
+		e->retry_peers = peer;
+	}
+	if (!e->retry_at) { /* retry_peers sets its own next time */
+		if (!e->retry_ns)
+			e->retry_ns = RETRY_FIRST_NS;
+		e->retry_at = reactor_now(e) + e->retry_ns;
+	}
+	return true;
+}
+
+/* Try the peers that PUTs wait for again (due at e->retry_at). Returns events. */
+static int retry_peers(struct ferry_engine *e)
+{
+	struct ferry_peer *list = e->retry_peers, *p;
+	int n = 0;
+
+	e->retry_peers = NULL;
+	e->retry_at = UINT64_MAX; /* while they are tried: no new schedule */
+	while ((p = list)) {
+		list = p->retry_next;
+		p->retrying = false;
+		p->retry_next = NULL;
+		if (p->wait_head) {
+			ferry__peer_reached(e, p, 0); /* those that still cannot go wait again */
+			n++;
+		}
+	}
+	if (e->retry_peers) { /* still not up: less often */
+		e->retry_ns = e->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : e->retry_ns * 2;
+		e->retry_at = reactor_now(e) + e->retry_ns;
+	} else {
+		e->retry_at = 0;
+		e->retry_ns = 0; /* all up: the next wait starts soon again */
+	}
+	return n;
+}
+
 /* Off its peer's wait list (OP_F_WAIT_PEER): it ended there (deadline, cancel, destroy). */
 static void peer_wait_remove(struct op *op)
 {
@@ -182,6 +246,9 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 {
 	struct ferry_cqe cqe;
 
+	if (unlikely(op->flags & FERRY_SQE_WAIT_PEER) && (res == -EHOSTUNREACH || res == -ECONNREFUSED) &&
+	    op->peer && wait_for_peer(e, op))
+		return; /* the peer is not up yet: the PUT waits for it (its deadline still runs) */
 	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op);
 	if (op->opcode >= FERRY_OP_STREAM_PUT || (op->flags & OP_F_INTERNAL))
@@ -646,13 +713,14 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		return;
 	}
 	op->state = OP_AWAY;
+	op->interval = sqe->timeout_ns; /* FERRY_SQE_WAIT_PEER: its deadline while it waits */
 	rc = reactor_send(e, op);
 	if (rc) {
 		op->state = OP_FREE;
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
-	if (op->state == OP_AWAY)
+	if (op->state == OP_AWAY && op->heap_idx == NO_SLOT)
 		op_arm_deadline(e, op, sqe->timeout_ns);
 }
 
@@ -775,10 +843,13 @@ static const struct op_def {
 	void (*issue)(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 } op_defs[FERRY_OP__MAX] = {
 	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
-	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH | FERRY_SQE_SEGS, do_put },
+	[FERRY_OP_PUT] = { "PUT",
+			   FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER,
+			   do_put },
 	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP | FERRY_SQE_SEGS, do_get },
 	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
-	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT", FERRY_SQE_STREAM_END | FERRY_SQE_SEGS,
+	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT",
+				  FERRY_SQE_STREAM_END | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER,
 				  stream_do_put },
 	[FERRY_OP_STREAM_GET] = { "STREAM_GET", FERRY_SQE_STREAM_WHOLE, stream_do_get },
 	[FERRY_OP_STREAM_ABORT] = { "STREAM_ABORT", 0, stream_do_abort },
@@ -1070,6 +1141,8 @@ int reactor_run_once(struct ferry_engine *e)
 	for (unsigned i = 0; i < e->nbackends; i++)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
 	n += stream_round(e);
+	if (unlikely(e->retry_at) && reactor_now(e) >= e->retry_at)
+		n += retry_peers(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
@@ -1087,7 +1160,10 @@ static uint64_t next_deadline(struct ferry_engine *e)
 {
 	uint64_t t = timer_next(&e->timers), s = stream_next_due(e);
 
-	return !t ? s : !s ? t : t < s ? t : s;
+	t = !t ? s : !s ? t : t < s ? t : s;
+	if (unlikely(e->retry_at) && (!t || e->retry_at < t))
+		t = e->retry_at; /* peers that PUTs wait for are tried again */
+	return t;
 }
 
 bool reactor_has_work(struct ferry_engine *e)
