@@ -123,6 +123,14 @@ typedef void ferry_log_cb(int level, const char *line, void *arg);
  */
 FERRY_API void ferry_log_set(int level, ferry_log_cb *cb, void *arg);
 
+/*
+ * Write one line to ferry's log, as ferry's own lines are (same sink, same
+ * threshold; control characters written as '?'): for layers built on ferry
+ * (the stage layer, a binding) whose lines belong beside the engine's. At
+ * most 511 bytes are kept. Any thread.
+ */
+FERRY_API void ferry_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ------------------------------------------------------------------ */
 /* Engine                                                              */
 /* ------------------------------------------------------------------ */

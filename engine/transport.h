@@ -107,6 +107,9 @@ struct backend_ops {
 	 * where it goes, and no pool block is taken for it. iov_put_max 0: the
 	 * transport takes no iovec at all (every PUT comes with op->buf, also
 	 * a 0-byte one: a 0-byte payload is a 0-byte buffer everywhere).
+	 * A PUT that fails before any of it left (its peer never came up)
+	 * has its op->buf back when it completes: a FERRY_SQE_WAIT_PEER PUT
+	 * is then sent again.
 	 */
 	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
 	uint64_t iov_put_max;

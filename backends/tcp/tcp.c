@@ -1815,6 +1815,15 @@ static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const c
 
 		l->wait_head = m->wait_next;
 		m->wait_next = NULL;
+		/*
+		 * It never left (the link never came up): its block goes back
+		 * to its op, which may be sent again (FERRY_SQE_WAIT_PEER) or
+		 * frees it as any PUT that did not hand its data over.
+		 */
+		if (m->op && m->buf && m->op->gen == m->op_gen) {
+			m->op->buf = m->buf;
+			m->buf = NULL;
+		}
 	}
 	l->wait_tail = NULL;
 	for (struct tcp_msg *m = l->msgs, *next; m; m = next) {
