@@ -553,6 +553,8 @@ enum ferry_op {
 	FERRY_OP_PEER_HEALTH = 9,   /* a peer's health JSON, over the control channel */
 	FERRY_OP_LOOKUP = 10,       /* directory: does a peer hold a key published for us? */
 	FERRY_OP_REMOTE_CANCEL = 11, /* a peer drops what it holds of one request from us */
+	FERRY_OP_PUBLISH = 12,      /* keep data here under a key, for a peer to fetch */
+	FERRY_OP_FETCH = 13,        /* get a key a peer keeps for us (asking the holder) */
 	FERRY_OP__MAX
 };
 
@@ -561,13 +563,12 @@ enum ferry_op {
  * FERRY_SQE_CB_REACTOR, which any op takes): an op with any other flag
  * completes with -EINVAL (a PUT of a pool buffer frees the buffer).
  */
-#define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
-#define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
+#define FERRY_SQE_NOWAIT (1u << 0)    /* GET, FETCH: complete with -EAGAIN if the key is absent */
+#define FERRY_SQE_REPLACE (1u << 1)   /* PUT, PUBLISH: replace a live key instead of -EEXIST */
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
 #define FERRY_SQE_STREAM_END (1u << 3) /* STREAM_PUT: this is the stream's last chunk */
 #define FERRY_SQE_STREAM_WHOLE (1u << 4) /* STREAM_GET: one CQE with the whole stream */
-#define FERRY_SQE_PUBLISH (1u << 5)   /* PUT: keep the data here, published for `to` */
-#define FERRY_SQE_LOOKUP (1u << 6)    /* GET: fetch the key from its holder (control channel) */
+/* (1u << 5), (1u << 6): were FERRY_SQE_PUBLISH / FERRY_SQE_LOOKUP, now FERRY_OP_PUBLISH / _FETCH */
 #define FERRY_SQE_SEGS (1u << 7)      /* PUT, GET, STREAM_PUT: iov is segments (the _segs preps) */
 /*
  * PUT, STREAM_PUT: when the peer cannot be reached yet (no engine holds its
@@ -802,27 +803,51 @@ FERRY_INLINE void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *f
 /* ------------------------------------------------------------------ */
 
 /*
- * Store-like keys (upstream's MooncakeStore/Yuanrong contract): a PUT with
- * FERRY_SQE_PUBLISH does not send. It keeps the data at this engine under
+ * Store-like keys (upstream's MooncakeStore/Yuanrong contract).
+ * FERRY_OP_PUBLISH does not send. It keeps the data at this engine under
  * "{key}@{me}_{to}" (in the pool, counted against max_keys like any key)
  * and completes with res 0 at once, or -EEXIST when that key is live here
  * (unless FERRY_SQE_REPLACE); when the peer `to` already waits for it (see
  * below), it is sent to it right away, in the background (a send that
- * fails, the peer being gone, drops it: logged).
- * A GET with FERRY_SQE_LOOKUP of key from peer `from` asks `from` over the
- * control channel (ferry_peer_connect, or a session `from` opened to us)
- * to send the key; the holder sends it over the data path and takes it
- * out of its store (a get consumes). If the holder has not got it: with
- * FERRY_SQE_NOWAIT the GET completes with -EAGAIN (after the round trip);
- * otherwise the holder remembers the request until the GET's timeout (at
- * most 1 hour) and sends the key the moment it is published: no polling.
- * The requesting engine must listen for data (params.listen, or
- * params.control which implies it): the holder sends there, and answers
- * -EHOSTUNREACH otherwise. Without a control session to `from` a LOOKUP
- * GET completes with -ENOTCONN (NOWAIT: -EAGAIN); while the session is
- * being made it waits for it (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees
- * published keys of the request too. Needs libzmq (-EOPNOTSUPP otherwise).
+ * fails, the peer being gone, drops it: logged). Flags: REPLACE, SEGS.
+ * FERRY_OP_FETCH of key from peer `from` asks `from` over the control
+ * channel (ferry_peer_connect, or a session `from` opened to us) to send
+ * the key; the holder sends it over the data path and takes it out of its
+ * store (a get consumes). It completes as a GET does (into an iovec or
+ * zero copy). If the holder has not got it: with FERRY_SQE_NOWAIT it
+ * completes with -EAGAIN (after the round trip); otherwise the holder
+ * remembers the request until the op's timeout (at most 1 hour) and sends
+ * the key the moment it is published: no polling. The fetching engine
+ * must listen for data (params.listen, or params.control which implies
+ * it): the holder sends there, and answers -EHOSTUNREACH otherwise.
+ * Without a control session to `from` a FETCH completes with -ENOTCONN
+ * (NOWAIT: -EAGAIN); while the session is being made it waits for it
+ * (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees published keys of the request
+ * too. Needs libzmq (-EOPNOTSUPP otherwise). Flags: NOWAIT, SEGS.
  */
+FERRY_INLINE void ferry_prep_publish(struct ferry_sqe *sqe, struct ferry_peer *to,
+				     const char *key, const struct iovec *iov, unsigned iovcnt,
+				     uint64_t user_data)
+{
+	ferry_prep_put(sqe, to, key, iov, iovcnt, user_data);
+	sqe->opcode = FERRY_OP_PUBLISH;
+}
+
+/* PUBLISH of a pool buffer: kept as it is, ownership moves at submission. */
+FERRY_INLINE void ferry_prep_publish_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+					 const char *key, struct ferry_buf *buf, uint64_t user_data)
+{
+	ferry_prep_put_buf(sqe, to, key, buf, user_data);
+	sqe->opcode = FERRY_OP_PUBLISH;
+}
+
+FERRY_INLINE void ferry_prep_fetch(struct ferry_sqe *sqe, struct ferry_peer *from,
+				   const char *key, const struct iovec *iov, unsigned iovcnt,
+				   uint64_t user_data)
+{
+	ferry_prep_get(sqe, from, key, iov, iovcnt, user_data);
+	sqe->opcode = FERRY_OP_FETCH;
+}
 
 /*
  * A peer's health JSON (what ferry_engine_health says there), asked over
@@ -840,22 +865,22 @@ FERRY_INLINE void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pee
 
 /*
  * Directory query: where is key waiting at peer? Completes with res 1 when
- * the peer holds it published for this engine (a PUT with
- * FERRY_SQE_PUBLISH to us: a LOOKUP GET would fetch it), 2 when our PUT of
- * it arrived there and was not taken yet, 0 when neither; len = its size.
- * Nothing moves. Errors as for ferry_prep_peer_health.
+ * the peer holds it published for this engine (a FERRY_OP_PUBLISH to us: a
+ * FETCH would get it), 2 when our PUT of it arrived there and was not
+ * taken yet, 0 when neither; len = its size. Nothing moves. Errors as for
+ * ferry_prep_peer_health.
  *
  * peer NULL asks every peer with a control session at once (one whose
  * session is still shaking hands, after ferry_peer_connect, is asked once
  * it is ready; a peer that is down, its session waiting to call again, is
- * not) and completes when the last has answered: res = how many hold the
- * key, and when some do, cqe->buf (FERRY_CQE_F_BUF: release it) holds one line per
- * such peer, "NAME WHERE LEN\n" (WHERE 1 or 2 as above), NUL-terminated,
- * len = the text's length. Each peer is asked once, whatever the number of
- * its sessions; a peer whose session ends before it answers is left out
- * (logged). -ENOTCONN when there is no such session; -ENOBUFS when too many
- * requests wait for answers; -ENOMEM when the pool has no room for the
- * text; -ETIMEDOUT at the op's deadline.
+ * not), and answers multishot: one CQE per peer that holds the key, with
+ * res 1 or 2 (as above), len = its size, cqe->buf the holder's name as
+ * text (NUL-terminated, FERRY_CQE_F_BUF: release it) and FERRY_CQE_F_MORE;
+ * then a last CQE, without MORE, res = how many hold it. Each peer is asked
+ * once, whatever the number of its sessions; a peer whose session ends
+ * before it answers is left out (logged). -ENOTCONN when there is no such
+ * session; -ENOBUFS when too many requests wait for answers; -ETIMEDOUT at
+ * the op's deadline (after the holders' CQEs that came before it).
  */
 FERRY_INLINE void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)

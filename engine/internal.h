@@ -462,6 +462,11 @@ static inline uint64_t sqe_payload_len(const struct ferry_sqe *sqe)
 void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns);
 /* Check a PUT-like SQE and take its buffer: 0, or the op was completed. */
 int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+/* Can a multishot op take one more CQE (flagged MORE) now? */
+bool op_can_post_more(struct ferry_engine *e, struct op *op);
+/* Post a CQE flagged MORE for a multishot op that stays pending (buf: FERRY_CQE_F_BUF). */
+void op_post_more(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		  struct ferry_buf *buf);
 /* A free op for the engine's own use, or NULL. */
 struct op *op_alloc_internal(struct ferry_engine *e);
 

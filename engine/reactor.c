@@ -271,9 +271,9 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	}
 	op->state = OP_FREE;
 
-	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
-	     op->opcode == FERRY_OP_STREAM_ABORT || op->opcode == FERRY_OP_LOOKUP) && op->buf) {
-		/* Still ours: the PUT never handed its data over (a LOOKUP: its partial text). */
+	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_PUBLISH ||
+	     op->opcode == FERRY_OP_STREAM_PUT || op->opcode == FERRY_OP_STREAM_ABORT) && op->buf) {
+		/* Still ours: the PUT never handed its data over. */
 		pool_free(op->buf);
 		op->buf = NULL;
 	}
@@ -291,14 +291,16 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 			STAT_ADD(e->stats.cancelled, 1);
 		if (op->peer && op->opcode != FERRY_OP_CANCEL)
 			STAT_ADD(op->peer->stats.errors, 1);
-	} else if (op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT) {
+	} else if (op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
+		   op->opcode == FERRY_OP_PUBLISH) {
 		STAT_ADD(e->stats.puts, 1);
 		STAT_ADD(e->stats.bytes_put, len);
 		if (op->start)
 			STAT_ADD(e->stats.lat_put[lat_bucket(reactor_now(e) - op->start)], 1);
 		STAT_ADD(op->peer->stats.puts, 1);
 		STAT_ADD(op->peer->stats.bytes_out, len);
-	} else if (op->opcode == FERRY_OP_GET || op->opcode == FERRY_OP_STREAM_GET) {
+	} else if (op->opcode == FERRY_OP_GET || op->opcode == FERRY_OP_STREAM_GET ||
+		   op->opcode == FERRY_OP_FETCH) {
 		STAT_ADD(e->stats.gets, 1);
 		STAT_ADD(e->stats.bytes_got, len);
 		if (op->start)
@@ -441,7 +443,8 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT))
 		return false;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
-	if (!ke || !(op = ke->waiters) || op->opcode != FERRY_OP_GET || !op->iovcnt ||
+	if (!ke || !(op = ke->waiters) || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) ||
+	    !op->iovcnt ||
 	    len > op->len)
 		return false; /* no GET, a zero-copy one, or one that is too small */
 	STAT_ADD(e->stats.deliveries, 1);
@@ -453,6 +456,46 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	STAT_ADD(e->stats.copies, 1);
 	op_complete(e, op, 0, len, NULL);
 	return true;
+}
+
+/* Can op take one more non-final CQE now? */
+bool op_can_post_more(struct ferry_engine *e, struct op *op)
+{
+	return (op->flags & FERRY_SQE_CB_REACTOR) || e->free_ops ||
+	       (!op->cq->overflow_head && cq_has_space(op->cq));
+}
+
+/* Post a CQE flagged MORE for a multishot op that stays pending. */
+void op_post_more(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		      struct ferry_buf *buf)
+{
+	struct ferry_cqe cqe = {
+		.user_data = op->user_data,
+		.res = res,
+		.flags = FERRY_CQE_F_MORE | (buf ? FERRY_CQE_F_BUF : 0),
+		.len = len,
+		.buf = buf,
+		.opcode = op->opcode,
+	};
+	struct op *carrier;
+
+	if (op->flags & FERRY_SQE_CB_REACTOR) {
+		op->cb(&cqe, op->cb_arg);
+		return;
+	}
+	if (!op->cq->overflow_head && cq_has_space(op->cq)) {
+		cq_post(op->cq, &cqe, op->cb, op->cb_arg, NULL);
+		return;
+	}
+	/* Full: a spare op carries this completion through the overflow list. */
+	carrier = op_alloc_internal(e);
+	carrier->flags = 0;
+	carrier->opcode = op->opcode;
+	carrier->user_data = op->user_data;
+	carrier->cq = op->cq;
+	STAT_ADD(op->cq->inflight, 1);
+	if (cq_post(op->cq, &cqe, op->cb, op->cb_arg, carrier))
+		ferry__op_free(e, carrier);
 }
 
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res)
@@ -694,7 +737,7 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 
 	if (op_take_put(e, op, sqe))
 		return;
-	if (!sqe->buf && !(op->flags & FERRY_SQE_PUBLISH) && op->peer->backend &&
+	if (!sqe->buf && op->opcode != FERRY_OP_PUBLISH && op->peer->backend &&
 	    op->peer->backend->ops->iov_put_max &&
 	    (op->len = sqe_payload_len(sqe)) <= op->peer->backend->ops->iov_put_max) {
 		/* The transport copies it straight from the iovec (struct backend_ops). */
@@ -705,7 +748,7 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
-	if (unlikely(op->flags & FERRY_SQE_PUBLISH)) {
+	if (unlikely(op->opcode == FERRY_OP_PUBLISH)) {
 		if (e->dir)
 			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
 		else
@@ -772,7 +815,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
 		return;
 	}
-	if ((sqe->flags & (FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP)) == FERRY_SQE_NOWAIT) {
+	if ((sqe->flags & FERRY_SQE_NOWAIT) && op->opcode != FERRY_OP_FETCH) {
 		op_complete(e, op, -EAGAIN, 0, NULL);
 		return;
 	}
@@ -785,7 +828,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->entry = ke;
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
-	if (unlikely(sqe->flags & FERRY_SQE_LOOKUP))
+	if (unlikely(op->opcode == FERRY_OP_FETCH))
 		directory_fetch(e, op, sqe); /* ask the holder */
 }
 
@@ -843,10 +886,8 @@ static const struct op_def {
 	void (*issue)(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 } op_defs[FERRY_OP__MAX] = {
 	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
-	[FERRY_OP_PUT] = { "PUT",
-			   FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER,
-			   do_put },
-	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP | FERRY_SQE_SEGS, do_get },
+	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER, do_put },
+	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_SEGS, do_get },
 	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
 	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT",
 				  FERRY_SQE_STREAM_END | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER,
@@ -858,6 +899,8 @@ static const struct op_def {
 	[FERRY_OP_PEER_HEALTH] = { "PEER_HEALTH", 0, directory_do_op },
 	[FERRY_OP_LOOKUP] = { "LOOKUP", 0, directory_do_op },
 	[FERRY_OP_REMOTE_CANCEL] = { "REMOTE_CANCEL", 0, directory_do_op },
+	[FERRY_OP_PUBLISH] = { "PUBLISH", FERRY_SQE_REPLACE | FERRY_SQE_SEGS, do_put },
+	[FERRY_OP_FETCH] = { "FETCH", FERRY_SQE_NOWAIT | FERRY_SQE_SEGS, do_get },
 };
 
 static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
@@ -932,8 +975,9 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	op_defs[sqe->opcode].issue(e, op, sqe);
 	return true;
 invalid:
-	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) && sqe->buf &&
-	    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
+	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_PUBLISH ||
+	     sqe->opcode == FERRY_OP_STREAM_PUT) &&
+	    sqe->buf && atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
 		op->buf = sqe->buf; /* ownership moved at submission: free it */
 	op_complete(e, op, -EINVAL, 0, NULL);
 	return true;
@@ -952,8 +996,8 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
 	if (slot->opcode != FERRY_OP_PUT && slot->opcode != FERRY_OP_STREAM_PUT &&
 	    slot->opcode != FERRY_OP_STREAM_ABORT)
 		return false;
-	if ((slot->flags & FERRY_SQE_PUBLISH) || !p || p->engine != e)
-		return false; /* kept here, or refused by dispatch */
+	if (!p || p->engine != e)
+		return false; /* refused by dispatch */
 	return !p->backend;
 }
 
@@ -1707,7 +1751,8 @@ void reactor_shutdown(struct ferry_engine *e)
 			struct ferry_cqe cqe = { .user_data = sqe->user_data, .res = -ECANCELED,
 						 .opcode = sqe->opcode };
 
-			if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) &&
+			if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_PUBLISH ||
+			     sqe->opcode == FERRY_OP_STREAM_PUT) &&
 			    sqe->buf && atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
 				pool_free(sqe->buf);
 			STAT_ADD(e->stats.cancelled, 1);

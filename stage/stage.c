@@ -484,16 +484,21 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 		goto fail;
 	}
 	ud = atomic_fetch_add(&s->next_ud, 1);
-	if (buf)
-		ferry_prep_put_buf(sqe, l->peer, key, buf, ud);
-	else
-		ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
-	buf = NULL; /* the SQE owns it now */
 	/*
 	 * Store-like edges keep the data here (PUBLISH: fetched by the gets);
 	 * others wait for the receiving stage to be up, within the deadline.
 	 */
-	ferry_sqe_set_flags(sqe, l->edge->key_lookup ? FERRY_SQE_PUBLISH : FERRY_SQE_WAIT_PEER);
+	if (l->edge->key_lookup && buf)
+		ferry_prep_publish_buf(sqe, l->peer, key, buf, ud);
+	else if (l->edge->key_lookup)
+		ferry_prep_publish(sqe, l->peer, key, iov, 1, ud);
+	else if (buf)
+		ferry_prep_put_buf(sqe, l->peer, key, buf, ud);
+	else
+		ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
+	buf = NULL; /* the SQE owns it now */
+	if (!l->edge->key_lookup)
+		ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
 	ferry_sqe_set_cq(sqe, cq);
 	ferry_sqe_set_timeout(sqe, s->timeout_ns);
 	if ((rc = submit_wait(s, sq, cq, ud, s->timeout_ns, &cqe)))
@@ -590,12 +595,13 @@ int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to, con
 	if (!(sqe = take_sqe(s, &sq)))
 		return -EBUSY;
 	ud = atomic_fetch_add(&s->next_ud, 1);
-	ferry_prep_get(sqe, l->peer, key, NULL, 0, ud);
+	if (l->edge->key_lookup)
+		ferry_prep_fetch(sqe, l->peer, key, NULL, 0, ud); /* ask the holder */
+	else
+		ferry_prep_get(sqe, l->peer, key, NULL, 0, ud);
 	ferry_sqe_set_cq(sqe, cq);
 	if (flags & FERRY_STAGE_NOWAIT)
 		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
-	if (l->edge->key_lookup)
-		ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP); /* ask the holder */
 	bound = timeout_ns > 0 ? (uint64_t)timeout_ns
 	      : timeout_ns < 0 ? 0
 	      : l->get_timeout_ns ? l->get_timeout_ns : s->timeout_ns;
