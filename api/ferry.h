@@ -123,6 +123,14 @@ typedef void ferry_log_cb(int level, const char *line, void *arg);
  */
 FERRY_API void ferry_log_set(int level, ferry_log_cb *cb, void *arg);
 
+/*
+ * Write one line to ferry's log, as ferry's own lines are (same sink, same
+ * threshold; control characters written as '?'): for layers built on ferry
+ * (the stage layer, a binding) whose lines belong beside the engine's. At
+ * most 511 bytes are kept. Any thread.
+ */
+FERRY_API void ferry_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ------------------------------------------------------------------ */
 /* Engine                                                              */
 /* ------------------------------------------------------------------ */
@@ -300,6 +308,25 @@ FERRY_API int ferry_engine_control_address(struct ferry_engine *e, char *buf, si
 FERRY_API int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint);
 
 /*
+ * The one way to give a peer an address, whatever the transport: uri is
+ * "ferry://HOST:PORT" (its control endpoint, as ferry_peer_connect: the
+ * only address a user need give), or a transport's own ("tcp://HOST:PORT":
+ * its data address, as ferry_peer_set_address). Returns what that call
+ * returns; -EPROTONOSUPPORT for a scheme no transport of this build takes
+ * (logged); -EINVAL for NULL or no "scheme://". Any thread.
+ */
+FERRY_API int ferry_peer_connect_uri(struct ferry_peer *p, const char *uri);
+
+/*
+ * Every address this engine can be reached at, as URIs separated by one
+ * space ("ferry://HOST:PORT tcp://HOST:PORT": what to hand a peer's
+ * ferry_peer_connect_uri), into buf (at most len bytes incl. the NUL).
+ * Returns the length of the full text (like snprintf; 0: it listens on
+ * nothing), -EINVAL. Any thread.
+ */
+FERRY_API int ferry_engine_addresses(struct ferry_engine *e, char *buf, size_t len);
+
+/*
  * The port of the upstream (vLLM-Omni) scheme, for deployments that keep
  * their fixed ports: base + purpose_offset + stage + 16 * rank. Use it to
  * build a listen endpoint; ferry itself needs no port arithmetic (listen on
@@ -348,6 +375,78 @@ FERRY_API int ferry_buf_set_len(struct ferry_buf *b, size_t len);
  * counted, never a crash).
  */
 FERRY_API int ferry_buf_release(struct ferry_buf *b);
+
+/*
+ * Memory types. Every buffer and every registered region has one; host
+ * memory is all this build moves (FERRY_FEATURE_CUDA says when CUDA device
+ * memory is there too; until then asking for it is -EOPNOTSUPP, logged).
+ */
+enum ferry_mem_type {
+	FERRY_MEM_HOST = 0,
+	FERRY_MEM_CUDA = 1, /* CUDA device memory (device = the CUDA device ordinal) */
+};
+
+struct ferry_buf_params {
+	size_t size;               /* sizeof(struct ferry_buf_params) */
+	size_t len;                /* bytes */
+	enum ferry_mem_type mem;   /* where the buffer lives (FERRY_MEM_HOST) */
+	int device;                /* FERRY_MEM_CUDA: which device */
+	uint32_t flags;            /* 0 */
+};
+#define FERRY_BUF_PARAMS_INIT { .size = sizeof(struct ferry_buf_params) }
+
+/*
+ * ferry_buf_alloc with parameters that can grow (a memory type, for one).
+ * Returns 0 and *out; -EINVAL (NULL, a bad size or flags); -EOPNOTSUPP for
+ * a memory type this build cannot give; -ENOMEM when that memory is
+ * exhausted. Any thread.
+ */
+FERRY_API int ferry_buf_alloc_params(struct ferry_engine *e, const struct ferry_buf_params *p,
+				     struct ferry_buf **out);
+
+/* The memory type of a buffer (FERRY_MEM_HOST for a NULL one). Any thread. */
+FERRY_API enum ferry_mem_type ferry_buf_mem(const struct ferry_buf *b);
+
+/*
+ * A registered region: memory of the application (host memory now)
+ * announced to the engine once, so that every transport that must know
+ * memory beforehand (RDMA registers it, CUDA pins it) does so once, not per
+ * transfer. Segments of regions stand where an iovec does
+ * (ferry_prep_put_segs, ferry_prep_get_segs). The memory must stay valid
+ * until ferry_region_release.
+ */
+struct ferry_region;
+
+struct ferry_region_params {
+	size_t size;               /* sizeof(struct ferry_region_params) */
+	void *addr;                /* start of the memory */
+	size_t len;                /* its bytes (> 0) */
+	enum ferry_mem_type mem;   /* FERRY_MEM_HOST */
+	int device;                /* FERRY_MEM_CUDA: which device */
+};
+#define FERRY_REGION_PARAMS_INIT { .size = sizeof(struct ferry_region_params) }
+
+/*
+ * Register a region. Returns 0 and *out; -EINVAL (NULL, an empty region);
+ * -EOPNOTSUPP for a memory type this build cannot move; -ENOMEM; or the
+ * error of a transport that could not register it (logged). Any thread.
+ */
+FERRY_API int ferry_region_register(struct ferry_engine *e, const struct ferry_region_params *p,
+				    struct ferry_region **out);
+
+/*
+ * Release a region (*r is set to NULL). -EBUSY while an op that names one
+ * of its segments is in flight (nothing is released then); -EINVAL for
+ * NULL. Any thread; regions left at ferry_engine_destroy are released.
+ */
+FERRY_API int ferry_region_release(struct ferry_region **r);
+
+/* A piece of a registered region: len bytes at offset. */
+struct ferry_seg {
+	struct ferry_region *region;
+	uint64_t offset;
+	uint64_t len;
+};
 
 /* ------------------------------------------------------------------ */
 /* Completion queues                                                   */
@@ -454,6 +553,8 @@ enum ferry_op {
 	FERRY_OP_PEER_HEALTH = 9,   /* a peer's health JSON, over the control channel */
 	FERRY_OP_LOOKUP = 10,       /* directory: does a peer hold a key published for us? */
 	FERRY_OP_REMOTE_CANCEL = 11, /* a peer drops what it holds of one request from us */
+	FERRY_OP_PUBLISH = 12,      /* keep data here under a key, for a peer to fetch */
+	FERRY_OP_FETCH = 13,        /* get a key a peer keeps for us (asking the holder) */
 	FERRY_OP__MAX
 };
 
@@ -462,14 +563,22 @@ enum ferry_op {
  * FERRY_SQE_CB_REACTOR, which any op takes): an op with any other flag
  * completes with -EINVAL (a PUT of a pool buffer frees the buffer).
  */
-#define FERRY_SQE_NOWAIT (1u << 0)    /* GET: complete with -EAGAIN if the key is absent */
-#define FERRY_SQE_REPLACE (1u << 1)   /* PUT: replace a live key instead of -EEXIST */
+#define FERRY_SQE_NOWAIT (1u << 0)    /* GET, FETCH: complete with -EAGAIN if the key is absent */
+#define FERRY_SQE_REPLACE (1u << 1)   /* PUT, PUBLISH: replace a live key instead of -EEXIST */
 #define FERRY_SQE_CB_REACTOR (1u << 2) /* run the callback on the reactor thread, no CQE */
 #define FERRY_SQE_STREAM_END (1u << 3) /* STREAM_PUT: this is the stream's last chunk */
 #define FERRY_SQE_STREAM_WHOLE (1u << 4) /* STREAM_GET: one CQE with the whole stream */
-#define FERRY_SQE_PUBLISH (1u << 5)   /* PUT: keep the data here, published for `to` */
-#define FERRY_SQE_LOOKUP (1u << 6)    /* GET: fetch the key from its holder (control channel) */
-#define FERRY_SQE__ALL ((1u << 7) - 1)
+/* (1u << 5), (1u << 6): were FERRY_SQE_PUBLISH / FERRY_SQE_LOOKUP, now FERRY_OP_PUBLISH / _FETCH */
+#define FERRY_SQE_SEGS (1u << 7)      /* PUT, GET, STREAM_PUT: iov is segments (the _segs preps) */
+/*
+ * PUT, STREAM_PUT: when the peer cannot be reached yet (no engine holds its
+ * name, or its address refuses the call: the peer is not up), wait for it
+ * instead of failing with -EHOSTUNREACH, and send once it can be reached
+ * (stages start in any order). Give the op a deadline: it ends with
+ * -ETIMEDOUT if the peer is not up by then (a CANCEL ends it too).
+ */
+#define FERRY_SQE_WAIT_PEER (1u << 8)
+#define FERRY_SQE__ALL ((1u << 9) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the
@@ -634,6 +743,30 @@ FERRY_INLINE void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 }
 
 /*
+ * PUT and GET with segments of registered regions where an iovec stands
+ * (struct ferry_seg: region, offset, len): the same ops, the same results;
+ * the segments (and their regions) must stay valid until the CQE, and a
+ * region named by an op in flight is not released (-EBUSY). A segment
+ * outside its region, or of a released or another engine's region, is
+ * -EINVAL.
+ */
+FERRY_INLINE void ferry_prep_put_segs(struct ferry_sqe *sqe, struct ferry_peer *to,
+				      const char *key, const struct ferry_seg *segs, unsigned nsegs,
+				      uint64_t user_data)
+{
+	ferry_prep_put(sqe, to, key, (const struct iovec *)(const void *)segs, nsegs, user_data);
+	sqe->flags |= FERRY_SQE_SEGS;
+}
+
+FERRY_INLINE void ferry_prep_get_segs(struct ferry_sqe *sqe, struct ferry_peer *from,
+				      const char *key, const struct ferry_seg *segs, unsigned nsegs,
+				      uint64_t user_data)
+{
+	ferry_prep_get(sqe, from, key, (const struct iovec *)(const void *)segs, nsegs, user_data);
+	sqe->flags |= FERRY_SQE_SEGS;
+}
+
+/*
  * Cancel the op submitted with user_data target (on this engine). The
  * cancelled op completes with -ECANCELED; the CANCEL itself completes with
  * 0, or -ENOENT if no such op is pending (already completed, or unknown),
@@ -670,27 +803,51 @@ FERRY_INLINE void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *f
 /* ------------------------------------------------------------------ */
 
 /*
- * Store-like keys (upstream's MooncakeStore/Yuanrong contract): a PUT with
- * FERRY_SQE_PUBLISH does not send. It keeps the data at this engine under
+ * Store-like keys (upstream's MooncakeStore/Yuanrong contract).
+ * FERRY_OP_PUBLISH does not send. It keeps the data at this engine under
  * "{key}@{me}_{to}" (in the pool, counted against max_keys like any key)
  * and completes with res 0 at once, or -EEXIST when that key is live here
  * (unless FERRY_SQE_REPLACE); when the peer `to` already waits for it (see
  * below), it is sent to it right away, in the background (a send that
- * fails, the peer being gone, drops it: logged).
- * A GET with FERRY_SQE_LOOKUP of key from peer `from` asks `from` over the
- * control channel (ferry_peer_connect, or a session `from` opened to us)
- * to send the key; the holder sends it over the data path and takes it
- * out of its store (a get consumes). If the holder has not got it: with
- * FERRY_SQE_NOWAIT the GET completes with -EAGAIN (after the round trip);
- * otherwise the holder remembers the request until the GET's timeout (at
- * most 1 hour) and sends the key the moment it is published: no polling.
- * The requesting engine must listen for data (params.listen, or
- * params.control which implies it): the holder sends there, and answers
- * -EHOSTUNREACH otherwise. Without a control session to `from` a LOOKUP
- * GET completes with -ENOTCONN (NOWAIT: -EAGAIN); while the session is
- * being made it waits for it (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees
- * published keys of the request too. Needs libzmq (-EOPNOTSUPP otherwise).
+ * fails, the peer being gone, drops it: logged). Flags: REPLACE, SEGS.
+ * FERRY_OP_FETCH of key from peer `from` asks `from` over the control
+ * channel (ferry_peer_connect, or a session `from` opened to us) to send
+ * the key; the holder sends it over the data path and takes it out of its
+ * store (a get consumes). It completes as a GET does (into an iovec or
+ * zero copy). If the holder has not got it: with FERRY_SQE_NOWAIT it
+ * completes with -EAGAIN (after the round trip); otherwise the holder
+ * remembers the request until the op's timeout (at most 1 hour) and sends
+ * the key the moment it is published: no polling. The fetching engine
+ * must listen for data (params.listen, or params.control which implies
+ * it): the holder sends there, and answers -EHOSTUNREACH otherwise.
+ * Without a control session to `from` a FETCH completes with -ENOTCONN
+ * (NOWAIT: -EAGAIN); while the session is being made it waits for it
+ * (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees published keys of the request
+ * too. Needs libzmq (-EOPNOTSUPP otherwise). Flags: NOWAIT, SEGS.
  */
+FERRY_INLINE void ferry_prep_publish(struct ferry_sqe *sqe, struct ferry_peer *to,
+				     const char *key, const struct iovec *iov, unsigned iovcnt,
+				     uint64_t user_data)
+{
+	ferry_prep_put(sqe, to, key, iov, iovcnt, user_data);
+	sqe->opcode = FERRY_OP_PUBLISH;
+}
+
+/* PUBLISH of a pool buffer: kept as it is, ownership moves at submission. */
+FERRY_INLINE void ferry_prep_publish_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
+					 const char *key, struct ferry_buf *buf, uint64_t user_data)
+{
+	ferry_prep_put_buf(sqe, to, key, buf, user_data);
+	sqe->opcode = FERRY_OP_PUBLISH;
+}
+
+FERRY_INLINE void ferry_prep_fetch(struct ferry_sqe *sqe, struct ferry_peer *from,
+				   const char *key, const struct iovec *iov, unsigned iovcnt,
+				   uint64_t user_data)
+{
+	ferry_prep_get(sqe, from, key, iov, iovcnt, user_data);
+	sqe->opcode = FERRY_OP_FETCH;
+}
 
 /*
  * A peer's health JSON (what ferry_engine_health says there), asked over
@@ -708,22 +865,22 @@ FERRY_INLINE void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pee
 
 /*
  * Directory query: where is key waiting at peer? Completes with res 1 when
- * the peer holds it published for this engine (a PUT with
- * FERRY_SQE_PUBLISH to us: a LOOKUP GET would fetch it), 2 when our PUT of
- * it arrived there and was not taken yet, 0 when neither; len = its size.
- * Nothing moves. Errors as for ferry_prep_peer_health.
+ * the peer holds it published for this engine (a FERRY_OP_PUBLISH to us: a
+ * FETCH would get it), 2 when our PUT of it arrived there and was not
+ * taken yet, 0 when neither; len = its size. Nothing moves. Errors as for
+ * ferry_prep_peer_health.
  *
  * peer NULL asks every peer with a control session at once (one whose
  * session is still shaking hands, after ferry_peer_connect, is asked once
  * it is ready; a peer that is down, its session waiting to call again, is
- * not) and completes when the last has answered: res = how many hold the
- * key, and when some do, cqe->buf (FERRY_CQE_F_BUF: release it) holds one line per
- * such peer, "NAME WHERE LEN\n" (WHERE 1 or 2 as above), NUL-terminated,
- * len = the text's length. Each peer is asked once, whatever the number of
- * its sessions; a peer whose session ends before it answers is left out
- * (logged). -ENOTCONN when there is no such session; -ENOBUFS when too many
- * requests wait for answers; -ENOMEM when the pool has no room for the
- * text; -ETIMEDOUT at the op's deadline.
+ * not), and answers multishot: one CQE per peer that holds the key, with
+ * res 1 or 2 (as above), len = its size, cqe->buf the holder's name as
+ * text (NUL-terminated, FERRY_CQE_F_BUF: release it) and FERRY_CQE_F_MORE;
+ * then a last CQE, without MORE, res = how many hold it. Each peer is asked
+ * once, whatever the number of its sessions; a peer whose session ends
+ * before it answers is left out (logged). -ENOTCONN when there is no such
+ * session; -ENOBUFS when too many requests wait for answers; -ETIMEDOUT at
+ * the op's deadline (after the holders' CQEs that came before it).
  */
 FERRY_INLINE void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)
@@ -808,6 +965,16 @@ FERRY_INLINE void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer
 	sqe->iov = iov;
 	sqe->iovcnt = iovcnt;
 	ferry__sqe_key(sqe, stream);
+}
+
+/* STREAM_PUT from segments of registered regions (as ferry_prep_put_segs). */
+FERRY_INLINE void ferry_prep_stream_put_segs(struct ferry_sqe *sqe, struct ferry_peer *to,
+					     const char *stream, const struct ferry_seg *segs,
+					     unsigned nsegs, uint64_t user_data)
+{
+	ferry_prep_stream_put(sqe, to, stream, (const struct iovec *)(const void *)segs, nsegs,
+			      user_data);
+	sqe->flags |= FERRY_SQE_SEGS;
 }
 
 /* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */

@@ -1325,6 +1325,31 @@ static void ctl_fini(struct ferry_engine *e, struct backend *b)
 	b->data = NULL;
 }
 
+/* "ferry://HOST:PORT": the control endpoint, "tcp://HOST:PORT" to ZeroMQ. */
+static int ctl_connect(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer,
+		       const char *uri)
+{
+	char ep[NETADDR_MAX];
+
+	(void)e;
+	(void)b;
+	if (snprintf(ep, sizeof(ep), "tcp://%s", uri + strlen("ferry://")) >= (int)sizeof(ep)) {
+		log_error("ferry_peer_connect_uri: %s is longer than %d bytes", uri, NETADDR_MAX - 1);
+		return -EINVAL;
+	}
+	return ferry_peer_connect(peer, ep);
+}
+
+static int ctl_address(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct ctl_state *st = b->data;
+
+	(void)e;
+	if (strncmp(st->bound, "tcp://", 6) != 0)
+		return 0;
+	return snprintf(buf, len, "ferry://%s", st->bound + 6);
+}
+
 static int ctl_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
 {
 	struct ctl_state *st = b->data;
@@ -1350,6 +1375,9 @@ const struct backend_ops ferry__ctl_backend = {
 	.has_work = ctl_has_work,
 	.on_cqe = ctl_on_cqe,
 	.health = ctl_health,
+	.scheme = "ferry",
+	.connect = ctl_connect,
+	.address = ctl_address,
 };
 
 /* ------------------------------------------------------------------ */
@@ -1446,11 +1474,23 @@ static bool ctl_has_work(struct ferry_engine *e, struct backend *b)
 	return false;
 }
 
+static int ctl_connect(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer,
+		       const char *uri)
+{
+	(void)e;
+	(void)b;
+	(void)peer;
+	log_error("ferry_peer_connect_uri: %s: this build has no control channel (libzmq)", uri);
+	return -EOPNOTSUPP;
+}
+
 const struct backend_ops ferry__ctl_backend = {
 	.name = "ctl",
 	.rank = 0,
 	.init = ctl_init,
 	.fini = ctl_fini,
+	.scheme = "ferry",
+	.connect = ctl_connect,
 	.progress = ctl_progress,
 	.has_work = ctl_has_work,
 };

@@ -24,43 +24,39 @@ void ctl_req_free(struct ctl_state *st, struct ctl_req *r)
 	st->nreqs--;
 }
 
-/* One line of a LOOKUP of every peer's text: "NAME WHERE LEN\n". */
-#define LOOKUP_LINE_MAX (FERRY_NAME_MAX + 32)
-
 /*
  * One peer's part of a LOOKUP of every peer (res: 1 or 2 it holds the key,
- * 0 not, < 0 it did not answer). The last part completes the op: res = the
- * peers that hold it, and their lines in a buffer when there are any.
+ * 0 not, < 0 it did not answer). A holder is a CQE of its own (MORE: res
+ * 1 or 2, len its size, its name as text in the buffer); the last part
+ * completes the op: res = how many hold it.
  */
 static void lookup_all_part(struct ctl_state *st, struct ctl_req *r, int res, uint64_t len)
 {
+	struct ferry_engine *e = st->e;
 	struct op *op = r->op;
-	struct ferry_buf *buf;
 
 	if (!op || op->gen != r->op_gen || !op_state_pending(op->state))
-		return; /* it ended (deadline, cancel): its buffer went with it */
+		return; /* it ended (deadline, cancel) */
 	if (res > 0) {
-		int n = snprintf((char *)op->buf->data + op->len, LOOKUP_LINE_MAX, "%s %d %llu\n",
-				 r->peer, res, (unsigned long long)len);
+		size_t n = strlen(r->peer);
+		struct ferry_buf *name = NULL;
 
-		op->len += n > 0 && n < (int)LOOKUP_LINE_MAX ? (uint64_t)n : 0;
+		if (!op_can_post_more(e, op) || pool_alloc(e->pool, n + 1, &name)) {
+			log_warn("ctl: engine %s: LOOKUP of %s at every peer: no room to report "
+				 "holder %s", e->name, r->key, r->peer);
+		} else {
+			memcpy(name->data, r->peer, n + 1);
+			name->len = n;
+			op_post_more(e, op, res, len, name);
+		}
 		op->chunk++;
 	} else if (res < 0) {
 		log_info("ctl: engine %s: LOOKUP of %s at every peer: %s did not answer: %s",
-			 st->e->name, r->key, r->peer, ferry_strerror(res));
+			 e->name, r->key, r->peer, ferry_strerror(res));
 	}
 	if (--op->iovcnt)
 		return;
-	buf = op->buf;
-	op->buf = NULL;
-	if (!op->chunk) {
-		pool_free(buf);
-		op_complete(st->e, op, 0, 0, NULL);
-		return;
-	}
-	((char *)buf->data)[op->len] = '\0';
-	buf->len = op->len;
-	op_complete(st->e, op, (int)op->chunk, op->len, buf);
+	op_complete(e, op, (int)op->chunk, 0, NULL);
 }
 
 /* Complete a request's op with res (unless it ended meanwhile). */
@@ -126,7 +122,7 @@ void ctl_fail_lookup_gets(struct ctl_state *st, const char *name, int res)
 		struct op *op = &e->ops[i];
 
 		if (op->state == OP_PARKED && op->peer && strcmp(op->peer->name, name) == 0 &&
-		    ((op->flags & FERRY_SQE_LOOKUP) ||
+		    (op->opcode == FERRY_OP_FETCH ||
 		     (op->opcode == FERRY_OP_GET && (op->flags & FERRY_SQE_CB_REACTOR) &&
 		      op->cb_arg == st)))
 			op_complete(e, op, res, 0, NULL);
@@ -527,7 +523,6 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 	struct ctl_session *ask[CTL_MAX_SESSIONS];
 	struct ctl_req *reqs[CTL_MAX_SESSIONS];
 	uint32_t npeers = 0;
-	int rc;
 
 	for (uint32_t i = 0; i < CTL_MAX_SESSIONS; i++)
 		if (asks_over(st, &st->sessions[i]))
@@ -539,9 +534,6 @@ static int lookup_all(struct ctl_state *st, struct op *op, const char *key, uint
 			    "refusing a LOOKUP of every peer", e->name, CTL_MAX_REQS);
 		return -ENOBUFS;
 	}
-	rc = pool_alloc(e->pool, (size_t)npeers * LOOKUP_LINE_MAX + 1, &op->buf);
-	if (rc)
-		return rc;
 	op->len = 0;
 	op->chunk = 0;
 	op->iovcnt = npeers;

@@ -160,6 +160,7 @@ static void engine_free(struct ferry_engine *e)
 		free(p);
 	}
 	sq_free_all(e);
+	memory_fini(e);
 	if (e->pool)
 		pool_release_owner(e->pool);
 	pthread_mutex_destroy(&e->lock);
@@ -369,6 +370,58 @@ static size_t uri_scheme(const char *uri)
 	const char *sep = uri ? strstr(uri, "://") : NULL;
 
 	return sep && sep > uri && sep - uri < 16 ? (size_t)(sep - uri) : 0;
+}
+
+int ferry_peer_connect_uri(struct ferry_peer *p, const char *uri)
+{
+	struct ferry_engine *e;
+	size_t n = uri_scheme(uri);
+
+	if (!p || !uri || !n) {
+		log_error("ferry_peer_connect_uri: %s", !p ? "NULL peer" : !uri ? "NULL uri"
+							 : "no scheme:// in the uri");
+		return -EINVAL;
+	}
+	e = p->engine;
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		const struct backend_ops *o = e->backends[i].ops;
+
+		if (o->scheme && o->connect && strlen(o->scheme) == n && !memcmp(o->scheme, uri, n))
+			return o->connect(e, &e->backends[i], p, uri);
+	}
+	log_error("ferry_peer_connect_uri: %.*s: no transport of this build takes that scheme",
+		  (int)n, uri);
+	return -EPROTONOSUPPORT;
+}
+
+int ferry_engine_addresses(struct ferry_engine *e, char *buf, size_t len)
+{
+	size_t total = 0;
+
+	if (!e || (!buf && len)) {
+		log_error("ferry_engine_addresses: NULL %s", e ? "buf" : "engine");
+		return -EINVAL;
+	}
+	if (len)
+		buf[0] = '\0';
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+		char one[PEER_ADDR_MAX];
+		int m;
+
+		if (!b->ops->address || !b->data ||
+		    (m = b->ops->address(e, b, one, sizeof(one))) <= 0 || (size_t)m >= sizeof(one))
+			continue;
+		if (total && total + 1 < len)
+			buf[total] = ' ';
+		total += total ? 1 : 0;
+		if (total < len)
+			snprintf(buf + total, len - total, "%s", one);
+		total += (size_t)m;
+	}
+	if (len && total >= len)
+		buf[len - 1] = '\0';
+	return total > INT32_MAX ? INT32_MAX : (int)total;
 }
 
 int ferry__peer_addr_set(struct ferry_peer *peer, const char *uri)

@@ -23,6 +23,7 @@
 #include "log.h"
 #include "pool.h"
 #include "directory.h"
+#include "memory.h"
 #include "transport.h"
 
 #define CACHELINE 64
@@ -161,24 +162,6 @@ enum op_state {
 	OP_STREAMING, /* STREAM_GET / STREAM_ACCEPT between two CQEs (stream.c) */
 };
 
-/*
- * Copy at most len bytes of iov[0..n) to dst, in order; returns the bytes
- * copied. A PUT passes op->len, summed at submission, so an iovec the
- * caller changed since cannot overrun dst.
- */
-static inline uint64_t iov_gather(const struct iovec *iov, uint32_t n, void *dst, uint64_t len)
-{
-	char *p = dst;
-
-	for (uint32_t i = 0; i < n && len; i++) {
-		size_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
-
-		memcpy(p, iov[i].iov_base, c);
-		p += c;
-		len -= c;
-	}
-	return (uint64_t)(p - (char *)dst);
-}
 
 /* Waiting for something: a CANCEL, a deadline or the destroy can end it. */
 static inline bool op_state_pending(uint8_t state)
@@ -219,6 +202,7 @@ static inline bool op_state_pending(uint8_t state)
  * on or fails it.
  */
 #define OP_F_WAIT_PEER (1u << 28)
+#define OP_F_PINNED (1u << 29) /* its segments' regions are pinned (memory_unpin at the end) */
 
 struct key_entry;
 
@@ -236,8 +220,11 @@ struct op {
 	ferry_complete_cb *cb;
 	void *cb_arg;
 	struct ferry_peer *peer;
-	const struct iovec *iov;
-	uint32_t iovcnt;             /* LOOKUP of every peer: answers still to come */
+	union {
+		const struct iovec *iov;     /* the caller's iovec */
+		const struct ferry_seg *segs; /* FERRY_SQE_SEGS: its segments instead */
+	};
+	uint32_t iovcnt;             /* entries; LOOKUP of every peer: answers still to come */
 	struct ferry_buf *buf;       /* ... and its text so far, len bytes */
 	uint64_t len;
 	struct key_entry *entry;     /* PARKED: the key it waits on */
@@ -364,6 +351,8 @@ struct ferry_peer {
 	uint32_t stream_inflight;        /* chunks sent, not yet released, all streams */
 	struct stream *blocked;          /* producer streams waiting for peer credit */
 	struct op *wait_head, *wait_tail; /* PUTs waiting for it to be reached (OP_F_WAIT_PEER) */
+	struct ferry_peer *retry_next;   /* on e->retry_peers: its PUTs wait for it to be up */
+	bool retrying;
 	struct ferry_peer *next;
 	/*
 	 * Where the peer can be reached, one entry per transport (the URI
@@ -449,10 +438,35 @@ int ferry__cleanup_keys(struct ferry_engine *e, const char *r, size_t rl, const 
 /* Is the application key k (n bytes) request r's: r itself or r + one of "_:/#"? */
 bool request_owns_key(const char *k, size_t n, const char *r, size_t rl);
 /* Data handed to a STREAM_GET, or the key's data when none waits: op_fill. */
-int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt);
+int op_fill(struct ferry_engine *e, struct op *op);
+/* A PUT's source, an iovec or segments, gathered into dst (at most len bytes). */
+static inline uint64_t op_gather(const struct op *op, void *dst, uint64_t len)
+{
+	return (op->flags & FERRY_SQE_SEGS) ? segs_gather(op->segs, op->iovcnt, dst, len)
+					    : iov_gather(op->iov, op->iovcnt, dst, len);
+}
+/* Into a GET's destination, an iovec or segments. */
+static inline void op_scatter(const struct op *op, const void *src, uint64_t len)
+{
+	if (op->flags & FERRY_SQE_SEGS)
+		segs_scatter(op->segs, op->iovcnt, src, len);
+	else
+		iov_scatter(op->iov, op->iovcnt, src, len);
+}
+/* The bytes of an SQE's iovec or segments. */
+static inline uint64_t sqe_payload_len(const struct ferry_sqe *sqe)
+{
+	return (sqe->flags & FERRY_SQE_SEGS) ? segs_total((const struct ferry_seg *)sqe->iov, sqe->iovcnt)
+					     : iov_total(sqe->iov, sqe->iovcnt);
+}
 void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns);
 /* Check a PUT-like SQE and take its buffer: 0, or the op was completed. */
 int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+/* Can a multishot op take one more CQE (flagged MORE) now? */
+bool op_can_post_more(struct ferry_engine *e, struct op *op);
+/* Post a CQE flagged MORE for a multishot op that stays pending (buf: FERRY_CQE_F_BUF). */
+void op_post_more(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		  struct ferry_buf *buf);
 /* A free op for the engine's own use, or NULL. */
 struct op *op_alloc_internal(struct ferry_engine *e);
 
@@ -556,6 +570,10 @@ struct ferry_engine {
 	const struct ferry_engine_params *create_params;
 
 	uint64_t handshake_ns;   /* params.handshake_ms (default 3 s): every transport's bound */
+	struct ferry_region *regions; /* registered regions (memory.c), under lock */
+	/* Peers whose FERRY_SQE_WAIT_PEER PUTs wait for them to come up (progress side). */
+	struct ferry_peer *retry_peers;
+	uint64_t retry_at, retry_ns;  /* the next try of them all, and the backoff */
 	/* The directory service (directory.h), or NULL: its ops are -EOPNOTSUPP. */
 	const struct directory_ops *dir;
 	void *dir_svc;

@@ -46,22 +46,19 @@ void ferry_log_set(int level, ferry_log_cb cb, void *arg)
 	atomic_store(&log_threshold, level < 0 ? -2 : level);
 }
 
-void ferry__log(int level, const char *fmt, ...)
+static void log_v(int level, const char *fmt, va_list ap)
 {
 	int t = atomic_load_explicit(&log_threshold, memory_order_relaxed);
 	char line[512];
-	va_list ap;
 	ferry_log_cb *cb;
 
 	if (t == -1) {
 		t = threshold_from_env();
 		atomic_store(&log_threshold, t);
 	}
-	if (level > t)
+	if (level < 0 || level > 3 || level > t)
 		return;
-	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
 	for (char *p = line; *p; p++)
 		if ((unsigned char)*p < 0x20 || *p == 0x7f)
 			*p = '?';
@@ -70,6 +67,26 @@ void ferry__log(int level, const char *fmt, ...)
 		cb(level, line, atomic_load(&log_sink_arg));
 	else
 		fprintf(stderr, "ferry %s: %s\n", level_names[level], line);
+}
+
+void ferry__log(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	log_v(level, fmt, ap);
+	va_end(ap);
+}
+
+void ferry_log(int level, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!fmt)
+		return;
+	va_start(ap, fmt);
+	log_v(level, fmt, ap);
+	va_end(ap);
 }
 
 int ferry__log_allow(struct ferry__log_limit *l, unsigned long long *held)

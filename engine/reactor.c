@@ -148,6 +148,70 @@ static void unpark(struct ferry_engine *e, struct op *op)
 	keytable_put(&e->keys, ke);
 }
 
+#define RETRY_FIRST_NS 5000000ull    /* a peer not up: tried again after 5 ms, */
+#define RETRY_MAX_NS 200000000ull    /* then less and less often, at least every 200 ms */
+
+/*
+ * A FERRY_SQE_WAIT_PEER PUT met a peer that is not up (-EHOSTUNREACH, or
+ * its address refused: nothing of it was delivered): it waits on the
+ * peer's wait list instead of completing, and the peer is tried again
+ * (retry_peers) until it is up or the PUT's deadline passes. False when the
+ * op must complete after all (the engine is closing).
+ */
+static bool wait_for_peer(struct ferry_engine *e, struct op *op)
+{
+	struct ferry_peer *peer = op->peer;
+
+	if (atomic_load_explicit(&e->closing, memory_order_relaxed) ||
+	    (op->flags & OP_F_WAIT_PEER))
+		return false;
+	if (op->state == OP_PARKED || op->state == OP_QUEUED)
+		return false; /* not a PUT that was on its way */
+	op->state = OP_AWAY;
+	op->flags |= OP_F_WAIT_PEER;
+	op_list_append(&peer->wait_head, &peer->wait_tail, op);
+	if (op->heap_idx == NO_SLOT && op->interval)
+		op_arm_deadline(e, op, op->interval);
+	if (!peer->retrying) {
+		peer->retrying = true;
+		peer->retry_next = e->retry_peers;
+		e->retry_peers = peer;
+	}
+	if (!e->retry_at) { /* retry_peers sets its own next time */
+		if (!e->retry_ns)
+			e->retry_ns = RETRY_FIRST_NS;
+		e->retry_at = reactor_now(e) + e->retry_ns;
+	}
+	return true;
+}
+
+/* Try the peers that PUTs wait for again (due at e->retry_at). Returns events. */
+static int retry_peers(struct ferry_engine *e)
+{
+	struct ferry_peer *list = e->retry_peers, *p;
+	int n = 0;
+
+	e->retry_peers = NULL;
+	e->retry_at = UINT64_MAX; /* while they are tried: no new schedule */
+	while ((p = list)) {
+		list = p->retry_next;
+		p->retrying = false;
+		p->retry_next = NULL;
+		if (p->wait_head) {
+			ferry__peer_reached(e, p, 0); /* those that still cannot go wait again */
+			n++;
+		}
+	}
+	if (e->retry_peers) { /* still not up: less often */
+		e->retry_ns = e->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : e->retry_ns * 2;
+		e->retry_at = reactor_now(e) + e->retry_ns;
+	} else {
+		e->retry_at = 0;
+		e->retry_ns = 0; /* all up: the next wait starts soon again */
+	}
+	return n;
+}
+
 /* Off its peer's wait list (OP_F_WAIT_PEER): it ended there (deadline, cancel, destroy). */
 static void peer_wait_remove(struct op *op)
 {
@@ -182,6 +246,9 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 {
 	struct ferry_cqe cqe;
 
+	if (unlikely(op->flags & FERRY_SQE_WAIT_PEER) && (res == -EHOSTUNREACH || res == -ECONNREFUSED) &&
+	    op->peer && wait_for_peer(e, op))
+		return; /* the peer is not up yet: the PUT waits for it (its deadline still runs) */
 	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op);
 	if (op->opcode >= FERRY_OP_STREAM_PUT || (op->flags & OP_F_INTERNAL))
@@ -198,11 +265,15 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
 		 op->peer->backend->ops->forget)
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
+	if (unlikely(op->flags & OP_F_PINNED)) {
+		memory_unpin(op->segs, op->iovcnt); /* its regions may go now */
+		op->flags &= ~OP_F_PINNED;
+	}
 	op->state = OP_FREE;
 
-	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
-	     op->opcode == FERRY_OP_STREAM_ABORT || op->opcode == FERRY_OP_LOOKUP) && op->buf) {
-		/* Still ours: the PUT never handed its data over (a LOOKUP: its partial text). */
+	if ((op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_PUBLISH ||
+	     op->opcode == FERRY_OP_STREAM_PUT || op->opcode == FERRY_OP_STREAM_ABORT) && op->buf) {
+		/* Still ours: the PUT never handed its data over. */
 		pool_free(op->buf);
 		op->buf = NULL;
 	}
@@ -220,14 +291,16 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 			STAT_ADD(e->stats.cancelled, 1);
 		if (op->peer && op->opcode != FERRY_OP_CANCEL)
 			STAT_ADD(op->peer->stats.errors, 1);
-	} else if (op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT) {
+	} else if (op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
+		   op->opcode == FERRY_OP_PUBLISH) {
 		STAT_ADD(e->stats.puts, 1);
 		STAT_ADD(e->stats.bytes_put, len);
 		if (op->start)
 			STAT_ADD(e->stats.lat_put[lat_bucket(reactor_now(e) - op->start)], 1);
 		STAT_ADD(op->peer->stats.puts, 1);
 		STAT_ADD(op->peer->stats.bytes_out, len);
-	} else if (op->opcode == FERRY_OP_GET || op->opcode == FERRY_OP_STREAM_GET) {
+	} else if (op->opcode == FERRY_OP_GET || op->opcode == FERRY_OP_STREAM_GET ||
+		   op->opcode == FERRY_OP_FETCH) {
 		STAT_ADD(e->stats.gets, 1);
 		STAT_ADD(e->stats.bytes_got, len);
 		if (op->start)
@@ -256,25 +329,6 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 /* Key table side: GET and arrivals                                    */
 /* ------------------------------------------------------------------ */
 
-static uint64_t iov_total(const struct iovec *iov, uint32_t n)
-{
-	uint64_t t = 0;
-
-	for (uint32_t i = 0; i < n; i++)
-		t += iov[i].iov_len;
-	return t;
-}
-
-static void scatter(const struct iovec *iov, uint32_t n, const char *src, uint64_t len)
-{
-	for (uint32_t i = 0; i < n && len; i++) {
-		uint64_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
-
-		memcpy(iov[i].iov_base, src, c);
-		src += c;
-		len -= c;
-	}
-}
 
 /*
  * Hand data to a GET. Returns false (and completes the GET with
@@ -298,7 +352,7 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 			op_complete(e, op, -EMSGSIZE, len, NULL);
 			return false;
 		}
-		scatter(op->iov, op->iovcnt, buf->data, len);
+		op_scatter(op, buf->data, len);
 		STAT_ADD(e->stats.copies, 1);
 		pool_free(buf);
 		op_complete(e, op, 0, len, NULL);
@@ -389,7 +443,8 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT))
 		return false;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
-	if (!ke || !(op = ke->waiters) || op->opcode != FERRY_OP_GET || !op->iovcnt ||
+	if (!ke || !(op = ke->waiters) || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) ||
+	    !op->iovcnt ||
 	    len > op->len)
 		return false; /* no GET, a zero-copy one, or one that is too small */
 	STAT_ADD(e->stats.deliveries, 1);
@@ -397,10 +452,50 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	op->entry = NULL;
 	op->state = OP_FREE;
 	keytable_put(&e->keys, ke);
-	scatter(op->iov, op->iovcnt, src, len);
+	op_scatter(op, src, len);
 	STAT_ADD(e->stats.copies, 1);
 	op_complete(e, op, 0, len, NULL);
 	return true;
+}
+
+/* Can op take one more non-final CQE now? */
+bool op_can_post_more(struct ferry_engine *e, struct op *op)
+{
+	return (op->flags & FERRY_SQE_CB_REACTOR) || e->free_ops ||
+	       (!op->cq->overflow_head && cq_has_space(op->cq));
+}
+
+/* Post a CQE flagged MORE for a multishot op that stays pending. */
+void op_post_more(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		      struct ferry_buf *buf)
+{
+	struct ferry_cqe cqe = {
+		.user_data = op->user_data,
+		.res = res,
+		.flags = FERRY_CQE_F_MORE | (buf ? FERRY_CQE_F_BUF : 0),
+		.len = len,
+		.buf = buf,
+		.opcode = op->opcode,
+	};
+	struct op *carrier;
+
+	if (op->flags & FERRY_SQE_CB_REACTOR) {
+		op->cb(&cqe, op->cb_arg);
+		return;
+	}
+	if (!op->cq->overflow_head && cq_has_space(op->cq)) {
+		cq_post(op->cq, &cqe, op->cb, op->cb_arg, NULL);
+		return;
+	}
+	/* Full: a spare op carries this completion through the overflow list. */
+	carrier = op_alloc_internal(e);
+	carrier->flags = 0;
+	carrier->opcode = op->opcode;
+	carrier->user_data = op->user_data;
+	carrier->cq = op->cq;
+	STAT_ADD(op->cq->inflight, 1);
+	if (cq_post(op->cq, &cqe, op->cb, op->cb_arg, carrier))
+		ferry__op_free(e, carrier);
 }
 
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res)
@@ -474,6 +569,8 @@ static int check_iov(const struct ferry_sqe *sqe)
 			  (unsigned long long)sqe->user_data, sqe->iovcnt, (void *)sqe->iov);
 		return -EINVAL;
 	}
+	if (sqe->flags & FERRY_SQE_SEGS)
+		return 0; /* segments: memory_check_pin, once the op is ours */
 	for (uint32_t i = 0; i < sqe->iovcnt; i++) {
 		if (!sqe->iov[i].iov_base && sqe->iov[i].iov_len) {
 			log_error("op %llx: iov[%u] is NULL with length %zu",
@@ -562,7 +659,7 @@ int reactor_send(struct ferry_engine *e, struct op *op)
  * the iovec. Returns 0 or a negative errno (op->buf then NULL or still
  * ours, freed by op_complete).
  */
-int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint32_t iovcnt)
+int op_fill(struct ferry_engine *e, struct op *op)
 {
 	int rc;
 
@@ -573,7 +670,7 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 		rc = pool_alloc(e->pool, op->buf->len, &own);
 		if (rc)
 			return rc; /* op_complete frees the foreign one */
-		memcpy(own->data, op->buf->data, op->buf->len);
+		ferry__payload_copy(own->data, op->buf->data, op->buf->len);
 		pool_free(op->buf);
 		op->buf = own;
 		op->len = own->len;
@@ -582,7 +679,8 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 		op->len = op->buf->len;
 		STAT_ADD(e->stats.zero_copies, 1);
 	} else {
-		uint64_t total = iov_total(iov, iovcnt);
+		uint64_t total = (op->flags & FERRY_SQE_SEGS) ? segs_total(op->segs, op->iovcnt)
+							      : iov_total(op->iov, op->iovcnt);
 
 		rc = pool_alloc(e->pool, total, &op->buf);
 		if (rc) {
@@ -590,10 +688,23 @@ int op_fill(struct ferry_engine *e, struct op *op, const struct iovec *iov, uint
 				 (unsigned long long)op->user_data, (unsigned long long)total);
 			return rc;
 		}
-		iov_gather(iov, iovcnt, op->buf->data, total);
+		op_gather(op, op->buf->data, total);
 		op->len = total;
 		STAT_ADD(e->stats.copies, 1);
 	}
+	return 0;
+}
+
+/* An SQE's segments (FERRY_SQE_SEGS) checked and their regions pinned until the op ends. */
+static int op_pin(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	int rc;
+
+	if (likely(!(sqe->flags & FERRY_SQE_SEGS)))
+		return 0;
+	if ((rc = memory_check_pin(e, sqe)))
+		return rc;
+	op->flags |= OP_F_PINNED;
 	return 0;
 }
 
@@ -613,7 +724,7 @@ int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *s
 		}
 	}
 	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
-	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL))) {
+	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL)) || (rc = op_pin(e, op, sqe))) {
 		op_complete(e, op, rc, 0, NULL);
 		return rc;
 	}
@@ -626,18 +737,18 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 
 	if (op_take_put(e, op, sqe))
 		return;
-	if (!sqe->buf && !(op->flags & FERRY_SQE_PUBLISH) && op->peer->backend &&
+	if (!sqe->buf && op->opcode != FERRY_OP_PUBLISH && op->peer->backend &&
 	    op->peer->backend->ops->iov_put_max &&
-	    (op->len = iov_total(sqe->iov, sqe->iovcnt)) <= op->peer->backend->ops->iov_put_max) {
+	    (op->len = sqe_payload_len(sqe)) <= op->peer->backend->ops->iov_put_max) {
 		/* The transport copies it straight from the iovec (struct backend_ops). */
 		STAT_ADD(e->stats.copies, 1);
-	} else if ((rc = op_fill(e, op, sqe->iov, sqe->iovcnt))) {
+	} else if ((rc = op_fill(e, op))) {
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
-	if (unlikely(op->flags & FERRY_SQE_PUBLISH)) {
+	if (unlikely(op->opcode == FERRY_OP_PUBLISH)) {
 		if (e->dir)
 			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
 		else
@@ -645,13 +756,14 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		return;
 	}
 	op->state = OP_AWAY;
+	op->interval = sqe->timeout_ns; /* FERRY_SQE_WAIT_PEER: its deadline while it waits */
 	rc = reactor_send(e, op);
 	if (rc) {
 		op->state = OP_FREE;
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
-	if (op->state == OP_AWAY)
+	if (op->state == OP_AWAY && op->heap_idx == NO_SLOT)
 		op_arm_deadline(e, op, sqe->timeout_ns);
 }
 
@@ -671,7 +783,8 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	uint64_t h;
 	int rc, n;
 
-	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe))) {
+	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
+	    (rc = op_pin(e, op, sqe))) {
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
@@ -680,7 +793,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		op_complete(e, op, n, 0, NULL);
 		return;
 	}
-	op->len = iov_total(sqe->iov, sqe->iovcnt); /* capacity while waiting */
+	op->len = sqe_payload_len(sqe); /* capacity while waiting */
 	h = keytable_hash(fullkey, (size_t)n);
 	ke = keytable_find(&e->keys, fullkey, (size_t)n, h);
 	if (ke && ke->present) {
@@ -702,7 +815,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
 		return;
 	}
-	if ((sqe->flags & (FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP)) == FERRY_SQE_NOWAIT) {
+	if ((sqe->flags & FERRY_SQE_NOWAIT) && op->opcode != FERRY_OP_FETCH) {
 		op_complete(e, op, -EAGAIN, 0, NULL);
 		return;
 	}
@@ -715,7 +828,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op->entry = ke;
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
-	if (unlikely(sqe->flags & FERRY_SQE_LOOKUP))
+	if (unlikely(op->opcode == FERRY_OP_FETCH))
 		directory_fetch(e, op, sqe); /* ask the holder */
 }
 
@@ -773,10 +886,12 @@ static const struct op_def {
 	void (*issue)(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 } op_defs[FERRY_OP__MAX] = {
 	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
-	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_PUBLISH, do_put },
-	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_LOOKUP, do_get },
+	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER, do_put },
+	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_SEGS, do_get },
 	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
-	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT", FERRY_SQE_STREAM_END, stream_do_put },
+	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT",
+				  FERRY_SQE_STREAM_END | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER,
+				  stream_do_put },
 	[FERRY_OP_STREAM_GET] = { "STREAM_GET", FERRY_SQE_STREAM_WHOLE, stream_do_get },
 	[FERRY_OP_STREAM_ABORT] = { "STREAM_ABORT", 0, stream_do_abort },
 	[FERRY_OP_STREAM_ACCEPT] = { "STREAM_ACCEPT", 0, stream_do_accept },
@@ -784,6 +899,8 @@ static const struct op_def {
 	[FERRY_OP_PEER_HEALTH] = { "PEER_HEALTH", 0, directory_do_op },
 	[FERRY_OP_LOOKUP] = { "LOOKUP", 0, directory_do_op },
 	[FERRY_OP_REMOTE_CANCEL] = { "REMOTE_CANCEL", 0, directory_do_op },
+	[FERRY_OP_PUBLISH] = { "PUBLISH", FERRY_SQE_REPLACE | FERRY_SQE_SEGS, do_put },
+	[FERRY_OP_FETCH] = { "FETCH", FERRY_SQE_NOWAIT | FERRY_SQE_SEGS, do_get },
 };
 
 static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
@@ -858,8 +975,9 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	op_defs[sqe->opcode].issue(e, op, sqe);
 	return true;
 invalid:
-	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) && sqe->buf &&
-	    atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
+	if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_PUBLISH ||
+	     sqe->opcode == FERRY_OP_STREAM_PUT) &&
+	    sqe->buf && atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
 		op->buf = sqe->buf; /* ownership moved at submission: free it */
 	op_complete(e, op, -EINVAL, 0, NULL);
 	return true;
@@ -878,8 +996,8 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
 	if (slot->opcode != FERRY_OP_PUT && slot->opcode != FERRY_OP_STREAM_PUT &&
 	    slot->opcode != FERRY_OP_STREAM_ABORT)
 		return false;
-	if ((slot->flags & FERRY_SQE_PUBLISH) || !p || p->engine != e)
-		return false; /* kept here, or refused by dispatch */
+	if (!p || p->engine != e)
+		return false; /* refused by dispatch */
 	return !p->backend;
 }
 
@@ -1067,6 +1185,8 @@ int reactor_run_once(struct ferry_engine *e)
 	for (unsigned i = 0; i < e->nbackends; i++)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
 	n += stream_round(e);
+	if (unlikely(e->retry_at) && reactor_now(e) >= e->retry_at)
+		n += retry_peers(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
@@ -1084,7 +1204,10 @@ static uint64_t next_deadline(struct ferry_engine *e)
 {
 	uint64_t t = timer_next(&e->timers), s = stream_next_due(e);
 
-	return !t ? s : !s ? t : t < s ? t : s;
+	t = !t ? s : !s ? t : t < s ? t : s;
+	if (unlikely(e->retry_at) && (!t || e->retry_at < t))
+		t = e->retry_at; /* peers that PUTs wait for are tried again */
+	return t;
 }
 
 bool reactor_has_work(struct ferry_engine *e)
@@ -1628,7 +1751,8 @@ void reactor_shutdown(struct ferry_engine *e)
 			struct ferry_cqe cqe = { .user_data = sqe->user_data, .res = -ECANCELED,
 						 .opcode = sqe->opcode };
 
-			if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_STREAM_PUT) &&
+			if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_PUBLISH ||
+			     sqe->opcode == FERRY_OP_STREAM_PUT) &&
 			    sqe->buf && atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
 				pool_free(sqe->buf);
 			STAT_ADD(e->stats.cancelled, 1);

@@ -419,45 +419,6 @@ static int stream_op_key(struct ferry_engine *e, struct op *op, const struct fer
 /* Multishot completions                                               */
 /* ------------------------------------------------------------------ */
 
-/* Can op take one more non-final CQE now? */
-static bool can_post_more(struct ferry_engine *e, struct op *op)
-{
-	return (op->flags & FERRY_SQE_CB_REACTOR) || e->free_ops ||
-	       (!op->cq->overflow_head && cq_has_space(op->cq));
-}
-
-/* Post a CQE flagged MORE for a multishot op that stays pending. */
-static void post_more(struct ferry_engine *e, struct op *op, int res, uint64_t len,
-		      struct ferry_buf *buf)
-{
-	struct ferry_cqe cqe = {
-		.user_data = op->user_data,
-		.res = res,
-		.flags = FERRY_CQE_F_MORE | (buf ? FERRY_CQE_F_BUF : 0),
-		.len = len,
-		.buf = buf,
-		.opcode = op->opcode,
-	};
-	struct op *carrier;
-
-	if (op->flags & FERRY_SQE_CB_REACTOR) {
-		op->cb(&cqe, op->cb_arg);
-		return;
-	}
-	if (!op->cq->overflow_head && cq_has_space(op->cq)) {
-		cq_post(op->cq, &cqe, op->cb, op->cb_arg, NULL);
-		return;
-	}
-	/* Full: a spare op carries this completion through the overflow list. */
-	carrier = op_alloc_internal(e);
-	carrier->flags = 0;
-	carrier->opcode = op->opcode;
-	carrier->user_data = op->user_data;
-	carrier->cq = op->cq;
-	STAT_ADD(op->cq->inflight, 1);
-	if (cq_post(op->cq, &cqe, op->cb, op->cb_arg, carrier))
-		ferry__op_free(e, carrier);
-}
 
 static void stall(struct stream_table *t, struct stream *r)
 {
@@ -563,12 +524,12 @@ static bool announce_to(struct ferry_engine *e, struct op *a, struct stream *r)
 {
 	struct ferry_buf *kb;
 
-	if (!can_post_more(e, a) || pool_alloc(e->pool, r->key_len + 1u, &kb))
+	if (!op_can_post_more(e, a) || pool_alloc(e->pool, r->key_len + 1u, &kb))
 		return false;
 	memcpy(kb->data, r->full, r->key_len);
 	((char *)kb->data)[r->key_len] = '\0';
 	kb->len = r->key_len;
-	post_more(e, a, 0, r->key_len, kb);
+	op_post_more(e, a, 0, r->key_len, kb);
 	return true;
 }
 
@@ -620,7 +581,7 @@ static void whole_finish(struct ferry_engine *e, struct stream *r, struct op *g)
 	dst = out->data;
 	for (struct ferry_buf *b = r->whole_head; b;
 	     b = atomic_load_explicit(&b->release_next, memory_order_relaxed)) {
-		memcpy(dst, b->data, b->len);
+		ferry__payload_copy(dst, b->data, b->len);
 		dst += b->len;
 	}
 	out->len = total;
@@ -644,7 +605,7 @@ static bool feed_ready(struct ferry_engine *e, struct stream *r, uint32_t wflags
 	struct op *g = r->getter;
 
 	if ((g->flags & FERRY_SQE_STREAM_WHOLE) || (wflags & (WIRE_F_END | WIRE_F_ABORT)) ||
-	    can_post_more(e, g))
+	    op_can_post_more(e, g))
 		return true;
 	stall(e->streams, r);
 	return false;
@@ -722,7 +683,7 @@ static bool feed_one(struct ferry_engine *e, struct stream *r, struct ferry_buf 
 	STAT_ADD(e->stats.bytes_got, len);
 	STAT_ADD(r->peer->stats.gets, 1);
 	STAT_ADD(r->peer->stats.bytes_in, len);
-	post_more(e, g, n, len, w);
+	op_post_more(e, g, n, len, w);
 	rearm_gap(e, g);
 	return true;
 }
@@ -984,7 +945,7 @@ static void send_credit(struct ferry_engine *e, struct stream *r)
 /* Send one STREAM_PUT as chunk r->next. */
 static void send_chunk(struct ferry_engine *e, struct stream *r, struct op *op)
 {
-	int rc = op_fill(e, op, op->iov, op->iovcnt);
+	int rc = op_fill(e, op);
 
 	if (rc) {
 		op_complete(e, op, rc, 0, NULL);

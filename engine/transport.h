@@ -107,6 +107,9 @@ struct backend_ops {
 	 * where it goes, and no pool block is taken for it. iov_put_max 0: the
 	 * transport takes no iovec at all (every PUT comes with op->buf, also
 	 * a 0-byte one: a 0-byte payload is a 0-byte buffer everywhere).
+	 * A PUT that fails before any of it left (its peer never came up)
+	 * has its op->buf back when it completes: a FERRY_SQE_WAIT_PEER PUT
+	 * is then sent again.
 	 */
 	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
 	uint64_t iov_put_max;
@@ -147,6 +150,17 @@ struct backend_ops {
 	 * what may be read unlocked.
 	 */
 	int (*health)(struct ferry_engine *e, struct backend *b, char *buf, size_t len);
+	/*
+	 * Optional, for a transport peers can be given an address for: the URI
+	 * scheme it takes ("tcp"; the control plane's is "ferry"), connect
+	 * (ferry_peer_connect_uri: peer is to be reached at uri; any thread),
+	 * and its own address (ferry_engine_addresses: its URI into buf like
+	 * snprintf, 0 when it listens on none; any thread).
+	 */
+	const char *scheme;
+	int (*connect)(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer,
+		       const char *uri);
+	int (*address)(struct ferry_engine *e, struct backend *b, char *buf, size_t len);
 	/* Optional: a peer event of another layer (see enum peer_event). */
 	void (*peer_event)(struct ferry_engine *e, struct backend *b, const char *name,
 			   enum peer_event ev, int res);

@@ -412,8 +412,8 @@ static void ask(unsigned what, bool caller, uint64_t *asked, unsigned *nasked)
 		ferry_prep_remote_cancel(sqe, to, "req1", ud);
 		break;
 	default:
-		ferry_prep_get(sqe, to, "k1", NULL, 0, ud);
-		ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP | (what == 5 ? FERRY_SQE_NOWAIT : 0));
+		ferry_prep_fetch(sqe, to, "k1", NULL, 0, ud);
+		ferry_sqe_set_flags(sqe, what == 5 ? FERRY_SQE_NOWAIT : 0);
 		break;
 	}
 	ferry_sqe_set_timeout(sqe, 5ull * 1000000000ull);

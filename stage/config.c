@@ -46,7 +46,7 @@
 #include "config.h"
 #include "config_doc.h"
 #include "config_map.h"
-#include "log.h"
+#include "stage_log.h"
 
 const char *stage_transport_name(enum stage_transport t)
 {

@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "config_map.h"
-#include "log.h"
+#include "stage_log.h"
 
 enum kind { K_SHM, K_TE, K_MORI, K_STORE, K_YR_TE, K_FERRY };
 

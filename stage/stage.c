@@ -18,18 +18,21 @@
  * API on ferry_stage_engine().
  */
 #include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
+#include "addresses.h"
 #include "config.h"
 #include "ferry/stage.h"
-#include "internal.h"
-#include "shm_sock.h"
+#include "stage_log.h"
 
 #define STAGE_DEFAULT_TIMEOUT_MS 30000u
 #define STAGE_CQ_ENTRIES 16
@@ -43,7 +46,6 @@ struct stage_link {
 	bool sending;                  /* this stage is the edge's `from` */
 	struct ferry_peer *peer;
 	uint64_t get_timeout_ns;       /* 0: the stage's */
-	_Atomic bool reached;          /* a put got through: the peer stage runs */
 };
 
 struct stage_thread {
@@ -93,103 +95,12 @@ static __thread unsigned tls_cq_next;
 /* Open and close                                                      */
 /* ------------------------------------------------------------------ */
 
-/*
- * Where the receiving rank `rank` of stage `to` listens for a tcp edge:
- * "tcp://HOST:PORT" with HOST the edge's `host` (127.0.0.1 when absent or
- * "auto") and PORT upstream's scheme, zmq_port + stage + 16 * rank (the
- * stage's number when its id is one, else 0), so that edges sharing a base
- * port and ranks of one stage do not collide. Both ends compute the same.
- * listen != 0 gives the address to bind instead ("*" for an "auto" host).
- */
-static int tcp_endpoint(const struct stage_edge *edge, const char *to, unsigned rank,
-			char *out, size_t len)
+static uint64_t stage_now_ns(void)
 {
-	const char *host = edge->host && *edge->host && strcmp(edge->host, "auto") ? edge->host
-										   : NULL;
-	char *end;
-	unsigned long stage = strtoul(to, &end, 10);
-	int port;
+	struct timespec ts;
 
-	if (*end || stage > 65535)
-		stage = 0;
-	if (!edge->port) {
-		log_error("edge %s->%s: a tcp edge needs a port (zmq_port/port in its connector's "
-			  "extra): the sending stage could not find port 0", edge->from, edge->to);
-		return -EINVAL;
-	}
-	port = ferry_port_compat(edge->port, 0, (uint32_t)stage, rank);
-	if (port < 0) {
-		log_error("edge %s->%s: port %u + stage %lu + 16 * rank %u is not a port",
-			  edge->from, edge->to, edge->port, stage, rank);
-		return port;
-	}
-	snprintf(out, len, "tcp://%s:%d", host ? host : "127.0.0.1", port);
-	return 0;
-}
-
-/*
- * The endpoint this stage's engine listens on: every tcp edge it receives
- * on must agree on it (an engine has one). "" when it receives no tcp edge.
- * With control: the control endpoint of a stage that holds the data of
- * key-lookup edges it sends on (the consumers call it there), computed by
- * the same scheme with the sending stage's number; all must agree too.
- * Key-lookup edges make their receiver listen on no fixed port.
- */
-static int stage_listen(const struct stage_graph *g, const char *id, unsigned rank, bool control,
-			char *out, size_t len)
-{
-	const struct stage_edge *first = NULL;
-
-	out[0] = '\0';
-	for (unsigned i = 0; i < g->nedges; i++) {
-		const struct stage_edge *edge = &g->edges[i];
-		char ep[128];
-		int rc;
-
-		if (strcmp(control ? edge->from : edge->to, id) ||
-		    edge->transport != STAGE_TRANSPORT_TCP || edge->key_lookup != control)
-			continue;
-		if ((rc = tcp_endpoint(edge, id, rank, ep, sizeof(ep))))
-			return rc;
-		if (!first) {
-			first = edge;
-			snprintf(out, len, "%s", ep);
-		} else if (strcmp(out, ep)) {
-			log_error("stage %s rank %u: %s edges %s->%s (%s:%d:%d) and %s->%s (%s:%d:%d) "
-				  "ask it to listen on %s and %s; an engine listens on one",
-				  id, rank, control ? "key-lookup" : "tcp", first->from, first->to,
-				  g->file, first->line, first->column, edge->from, edge->to, g->file,
-				  edge->line, edge->column, out, ep);
-			return -EINVAL;
-		}
-	}
-	return 0;
-}
-
-/*
- * A stage that receives a key-lookup edge (MooncakeStoreConnector,
- * YuanrongConnector) and listens for no tcp data otherwise: where its data
- * path listens so the holder can send it what it asks for. Port 0 (the
- * control channel publishes the port); the edge's host when it is this
- * machine's loopback or absent, else every interface (the holder sends to
- * the address it saw the call come from).
- */
-static void lookup_data_listen(const struct stage_graph *g, const char *id, char *out,
-			       size_t len)
-{
-	out[0] = '\0';
-	for (unsigned i = 0; i < g->nedges; i++) {
-		const struct stage_edge *edge = &g->edges[i];
-		bool local;
-
-		if (strcmp(edge->to, id) || !edge->key_lookup ||
-		    edge->transport != STAGE_TRANSPORT_TCP)
-			continue;
-		local = !edge->host || !*edge->host || !strcmp(edge->host, "auto") ||
-			!strncmp(edge->host, "127.", 4) || !strcmp(edge->host, "localhost");
-		snprintf(out, len, "%s", local ? "tcp://127.0.0.1:0" : "tcp://*:0");
-		return;
-	}
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 static int link_edges(struct ferry_stage *s)
@@ -207,7 +118,7 @@ static int link_edges(struct ferry_stage *s)
 		const struct stage_edge *edge = &g->edges[i];
 		struct stage_link *l = &s->links[s->nlinks];
 		const struct stage_def *other;
-		char name[FERRY_NAME_MAX];
+		char name[FERRY_NAME_MAX], uri[160];
 		int rc;
 
 		if (strcmp(edge->from, s->id) && strcmp(edge->to, s->id))
@@ -215,50 +126,20 @@ static int link_edges(struct ferry_stage *s)
 		l->edge = edge;
 		l->sending = !strcmp(edge->from, s->id);
 		other = stage_graph_stage(g, l->sending ? edge->to : edge->from);
-		if (edge->transport == STAGE_TRANSPORT_RDMA) {
-			log_error("stage %s rank %u: edge %s->%s (%s, %s:%d:%d %s) needs the %s "
-				  "transport, which this build does not have yet", s->id, s->rank,
-				  edge->from, edge->to, edge->connector_type, g->file, edge->line,
-				  edge->column, edge->where, stage_transport_name(edge->transport));
-			return -EPROTONOSUPPORT;
-		}
 		rc = stage_engine_name(other->id, stage_peer_rank(s->rank, other->ranks), name,
 				       sizeof(name));
 		if (rc || (rc = ferry_peer_open(s->e, name, &l->peer)))
 			return rc;
-		if (edge->transport == STAGE_TRANSPORT_TCP && edge->key_lookup) {
-			/*
-			 * Store-like: the sender keeps what it puts (PUBLISH) and
-			 * listens for control; the receiver calls it there, and its
-			 * gets fetch from it. Data addresses travel in the handshake.
-			 */
-			char ep[128];
-
-			if (!l->sending) {
-				rc = tcp_endpoint(edge, other->id,
-						  stage_peer_rank(s->rank, other->ranks), ep,
-						  sizeof(ep));
-				if (rc || (rc = ferry_peer_connect(l->peer, ep)))
-					return rc;
-			}
-			atomic_store(&l->reached, true); /* a put publishes here */
-		} else if (edge->transport == STAGE_TRANSPORT_TCP && l->sending) {
-			/* We push to the receiving stage, which listens; its credits
-			 * and results come back on our connection. */
-			char ep[128];
-
-			rc = tcp_endpoint(edge, other->id,
-					  stage_peer_rank(s->rank, other->ranks), ep,
-					  sizeof(ep));
-			if (rc || (rc = ferry_peer_set_address(l->peer, ep)))
-				return rc;
-			/*
-			 * Not reached until a PUT went through: nothing can be
-			 * probed over tcp, so puts retry while the receiver is not
-			 * up, and a buffer goes as a copy until then (a refused PUT
-			 * of a buffer frees it).
-			 */
-		}
+		/*
+		 * The far end's address, when it is not found by name: a store-like
+		 * edge's receiver calls the holder (ferry://, its data address
+		 * comes in the handshake); a tcp edge's sender pushes to the
+		 * receiver's data address (tcp://).
+		 */
+		if ((rc = stage_edge_uri(g, edge, s->id, s->rank, l->sending, uri, sizeof(uri))))
+			return rc;
+		if (uri[0] && (rc = ferry_peer_connect_uri(l->peer, uri)))
+			return rc;
 		l->get_timeout_ns = (uint64_t)edge->get_timeout_ms * 1000000ull;
 		/*
 		 * Streams: max_inflight, when the file gives it, is the credit
@@ -371,11 +252,9 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	ep.ns = p.ns;
 	ep.progress = p.progress;
 	ep.pool_size = p.pool_size ? p.pool_size : (size_t)pool;
-	if ((rc = stage_listen(s->graph, s->id, s->rank, false, listen, sizeof(listen))) ||
-	    (rc = stage_listen(s->graph, s->id, s->rank, true, control, sizeof(control))))
+	if ((rc = stage_rank_endpoints(s->graph, s->id, s->rank, listen, sizeof(listen), control,
+				       sizeof(control))))
 		goto fail;
-	if (!listen[0] && !control[0])
-		lookup_data_listen(s->graph, s->id, listen, sizeof(listen));
 	ep.listen = listen[0] ? listen : NULL;
 	ep.control = control[0] ? control : NULL;
 	if ((rc = ferry_engine_create(&ep, &s->e)) || (rc = link_edges(s)))
@@ -458,7 +337,7 @@ static struct ferry_sqe *take_sqe(struct ferry_stage *s, struct ferry_sq **sq)
 		return NULL;
 	for (unsigned i = 0; !(sqe = ferry_sq_get_sqe(*sq)) && i < 100000; i++) {
 		ferry_progress(s->e);
-		ferry__spin_step(i * 1000ull);
+		sched_yield(); /* its ring is full: let the reactor take entries */
 	}
 	return sqe;
 }
@@ -470,7 +349,7 @@ static struct ferry_sqe *take_sqe(struct ferry_stage *s, struct ferry_sq **sq)
 static int submit_wait(struct ferry_stage *s, struct ferry_sq *sq, struct ferry_cq *cq,
 		       uint64_t ud, uint64_t timeout_ns, struct ferry_cqe *out)
 {
-	uint64_t cancel_at = timeout_ns ? ferry__now_ns() + timeout_ns + STAGE_GRACE_NS : 0;
+	uint64_t cancel_at = timeout_ns ? stage_now_ns() + timeout_ns + STAGE_GRACE_NS : 0;
 	bool cancelled = false;
 	int rc;
 
@@ -491,7 +370,7 @@ static int submit_wait(struct ferry_stage *s, struct ferry_sq *sq, struct ferry_
 				ferry_buf_release(cqe.buf);
 			continue;
 		}
-		if (cancel_at && !cancelled && ferry__now_ns() > cancel_at) {
+		if (cancel_at && !cancelled && stage_now_ns() > cancel_at) {
 			struct ferry_sqe *c = take_sqe(s, &sq);
 
 			log_warn("stage %s: op %llx outlived its deadline by %llu ns: cancelling",
@@ -564,43 +443,22 @@ static int check_call(struct ferry_stage *s, const char *from, const char *to, c
 	return 0;
 }
 
+/* FNV-1a of "{key}@{from}_{to}": the metadata blob names the stored key. */
 static uint64_t key_hash(const char *key, const char *from_engine, const char *to_engine)
 {
-	char full[FULLKEY_MAX];
-	int n = keytable_compose(full, key, strlen(key), from_engine, to_engine);
+	const char *parts[5] = { key, "@", from_engine, "_", to_engine };
+	uint64_t h = 1469598103934665603ull;
 
-	return n < 0 ? 0 : keytable_hash(full, (size_t)n);
+	for (unsigned i = 0; i < 5; i++)
+		for (const unsigned char *c = (const unsigned char *)parts[i]; *c; c++)
+			h = (h ^ *c) * 1099511628211ull;
+	return h;
 }
-
 /*
- * Stages start in any order: before the first put on an edge, wait (up to
- * deadline) until the receiving stage's engine holds its name. The probe is
- * a health request on its shm name (any answer, even a cut or a late one,
- * says somebody listens); only "nobody holds the name" means wait.
+ * Stages start in any order: a put waits for the receiving stage's engine to
+ * be up (FERRY_SQE_WAIT_PEER: the engine tries it again, within the put's
+ * deadline), whatever the transport.
  */
-static int wait_peer(struct ferry_stage *s, struct stage_link *l, uint64_t deadline)
-{
-	unsigned pause_us = 1000;
-	char probe[64];
-
-	for (;;) {
-		int rc = shm_health_query(s->e->ns, l->peer->name, probe, sizeof(probe), 200);
-
-		if (rc != -EHOSTUNREACH) {
-			atomic_store(&l->reached, true);
-			return 0;
-		}
-		if (ferry__now_ns() + pause_us * 1000ull > deadline) {
-			log_error("stage %s: put on %s->%s: %s is not running", s->id,
-				  l->edge->from, l->edge->to, l->peer->name);
-			return -EHOSTUNREACH;
-		}
-		usleep(pause_us);
-		if (pause_us < 50000)
-			pause_us *= 2;
-	}
-}
-
 static int do_put(struct ferry_stage *s, const char *from, const char *to, const char *key,
 		  const struct iovec *iov, struct ferry_buf *buf, uint64_t *size,
 		  struct ferry_stage_meta *meta)
@@ -610,9 +468,7 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 	struct ferry_cqe cqe;
 	struct ferry_sq *sq;
 	struct ferry_cq *cq;
-	struct ferry_buf *kept = NULL; /* a buffer sent as a copy, released at the end */
-	struct iovec copy;
-	uint64_t ud, deadline;
+	uint64_t ud;
 	int rc;
 
 	if ((rc = check_call(s, from, to, key, "ferry_stage_put")))
@@ -621,67 +477,39 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 		rc = -EINVAL;
 		goto fail;
 	}
-	if (buf && l->edge->transport == STAGE_TRANSPORT_TCP && !l->edge->key_lookup &&
-	    !atomic_load_explicit(&l->reached, memory_order_relaxed)) {
-		/*
-		 * Over tcp a stage that is not up yet refuses, and a refused PUT
-		 * of a buffer frees it: until the edge has carried a PUT, send a
-		 * copy (retried like any iovec) and keep the buffer.
-		 */
-		copy.iov_base = ferry_buf_data(buf);
-		copy.iov_len = ferry_buf_len(buf);
-		iov = &copy;
-		kept = buf;
-		buf = NULL;
-	}
 	if ((rc = thread_cq(s, &cq)))
 		goto fail;
-	deadline = ferry__now_ns() + s->timeout_ns;
-	for (;;) {
-		uint64_t now = ferry__now_ns();
-
-		if (!atomic_load_explicit(&l->reached, memory_order_relaxed) &&
-		    l->edge->transport != STAGE_TRANSPORT_TCP && (rc = wait_peer(s, l, deadline)))
-			goto fail;
-		if (!(sqe = take_sqe(s, &sq))) {
-			rc = -EBUSY;
-			goto fail;
-		}
-		ud = atomic_fetch_add(&s->next_ud, 1);
-		if (buf)
-			ferry_prep_put_buf(sqe, l->peer, key, buf, ud);
-		else
-			ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
-		buf = NULL; /* the SQE owns it now */
-		if (l->edge->key_lookup)
-			ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH); /* held here, fetched by gets */
-		ferry_sqe_set_cq(sqe, cq);
-		ferry_sqe_set_timeout(sqe, deadline > now ? deadline - now : 1);
-		if ((rc = submit_wait(s, sq, cq, ud, deadline > now ? deadline - now : 1, &cqe))) {
-			if (kept)
-				ferry_buf_release(kept); /* the submit failed: nothing reads it */
-			return rc;
-		}
-		/* The peer went away (restarting?): an iovec can be sent again. */
-		if (cqe.res == -EHOSTUNREACH && iov && ferry__now_ns() < deadline &&
-		    l->edge->transport != STAGE_TRANSPORT_TCP) {
-			atomic_store(&l->reached, false);
-			continue;
-		}
-		/* Over tcp nothing can be probed: a stage not up yet refuses; retry. */
-		if ((cqe.res == -ECONNREFUSED || cqe.res == -EHOSTUNREACH ||
-		     cqe.res == -ECONNRESET) && iov && l->edge->transport == STAGE_TRANSPORT_TCP &&
-		    ferry__now_ns() + 20000000ull < deadline) {
-			usleep(20000);
-			continue;
-		}
-		break;
+	if (!(sqe = take_sqe(s, &sq))) {
+		rc = -EBUSY;
+		goto fail;
 	}
-	if (kept)
-		ferry_buf_release(kept);
-	if (cqe.res < 0)
+	ud = atomic_fetch_add(&s->next_ud, 1);
+	/*
+	 * Store-like edges keep the data here (PUBLISH: fetched by the gets);
+	 * others wait for the receiving stage to be up, within the deadline.
+	 */
+	if (l->edge->key_lookup && buf)
+		ferry_prep_publish_buf(sqe, l->peer, key, buf, ud);
+	else if (l->edge->key_lookup)
+		ferry_prep_publish(sqe, l->peer, key, iov, 1, ud);
+	else if (buf)
+		ferry_prep_put_buf(sqe, l->peer, key, buf, ud);
+	else
+		ferry_prep_put(sqe, l->peer, key, iov, 1, ud);
+	buf = NULL; /* the SQE owns it now */
+	if (!l->edge->key_lookup)
+		ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
+	ferry_sqe_set_cq(sqe, cq);
+	ferry_sqe_set_timeout(sqe, s->timeout_ns);
+	if ((rc = submit_wait(s, sq, cq, ud, s->timeout_ns, &cqe)))
+		return rc;
+	if (cqe.res < 0) {
+		if (cqe.res == -ETIMEDOUT)
+			log_error("stage %s: put %s on %s->%s: %s did not take it within %llu ms "
+				  "(is it running?)", s->id, key, from, to, ferry_peer_name(l->peer),
+				  (unsigned long long)(s->timeout_ns / 1000000));
 		return cqe.res;
-	atomic_store_explicit(&l->reached, true, memory_order_relaxed);
+	}
 	if (size)
 		*size = cqe.len;
 	if (meta) {
@@ -689,8 +517,8 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 
 		w.transport = (uint8_t)l->edge->transport;
 		w.len = cqe.len;
-		w.key_hash = key_hash(key, s->e->name, l->peer->name);
-		w.put_ns = ferry__now_ns();
+		w.key_hash = key_hash(key, ferry_engine_name(s->e), ferry_peer_name(l->peer));
+		w.put_ns = stage_now_ns();
 		snprintf(w.from, sizeof(w.from), "%s", from);
 		snprintf(w.to, sizeof(w.to), "%s", to);
 		memcpy(meta->opaque, &w, sizeof(w));
@@ -699,8 +527,6 @@ static int do_put(struct ferry_stage *s, const char *from, const char *to, const
 fail:
 	if (buf)
 		ferry_buf_release(buf);
-	if (kept)
-		ferry_buf_release(kept);
 	return rc;
 }
 
@@ -758,7 +584,7 @@ int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to, con
 			return -EINVAL;
 		}
 		if (strncmp(w.from, from, sizeof(w.from)) || strncmp(w.to, to, sizeof(w.to)) ||
-		    w.key_hash != key_hash(key, l->peer->name, s->e->name)) {
+		    w.key_hash != key_hash(key, ferry_peer_name(l->peer), ferry_engine_name(s->e))) {
 			log_error("stage %s: get %s on %s->%s: the metadata was made for another "
 				  "key or edge", s->id, key, from, to);
 			return -EINVAL;
@@ -769,12 +595,13 @@ int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to, con
 	if (!(sqe = take_sqe(s, &sq)))
 		return -EBUSY;
 	ud = atomic_fetch_add(&s->next_ud, 1);
-	ferry_prep_get(sqe, l->peer, key, NULL, 0, ud);
+	if (l->edge->key_lookup)
+		ferry_prep_fetch(sqe, l->peer, key, NULL, 0, ud); /* ask the holder */
+	else
+		ferry_prep_get(sqe, l->peer, key, NULL, 0, ud);
 	ferry_sqe_set_cq(sqe, cq);
 	if (flags & FERRY_STAGE_NOWAIT)
 		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
-	if (l->edge->key_lookup)
-		ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP); /* ask the holder */
 	bound = timeout_ns > 0 ? (uint64_t)timeout_ns
 	      : timeout_ns < 0 ? 0
 	      : l->get_timeout_ns ? l->get_timeout_ns : s->timeout_ns;
@@ -867,7 +694,7 @@ int ferry_stage_health(struct ferry_stage *s, char *buf, size_t len)
 			 "\"transport\":\"%s\",\"connector\":\"%s\",\"auto_filled\":%s,"
 			 "\"window_size\":%lld,\"max_inflight\":%lld}",
 		     i ? "," : "", e->from, e->to, l->sending ? "sender" : "receiver",
-		     l->peer->name, stage_transport_name(e->transport), e->connector_type,
+		     ferry_peer_name(l->peer), stage_transport_name(e->transport), e->connector_type,
 		     e->auto_filled ? "true" : "false", (long long)e->window_size,
 		     (long long)e->max_inflight);
 	}

@@ -212,6 +212,35 @@ static inline void t_get(struct ferry_engine *e, struct ferry_peer *from, const 
 	t_submit(e);
 }
 
+/* A PUBLISH (kept here for `to` to fetch): as t_put. */
+static inline void t_publish(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+			     const void *data, size_t len, uint64_t ud, uint32_t flags)
+{
+	static __thread struct iovec iovs[256];
+	static __thread unsigned next;
+	struct iovec *iov = &iovs[next++ % 256];
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	iov->iov_base = (void *)data;
+	iov->iov_len = len;
+	ferry_prep_publish(sqe, to, key, iov, 1, ud);
+	ferry_sqe_set_flags(sqe, flags);
+	t_submit(e);
+}
+
+/* A FETCH (ask the holder for key): as t_get. */
+static inline void t_fetch(struct ferry_engine *e, struct ferry_peer *from, const char *key,
+			   const struct iovec *iov, unsigned n, uint64_t ud, uint32_t flags,
+			   uint64_t timeout_ns)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_fetch(sqe, from, key, iov, n, ud);
+	ferry_sqe_set_flags(sqe, flags);
+	ferry_sqe_set_timeout(sqe, timeout_ns);
+	t_submit(e);
+}
+
 /* Is port free on loopback right now? */
 static inline bool t_port_bindable(int port)
 {

@@ -231,9 +231,9 @@ static void test_ctl_no_session(void **state)
 	ferry_prep_lookup(sqe, nobody, "k", 2);
 	t_submit(a);
 	t_expect(a, NULL, 2, -ENOTCONN, NULL);
-	t_get(a, nobody, "k", NULL, 0, 3, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT, 0);
+	t_fetch(a, nobody, "k", NULL, 0, 3, FERRY_SQE_NOWAIT, 0);
 	t_expect(a, NULL, 3, -EAGAIN, NULL);
-	t_get(a, nobody, "k", NULL, 0, 4, FERRY_SQE_LOOKUP, SEC);
+	t_fetch(a, nobody, "k", NULL, 0, 4, 0, SEC);
 	t_expect(a, NULL, 4, -ENOTCONN, NULL);
 	sqe = t_sqe(a);
 	ferry_prep_lookup(sqe, nobody, "", 5);
@@ -266,11 +266,11 @@ static void test_ctl_directory_and_store(void **state)
 	(void)state;
 	/* b (the producer) publishes k1 for a: it stays at b. */
 	used = pool_in_use(b);
-	t_put(b, pa, "req1_k1", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req1_k1", one, sizeof(one), 1, 0);
 	t_expect(b, NULL, 1, 0, &c);
 	assert_int_equal(c.len, sizeof(one));
 	assert_int_equal(pool_in_use(b), used + 1);
-	t_put(b, pa, "req1_k1", one, sizeof(one), 2, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req1_k1", one, sizeof(one), 2, 0);
 	t_expect(b, NULL, 2, -EEXIST, NULL);
 
 	/* a's directory queries: hit and miss, nothing moves. */
@@ -285,7 +285,7 @@ static void test_ctl_directory_and_store(void **state)
 	t_expect(a, NULL, 4, 0, NULL);
 
 	/* A LOOKUP GET without metadata fetches it from b. */
-	t_get(a, pb, "req1_k1", NULL, 0, 5, FERRY_SQE_LOOKUP, 5 * SEC);
+	t_fetch(a, pb, "req1_k1", NULL, 0, 5, 0, 5 * SEC);
 	t_expect(a, NULL, 5, 0, &c);
 	assert_true(c.flags & FERRY_CQE_F_BUF);
 	assert_int_equal(c.len, sizeof(one));
@@ -297,32 +297,32 @@ static void test_ctl_directory_and_store(void **state)
 	assert_int_equal(pool_in_use(b), used);
 
 	/* Not there yet: NOWAIT says -EAGAIN (after the round trip). */
-	t_get(a, pb, "req1_k2", NULL, 0, 6, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT, 0);
+	t_fetch(a, pb, "req1_k2", NULL, 0, 6, FERRY_SQE_NOWAIT, 0);
 	t_expect(a, NULL, 6, -EAGAIN, NULL);
 
 	/* A waiting GET is served the moment b publishes: no polling. */
-	t_get(a, pb, "req1_k3", NULL, 0, 7, FERRY_SQE_LOOKUP, 5 * SEC);
+	t_fetch(a, pb, "req1_k3", NULL, 0, 7, 0, 5 * SEC);
 	t_expect_none(a, NULL, 200);
-	t_put(b, pa, "req1_k3", three, sizeof(three), 8, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req1_k3", three, sizeof(three), 8, 0);
 	t_expect(b, NULL, 8, 0, NULL);
 	t_expect(a, NULL, 7, 0, &c);
 	assert_memory_equal(ferry_buf_data(c.buf), three, sizeof(three));
 	ferry_buf_release(c.buf);
 
 	/* A GET whose wait ends (deadline) leaves nothing behind that breaks later gets. */
-	t_get(a, pb, "req2_k", NULL, 0, 9, FERRY_SQE_LOOKUP, 100 * MS);
+	t_fetch(a, pb, "req2_k", NULL, 0, 9, 0, 100 * MS);
 	t_expect(a, NULL, 9, -ETIMEDOUT, NULL);
 
 	/* cleanup(request) at the producer frees what it published. */
-	t_put(b, pa, "req3_a", one, sizeof(one), 10, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req3_a", one, sizeof(one), 10, 0);
 	t_expect(b, NULL, 10, 0, NULL);
-	t_put(b, pa, "req3_b", one, sizeof(one), 11, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req3_b", one, sizeof(one), 11, 0);
 	t_expect(b, NULL, 11, 0, NULL);
 	sqe = t_sqe(b);
 	ferry_prep_cleanup(sqe, NULL, "req3", 12);
 	t_submit(b);
 	t_expect(b, NULL, 12, 2, NULL);
-	t_get(a, pb, "req3_a", NULL, 0, 13, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT, 0);
+	t_fetch(a, pb, "req3_a", NULL, 0, 13, FERRY_SQE_NOWAIT, 0);
 	t_expect(a, NULL, 13, -EAGAIN, NULL);
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
@@ -368,19 +368,19 @@ static void test_ctl_lookup_withdrawn(void **state)
 
 	(void)state;
 	/* Its deadline passes: the LOOKUP that follows on the session finds the wish gone. */
-	t_get(a, pb, "req4_k", NULL, 0, 1, FERRY_SQE_LOOKUP, 300 * MS);
+	t_fetch(a, pb, "req4_k", NULL, 0, 1, 0, 300 * MS);
 	t_expect(a, NULL, 1, -ETIMEDOUT, NULL);
 	assert_int_equal(lookup_at(a, pb, "req4_k", 2), 0);
-	t_put(b, pa, "req4_k", data, sizeof(data), 3, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req4_k", data, sizeof(data), 3, 0);
 	t_expect(b, NULL, 3, 0, NULL);
 	assert_int_equal(lookup_at(a, pb, "req4_k", 4), 1); /* kept at b, for a */
-	t_get(a, pb, "req4_k", NULL, 0, 5, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT, 0);
+	t_fetch(a, pb, "req4_k", NULL, 0, 5, FERRY_SQE_NOWAIT, 0);
 	t_expect(a, NULL, 5, 0, &c);
 	assert_memory_equal(ferry_buf_data(c.buf), data, sizeof(data));
 	ferry_buf_release(c.buf);
 
 	/* Cancelled. */
-	t_get(a, pb, "req5_k", NULL, 0, 6, FERRY_SQE_LOOKUP, 0);
+	t_fetch(a, pb, "req5_k", NULL, 0, 6, 0, 0);
 	t_expect_none(a, NULL, 200); /* asked, and remembered there */
 	sqe = t_sqe(a);
 	ferry_prep_cancel(sqe, 6, 7);
@@ -388,16 +388,16 @@ static void test_ctl_lookup_withdrawn(void **state)
 	t_expect(a, NULL, 6, -ECANCELED, NULL);
 	t_expect(a, NULL, 7, 0, NULL);
 	assert_int_equal(lookup_at(a, pb, "req5_k", 8), 0);
-	t_put(b, pa, "req5_k", data, sizeof(data), 9, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req5_k", data, sizeof(data), 9, 0);
 	t_expect(b, NULL, 9, 0, NULL);
 	assert_int_equal(lookup_at(a, pb, "req5_k", 10), 1);
 
 	/* Two GETs of one key: the one that gave up takes only its own wish. */
-	t_get(a, pb, "req6_k", NULL, 0, 11, FERRY_SQE_LOOKUP, 300 * MS);
-	t_get(a, pb, "req6_k", NULL, 0, 12, FERRY_SQE_LOOKUP, 10 * SEC);
+	t_fetch(a, pb, "req6_k", NULL, 0, 11, 0, 300 * MS);
+	t_fetch(a, pb, "req6_k", NULL, 0, 12, 0, 10 * SEC);
 	t_expect(a, NULL, 11, -ETIMEDOUT, NULL);
 	assert_int_equal(lookup_at(a, pb, "req6_k", 13), 0);
-	t_put(b, pa, "req6_k", data, sizeof(data), 14, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req6_k", data, sizeof(data), 14, 0);
 	t_expect(b, NULL, 14, 0, NULL);
 	t_expect(a, NULL, 12, 0, &c);
 	assert_memory_equal(ferry_buf_data(c.buf), data, sizeof(data));
@@ -406,15 +406,14 @@ static void test_ctl_lookup_withdrawn(void **state)
 
 	/* Cancelled before the holder's answer came: withdrawn all the same. */
 	sqe = t_sqe(a);
-	ferry_prep_get(sqe, pb, "req7_k", NULL, 0, 16);
-	ferry_sqe_set_flags(sqe, FERRY_SQE_LOOKUP);
+	ferry_prep_fetch(sqe, pb, "req7_k", NULL, 0, 16);
 	sqe = t_sqe(a);
 	ferry_prep_cancel(sqe, 16, 17);
 	t_submit(a); /* one batch: the FETCH goes out, the GET ends at once */
 	t_expect(a, NULL, 16, -ECANCELED, NULL);
 	t_expect(a, NULL, 17, 0, NULL);
 	assert_int_equal(lookup_at(a, pb, "req7_k", 20), 0); /* after the FORGET on the session */
-	t_put(b, pa, "req7_k", data, sizeof(data), 18, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "req7_k", data, sizeof(data), 18, 0);
 	t_expect(b, NULL, 18, 0, NULL);
 	assert_int_equal(lookup_at(a, pb, "req7_k", 19), 1); /* kept at b */
 	ferry_engine_destroy(a);
@@ -422,8 +421,39 @@ static void test_ctl_lookup_withdrawn(void **state)
 }
 
 /*
- * A LOOKUP with no peer asks every peer with a session at once: res = how
- * many hold the key, their lines "NAME WHERE LEN" in cqe->buf.
+ * The answers of a LOOKUP of every peer (user_data ud): one CQE per holder
+ * (MORE, res 1 or 2, len its size, its name in the buffer) into got as
+ * "NAME WHERE LEN\n" lines, then the last CQE: its res (how many), or the
+ * error that ended it.
+ */
+static int lookup_answers(struct ferry_engine *e, struct ferry_engine *other, uint64_t ud,
+			  char *got, size_t len)
+{
+	size_t at = 0;
+
+	got[0] = '\0';
+	for (;;) {
+		struct ferry_cqe q;
+
+		if (!t_wait_cqe(e, other, &q, 5 * SEC))
+			fail_msg("LOOKUP %llu: no answer within 5 s", (unsigned long long)ud);
+		assert_int_equal(q.user_data, ud);
+		if (!(q.flags & FERRY_CQE_F_MORE)) {
+			assert_false(q.flags & FERRY_CQE_F_BUF);
+			return q.res;
+		}
+		assert_true(q.res == 1 || q.res == 2);
+		assert_true(q.flags & FERRY_CQE_F_BUF);
+		at += (size_t)snprintf(got + at, len - at, "%s %d %llu\n",
+				       (const char *)ferry_buf_data(q.buf), q.res,
+				       (unsigned long long)q.len);
+		ferry_buf_release(q.buf);
+	}
+}
+
+/*
+ * A LOOKUP with no peer asks every peer with a session at once: a CQE per
+ * holder (MORE: WHERE as res, its size, its name), then how many.
  */
 static void test_ctl_lookup_every_peer(void **state)
 {
@@ -437,31 +467,28 @@ static void test_ctl_lookup_every_peer(void **state)
 	(void)state;
 	(void)pab;
 	/* b publishes k for a (1); a's PUT of k waits untaken at c (2). */
-	t_put(b, pba, "req9_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_publish(b, pba, "req9_k", one, sizeof(one), 1, 0);
 	t_expect(b, NULL, 1, 0, NULL);
 	t_put(a, pac, "req9_k", two, sizeof(two), 2, 0);
 	t_expect(a, NULL, 2, 0, NULL);
 
 	lookup_every(a, "req9_k", 3, 5 * SEC);
-	t_expect(a, NULL, 3, 2, &q);
-	assert_true(q.flags & FERRY_CQE_F_BUF);
-	assert_int_equal(strlen(ferry_buf_data(q.buf)), q.len);
 	{
-		char want_b[64], want_c[64];
+		char got[256], want_b[64], want_c[64];
 
+		assert_int_equal(lookup_answers(a, NULL, 3, got, sizeof(got)), 2);
 		snprintf(want_b, sizeof(want_b), "ctlB 1 %zu\n", sizeof(one));
 		snprintf(want_c, sizeof(want_c), "ctlC 2 %zu\n", sizeof(two));
-		assert_non_null(strstr(ferry_buf_data(q.buf), want_b));
-		assert_non_null(strstr(ferry_buf_data(q.buf), want_c));
-		assert_int_equal(q.len, strlen(want_b) + strlen(want_c));
+		assert_non_null(strstr(got, want_b));
+		assert_non_null(strstr(got, want_c));
+		assert_int_equal(strlen(got), strlen(want_b) + strlen(want_c));
 	}
-	ferry_buf_release(q.buf);
 
-	/* Nobody holds it: 0, no buffer. Nothing moved: b still holds its key. */
+	/* Nobody holds it: 0, one CQE. Nothing moved: b still holds its key. */
 	ferry_prep_lookup(t_sqe(a), NULL, "req9_none", 4);
 	t_submit(a);
 	t_expect(a, NULL, 4, 0, &q);
-	assert_false(q.flags & FERRY_CQE_F_BUF);
+	assert_false(q.flags & (FERRY_CQE_F_BUF | FERRY_CQE_F_MORE));
 	assert_int_equal(lookup_at(a, pab, "req9_k", 5), 1);
 
 	/* An engine without sessions: -ENOTCONN. A NULL peer on another request: -EINVAL. */
@@ -486,7 +513,6 @@ static void test_ctl_lookup_every_peer_once(void **state)
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
 	struct ferry_peer *pab = connect_to(a, b), *pba = connect_to(b, a);
 	const char one[] = "published at b";
-	struct ferry_cqe q;
 	char want[64];
 
 	(void)state;
@@ -495,23 +521,24 @@ static void test_ctl_lookup_every_peer_once(void **state)
 	for (int i = 0; i < 500 && ctl_stat(a, "sessions_ready") < 2; i++)
 		usleep(10000);
 	assert_int_equal(ctl_stat(a, "sessions_ready"), 2);
-	t_put(b, pba, "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_publish(b, pba, "req10_k", one, sizeof(one), 1, 0);
 	t_expect(b, NULL, 1, 0, NULL);
 	lookup_every(a, "req10_k", 2, 5 * SEC);
-	t_expect(a, NULL, 2, 1, &q);
-	assert_true(q.flags & FERRY_CQE_F_BUF);
-	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
-	assert_string_equal(ferry_buf_data(q.buf), want);
-	assert_int_equal(q.len, strlen(want));
-	ferry_buf_release(q.buf);
+	{
+		char got[256];
+
+		assert_int_equal(lookup_answers(a, NULL, 2, got, sizeof(got)), 1);
+		snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
+		assert_string_equal(got, want);
+	}
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }
 
 /*
  * A LOOKUP of every peer that ends before the answers come (deadline,
- * cancel: a MANUAL peer not driven does not answer) gives its buffer back;
- * the answers that come later find nothing to complete.
+ * cancel: a MANUAL peer not driven does not answer) holds no buffer; the
+ * answers that come later find nothing to complete.
  */
 static void test_ctl_lookup_every_peer_ends(void **state)
 {
@@ -536,9 +563,8 @@ static void test_ctl_lookup_every_peer_ends(void **state)
 	assert_int_equal(pool_in_use(a), used);
 	ferry_prep_lookup(t_sqe(a), NULL, "req11_k", 3);
 	t_submit(a);
-	for (int i = 0; i < 500 && pool_in_use(a) != used + 1; i++)
-		usleep(10000);
-	assert_int_equal(pool_in_use(a), used + 1); /* its text so far */
+	t_expect_none(a, NULL, 50);
+	assert_int_equal(pool_in_use(a), used); /* no text: holders come as CQEs */
 	ferry_prep_cancel(t_sqe(a), 3, 4);
 	t_submit(a);
 	t_expect(a, NULL, 3, -ECANCELED, NULL);
@@ -564,19 +590,21 @@ static void test_ctl_lookup_every_peer_connecting(void **state)
 {
 	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
 	const char one[] = "published before anyone called";
-	struct ferry_cqe q;
 	char cb[NETADDR_MAX], want[64];
 
 	(void)state;
-	t_put(b, t_peer(b, "ctlA"), "req10_k", one, sizeof(one), 1, FERRY_SQE_PUBLISH);
+	t_publish(b, t_peer(b, "ctlA"), "req10_k", one, sizeof(one), 1, 0);
 	t_expect(b, NULL, 1, 0, NULL);
 	ctl_addr(b, cb, sizeof(cb));
 	assert_int_equal(ferry_peer_connect(t_peer(a, "ctlB"), cb), 0);
 	lookup_every(a, "req10_k", 2, 5 * SEC);
-	t_expect(a, NULL, 2, 1, &q);
-	snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
-	assert_string_equal(ferry_buf_data(q.buf), want);
-	ferry_buf_release(q.buf);
+	{
+		char got[256];
+
+		assert_int_equal(lookup_answers(a, NULL, 2, got, sizeof(got)), 1);
+		snprintf(want, sizeof(want), "ctlB 1 %zu\n", sizeof(one));
+		assert_string_equal(got, want);
+	}
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }
@@ -686,6 +714,40 @@ static void test_ctl_puts_wait_for_handshake(void **state)
 	t_expect_none(c, NULL, 200);
 	ferry_engine_destroy(c);
 	close(lfd);
+}
+
+/*
+ * One address per engine, by URI: a's addresses name its control endpoint
+ * (ferry://) and its data address (tcp://); b reaches a with the ferry://
+ * one alone; a scheme no transport takes, or none, is refused.
+ */
+static void test_ctl_connect_by_uri(void **state)
+{
+	struct ferry_engine *a = mk_ctl("ctlA", SECRET, 0, 0), *b = mk_ctl("ctlB", SECRET, 0, 0);
+	struct ferry_peer *pa = t_peer(b, "ctlA");
+	char all[256], ctl_uri[NETADDR_MAX + 8] = "", data[NETADDR_MAX];
+	char *sp;
+	int n;
+
+	(void)state;
+	n = ferry_engine_addresses(a, all, sizeof(all));
+	assert_true(n > 0 && (size_t)n < sizeof(all));
+	assert_int_equal(ferry_engine_address(a, data, sizeof(data)) > 0, 1);
+	assert_non_null(strstr(all, data)); /* tcp://..., the data address */
+	assert_true(!strncmp(all, "ferry://127.0.0.1:", 18));
+	sp = strchr(all, ' ');
+	assert_non_null(sp);
+	snprintf(ctl_uri, sizeof(ctl_uri), "%.*s", (int)(sp - all), all);
+	assert_int_equal(ferry_engine_addresses(a, all, 5), n); /* cut, like snprintf */
+	assert_int_equal(strlen(all), 4);
+	assert_int_equal(ferry_peer_connect_uri(pa, ctl_uri), 0);
+	health_to(b, pa, 1, 5 * SEC);
+	expect_health_of(b, 1, "ctlA");
+	assert_int_equal(ferry_peer_connect_uri(pa, "rdma://10.0.0.1:1"), -EPROTONOSUPPORT);
+	assert_int_equal(ferry_peer_connect_uri(pa, "127.0.0.1:1"), -EINVAL);
+	assert_int_equal(ferry_peer_connect_uri(NULL, ctl_uri), -EINVAL);
+	ferry_engine_destroy(b);
+	ferry_engine_destroy(a);
 }
 
 static void test_ctl_wrong_secret(void **state)
@@ -1017,7 +1079,7 @@ static void test_ctl_dead_peer(void **state)
 	health_to(a, pb, 1, 5 * SEC);
 	expect_health_of(a, 1, "ctlB");
 	/* A GET that waits on b forever, unless b dies. */
-	t_get(a, pb, "never", NULL, 0, 2, FERRY_SQE_LOOKUP, 0);
+	t_fetch(a, pb, "never", NULL, 0, 2, 0, 0);
 	t_expect_none(a, NULL, 300); /* heartbeats keep the session alive meanwhile */
 	kill(ch.pid, SIGKILL);
 	t0 = t_now();
@@ -1144,10 +1206,10 @@ static void test_ctl_manual_mode(void **state)
 	assert_true(c.res > 0);
 	ferry_buf_release(c.buf);
 	/* The manual engine holds a published key; the threaded one fetches it. */
-	t_put(b, pa, "m1", one, sizeof(one), 2, FERRY_SQE_PUBLISH);
+	t_publish(b, pa, "m1", one, sizeof(one), 2, 0);
 	t_expect(b, NULL, 2, 0, NULL);
 	pb = t_peer(a, "ctlB");
-	t_get(a, pb, "m1", NULL, 0, 3, FERRY_SQE_LOOKUP, 5 * SEC);
+	t_fetch(a, pb, "m1", NULL, 0, 3, 0, 5 * SEC);
 	t_expect(a, b, 3, 0, &c); /* drives b while waiting */
 	assert_memory_equal(ferry_buf_data(c.buf), one, sizeof(one));
 	ferry_buf_release(c.buf);
@@ -1168,6 +1230,7 @@ int main(void)
 		cmocka_unit_test(test_ctl_lookup_every_peer_connecting),
 		cmocka_unit_test(test_ctl_remote_cancel),
 		cmocka_unit_test(test_ctl_puts_wait_for_handshake),
+		cmocka_unit_test(test_ctl_connect_by_uri),
 		cmocka_unit_test(test_ctl_wrong_secret),
 		cmocka_unit_test(test_ctl_silent_flood),
 		cmocka_unit_test(test_ctl_malformed_messages),

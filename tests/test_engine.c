@@ -268,12 +268,14 @@ static void test_flags_per_op(void **state)
 		uint8_t opcode;
 		uint32_t bad;
 	} cases[] = {
-		{ FERRY_OP_NOP, FERRY_SQE_LOOKUP },
+		{ FERRY_OP_NOP, FERRY_SQE_WAIT_PEER },
 		{ FERRY_OP_NOP, FERRY_SQE_NOWAIT },
-		{ FERRY_OP_GET, FERRY_SQE_PUBLISH | FERRY_SQE_STREAM_END | FERRY_SQE_REPLACE },
+		{ FERRY_OP_GET, FERRY_SQE_STREAM_END | FERRY_SQE_REPLACE | FERRY_SQE_WAIT_PEER },
 		{ FERRY_OP_GET, FERRY_SQE_STREAM_WHOLE },
 		{ FERRY_OP_PUT, FERRY_SQE_NOWAIT },
-		{ FERRY_OP_PUT, FERRY_SQE_LOOKUP },
+		{ FERRY_OP_PUT, FERRY_SQE_STREAM_WHOLE },
+		{ FERRY_OP_PUBLISH, FERRY_SQE_WAIT_PEER },
+		{ FERRY_OP_FETCH, FERRY_SQE_REPLACE },
 		{ FERRY_OP_PUT, FERRY_SQE_STREAM_END },
 		{ FERRY_OP_STREAM_PUT, FERRY_SQE_REPLACE },
 		{ FERRY_OP_STREAM_PUT, FERRY_SQE_NOWAIT },
@@ -282,7 +284,9 @@ static void test_flags_per_op(void **state)
 		{ FERRY_OP_STREAM_ACCEPT, FERRY_SQE_NOWAIT },
 		{ FERRY_OP_CLEANUP, FERRY_SQE_REPLACE },
 		{ FERRY_OP_CANCEL, FERRY_SQE_NOWAIT },
-		{ FERRY_OP_LOOKUP, FERRY_SQE_LOOKUP },
+		{ FERRY_OP_LOOKUP, FERRY_SQE_NOWAIT },
+		{ FERRY_OP_GET, 1u << 5 }, /* the old PUBLISH/LOOKUP bits: no flag any more */
+		{ FERRY_OP_PUT, 1u << 6 },
 	};
 	struct iovec iov = { "data", 4 };
 	struct ferry_buf *b;
@@ -320,6 +324,12 @@ static void test_flags_per_op(void **state)
 			break;
 		case FERRY_OP_LOOKUP:
 			ferry_prep_lookup(sqe, p, "k", i);
+			break;
+		case FERRY_OP_PUBLISH:
+			ferry_prep_publish(sqe, p, "k", &iov, 1, i);
+			break;
+		case FERRY_OP_FETCH:
+			ferry_prep_fetch(sqe, p, "k", NULL, 0, i);
 			break;
 		default:
 			ferry_prep_nop(sqe, i);

@@ -104,6 +104,34 @@ static void test_helpers_out_of_line(void **state)
 	void (*saccept)(struct ferry_sqe *, struct ferry_peer *, uint64_t) =
 		sym("ferry_prep_stream_accept");
 	TWICE("stream_accept", ferry_prep_stream_accept(&a, peer, 20), saccept(&b, peer, 20));
+	void (*publish)(struct ferry_sqe *, struct ferry_peer *, const char *, const struct iovec *,
+			unsigned, uint64_t) = sym("ferry_prep_publish");
+	TWICE("publish", ferry_prep_publish(&a, peer, "k", iov, 2, 21), publish(&b, peer, "k", iov, 2, 21));
+	void (*publish_buf)(struct ferry_sqe *, struct ferry_peer *, const char *, struct ferry_buf *,
+			    uint64_t) = sym("ferry_prep_publish_buf");
+	TWICE("publish_buf", ferry_prep_publish_buf(&a, peer, "k", buf, 22),
+	      publish_buf(&b, peer, "k", buf, 22));
+	void (*fetch)(struct ferry_sqe *, struct ferry_peer *, const char *, const struct iovec *,
+		      unsigned, uint64_t) = sym("ferry_prep_fetch");
+	TWICE("fetch", ferry_prep_fetch(&a, peer, "k", iov, 1, 23), fetch(&b, peer, "k", iov, 1, 23));
+	{
+		struct ferry_seg segs[2] = { { (struct ferry_region *)0x5000, 1, 2 },
+					     { (struct ferry_region *)0x6000, 3, 4 } };
+		void (*put_segs)(struct ferry_sqe *, struct ferry_peer *, const char *,
+				 const struct ferry_seg *, unsigned, uint64_t) = sym("ferry_prep_put_segs");
+		void (*get_segs)(struct ferry_sqe *, struct ferry_peer *, const char *,
+				 const struct ferry_seg *, unsigned, uint64_t) = sym("ferry_prep_get_segs");
+		void (*sput_segs)(struct ferry_sqe *, struct ferry_peer *, const char *,
+				  const struct ferry_seg *, unsigned, uint64_t) =
+			sym("ferry_prep_stream_put_segs");
+
+		TWICE("put_segs", ferry_prep_put_segs(&a, peer, "k", segs, 2, 24),
+		      put_segs(&b, peer, "k", segs, 2, 24));
+		TWICE("get_segs", ferry_prep_get_segs(&a, peer, "k", segs, 2, 25),
+		      get_segs(&b, peer, "k", segs, 2, 25));
+		TWICE("stream_put_segs", ferry_prep_stream_put_segs(&a, peer, "s", segs, 2, 26),
+		      sput_segs(&b, peer, "s", segs, 2, 26));
+	}
 	/* The setters, on an SQE prepared alike. */
 	void (*flags)(struct ferry_sqe *, uint32_t) = sym("ferry_sqe_set_flags");
 	TWICE("set_flags", (ferry_prep_nop(&a, 1), ferry_sqe_set_flags(&a, 3)),

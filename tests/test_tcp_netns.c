@@ -471,12 +471,10 @@ static int ctl_holder(const char *unused, void *arg)
 		return 41;
 	fill(ferry_buf_data(b), 8 * MIB, 5);
 	sqe = t_sqe(e);
-	ferry_prep_put_buf(sqe, cons, "big", b, 1);
-	ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH);
+	ferry_prep_publish_buf(sqe, cons, "big", b, 1);
 	t_submit(e);
 	sqe = t_sqe(e);
-	ferry_prep_put(sqe, cons, "small", &(struct iovec){ "hello", 5 }, 1, 2);
-	ferry_sqe_set_flags(sqe, FERRY_SQE_PUBLISH);
+	ferry_prep_publish(sqe, cons, "small", &(struct iovec){ "hello", 5 }, 1, 2);
 	t_submit(e);
 	for (int i = 0; i < 2; i++)
 		if (t_wait_one(e, &c, 10 * SEC) != 0)
@@ -503,17 +501,17 @@ static int ctl_consumer(const char *addr, void *arg)
 	ferry_peer_open(e, "holder", &h);
 	if (ferry_peer_connect(h, addr))
 		return 51;
-	get(e, h, "big", NULL, 1, 20 * SEC, FERRY_SQE_LOOKUP);
+	t_fetch(e, h, "big", NULL, 0, 1, 0, 20 * SEC);
 	if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != 8 * MIB)
 		return 52;
 	if (checksum(ferry_buf_data(c.buf), 8 * MIB) != expected_sum(8 * MIB, 5))
 		return 53;
 	ferry_buf_release(c.buf);
-	get(e, h, "small", NULL, 2, 20 * SEC, FERRY_SQE_LOOKUP);
+	t_fetch(e, h, "small", NULL, 0, 2, 0, 20 * SEC);
 	if (t_wait_one(e, &c, 30 * SEC) != 0 || c.len != 5 || memcmp(ferry_buf_data(c.buf), "hello", 5))
 		return 54;
 	ferry_buf_release(c.buf);
-	get(e, h, "none", NULL, 3, 20 * SEC, FERRY_SQE_LOOKUP | FERRY_SQE_NOWAIT);
+	t_fetch(e, h, "none", NULL, 0, 3, FERRY_SQE_NOWAIT, 20 * SEC);
 	if (t_wait_one(e, &c, 30 * SEC) != -EAGAIN)
 		return 55;
 	sqe = t_sqe(e);

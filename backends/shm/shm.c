@@ -400,9 +400,9 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 		d->buf_cookie = 0;
 		d->offset = 0;
 		if (buf)
-			memcpy(dst, buf->data, op->len);
+			ferry__payload_copy(dst, buf->data, op->len);
 		else
-			iov_gather(op->iov, op->iovcnt, dst, op->len);
+			op_gather(op, dst, op->len);
 	} else {
 		d->type = SHM_D_PUT;
 		d->buf_cookie = buf->index;
@@ -471,7 +471,7 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 
 		if (rc)
 			return rc;
-		memcpy(own->data, op->buf->data, op->len);
+		ferry__payload_copy(own->data, op->buf->data, op->len);
 		pool_free(op->buf);
 		op->buf = own;
 	}
@@ -660,7 +660,7 @@ static int take_inline(struct ferry_engine *e, struct shm_conn *c, const char *f
 			    "from %s", e->name, (unsigned long long)len, c->peer_name);
 		return -ENOBUFS;
 	}
-	memcpy(buf->data, src, len);
+	ferry__payload_copy(buf->data, src, len);
 	rc = reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len, flags);
 	if (rc)
 		pool_free(buf);

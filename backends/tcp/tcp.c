@@ -974,7 +974,7 @@ static size_t conn_gather(struct tcp_state *st, struct tcp_conn *c)
 		unsigned k = tx_unsent(t, part, len);
 
 		for (unsigned i = 0; i < k; i++) {
-			memcpy(p, part[i], len[i]);
+			ferry__payload_copy(p, part[i], len[i]);
 			p += len[i];
 		}
 	}
@@ -1336,7 +1336,7 @@ static int take_frame(struct tcp_state *st, struct tcp_conn *c)
 		}
 		rc = pool_alloc(st->engine->pool, f.arg, &buf);
 		if (rc == 0) {
-			memcpy(buf->data, key + f.key_len, f.arg);
+			ferry__payload_copy(buf->data, key + f.key_len, f.arg);
 			rc = deliver(st, l, (const char *)key, f.key_len, buf, f.arg, f.flags);
 		} else {
 			log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
@@ -1442,7 +1442,7 @@ static int take_frame(struct tcp_state *st, struct tcp_conn *c)
 		c->rx_head += TCP_FRAME_BYTES;
 		have = c->rx_tail - c->rx_head;
 		n = have < f.len ? have : f.len;
-		memcpy((uint8_t *)r->buf->data + f.arg, c->rx + c->rx_head, n);
+		ferry__payload_copy((uint8_t *)r->buf->data + f.arg, c->rx + c->rx_head, n);
 		c->rx_head += (uint32_t)n;
 		r->got += n;
 		if (n < f.len) {
@@ -1815,6 +1815,15 @@ static void link_fail(struct tcp_state *st, struct tcp_link *l, int res, const c
 
 		l->wait_head = m->wait_next;
 		m->wait_next = NULL;
+		/*
+		 * It never left (the link never came up): its block goes back
+		 * to its op, which may be sent again (FERRY_SQE_WAIT_PEER) or
+		 * frees it as any PUT that did not hand its data over.
+		 */
+		if (m->op && m->buf && m->op->gen == m->op_gen) {
+			m->op->buf = m->buf;
+			m->buf = NULL;
+		}
 	}
 	l->wait_tail = NULL;
 	for (struct tcp_msg *m = l->msgs, *next; m; m = next) {
@@ -2800,7 +2809,7 @@ static int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	 * pointing at the caller's memory.
 	 */
 	if (!m->buf)
-		iov_gather(op->iov, op->iovcnt, m->inl, m->len);
+		op_gather(op, m->inl, m->len);
 	m->link = l;
 	l->refs++;
 	m->resulted = false;
@@ -2995,6 +3004,22 @@ static void tcp_peer_event(struct ferry_engine *e, struct backend *b, const char
 			link_fail(st, l, res, "the control channel declared it dead");
 }
 
+static int tcp_connect(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer,
+		       const char *uri)
+{
+	(void)e;
+	(void)b;
+	return ferry_peer_set_address(peer, uri);
+}
+
+static int tcp_address(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	return st->bound[0] ? snprintf(buf, len, "%s", st->bound) : 0;
+}
+
 const struct backend_ops ferry__tcp_backend = {
 	.name = "tcp",
 	.rank = 10,
@@ -3012,6 +3037,9 @@ const struct backend_ops ferry__tcp_backend = {
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
+	.scheme = "tcp",
+	.connect = tcp_connect,
+	.address = tcp_address,
 	.peer_event = tcp_peer_event,
 };
 

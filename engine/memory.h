@@ -1,0 +1,135 @@
+/*
+ * engine/memory.h - where payload bytes live, and the one way they are copied.
+ *
+ * Owns: the copy every payload byte ferry copies goes through
+ * (ferry__payload_copy: host memory, memcpy), gathering a PUT's source and
+ * scattering into a GET's destination whether they are an iovec or segments
+ * of registered regions (FERRY_SQE_SEGS), the registered regions
+ * themselves (engine/memory.c: ferry_region_register / release, pins while
+ * an op names them), and the memory types of buffers. A later memory domain
+ * (CUDA) adds its type here and a copy for it; every copy site already
+ * calls through these helpers.
+ */
+#ifndef FERRY_MEMORY_H
+#define FERRY_MEMORY_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "ferry.h"
+
+struct ferry_engine;
+struct op;
+
+struct ferry_region {
+	struct ferry_engine *engine;
+	void *addr;
+	size_t len;
+	enum ferry_mem_type mem;
+	int device;
+	_Atomic uint32_t pins;     /* ops in flight that name one of its segments */
+	_Atomic int released;
+	struct ferry_region *next; /* the engine's regions (under e->lock) */
+};
+
+/* Every payload copy: dst and src are host memory (the one memory type moved now). */
+static inline void ferry__payload_copy(void *dst, const void *src, size_t len)
+{
+	memcpy(dst, src, len);
+}
+
+static inline uint64_t iov_total(const struct iovec *iov, uint32_t n)
+{
+	uint64_t t = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+/*
+ * Copy at most len bytes of iov[0..n) to dst, in order; returns the bytes
+ * copied. A PUT passes op->len, summed at submission, so an iovec the
+ * caller changed since cannot overrun dst.
+ */
+static inline uint64_t iov_gather(const struct iovec *iov, uint32_t n, void *dst, uint64_t len)
+{
+	char *p = dst;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		size_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
+
+		ferry__payload_copy(p, iov[i].iov_base, c);
+		p += c;
+		len -= c;
+	}
+	return (uint64_t)(p - (char *)dst);
+}
+
+/* Copy len bytes of src into iov[0..n), in order, as far as it holds. */
+static inline void iov_scatter(const struct iovec *iov, uint32_t n, const void *src, uint64_t len)
+{
+	const char *s = src;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		uint64_t c = iov[i].iov_len < len ? iov[i].iov_len : len;
+
+		ferry__payload_copy(iov[i].iov_base, s, c);
+		s += c;
+		len -= c;
+	}
+}
+
+static inline uint64_t segs_total(const struct ferry_seg *seg, uint32_t n)
+{
+	uint64_t t = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		t += seg[i].len;
+	return t;
+}
+
+static inline uint64_t segs_gather(const struct ferry_seg *seg, uint32_t n, void *dst, uint64_t len)
+{
+	char *p = dst;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		uint64_t c = seg[i].len < len ? seg[i].len : len;
+
+		ferry__payload_copy(p, (const char *)seg[i].region->addr + seg[i].offset, c);
+		p += c;
+		len -= c;
+	}
+	return (uint64_t)(p - (char *)dst);
+}
+
+static inline void segs_scatter(const struct ferry_seg *seg, uint32_t n, const void *src,
+				uint64_t len)
+{
+	const char *s = src;
+
+	for (uint32_t i = 0; i < n && len; i++) {
+		uint64_t c = seg[i].len < len ? seg[i].len : len;
+
+		ferry__payload_copy((char *)seg[i].region->addr + seg[i].offset, s, c);
+		s += c;
+		len -= c;
+	}
+}
+
+/*
+ * An SQE's segments (FERRY_SQE_SEGS): each of a live region of e, within
+ * it, of a memory type this build moves. 0, or -EINVAL / -EOPNOTSUPP
+ * (logged). On 0 every region named is pinned (memory_unpin at the op's
+ * end).
+ */
+int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe);
+/* The op's end: its segments' regions are unpinned. */
+void memory_unpin(const struct ferry_seg *seg, uint32_t n);
+/* At engine destroy: every region left is released. */
+void memory_fini(struct ferry_engine *e);
+
+#endif
