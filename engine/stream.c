@@ -1025,8 +1025,9 @@ static void fail_queue(struct ferry_engine *e, struct stream *r, int res)
  * A producer's stream failed: its peer went away (or a chunk was lost with
  * it), or a STREAM_PUT ended before it was given an index (its copy into
  * the pool failed, or it timed out or was cancelled while it waited for
- * credit). Every later STREAM_PUT of it fails with err, and its record is
- * kept (numbering and all) until a cleanup of its request: the key cannot
+ * credit). Every later STREAM_PUT of it fails with err (the first error:
+ * a peer's death noticed after a chunk already failed does not change it),
+ * and its record is kept (numbering and all) until a cleanup of its request: the key cannot
  * silently start over at chunk 0 on a peer that restarted, and no later
  * chunk takes the index of one that never left (the consumer would get a
  * whole-looking stream with a chunk missing and the rest shifted). A
@@ -1041,12 +1042,13 @@ static void producer_fail(struct ferry_engine *e, struct stream *r, int err)
 		fail_queue(e, r, err);
 		return;
 	}
-	r->err = err;
+	if (!r->broken || !r->err)
+		r->err = err; /* a broken stream keeps the error it broke with */
 	if (!r->broken && !(r->ended && !r->q_head && !r->away && !r->lost)) {
 		r->broken = true;
 		t->nbroken++;
 	}
-	fail_queue(e, r, err);
+	fail_queue(e, r, r->err);
 }
 
 /*

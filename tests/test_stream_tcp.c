@@ -1,165 +1,12 @@
 /*
- * tests/test_stream_tcp.c - streams and the KV handoff over the tcp
- * transport between real processes on loopback: chunks in order with the
- * credits held across the wire (credits travel back over the producer's
- * connection; while the consumer holds the limit, no chunk more comes) and
- * an empty END chunk, producer death ending the consumer's STREAM_GET with
- * -ECONNRESET, and a 190 MB KV set of 56 layer buffers in one vectored PUT,
- * taken contiguous and scattered.
+ * tests/test_stream_tcp.c - the KV handoff over the tcp transport between
+ * real processes on loopback: a 190 MB KV set of 56 layer buffers in one
+ * vectored PUT, taken contiguous and scattered. What every transport must
+ * show of streams (order, credits across the wire, an empty END, either
+ * end's death) is the conformance suite (tests/conformance.h), run over tcp
+ * by test_conformance_tcp.
  */
-#include <signal.h>
-
 #include "tcp_helpers.h"
-
-enum { ORDER_N = 3000, LIMIT = 4 };
-
-/* Producer child: ORDER_N chunks to the consumer at addr. */
-static int producer(const char *addr, void *arg)
-{
-	struct mk m = { .name = "prod", .secret = SECRET };
-	struct ferry_engine *e = mk_engine(&m);
-	struct ferry_peer *to;
-	static uint32_t vals[ORDER_N];
-	static struct iovec iov[ORDER_N];
-	struct ferry_cqe c;
-	unsigned done = 0;
-	bool hang = arg != NULL;
-
-	if (!e || ferry_peer_open(e, "cons", &to) || ferry_peer_set_address(to, addr))
-		return 2;
-	ferry_peer_set_stream_limits(to, LIMIT, 0);
-	for (unsigned i = 0; i < (hang ? 3u : ORDER_N); i++) {
-		struct ferry_sq *sq;
-		struct ferry_sqe *sqe;
-
-		vals[i] = i;
-		iov[i].iov_base = &vals[i];
-		/* The END is an empty chunk (upstream sends END-only chunks). */
-		iov[i].iov_len = !hang && i == ORDER_N - 1 ? 0 : sizeof(vals[i]);
-		if (ferry_sq_get(e, &sq))
-			return 3;
-		while (!(sqe = ferry_sq_get_sqe(sq))) {
-			ferry_sq_submit(sq);
-			usleep(100);
-		}
-		ferry_prep_stream_put(sqe, to, "t_0", &iov[i], 1, i);
-		ferry_sqe_set_flags(sqe, !hang && i == ORDER_N - 1 ? FERRY_SQE_STREAM_END : 0);
-		ferry_sqe_set_timeout(sqe, 30 * SEC);
-		ferry_sq_submit(sq);
-		while (ferry_cq_poll(ferry_cq_default(e), &c, 1) == 1) {
-			if (c.res != (int)c.user_data)
-				return 4;
-			done++;
-		}
-	}
-	while (done < (hang ? 3u : ORDER_N)) {
-		int res = t_wait_one(e, &c, 30 * SEC);
-
-		if (res != (int)c.user_data)
-			return 5;
-		done++;
-	}
-	if (hang)
-		pause(); /* killed here */
-	ferry_engine_destroy(e);
-	return 0;
-}
-
-static struct ferry_engine *consumer(void)
-{
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
-
-	return mk_engine(&m);
-}
-
-static void stream_get(struct ferry_engine *e, struct ferry_peer *from, const char *key,
-		       uint64_t ud, uint64_t timeout)
-{
-	struct ferry_sqe *sqe = t_sqe(e);
-
-	ferry_prep_stream_get(sqe, from, key, ud);
-	ferry_sqe_set_timeout(sqe, timeout);
-	t_submit(e);
-}
-
-static void test_order_and_credits(void **state)
-{
-	struct child ch;
-	struct ferry_engine *e;
-	struct ferry_peer *from;
-	struct ferry_buf *held[LIMIT];
-	char addr[NETADDR_MAX];
-	unsigned got = 0, nheld = 0, full = 0;
-
-	(void)state;
-	spawn(&ch, producer, NULL);
-	e = consumer();
-	assert_non_null(e);
-	assert_int_equal(ferry_peer_open(e, "prod", &from), 0);
-	engine_addr(e, addr, sizeof(addr));
-	stream_get(e, from, "t_0", 1, 20 * SEC);
-	go(&ch, addr);
-	while (got < ORDER_N) {
-		struct ferry_cqe c;
-
-		assert_int_equal(t_wait_one(e, &c, 20 * SEC), (int)got);
-		assert_true(c.flags & FERRY_CQE_F_BUF);
-		if (got == ORDER_N - 1)
-			assert_int_equal(c.len, 0); /* the empty END */
-		else
-			assert_int_equal(*(uint32_t *)ferry_buf_data(c.buf), got);
-		assert_int_equal(!!(c.flags & FERRY_CQE_F_MORE), got < ORDER_N - 1);
-		held[nheld++] = c.buf;
-		assert_true(nheld <= LIMIT);
-		if (nheld == LIMIT && got < ORDER_N - 1 && full++ % 64 == 0) {
-			/* The credits hold across the wire: LIMIT held, nothing more comes. */
-			struct ferry_cqe x;
-
-			assert_int_equal(ferry_cq_wait(ferry_cq_default(e), &x, 1, 150 * MS), -ETIMEDOUT);
-		}
-		/* Release at the limit, and in odd stretches also early (every fifth). */
-		if (nheld == LIMIT || ((got / 256) % 2 && got % 5 == 0))
-			while (nheld)
-				ferry_buf_release(held[--nheld]);
-		got++;
-	}
-	while (nheld)
-		ferry_buf_release(held[--nheld]);
-	assert_true(full > 64); /* the limit was reached, and checked, often */
-	assert_int_equal(t_reap(ch.pid), 0);
-	ferry_engine_destroy(e);
-}
-
-static void test_producer_death(void **state)
-{
-	struct child ch;
-	struct ferry_engine *e;
-	struct ferry_peer *from;
-	char addr[NETADDR_MAX];
-	struct ferry_cqe c;
-	int64_t t0;
-
-	(void)state;
-	spawn(&ch, producer, (void *)1);
-	e = consumer();
-	assert_non_null(e);
-	assert_int_equal(ferry_peer_open(e, "prod", &from), 0);
-	engine_addr(e, addr, sizeof(addr));
-	stream_get(e, from, "t_0", 1, 30 * SEC); /* the death, not the gap, ends it */
-	go(&ch, addr);
-	for (unsigned i = 0; i < 3; i++) {
-		assert_int_equal(t_wait_one(e, &c, 10 * SEC), (int)i);
-		ferry_buf_release(c.buf);
-	}
-	usleep(50000);
-	t0 = t_now();
-	kill(ch.pid, SIGKILL);
-	assert_int_equal(t_reap(ch.pid), 128 + SIGKILL);
-	assert_int_equal(t_wait_one(e, &c, 10 * SEC), -ECONNRESET);
-	assert_false(c.flags & FERRY_CQE_F_MORE);
-	assert_true(t_now() - t0 < (t_under_valgrind() ? 20 : 2) * SEC);
-	ferry_engine_destroy(e);
-}
 
 enum { KV_LAYERS = 28 };
 
@@ -256,8 +103,6 @@ static void test_kv_handoff(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_order_and_credits),
-		cmocka_unit_test(test_producer_death),
 		cmocka_unit_test(test_kv_handoff),
 	};
 

@@ -4,19 +4,21 @@
  * Every test forks its peers (separate address spaces and engines) before
  * it creates an engine of its own; a peer learns the other's address
  * through a pipe (the listener binds port 0). Covered: addresses and
- * parameters, the order of many small messages, 1 GiB with a checksum,
- * GET before PUT, deadlines, 3 producers -> 1 consumer and 1 -> 3 (eager
- * and rendezvous sizes, each consumer listening), a wrong secret,
- * malformed frames from a raw socket (after and before the handshake),
- * SIGKILL of either side in the middle of a transfer and a reconnect to
- * the restarted peer, a silent (stopped) peer declared dead by the
- * heartbeat, both pools running dry (the receiver's: eager PUTs refused,
- * rendezvous PUTs wait; then the sender's: -ENOMEM; nothing sent is lost),
- * engines of two namespaces kept apart, a peer given an address that cannot
- * be called not reached through another transport, and 8 concurrent 256 MiB transfers
- * with checksums. Children
+ * parameters, 1 GiB with a checksum, deadlines against a port nobody
+ * listens on and a listener that never answers, 3 producers -> 1 consumer
+ * and 1 -> 3 (eager and rendezvous sizes, each consumer listening), a wrong
+ * secret, malformed frames from a raw socket (after and before the
+ * handshake), SIGKILL of either side in the middle of a transfer and a
+ * reconnect to the restarted peer at its address, a silent (stopped) peer
+ * declared dead by the heartbeat, a peer that leaves right after answering
+ * or ends one connection, engines of two namespaces kept apart, a peer
+ * given an address that cannot be called not reached through another
+ * transport, and 8 concurrent 256 MiB transfers with checksums. Children
  * report through their exit status; the parent asserts. No test leaves a
- * pool block behind (checked through the pool statistics).
+ * pool block behind (checked through the pool statistics). What every
+ * transport must show (order, every size, GET before PUT, NOWAIT, full
+ * pools on both sides, peer death, streams) is the conformance suite
+ * (tests/conformance.h), run over tcp by test_conformance_tcp.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -259,68 +261,6 @@ static void test_tcp_params(void **state)
 	}
 	ferry_engine_destroy(b);
 	ferry_engine_destroy(a);
-}
-
-static void test_tcp_order_small(void **state)
-{
-	unsigned count = (unsigned)big(100000, 2000);
-	struct producer p = { .name = "prod", .secret = SECRET, .count = count, .size = 64,
-			      .window = 512 };
-	/* Room for every key and its block: the producer may run ahead of the GETs. */
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
-			.max_keys = 1u << 17, .max_bufs = 1u << 17 };
-	struct child ch;
-	struct ferry_engine *e;
-	char addr[NETADDR_MAX];
-	int64_t t0;
-
-	(void)state;
-	spawn(&ch, producer_main, &p);
-	e = mk_engine(&m);
-	assert_non_null(e);
-	engine_addr(e, addr, sizeof(addr));
-	go(&ch, addr);
-	t0 = t_now();
-	consume(e, "prod", 0, count, 64, 128);
-	assert_int_equal(t_reap(ch.pid), 0);
-	fprintf(stderr, "# %u x 64 B in %.2f s\n", count, (double)(t_now() - t0) / SEC);
-	assert_int_equal(pool_in_use(e), 0);
-	ferry_engine_destroy(e);
-}
-
-/*
- * Sizes across the boundaries (from 0), each checked: data copied into the message
- * (up to 256 bytes, TCP_INLINE_MAX) or taken from a pool block, eager or
- * rendezvous.
- */
-static void test_tcp_sizes(void **state)
-{
-	static const size_t sizes[] = { 0, 1, 63, 256, 257, 4096, 65535, 65536, 65537, 200000,
-					3 * MIB + 5 };
-	enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
-	struct producer p[NSIZES];
-	struct child ch[NSIZES];
-	struct ferry_engine *e;
-	char addr[NETADDR_MAX];
-
-	(void)state;
-	for (unsigned i = 0; i < NSIZES; i++) {
-		p[i] = (struct producer){ .name = "prod", .secret = SECRET, .first = i * 10,
-					  .count = 10, .size = sizes[i], .window = 10 };
-		spawn(&ch[i], producer_main, &p[i]);
-	}
-	e = mk_engine(&m);
-	assert_non_null(e);
-	engine_addr(e, addr, sizeof(addr));
-	for (unsigned i = 0; i < NSIZES; i++) {
-		/* One after the other: they share the name "prod". */
-		go(&ch[i], addr);
-		consume(e, "prod", i * 10, 10, sizes[i], 10);
-		assert_int_equal(t_reap(ch[i].pid), 0);
-	}
-	assert_int_equal(pool_in_use(e), 0);
-	ferry_engine_destroy(e);
 }
 
 struct big_put {
@@ -619,37 +559,6 @@ static void test_tcp_one_to_three(void **state)
 	ferry_engine_destroy(e);
 }
 
-static void test_tcp_get_before_put(void **state)
-{
-	struct big_put bp = { .size = 1000, .seed = 3, .n = 1, .window = 1, .delay_ms = 200 };
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET };
-	struct child ch;
-	struct ferry_engine *e;
-	struct ferry_peer *from;
-	struct ferry_cqe c;
-	char addr[NETADDR_MAX];
-	uint8_t out[1000];
-	struct iovec v = { out, sizeof(out) };
-
-	(void)state;
-	spawn(&ch, big_producer, &bp);
-	e = mk_engine(&m);
-	assert_non_null(e);
-	from = t_peer(e, "prod");
-	get(e, from, "b0", NULL, 1, 0, FERRY_SQE_NOWAIT);
-	assert_int_equal(t_wait_one(e, &c, 5 * SEC), -EAGAIN);
-	get(e, from, "b0", &v, 2, 20 * SEC, 0); /* parked before the peer even exists */
-	engine_addr(e, addr, sizeof(addr));
-	go(&ch, addr);
-	assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
-	assert_int_equal(c.user_data, 2);
-	assert_int_equal(c.len, 1000);
-	assert_true(checksum(out, 1000) == expected_sum(1000, 3));
-	assert_int_equal(t_reap(ch.pid), 0);
-	assert_int_equal(pool_in_use(e), 0);
-	ferry_engine_destroy(e);
-}
-
 /*
  * A peer given an address is reached over tcp or not at all. When the call
  * cannot even start (connect fails at once: no route; a multicast address
@@ -751,15 +660,11 @@ static void test_tcp_deadlines(void **state)
 }
 
 /* ------------------------------------------------------------------ */
-/* Pools running dry on both sides                                     */
+/* Children that report their address on a pipe of their own          */
 /* ------------------------------------------------------------------ */
 
-#define HOLD_ITEM (256u * 1024u) /* rendezvous size: > the eager limit (64 KiB) */
-#define HOLD_ITEMS 10u
-#define HOLD_TINY 200u           /* eager, and inline at the sender: no pool block there */
-
-/* A child's pipes besides its address pipe: up_pipe child -> test, down_pipe test -> child. */
-static int up_pipe[2], down_pipe[2];
+/* A child's pipe besides its address pipe: up_pipe child -> test. */
+static int up_pipe[2];
 
 static void tell_test(const char *s)
 {
@@ -778,100 +683,6 @@ static struct ferry_engine *child_engine(const struct mk *m)
 	ferry_engine_address(e, addr + 1, sizeof(addr) - 1);
 	tell_test(addr);
 	return e;
-}
-
-/*
- * A consumer whose pool holds exactly four items. It GETs k0..k9 and
- * "tiny" (zero copy) and holds what comes, saying "F" once its pool is
- * full, until the test writes to down_pipe; then it releases what it
- * held and takes the rest. Every item is checked (length, content, once
- * only): it exits 0 only if all eleven came intact.
- */
-static int holder_main(const char *unused, void *arg)
-{
-	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
-			.pool = 4 * HOLD_ITEM };
-	struct ferry_buf *held[HOLD_ITEMS + 1];
-	bool seen[HOLD_ITEMS + 1] = { false }, full_said = false, released = false;
-	unsigned nheld = 0, got = 0;
-	struct ferry_engine *e;
-	struct ferry_peer *from;
-	uint8_t tiny[HOLD_TINY];
-
-	(void)unused;
-	(void)arg;
-	e = child_engine(&m);
-	if (!e)
-		return 10;
-	from = t_peer(e, "prod");
-	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
-		char key[16];
-
-		snprintf(key, sizeof(key), "k%u", i);
-		get(e, from, key, NULL, i, 60 * SEC, 0);
-	}
-	get(e, from, "tiny", NULL, HOLD_ITEMS, 60 * SEC, 0);
-	fill(tiny, sizeof(tiny), 777);
-	while (got < HOLD_ITEMS + 1) {
-		struct pollfd pd = { .fd = down_pipe[0], .events = POLLIN };
-		struct ferry_cqe c;
-		struct pool_stats ps;
-		int rc = t_wait_one(e, &c, 20 * MS);
-
-		if (rc != -ETIME) {
-			uint64_t i = c.user_data;
-
-			if (rc != 0 || i > HOLD_ITEMS || seen[i])
-				return 11;
-			if (i == HOLD_ITEMS ? c.len != HOLD_TINY || memcmp(ferry_buf_data(c.buf), tiny,
-									      HOLD_TINY)
-					    : c.len != HOLD_ITEM ||
-						      checksum(ferry_buf_data(c.buf), HOLD_ITEM) !=
-							      expected_sum(HOLD_ITEM, i))
-				return 12;
-			seen[i] = true;
-			got++;
-			if (released)
-				ferry_buf_release(c.buf);
-			else
-				held[nheld++] = c.buf;
-		}
-		pool_get_stats(e->pool, &ps);
-		if (!full_said && ps.largest_free == 0 && ps.free_bytes == 0) {
-			tell_test("F");
-			full_said = true;
-		}
-		if (!released && t_poll(&pd, 1, 0) == 1) {
-			for (unsigned k = 0; k < nheld; k++)
-				ferry_buf_release(held[k]);
-			released = true;
-		}
-	}
-	if (!full_said || !released)
-		return 13;
-	ferry_engine_destroy(e);
-	return 0;
-}
-
-/* Drain completions for up to ms; counts them by result. */
-static void count_results(struct ferry_engine *e, int ms, unsigned *ok, unsigned *enomem,
-			  unsigned *other)
-{
-	struct ferry_cqe c;
-	int64_t until = t_now() + ms * MS;
-
-	while (t_now() < until) {
-		int rc = t_wait_one(e, &c, 10 * MS);
-
-		if (rc == -ETIME)
-			continue;
-		if (rc == 0)
-			(*ok)++;
-		else if (rc == -ENOMEM)
-			(*enomem)++;
-		else
-			(*other)++;
-	}
 }
 
 /*
@@ -945,105 +756,6 @@ static void test_tcp_namespaces_isolated(void **state)
 	ferry_engine_destroy(e);
 	close(up_pipe[0]);
 	close(up_pipe[1]);
-}
-
-/*
- * The receiver's pool is full (its application holds every block): a
- * small eager PUT is refused with -ENOBUFS; rendezvous PUTs wait for room
- * (backpressure), each holding its block of the sender's pool, until that
- * pool is dry too and the next PUT fails with -ENOMEM. Once the receiver
- * lets go, the waiting PUTs complete, the refused ones are sent again, and
- * everything arrives intact, once (the holder checks); no block is left.
- */
-static void test_tcp_pool_exhaustion(void **state)
-{
-	struct mk m = { .name = "prod", .secret = SECRET, .pool = 4 * HOLD_ITEM };
-	uint8_t *data = malloc((size_t)HOLD_ITEMS * HOLD_ITEM), tiny[HOLD_TINY];
-	struct iovec v[HOLD_ITEMS], tv = { tiny, sizeof(tiny) };
-	unsigned ok = 0, enomem = 0, other = 0, sent, waiting;
-	int slow = t_under_valgrind() ? 10 : 1;
-	struct ferry_engine *e;
-	struct ferry_peer *to;
-	struct ferry_cqe c;
-	struct child ch;
-	char msg[NETADDR_MAX + 2];
-
-	(void)state;
-	assert_non_null(data);
-	assert_int_equal(pipe(down_pipe), 0);
-	e = linked_to_child(&ch, holder_main, &m, &to);
-	for (unsigned i = 0; i < HOLD_ITEMS; i++) {
-		v[i] = (struct iovec){ data + (size_t)i * HOLD_ITEM, HOLD_ITEM };
-		fill(v[i].iov_base, HOLD_ITEM, i);
-	}
-	fill(tiny, sizeof(tiny), 777);
-
-	/* Four fill the receiver's pool; it holds them. */
-	for (sent = 0; sent < 4; sent++) {
-		char key[16];
-
-		snprintf(key, sizeof(key), "k%u", sent);
-		put_iov(e, to, key, &v[sent], sent, 30 * SEC);
-		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
-	}
-	assert_int_equal(wait_text(up_pipe[0], msg, sizeof(msg), 20000), 0);
-	assert_string_equal(msg, "F");
-
-	/* Nothing fits there: the eager PUT is refused, not held. */
-	put_iov(e, to, "tiny", &tv, 100, 30 * SEC);
-	assert_int_equal(t_wait_one(e, &c, 20 * SEC), -ENOBUFS);
-
-	/* Rendezvous PUTs wait, until our own pool is dry. */
-	for (; sent < HOLD_ITEMS && !enomem; sent++) {
-		char key[16];
-
-		snprintf(key, sizeof(key), "k%u", sent);
-		put_iov(e, to, key, &v[sent], sent, 30 * SEC);
-		count_results(e, 300 * slow, &ok, &enomem, &other);
-	}
-	assert_int_equal(ok, 0);    /* none got through */
-	assert_int_equal(other, 0); /* none failed otherwise */
-	assert_int_equal(enomem, 1);
-	waiting = sent - 4 - 1;
-	assert_true(waiting >= 1);
-	assert_int_equal(pool_in_use(e), waiting); /* each holds its block here */
-
-	/* The receiver lets go: the waiting PUTs complete. */
-	assert_int_equal(t_write(down_pipe[1], "R", 1), 1);
-	for (unsigned i = 0; i < waiting; i++)
-		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
-	/* The refused ones again, and the rest. */
-	for (unsigned i = sent - 1; i < HOLD_ITEMS; i++) {
-		char key[16];
-
-		snprintf(key, sizeof(key), "k%u", i);
-		put_iov(e, to, key, &v[i], i, 30 * SEC);
-		assert_int_equal(t_wait_one(e, &c, 20 * SEC), 0);
-	}
-	/*
-	 * The tiny one again: refused while the receiver still holds the last
-	 * items it got (it releases each once it has read its CQE, which a
-	 * loaded machine may delay), then taken. Only -ENOBUFS in between.
-	 */
-	for (int64_t end = t_now() + 20 * SEC;;) {
-		int rc;
-
-		put_iov(e, to, "tiny", &tv, 100, 30 * SEC);
-		rc = t_wait_one(e, &c, 20 * SEC);
-		if (rc == 0)
-			break;
-		assert_int_equal(rc, -ENOBUFS);
-		assert_true(t_now() < end);
-		usleep(10000);
-	}
-	assert_int_equal(t_reap(ch.pid), 0);
-	assert_int_equal(pool_in_use(e), 0);
-	ferry_engine_destroy(e);
-	for (int i = 0; i < 2; i++) {
-		close(up_pipe[i]);
-		close(down_pipe[i]);
-	}
-	free(data);
 }
 
 static void test_tcp_three_to_one(void **state)
@@ -1868,12 +1580,8 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_tcp_params, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_tcp_order_small, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_tcp_sizes, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_tcp_get_before_put, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_address_sticks, setup, teardown),
-		cmocka_unit_test_setup_teardown(test_tcp_pool_exhaustion, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_namespaces_isolated, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),

@@ -17,6 +17,13 @@
  * waits for senders to leave, so after close nothing enters its inbox and
  * its engine may go. Messages that come home to a closed endpoint are
  * dropped, and the last reference frees the endpoint and its messages.
+ *
+ * An engine that goes tells every other engine of its namespace in this
+ * process (a GONE message, allocated then: destroy is not a hot path), as
+ * the death of a peer process is noticed over shm and tcp: GETs waiting
+ * for its keys and its streams end with -ECONNRESET, and peer handles
+ * resolved to it are unresolved, so the next PUT finds a new engine of its
+ * name. A PUT that still meets a closed endpoint looks the name up again.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -26,7 +33,7 @@
 
 #include "internal.h"
 
-enum { MSG_PUT = 1, MSG_RESULT = 2 };
+enum { MSG_PUT = 1, MSG_RESULT = 2, MSG_GONE = 3 /* home's engine went; malloc'd */ };
 
 struct loop_ep;
 
@@ -247,8 +254,20 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	struct loop_msg *m;
 	int rc;
 
-	if (atomic_load_explicit(&dst->closed, memory_order_relaxed))
-		return -EHOSTUNREACH; /* its engine went: the reactor asks again */
+	if (atomic_load_explicit(&dst->closed, memory_order_relaxed)) {
+		/* Its engine went (its GONE may not have come yet): a new one of its name? */
+		struct loop_ep *now;
+
+		pthread_mutex_lock(&dir_lock);
+		now = dir_find_locked(e->ns, op->peer->name);
+		if (now)
+			ep_ref(now);
+		pthread_mutex_unlock(&dir_lock);
+		if (!now)
+			return -EHOSTUNREACH; /* the reactor asks again next time */
+		ep_unref(dst);
+		op->peer->transport = dst = now;
+	}
 	m = self->free_msgs;
 	if (!m) {
 		/*
@@ -311,6 +330,39 @@ static void take_result(struct ferry_engine *e, struct loop_ep *self, struct loo
 	ep_unref(self);
 }
 
+/*
+ * The engine of m->home went: its peer handles here let go of it, and,
+ * unless that name is reached some other way (a tcp address, another
+ * transport), GETs waiting for its keys and its streams end as after a
+ * peer's death.
+ */
+static void take_gone(struct ferry_engine *e, struct backend *b, struct loop_msg *m)
+{
+	struct loop_ep *gone = m->home;
+	bool ours = true;
+
+	for (struct ferry_peer *p = e->peers; p; p = p->next) {
+		if (strcmp(p->name, gone->name) != 0)
+			continue;
+		if (p->backend == b && p->transport == gone)
+			reactor_unresolve(e, p);
+		else if (p->backend || atomic_load(&p->naddrs)) /* an address: not loop's */
+			ours = false;
+	}
+	if (ours) {
+		for (uint32_t i = 0; i < e->max_ops; i++) {
+			struct op *op = &e->ops[i];
+
+			if (op->state == OP_PARKED && op->peer &&
+			    strcmp(op->peer->name, gone->name) == 0)
+				op_complete(e, op, -ECONNRESET, 0, NULL);
+		}
+		ferry__peer_event(e, b, gone->name, PEER_LOST, -ECONNRESET); /* its streams */
+	}
+	ep_unref(gone);
+	free(m);
+}
+
 static int loop_progress(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *self = b->data;
@@ -320,11 +372,37 @@ static int loop_progress(struct ferry_engine *e, struct backend *b)
 	while (n < 1024 && (m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT)
 			take_put(e, self, m);
-		else
+		else if (m->kind == MSG_RESULT)
 			take_result(e, self, m);
+		else
+			take_gone(e, b, m);
 		n++;
 	}
 	return n;
+}
+
+/* Under dir_lock: tell every engine of self's namespace in this process that it goes. */
+static void tell_gone_locked(struct loop_ep *self)
+{
+	for (struct loop_ep *ep = dir_head; ep; ep = ep->dir_next) {
+		struct loop_msg *m;
+
+		if (ep == self || strcmp(ep->ns, self->ns) != 0)
+			continue;
+		m = calloc(1, sizeof(*m));
+		if (!m) {
+			log_error("engine %s: no memory to tell %s that it goes", self->name,
+				  ep->name);
+			continue;
+		}
+		m->kind = MSG_GONE;
+		m->home = self;
+		ep_ref(self); /* the message holds it: its name, its address for the handles */
+		if (ep_send(ep, m)) {
+			ep_unref(self);
+			free(m);
+		}
+	}
 }
 
 static bool loop_has_work(struct ferry_engine *e, struct backend *b)
@@ -347,6 +425,7 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 			break;
 		}
 	}
+	tell_gone_locked(self);
 	pthread_mutex_unlock(&dir_lock);
 	ep_close(self);
 	/* Nothing enters the inbox any more: answer what is in it. */
@@ -361,6 +440,9 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 		} else if (m->kind == MSG_RESULT) {
 			/* A result that made it home: report it as it is. */
 			take_result(e, self, m);
+		} else if (m->kind == MSG_GONE) {
+			ep_unref(m->home);
+			free(m);
 		} else {
 			if (m->buf)
 				pool_free(m->buf); /* a PUT to ourselves, never taken */
