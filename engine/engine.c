@@ -350,7 +350,7 @@ int ferry_peer_open(struct ferry_engine *e, const char *name, struct ferry_peer 
 		p->engine = e;
 		snprintf(p->name, sizeof(p->name), "%s", name);
 		p->next = e->peers;
-		e->peers = p;
+		__atomic_store_n(&e->peers, p, __ATOMIC_RELEASE); /* ferry__peers_first */
 	}
 	pthread_mutex_unlock(&e->lock);
 	if (!p)

@@ -580,6 +580,19 @@ struct ferry_engine {
 	struct engine_stats stats;
 };
 
+/*
+ * The first of e's peers, for a walk of the list without e->lock (the
+ * progress side: a round must not hold the lock while ops complete, since
+ * callbacks and log sinks may call what takes it). ferry_peer_open adds a
+ * peer at the head only, with a release store, and peers are freed only
+ * with the engine: from this head on the list never changes (peers opened
+ * after the load are not on it).
+ */
+static inline struct ferry_peer *ferry__peers_first(struct ferry_engine *e)
+{
+	return __atomic_load_n(&e->peers, __ATOMIC_ACQUIRE);
+}
+
 /* The round's clock: read on first use in a round (a read costs ~70 ns here). */
 static inline uint64_t reactor_now(struct ferry_engine *e)
 {

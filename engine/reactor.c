@@ -605,7 +605,7 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
 
 void reactor_unresolve_all(struct ferry_engine *e, struct backend *b)
 {
-	for (struct ferry_peer *p = e->peers; p; p = p->next)
+	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next)
 		if (p->backend == b)
 			reactor_unresolve(e, p);
 }
@@ -1133,7 +1133,7 @@ static bool overflow_can_move(struct ferry_engine *e)
  */
 static void reap_dead_cqs(struct ferry_engine *e, bool drained)
 {
-	struct ferry_cq **pp, *cq;
+	struct ferry_cq **pp, *cq, *gone = NULL;
 
 	if (!atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
 		return;
@@ -1143,13 +1143,22 @@ static void reap_dead_cqs(struct ferry_engine *e, bool drained)
 		    !cq->overflow_head) {
 			*pp = cq->next;
 			atomic_fetch_sub(&e->dead_cqs_pending, 1);
-			cq_fini(cq);
-			free(cq);
+			cq->next = gone;
+			gone = cq;
 		} else {
 			pp = &cq->next;
 		}
 	}
 	pthread_mutex_unlock(&e->lock);
+	/*
+	 * Outside the lock: cq_fini runs the callbacks of completions nobody
+	 * polled, and a callback may call what takes e->lock (ferry_peer_open).
+	 */
+	while ((cq = gone)) {
+		gone = cq->next;
+		cq_fini(cq);
+		free(cq);
+	}
 }
 
 int reactor_run_once(struct ferry_engine *e)

@@ -1359,11 +1359,13 @@ int stream_round(struct ferry_engine *e)
 		/* Per-peer credit came back without a credit message: re-pump. */
 		t->peer_credit_freed = false;
 		if (t->nblocked) {
-			pthread_mutex_lock(&e->lock);
-			for (struct ferry_peer *p = e->peers; p; p = p->next)
+			/*
+			 * Without e->lock: chunks sent here may complete at once, and
+			 * a CB_REACTOR callback (or a log sink) may take that lock.
+			 */
+			for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next)
 				if (p->blocked && p->stream_inflight < limit_peer(p))
 					pump_blocked(e, p);
-			pthread_mutex_unlock(&e->lock);
 		}
 	}
 
@@ -1449,7 +1451,7 @@ void stream_peer_lost(struct ferry_engine *e, const char *name, int res)
 
 	if (!t)
 		return;
-	for (struct ferry_peer *p = e->peers; p; p = p->next) {
+	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next) {
 		if (strcmp(p->name, name) != 0)
 			continue;
 		for (struct stream *r = p->blocked; r; r = r->next_blocked) {

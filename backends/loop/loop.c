@@ -341,7 +341,7 @@ static void take_gone(struct ferry_engine *e, struct backend *b, struct loop_msg
 	struct loop_ep *gone = m->home;
 	bool ours = true;
 
-	for (struct ferry_peer *p = e->peers; p; p = p->next) {
+	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next) {
 		if (strcmp(p->name, gone->name) != 0)
 			continue;
 		if (p->backend == b && p->transport == gone)

@@ -1256,11 +1256,9 @@ static void call_fail(struct ferry_engine *e, struct backend *b, struct shm_conn
 {
 	log_warn("shm: engine %s: handshake with %s: %s", e->name, c->peer_name, why);
 	conn_fail(e, c, NULL, -EHOSTUNREACH);
-	pthread_mutex_lock(&e->lock); /* ferry_peer_open adds to the list */
-	for (struct ferry_peer *p = e->peers; p; p = p->next)
+	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next)
 		if (p->backend == b && p->transport == c)
 			reactor_unresolve(e, p);
-	pthread_mutex_unlock(&e->lock);
 	conn_reap(b->data, c);
 }
 
