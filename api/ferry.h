@@ -19,6 +19,41 @@
  *    macros), so they can grow without breaking binaries built against an
  *    older header.
  *
+ * Threads (each function's comment says from which threads it may be
+ * called; these are the rules behind those sentences):
+ *  - "Any thread" means any thread, also at the same time as other
+ *    threads calling into the same engine. The exceptions are named: a
+ *    submission queue is its thread's (ferry_sq_get), and its entries are
+ *    taken, filled (ferry_prep_*, ferry_sqe_set_*) and submitted on that
+ *    thread only; ferry_engine_destroy wants every other thread done with
+ *    the engine; a CQ is destroyed once no thread polls or waits on it.
+ *  - No callback runs while ferry holds a lock of its own, so a callback
+ *    (a completion's or the log sink) may call any ferry function, except:
+ *    ferry_engine_destroy of its engine, ferry_cq_destroy of the CQ it
+ *    was posted to, and ferry_cq_wait (a callback must not wait: on the
+ *    reactor thread it would wait for itself).
+ *  - Where a completion callback runs (ferry_sqe_set_callback): inside
+ *    ferry_cq_poll / ferry_cq_wait of its CQ, on the polling thread; with
+ *    FERRY_SQE_CB_REACTOR, on the reactor thread (THREAD mode; never on a
+ *    caller's thread, also not when ferry_sq_submit runs a round itself)
+ *    or on the thread driving the engine (MANUAL mode: inside
+ *    ferry_progress, ferry_cq_poll or ferry_cq_wait). Two more places: in
+ *    ferry_engine_destroy, on the destroying thread, for every op still
+ *    there; and the callbacks of completions left in a CQ destroyed before
+ *    they were polled run in the engine's next round, on whichever thread
+ *    runs it (the reactor, a thread in ferry_sq_submit or ferry_cq_wait
+ *    standing in for it, or in MANUAL mode the thread driving progress).
+ *  - The log sink (ferry_log_set) runs on the thread that logs: the
+ *    reactor thread, or any thread inside a ferry call (a bad argument is
+ *    logged on the caller's thread).
+ *  - For a binding that holds a lock while it calls ferry (Python's GIL):
+ *    callbacks that can run on the reactor thread must take that lock
+ *    themselves, so the binding releases it around the calls that wait
+ *    for the reactor or for callbacks: ferry_engine_destroy and
+ *    ferry_cq_wait (a FERRY_SQE_CB_REACTOR callback blocked on the lock
+ *    would stall the reactor, and the destroy waits for it). No other
+ *    call waits for the reactor.
+ *
  * A walk-through for a new user is in docs/api.md.
  */
 #ifndef FERRY_H
@@ -99,10 +134,11 @@ struct ferry_cqe;
  * Text for a result code: accepts a negative errno (or its positive value)
  * and returns a static string, never NULL. Codes ferry gives a specific
  * meaning (e.g. -EEXIST: key already live) are described in those terms.
+ * Any thread.
  */
 FERRY_API const char *ferry_strerror(int err);
 
-/* The symbolic name of a result code ("EAGAIN", "ETIMEDOUT", ...). */
+/* The symbolic name of a result code ("EAGAIN", "ETIMEDOUT", ...). Any thread. */
 FERRY_API const char *ferry_err_name(int err);
 
 enum ferry_log_level {
@@ -112,14 +148,21 @@ enum ferry_log_level {
 	FERRY_LOG_DEBUG = 3,
 };
 
+/*
+ * A log sink: one line (NUL-terminated, no newline) at level. It runs on the
+ * thread that logs (see "Threads" above), possibly on several at once.
+ */
 typedef void ferry_log_cb(int level, const char *line, void *arg);
 
 /*
  * Route ferry's log lines: lines at or below level go to cb (NULL: stderr).
  * A line holds no control character (one that came in a peer's bytes, such
- * as a newline, is written '?'). level < 0 silences logging. The default is stderr at FERRY_LOG_WARN, or
- * the level named by the environment variable FERRY_LOG
- * (error|warn|info|debug|none). Process-wide; safe from any thread.
+ * as a newline, is written '?'). level < 0 silences logging. The default
+ * is stderr at FERRY_LOG_WARN, or the level named by the environment
+ * variable FERRY_LOG
+ * (error|warn|info|debug|none). Process-wide. Any thread: a line logged
+ * meanwhile goes to the old sink with the old arg or to the new one with
+ * the new arg, never a mix.
  */
 FERRY_API void ferry_log_set(int level, ferry_log_cb *cb, void *arg);
 
@@ -199,7 +242,7 @@ struct ferry_engine_params {
  * its namespace: a second live engine with the same (ns, name) in this
  * process gets -EADDRINUSE. Returns 0 and *out, or -EINVAL (bad params,
  * logged), -ENAMETOOLONG, -EADDRINUSE, -ENOMEM, or the -errno of a system
- * call that failed (memfd, io_uring, thread).
+ * call that failed (memfd, io_uring, thread). Any thread.
  */
 FERRY_API int ferry_engine_create(const struct ferry_engine_params *params,
 				  struct ferry_engine **out);
@@ -213,13 +256,15 @@ FERRY_API int ferry_engine_create(const struct ferry_engine_params *params,
  * Keys that arrived and were never consumed are dropped. Buffers the
  * application still holds stay valid until released (release zero-copy
  * buffers from a peer in another process first: after the destroy that
- * peer may reuse their memory). Must not be called while another thread
- * uses the engine. Engines do not survive fork(): a child process creates
+ * peer may reuse their memory). Any thread, once every other thread is
+ * done with the engine (it must not be called while another thread uses
+ * it); it waits for the reactor thread to end, so a binding releases its
+ * interpreter lock around it. Engines do not survive fork(): a child process creates
  * its own. Returns 0 or -EINVAL for NULL.
  */
 FERRY_API int ferry_engine_destroy(struct ferry_engine *e);
 
-/* The engine's name and namespace (valid while the engine lives). */
+/* The engine's name (valid while the engine lives). Any thread. */
 FERRY_API const char *ferry_engine_name(const struct ferry_engine *e);
 
 /*
@@ -236,9 +281,10 @@ FERRY_API int ferry_progress(struct ferry_engine *e);
  * timeouts, cancels, keys held, pool stats, per-peer puts/gets/bytes, a
  * latency histogram, and "security": peers that failed to prove the cluster
  * secret to this engine or refused its proof, "peers_refused", and callers
- * hung up on before they proved anything, "handshakes_dropped"). Writes at most len bytes including the NUL and
- * returns the length of the full document (like snprintf), so a return
+ * hung up on before they proved anything, "handshakes_dropped"). Writes at
+ * most len bytes including the NUL and returns the length of the full document (like snprintf), so a return
  * value >= len means the text was cut. -EINVAL for NULL e or buf with len>0.
+ * Any thread (it takes the engine's lock briefly: not a hot-path call).
  */
 FERRY_API int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len);
 
@@ -252,12 +298,12 @@ FERRY_API int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
  * same handle. The peer need not exist yet: it is resolved when an op
  * needs it, and a PUT to a name nobody holds completes with -EHOSTUNREACH.
  * Handles live as long as the engine. Returns 0 and *out, or -EINVAL,
- * -ENAMETOOLONG, -ENOMEM.
+ * -ENAMETOOLONG, -ENOMEM. Any thread.
  */
 FERRY_API int ferry_peer_open(struct ferry_engine *e, const char *name,
 			      struct ferry_peer **out);
 
-/* The name a peer handle was opened with. */
+/* The name a peer handle was opened with. Any thread. */
 FERRY_API const char *ferry_peer_name(const struct ferry_peer *p);
 
 /*
@@ -269,7 +315,8 @@ FERRY_API const char *ferry_peer_name(const struct ferry_peer *p);
  * made when the first PUT needs it, authenticated with the cluster secret
  * (see struct ferry_engine_params), and made again after the peer was lost.
  * Returns 0, -EINVAL (NULL, or not tcp://HOST:PORT; logged), -EACCES (a
- * non-loopback address while this engine has no secret; logged).
+ * non-loopback address while this engine has no secret; logged). Any
+ * thread (a name lookup may block that thread).
  */
 FERRY_API int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint);
 
@@ -278,6 +325,7 @@ FERRY_API int ferry_peer_set_address(struct ferry_peer *p, const char *endpoint)
  * when params.listen asked for port 0: "tcp://HOST:PORT" into buf (at most
  * len bytes incl. the NUL). Returns the length of the full text (like
  * snprintf), -ENOTCONN if the engine listens on no tcp endpoint, -EINVAL.
+ * Any thread.
  */
 FERRY_API int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len);
 
@@ -285,7 +333,7 @@ FERRY_API int ferry_engine_address(struct ferry_engine *e, char *buf, size_t len
  * The control channel endpoint this engine listens on (params.control),
  * with the port the kernel chose for port 0: "tcp://HOST:PORT" into buf.
  * Same contract as ferry_engine_address; -ENOTCONN when the engine has no
- * control endpoint, -EOPNOTSUPP when built without libzmq.
+ * control endpoint, -EOPNOTSUPP when built without libzmq. Any thread.
  */
 FERRY_API int ferry_engine_control_address(struct ferry_engine *e, char *buf, size_t len);
 
@@ -303,7 +351,8 @@ FERRY_API int ferry_engine_control_address(struct ferry_engine *e, char *buf, si
  * restarted peer is found at the same control address. HOST may be a
  * name, looked up here. Returns 0, -EINVAL (NULL, not tcp://HOST:PORT
  * with a port; logged), -EACCES (a non-loopback address and no secret;
- * logged), -EOPNOTSUPP (built without libzmq), -ENOMEM.
+ * logged), -EOPNOTSUPP (built without libzmq), -ENOMEM. Any thread (a
+ * name lookup may block that thread; the connecting is the reactor's).
  */
 FERRY_API int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint);
 
@@ -331,7 +380,7 @@ FERRY_API int ferry_engine_addresses(struct ferry_engine *e, char *buf, size_t l
  * their fixed ports: base + purpose_offset + stage + 16 * rank. Use it to
  * build a listen endpoint; ferry itself needs no port arithmetic (listen on
  * port 0 and publish ferry_engine_address). Returns the port, or -ERANGE
- * when the sum is not a port (1..65535).
+ * when the sum is not a port (1..65535). Any thread (it computes only).
  */
 FERRY_API int ferry_port_compat(uint32_t base, uint32_t purpose_offset, uint32_t stage,
 				uint32_t rank);
@@ -341,7 +390,7 @@ FERRY_API int ferry_port_compat(uint32_t base, uint32_t purpose_offset, uint32_t
  * chunks of one stream, and per_peer chunks of all its streams together,
  * sent and not yet released by the consumer (0 keeps the current value;
  * defaults 16 and 1024). Applies to chunks sent from now on. Returns 0 or
- * -EINVAL.
+ * -EINVAL. Any thread.
  */
 FERRY_API int ferry_peer_set_stream_limits(struct ferry_peer *p, uint32_t per_stream,
 					   uint32_t per_peer);
@@ -354,22 +403,28 @@ FERRY_API int ferry_peer_set_stream_limits(struct ferry_peer *p, uint32_t per_st
  * Allocate a buffer of len bytes from the engine's registered pool (64 B
  * aligned; 4 KiB aligned above 2 KiB). PUTting a pool buffer moves it
  * without a copy and moves its ownership with it. Returns 0 and *out,
- * -EINVAL, or -ENOMEM when the pool is exhausted (never an abort).
+ * -EINVAL, or -ENOMEM when the pool is exhausted (never an abort). Any
+ * thread.
  */
 FERRY_API int ferry_buf_alloc(struct ferry_engine *e, size_t len, struct ferry_buf **out);
 
-/* Data and length of a buffer (NULL / 0 for a NULL buffer). */
+/*
+ * Data and length of a buffer (NULL / 0 for a NULL buffer). Any thread
+ * that holds the buffer.
+ */
 FERRY_API void *ferry_buf_data(const struct ferry_buf *b);
 FERRY_API size_t ferry_buf_len(const struct ferry_buf *b);
 
 /*
  * Set the length that a PUT of this buffer will send (at most its
- * capacity). Returns 0, -EINVAL, or -EMSGSIZE when len > capacity.
+ * capacity). Returns 0, -EINVAL, or -EMSGSIZE when len > capacity. The
+ * thread that holds the buffer (not while another thread reads it).
  */
 FERRY_API int ferry_buf_set_len(struct ferry_buf *b, size_t len);
 
 /*
- * Give a buffer back to the pool it came from (from any thread, even after
+ * Give a buffer back to the pool it came from (from any thread, also one
+ * that is not the engine's, even after
  * the engine that owns the pool was destroyed). Returns 0, or -EINVAL for
  * NULL or for a buffer that is not live (a double release: logged and
  * counted, never a crash).
@@ -466,6 +521,11 @@ struct ferry_cqe {
 	uint8_t resv[7];
 };
 
+/*
+ * A completion callback (ferry_sqe_set_callback). cqe is valid during the
+ * call only (a buffer in it is the callback's to release). Where it runs:
+ * see "Threads" above.
+ */
 typedef void ferry_complete_cb(const struct ferry_cqe *cqe, void *arg);
 
 struct ferry_cq_params {
@@ -480,7 +540,7 @@ struct ferry_cq_params {
  * Create an extra completion queue (the engine has a default one, see
  * ferry_cq_default). A full CQ never loses a completion: completions wait
  * inside the engine until there is room. Returns 0 and *out, -EINVAL,
- * -ENOMEM or the -errno of eventfd.
+ * -ENOMEM or the -errno of eventfd. Any thread.
  */
 FERRY_API int ferry_cq_create(struct ferry_engine *e, const struct ferry_cq_params *p,
 			      struct ferry_cq **out);
@@ -492,10 +552,13 @@ FERRY_API int ferry_cq_create(struct ferry_engine *e, const struct ferry_cq_para
  * taken complete with -EINVAL on the default CQ; the memory is freed by the
  * reactor once no round can reach it. Submitting to a CQ after destroying
  * it is a use-after-free. The default CQ is destroyed with its engine.
+ * Any thread, once no thread polls, waits or sleeps on the CQ; the
+ * callbacks of completions left in it run in a later round of the engine
+ * (see "Threads" above).
  */
 FERRY_API int ferry_cq_destroy(struct ferry_cq *cq);
 
-/* The engine's default completion queue. */
+/* The engine's default completion queue. Any thread. */
 FERRY_API struct ferry_cq *ferry_cq_default(struct ferry_engine *e);
 
 /*
@@ -510,7 +573,9 @@ FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigne
  * Like ferry_cq_poll, but waits up to timeout_ns (< 0: forever) until at
  * least one completion was handled (returned or given to its callback).
  * Returns the number of CQEs written (0 when only callbacks ran), or
- * -ETIMEDOUT, -EINVAL, or -EINTR (woken by ferry_cq_wake).
+ * -ETIMEDOUT, -EINVAL, or -EINTR (woken by ferry_cq_wake). Any thread,
+ * several at once, but not from a callback; it blocks: a binding releases
+ * its interpreter lock around it.
  */
 FERRY_API int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
 			    int64_t timeout_ns);
@@ -532,6 +597,8 @@ FERRY_API int ferry_cq_wake(struct ferry_cq *cq);
  * a deadline); the next ferry_cq_poll provides it. A wait on it may end
  * with EINTR: go round the loop. Sleeping on it while other threads drive
  * the same MANUAL engine is not supported: use THREAD mode for that.
+ * ferry_cq_fd: any thread. ferry_cq_arm: the thread that polls the CQ and
+ * then sleeps on the fd (the protocol is that thread's).
  */
 FERRY_API int ferry_cq_fd(struct ferry_cq *cq);
 FERRY_API int ferry_cq_arm(struct ferry_cq *cq);
@@ -610,14 +677,16 @@ struct ferry_sqe {
  * This thread's submission queue for engine e, created on first use (one
  * SPSC ring per thread per engine; no lock on the submit path). Returns 0
  * and *out, or -EINVAL, -ENOMEM, -ESHUTDOWN when the engine is being
- * destroyed. The queue must only be used from the calling thread.
+ * destroyed. Any thread; the queue must then only be used from the
+ * calling thread.
  */
 FERRY_API int ferry_sq_get(struct ferry_engine *e, struct ferry_sq **out);
 
 /*
  * Give this thread's queue back (e.g. before the thread exits): pending
  * entries are still executed, and the queue is reused by the next thread
- * that asks. Queues not given back are freed with the engine.
+ * that asks. Queues not given back are freed with the engine. The
+ * queue's thread only.
  */
 FERRY_API int ferry_sq_put(struct ferry_sq *sq);
 
@@ -625,6 +694,7 @@ FERRY_API int ferry_sq_put(struct ferry_sq *sq);
  * The next free entry of the ring, or NULL when it is full
  * (backpressure: submit, drive progress / poll completions, then retry).
  * The entry is zeroed except nothing: always fill it with a ferry_prep_*.
+ * The queue's thread only.
  */
 FERRY_API struct ferry_sqe *ferry_sq_get_sqe(struct ferry_sq *sq);
 
@@ -637,11 +707,12 @@ FERRY_API struct ferry_sqe *ferry_sq_get_sqe(struct ferry_sq *sq);
  * thread, which is then woken). Entries are checked when
  * the reactor takes them: a malformed entry completes with a negative errno
  * in its CQE (-EINVAL, -ENAMETOOLONG, ...), never silently. Returns the
- * number of entries submitted, or -EINVAL.
+ * number of entries submitted, or -EINVAL. The queue's thread only; it
+ * never waits for the reactor.
  */
 FERRY_API int ferry_sq_submit(struct ferry_sq *sq);
 
-/* Entries the ring can still take. */
+/* Entries the ring can still take. The queue's thread only. */
 FERRY_API unsigned ferry_sq_space(const struct ferry_sq *sq);
 
 static inline void ferry__sqe_init(struct ferry_sqe *sqe, uint8_t op, uint64_t user_data)
@@ -666,7 +737,10 @@ static inline void ferry__sqe_key(struct ferry_sqe *sqe, const char *key)
 	sqe->key_len = (uint16_t)n;
 }
 
-/* A NOP: completes with res 0. */
+/*
+ * A NOP: completes with res 0.
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
 {
 	ferry__sqe_init(sqe, FERRY_OP_NOP, user_data);
@@ -694,6 +768,7 @@ FERRY_INLINE void ferry_prep_nop(struct ferry_sqe *sqe, uint64_t user_data)
  * it); a GET into an iovec completes with res 0, len 0 and writes nothing
  * (any iovec fits, also one of total length 0; a longer payload into one of
  * length 0 is -EMSGSIZE, the key stays).
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 				  const char *key, const struct iovec *iov,
@@ -709,6 +784,7 @@ FERRY_INLINE void ferry_prep_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 /*
  * PUT of a pool buffer: zero copy; ownership of buf moves to ferry at
  * submission (do not touch or release it afterwards, whatever the result).
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 				      const char *key, struct ferry_buf *buf,
@@ -730,6 +806,7 @@ FERRY_INLINE void ferry_prep_put_buf(struct ferry_sqe *sqe, struct ferry_peer *t
  * the PUT arrives it waits until its deadline (-ETIMEDOUT), or with
  * FERRY_SQE_NOWAIT completes at once with -EAGAIN. Several GETs waiting on
  * one key are served in the order they were taken.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 				  const char *key, const struct iovec *iov,
@@ -749,6 +826,7 @@ FERRY_INLINE void ferry_prep_get(struct ferry_sqe *sqe, struct ferry_peer *from,
  * region named by an op in flight is not released (-EBUSY). A segment
  * outside its region, or of a released or another engine's region, is
  * -EINVAL.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_put_segs(struct ferry_sqe *sqe, struct ferry_peer *to,
 				      const char *key, const struct ferry_seg *segs, unsigned nsegs,
@@ -758,6 +836,7 @@ FERRY_INLINE void ferry_prep_put_segs(struct ferry_sqe *sqe, struct ferry_peer *
 	sqe->flags |= FERRY_SQE_SEGS;
 }
 
+/* GET into segments (see ferry_prep_put_segs). The queue's thread only (it writes the entry). */
 FERRY_INLINE void ferry_prep_get_segs(struct ferry_sqe *sqe, struct ferry_peer *from,
 				      const char *key, const struct ferry_seg *segs, unsigned nsegs,
 				      uint64_t user_data)
@@ -771,6 +850,7 @@ FERRY_INLINE void ferry_prep_get_segs(struct ferry_sqe *sqe, struct ferry_peer *
  * cancelled op completes with -ECANCELED; the CANCEL itself completes with
  * 0, or -ENOENT if no such op is pending (already completed, or unknown),
  * or -EALREADY if it completed and only waits for room in its CQ.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
 				     uint64_t user_data)
@@ -789,6 +869,7 @@ FERRY_INLINE void ferry_prep_cancel(struct ferry_sqe *sqe, uint64_t target,
  * set, only keys from that peer; NULL: from any peer. Completes with res =
  * the number of keys and GETs dropped (0 when there were none); -EINVAL
  * for an empty request_id, -ENAMETOOLONG for one of FERRY_KEY_MAX or more.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *from,
 				      const char *request_id, uint64_t user_data)
@@ -824,6 +905,7 @@ FERRY_INLINE void ferry_prep_cleanup(struct ferry_sqe *sqe, struct ferry_peer *f
  * (NOWAIT: -EAGAIN); while the session is being made it waits for it
  * (NOWAIT: -EAGAIN). FERRY_OP_CLEANUP frees published keys of the request
  * too. Needs libzmq (-EOPNOTSUPP otherwise). Flags: NOWAIT, SEGS.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_publish(struct ferry_sqe *sqe, struct ferry_peer *to,
 				     const char *key, const struct iovec *iov, unsigned iovcnt,
@@ -833,7 +915,10 @@ FERRY_INLINE void ferry_prep_publish(struct ferry_sqe *sqe, struct ferry_peer *t
 	sqe->opcode = FERRY_OP_PUBLISH;
 }
 
-/* PUBLISH of a pool buffer: kept as it is, ownership moves at submission. */
+/*
+ * PUBLISH of a pool buffer: kept as it is, ownership moves at submission.
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_prep_publish_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *key, struct ferry_buf *buf, uint64_t user_data)
 {
@@ -841,6 +926,10 @@ FERRY_INLINE void ferry_prep_publish_buf(struct ferry_sqe *sqe, struct ferry_pee
 	sqe->opcode = FERRY_OP_PUBLISH;
 }
 
+/*
+ * FETCH of key from a peer (see ferry_prep_publish). The queue's thread
+ * only (it writes the entry).
+ */
 FERRY_INLINE void ferry_prep_fetch(struct ferry_sqe *sqe, struct ferry_peer *from,
 				   const char *key, const struct iovec *iov, unsigned iovcnt,
 				   uint64_t user_data)
@@ -855,6 +944,7 @@ FERRY_INLINE void ferry_prep_fetch(struct ferry_sqe *sqe, struct ferry_peer *fro
  * text (NUL-terminated, FERRY_CQE_F_BUF: release it); -ENOTCONN without a
  * ready control session to the peer, -ECONNRESET if the peer died
  * meanwhile, -ETIMEDOUT at the op's deadline.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_peer *peer,
 					  uint64_t user_data)
@@ -881,6 +971,7 @@ FERRY_INLINE void ferry_prep_peer_health(struct ferry_sqe *sqe, struct ferry_pee
  * before it answers is left out (logged). -ENOTCONN when there is no such
  * session; -ENOBUFS when too many requests wait for answers; -ETIMEDOUT at
  * the op's deadline (after the holders' CQEs that came before it).
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *peer,
 				     const char *key, uint64_t user_data)
@@ -897,6 +988,7 @@ FERRY_INLINE void ferry_prep_lookup(struct ferry_sqe *sqe, struct ferry_peer *pe
  * published for us, and our LOOKUP requests it remembers), as
  * FERRY_OP_CLEANUP does locally. Completes with res = the number of
  * things dropped there; the errors of ferry_prep_peer_health.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_peer *peer,
 					    const char *request_id, uint64_t user_data)
@@ -955,6 +1047,7 @@ FERRY_INLINE void ferry_prep_remote_cancel(struct ferry_sqe *sqe, struct ferry_p
  * chunk that was sent and then failed or timed out keeps its index: the
  * stream goes on (the consumer waits for that chunk until its gap
  * deadline).
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer *to,
 					 const char *stream, const struct iovec *iov,
@@ -967,7 +1060,10 @@ FERRY_INLINE void ferry_prep_stream_put(struct ferry_sqe *sqe, struct ferry_peer
 	ferry__sqe_key(sqe, stream);
 }
 
-/* STREAM_PUT from segments of registered regions (as ferry_prep_put_segs). */
+/*
+ * STREAM_PUT from segments of registered regions (as ferry_prep_put_segs).
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_prep_stream_put_segs(struct ferry_sqe *sqe, struct ferry_peer *to,
 					     const char *stream, const struct ferry_seg *segs,
 					     unsigned nsegs, uint64_t user_data)
@@ -977,7 +1073,10 @@ FERRY_INLINE void ferry_prep_stream_put_segs(struct ferry_sqe *sqe, struct ferry
 	sqe->flags |= FERRY_SQE_SEGS;
 }
 
-/* STREAM_PUT of a pool buffer: zero copy, ownership moves at submission. */
+/*
+ * STREAM_PUT of a pool buffer: zero copy, ownership moves at submission.
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_peer *to,
 					     const char *stream, struct ferry_buf *buf,
 					     uint64_t user_data)
@@ -1003,6 +1102,7 @@ FERRY_INLINE void ferry_prep_stream_put_buf(struct ferry_sqe *sqe, struct ferry_
  * One STREAM_GET per stream at a time (-EBUSY otherwise). While one reads
  * a stream it takes each chunk as it arrives: a plain GET of a chunk key is
  * for streams nobody reads with a STREAM_GET.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer *from,
 					 const char *stream, uint64_t user_data)
@@ -1021,6 +1121,7 @@ FERRY_INLINE void ferry_prep_stream_get(struct ferry_sqe *sqe, struct ferry_peer
  * too (it arrives as chunk 0); so does one of a stream that ended and was
  * fully released long ago, which then poisons that key: keys are per
  * request.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_peer *to,
 					   const char *stream, const char *reason,
@@ -1038,6 +1139,7 @@ FERRY_INLINE void ferry_prep_stream_abort(struct ferry_sqe *sqe, struct ferry_pe
  * scheduler learns of new requests without polling. cqe->buf holds the
  * stream key as text (NUL-terminated, len bytes without the NUL); release
  * it. The op lasts until cancelled (-ECANCELED) or the engine goes.
+ * The queue's thread only (it writes the entry).
  */
 FERRY_INLINE void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_peer *from,
 					    uint64_t user_data)
@@ -1046,12 +1148,19 @@ FERRY_INLINE void ferry_prep_stream_accept(struct ferry_sqe *sqe, struct ferry_p
 	sqe->peer = from;
 }
 
+/*
+ * FERRY_SQE_* flags of the entry (each op takes those its comment names).
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_sqe_set_flags(struct ferry_sqe *sqe, uint32_t flags)
 {
 	sqe->flags |= flags;
 }
 
-/* Relative deadline: the op completes with -ETIMEDOUT if not done by then. */
+/*
+ * Relative deadline: the op completes with -ETIMEDOUT if not done by then.
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_ns)
 {
 	sqe->timeout_ns = timeout_ns;
@@ -1060,7 +1169,9 @@ FERRY_INLINE void ferry_sqe_set_timeout(struct ferry_sqe *sqe, uint64_t timeout_
 /*
  * Run cb(cqe, arg) on completion instead of returning the CQE from
  * ferry_cq_poll/wait; it runs inside poll/wait of the target CQ, on the
- * polling thread (or on the reactor with FERRY_SQE_CB_REACTOR).
+ * polling thread (or on the reactor with FERRY_SQE_CB_REACTOR; every place
+ * a callback can run is under "Threads" above). The queue's thread only
+ * (it writes the entry).
  */
 FERRY_INLINE void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_cb *cb,
 					  void *arg)
@@ -1069,7 +1180,10 @@ FERRY_INLINE void ferry_sqe_set_callback(struct ferry_sqe *sqe, ferry_complete_c
 	sqe->cb_arg = arg;
 }
 
-/* Post the completion to cq instead of the engine's default CQ. */
+/*
+ * Post the completion to cq instead of the engine's default CQ.
+ * The queue's thread only (it writes the entry).
+ */
 FERRY_INLINE void ferry_sqe_set_cq(struct ferry_sqe *sqe, struct ferry_cq *cq)
 {
 	sqe->cq = cq;

@@ -68,11 +68,12 @@ struct ferry_stage_meta {
  * *out, or -EINVAL (params, config, unknown stage_id or rank),
  * -EOPNOTSUPP (built without libyaml), -ENOENT (no such file), -EFBIG
  * (a file over 10 MiB), the errors of ferry_engine_create, -ENOMEM.
+ * Any thread.
  */
 FERRY_API int ferry_stage_open(const struct ferry_stage_params *params,
 			       struct ferry_stage **out);
 
-/* The stage's engine (valid until ferry_stage_close), for the SQ/CQ API. */
+/* The stage's engine (valid until ferry_stage_close), for the SQ/CQ API. Any thread. */
 FERRY_API struct ferry_engine *ferry_stage_engine(struct ferry_stage *s);
 
 /*
@@ -82,6 +83,7 @@ FERRY_API struct ferry_engine *ferry_stage_engine(struct ferry_stage *s);
  * *stream_get_flags (may be NULL) the SQE flags the edge asks of a
  * STREAM_GET: FERRY_SQE_STREAM_WHOLE when the file says window_size: -1.
  * Returns 0, -EINVAL, or -ENOENT when the stage is no end of from -> to.
+ * Any thread.
  */
 FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const char *to,
 			       struct ferry_peer **peer, uint32_t *stream_get_flags);
@@ -97,14 +99,20 @@ FERRY_API int ferry_stage_edge(struct ferry_stage *s, const char *from, const ch
  * metadata travels to the consumer by whatever control path the
  * application has, and may be handed to ferry_stage_get. Errors: -EINVAL
  * (arguments, or no such edge of this stage: logged), -EEXIST (key live at
- * the receiver), the PUT errors of ferry_prep_put. Thread-safe; data is
- * copied once into the pool.
+ * the receiver), the PUT errors of ferry_prep_put. Data is copied once
+ * into the pool. Any thread, several at once (each thread waits on a
+ * completion queue of its own, made at its first call); it blocks, so a
+ * binding releases its interpreter lock around it. No callback of the
+ * caller's runs.
  */
 FERRY_API int ferry_stage_put(struct ferry_stage *s, const char *from, const char *to,
 			      const char *key, const void *data, size_t len, uint64_t *size,
 			      struct ferry_stage_meta *meta);
 
-/* The same with a pool buffer (zero copy; ownership moves, whatever the result). */
+/*
+ * The same with a pool buffer (zero copy; ownership moves, whatever the
+ * result). Any thread, several at once; it blocks, as ferry_stage_put.
+ */
 FERRY_API int ferry_stage_put_buf(struct ferry_stage *s, const char *from, const char *to,
 				  const char *key, struct ferry_buf *buf, uint64_t *size,
 				  struct ferry_stage_meta *meta);
@@ -120,7 +128,8 @@ FERRY_API int ferry_stage_put_buf(struct ferry_stage *s, const char *from, const
  * and *out, a buffer holding the data (zero copy: ferry_buf_data,
  * ferry_buf_len; release it with ferry_buf_release). A get consumes the
  * key. -ECANCELED when ferry_stage_cleanup dropped the request meanwhile.
- * Thread-safe.
+ * Any thread, several at once (as ferry_stage_put); it blocks, so a
+ * binding releases its interpreter lock around it.
  */
 FERRY_API int ferry_stage_get(struct ferry_stage *s, const char *from, const char *to,
 			      const char *key, const struct ferry_stage_meta *meta,
@@ -131,6 +140,7 @@ FERRY_API int ferry_stage_get(struct ferry_stage *s, const char *from, const cha
  * for it and was never taken, and gets still waiting for it (they return
  * -ECANCELED). Keys match as for ferry_prep_cleanup. Returns the number of
  * keys and gets dropped, or -EINVAL / -ENAMETOOLONG / -ESHUTDOWN.
+ * Any thread (it waits for the engine to have done it).
  */
 FERRY_API int ferry_stage_cleanup(struct ferry_stage *s, const char *request_id);
 
@@ -138,15 +148,17 @@ FERRY_API int ferry_stage_cleanup(struct ferry_stage *s, const char *request_id)
  * The stage's health as one JSON object: stage id, rank, its edges
  * (peer, transport, connector, role, window_size, max_inflight) and the
  * engine's health (see ferry_engine_health). Same length contract as
- * ferry_engine_health.
+ * ferry_engine_health. Any thread.
  */
 FERRY_API int ferry_stage_health(struct ferry_stage *s, char *buf, size_t len);
 
 /*
  * Close the stage: destroy its engine (pending gets return -ECANCELED),
  * free the handle and set *s to NULL. Safe to call twice with the same
- * variable (the second call finds NULL and returns 0). Must not race with
- * other calls on the stage.
+ * variable (the second call finds NULL and returns 0). Any thread, once
+ * every other thread is done with the stage (it must not race with other
+ * calls on it); it waits for the engine's reactor, so a binding releases
+ * its interpreter lock around it.
  */
 FERRY_API int ferry_stage_close(struct ferry_stage **s);
 
