@@ -158,7 +158,8 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe)
 {
 	const struct ferry_seg *seg = (const struct ferry_seg *)sqe->iov;
 	uint32_t i;
-	int rc = 0;
+	size_t region_len = 0; /* read under the lock: the region may go after it */
+	int why = 0, rc;
 
 	/*
 	 * Under the lock a release and a pin cannot pass each other. A region
@@ -170,23 +171,27 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		const struct ferry_region *r = seg[i].region;
 
 		if (!region_known(e, r)) {
-			log_error("op %llx: segment %u: %s region", (unsigned long long)sqe->user_data, i,
-				  !r ? "no" : "not a live region of this engine (released, or another "
-					      "engine's)");
-			rc = -EINVAL;
+			why = !r ? 1 : 2;
 			break;
 		}
 		if (seg[i].offset > r->len || seg[i].len > r->len - seg[i].offset) {
-			log_error("op %llx: segment %u: %llu bytes at %llu of a %zu-byte region",
-				  (unsigned long long)sqe->user_data, i,
-				  (unsigned long long)seg[i].len, (unsigned long long)seg[i].offset,
-				  r->len);
-			rc = -EINVAL;
+			region_len = r->len;
+			why = 3;
 			break;
 		}
 		atomic_fetch_add(&seg[i].region->pins, 1);
 	}
 	pthread_mutex_unlock(&e->lock);
+	/* Logged after the lock: a log sink may call what takes it. */
+	if (why == 1 || why == 2)
+		log_error("op %llx: segment %u: %s region", (unsigned long long)sqe->user_data, i,
+			  why == 1 ? "no" : "not a live region of this engine (released, or another "
+					    "engine's)");
+	else if (why == 3)
+		log_error("op %llx: segment %u: %llu bytes at %llu of a %zu-byte region",
+			  (unsigned long long)sqe->user_data, i, (unsigned long long)seg[i].len,
+			  (unsigned long long)seg[i].offset, region_len);
+	rc = why ? -EINVAL : 0;
 	if (rc)
 		memory_unpin(seg, i); /* the ones pinned before the bad one */
 	return rc;

@@ -87,9 +87,7 @@ int ferry_sq_get(struct ferry_engine *e, struct ferry_sq **out)
 	}
 	if (!sq) {
 		if (n == ENGINE_MAX_SQS) {
-			log_error("engine %s: more than %d threads submit; give queues back "
-				  "with ferry_sq_put", e->name, ENGINE_MAX_SQS);
-			rc = -EMFILE;
+			rc = -EMFILE; /* logged after the lock: a log sink may take it */
 		} else if (!(sq = sq_new(e, tid))) {
 			rc = -ENOMEM;
 		} else {
@@ -98,6 +96,9 @@ int ferry_sq_get(struct ferry_engine *e, struct ferry_sq **out)
 		}
 	}
 	pthread_mutex_unlock(&e->lock);
+	if (rc == -EMFILE)
+		log_error("engine %s: more than %d threads submit; give queues back "
+			  "with ferry_sq_put", e->name, ENGINE_MAX_SQS);
 	if (rc)
 		return rc;
 	tls_sq[tls_next].engine_id = e->id;

@@ -1,9 +1,9 @@
 /*
  * tests/test_callback_locks.c - what a callback may do where it runs
- * (api/ferry.h, "Threads"): no ferry callback runs while the engine holds
- * a lock of its own, so a callback may call the engine's calls that take
- * one (ferry_peer_open, ferry_cq_create, ferry_engine_health, a first
- * ferry_sq_get); a log callback always gets the arg that was set with it;
+ * (api/ferry.h, "Threads"): no ferry callback (a completion's or the log
+ * sink) runs while ferry holds a lock of its own, so a callback may call
+ * the engine's calls that take one (ferry_peer_open, ferry_cq_create,
+ * ferry_engine_health, a first ferry_sq_get); a log callback always gets the arg that was set with it;
  * and the first line a process logs does not undo a ferry_log_set made at
  * the same time. Each case that could hang runs in a child process bounded
  * by alarm: a deadlock is a failed test, not a hung suite.
@@ -170,6 +170,75 @@ static void test_credit_pump_callback_not_under_lock(void **state)
 {
 	(void)state;
 	assert_int_equal(t_reap(t_fork(credit_pump_child, NULL)), 0);
+}
+
+/*
+ * A log sink that calls what takes the engine's lock (health, opening a
+ * peer): lines logged where ferry holds a lock of its own (a bad segment,
+ * checked under the engine's lock; a thread too many asking for a queue)
+ * must be written after it lets go. (ferry_sq_get's line for a thread
+ * too many is written after the lock as well; making 1024 threads hold
+ * queues is more than a test under valgrind may do.)
+ */
+static struct ferry_engine *sink_engine;
+static atomic_int sink_lines;
+
+static void sink_takes_engine_lock(int level, const char *line, void *arg)
+{
+	struct ferry_peer *p;
+
+	(void)level;
+	(void)line;
+	(void)arg;
+	if (sink_engine) {
+		ferry_engine_health(sink_engine, NULL, 0);
+		ferry_peer_open(sink_engine, "from-the-sink", &p);
+	}
+	atomic_fetch_add(&sink_lines, 1);
+}
+
+static int log_sink_child(void *arg)
+{
+	static char mem[4096];
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_region *r;
+	struct ferry_peer *self;
+	struct ferry_seg seg;
+	struct ferry_sqe *sqe;
+	struct ferry_sq *sq;
+	struct ferry_cqe cqe;
+	int n = 0;
+
+	(void)arg;
+	alarm(child_alarm());
+	sink_engine = c_engine("sink", 0);
+	ferry_log_set(FERRY_LOG_ERROR, sink_takes_engine_lock, NULL);
+	rp.addr = mem;
+	rp.len = sizeof(mem);
+	if (ferry_region_register(sink_engine, &rp, &r) ||
+	    ferry_peer_open(sink_engine, "sink", &self))
+		return 10;
+	/* A segment past its region's end: logged by the check made under the lock. */
+	seg.region = r;
+	seg.offset = 0;
+	seg.len = sizeof(mem) + 1;
+	sqe = c_sqe(sink_engine, &sq);
+	ferry_prep_put_segs(sqe, self, "k", &seg, 1, 1);
+	ferry_sq_submit(sq);
+	for (int i = 0; i < 1000 && n == 0; i++)
+		n = ferry_cq_poll(ferry_cq_default(sink_engine), &cqe, 1);
+	if (n != 1 || cqe.res != -EINVAL || !atomic_load(&sink_lines))
+		return 11;
+	ferry_log_set(-1, NULL, NULL);
+	ferry_region_release(&r);
+	ferry_engine_destroy(sink_engine);
+	return 0;
+}
+
+static void test_log_sink_not_under_lock(void **state)
+{
+	(void)state;
+	assert_int_equal(t_reap(t_fork(log_sink_child, NULL)), 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -358,6 +427,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_first_log_keeps_level_set),
 		cmocka_unit_test(test_dead_cq_callback_not_under_lock),
 		cmocka_unit_test(test_credit_pump_callback_not_under_lock),
+		cmocka_unit_test(test_log_sink_not_under_lock),
 		cmocka_unit_test(test_log_set_pairs_cb_and_arg),
 	};
 

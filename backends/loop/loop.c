@@ -381,9 +381,15 @@ static int loop_progress(struct ferry_engine *e, struct backend *b)
 	return n;
 }
 
-/* Under dir_lock: tell every engine of self's namespace in this process that it goes. */
-static void tell_gone_locked(struct loop_ep *self)
+/*
+ * Under dir_lock: tell every engine of self's namespace in this process that
+ * it goes. Returns how many could not be told (no memory): the caller logs
+ * that after the lock (a log sink may create an engine, which takes it).
+ */
+static unsigned tell_gone_locked(struct loop_ep *self)
 {
+	unsigned untold = 0;
+
 	for (struct loop_ep *ep = dir_head; ep; ep = ep->dir_next) {
 		struct loop_msg *m;
 
@@ -391,8 +397,7 @@ static void tell_gone_locked(struct loop_ep *self)
 			continue;
 		m = calloc(1, sizeof(*m));
 		if (!m) {
-			log_error("engine %s: no memory to tell %s that it goes", self->name,
-				  ep->name);
+			untold++;
 			continue;
 		}
 		m->kind = MSG_GONE;
@@ -403,6 +408,7 @@ static void tell_gone_locked(struct loop_ep *self)
 			free(m);
 		}
 	}
+	return untold;
 }
 
 static bool loop_has_work(struct ferry_engine *e, struct backend *b)
@@ -415,6 +421,7 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *self = b->data;
 	struct loop_msg *m;
+	unsigned untold;
 
 	if (!self)
 		return;
@@ -425,8 +432,11 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 			break;
 		}
 	}
-	tell_gone_locked(self);
+	untold = tell_gone_locked(self);
 	pthread_mutex_unlock(&dir_lock);
+	if (untold)
+		log_error("engine %s: no memory to tell %u engine(s) of its namespace that it goes",
+			  self->name, untold);
 	ep_close(self);
 	/* Nothing enters the inbox any more: answer what is in it. */
 	while ((m = inbox_pop(self))) {
