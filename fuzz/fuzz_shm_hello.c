@@ -1,7 +1,7 @@
 /*
  * fuzz/fuzz_shm_hello.c - the shm handshake: the hello message and the
  * descriptors attached to it (backends/shm/shm_sock.c recv_hello, then
- * backends/shm/shm.c accept_hello / call_answered and conn_attach: sizes,
+ * backends/shm/shm_handshake.c accept_hello / shm_call_answered and conn_attach: sizes,
  * seals and kinds of the fds, the pool and ring sizes announced), at both
  * ends of a connection.
  *

@@ -1,5 +1,5 @@
 /*
- * tests/test_ctl.c - the control channel (control/ctl.c): handshake and
+ * tests/test_ctl.c - the control channel (control/ctl*.c): handshake and
  * the data address it publishes (control port 0, data port 0), directory
  * queries, store-like keys (PUBLISH / LOOKUP GETs, and the wish of one that
  * ended withdrawn from the holder), a directory query to every peer at once,
