@@ -3,7 +3,7 @@
  * coming in on an authenticated connection.
  *
  * Owns: parsing the staging buffer (take_frame: the header's checks, then
- * a switch on the frame's type), every check a
+ * the frame type's handler from the table tcp_frame_take), every check a
  * frame's type requires (lengths, keys, cookies and slots against our
  * tables: nothing read off a socket is trusted), handing an eager PUT to
  * the key table and answering RESULT, incoming offers (RTS) waiting for
@@ -145,234 +145,297 @@ static void conn_stall(struct tcp_state *st, struct tcp_conn *c)
 }
 
 /* ------------------------------------------------------------------ */
-/* Frames                                                             */
+/* Frame handlers                                                     */
 /* ------------------------------------------------------------------ */
+
+/*
+ * Frame handlers, one per type (tcp_frame_take). Each is given a frame
+ * whose header passed take_frame's checks (magic, a type below
+ * TCP_F__MAX, reserved bits), checks what its type requires, in this
+ * order: its lengths, then (a frame with a key) that the whole body came
+ * and the key is sound, then the control frames its answers need in
+ * reserve; then takes it. Returns what take_frame returns: 1 taken, 0
+ * more bytes (or a control frame) needed first, -1 with *why set when the
+ * peer broke a rule (take_frame logs it and fails the link).
+ */
+typedef int tcp_take_fn(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+			const char **why);
+
+static int take_put(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		    const char **why)
+{
+	struct tcp_link *l = c->link;
+	uint32_t avail = c->rx_tail - c->rx_head;
+	const uint8_t *key = c->rx + c->rx_head + TCP_FRAME_BYTES;
+	struct ferry_buf *buf;
+	int rc;
+
+	if (f->key_len == 0 || f->key_len >= FERRY_KEY_MAX || f->arg > TCP_EAGER_MAX ||
+	    f->len != f->key_len + f->arg) {
+		*why = "bad eager frame lengths";
+		return -1;
+	}
+	if (avail < TCP_FRAME_BYTES + f->len)
+		return 0;
+	if (!key_ok(key, f->key_len)) {
+		*why = "bad key";
+		return -1;
+	}
+	if (!ctl_available(st, 1)) {
+		conn_stall(st, c);
+		return 0;
+	}
+	rc = pool_alloc(st->engine->pool, f->arg, &buf);
+	if (rc == 0) {
+		ferry__payload_copy(buf->data, key + f->key_len, f->arg);
+		rc = deliver(st, l, (const char *)key, f->key_len, buf, f->arg, f->flags);
+	} else {
+		log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
+			    "eager PUT of %llu bytes from %s", st->engine->name,
+			    (unsigned long long)f->arg, l->peer_name);
+		rc = -ENOBUFS;
+	}
+	ctl_send(st, c, TCP_F_RESULT, f->cookie, (uint64_t)(int64_t)rc);
+	c->rx_head += TCP_FRAME_BYTES + f->len;
+	return 1;
+}
+
+static int take_rts(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		    const char **why)
+{
+	struct tcp_link *l = c->link;
+	uint32_t avail = c->rx_tail - c->rx_head;
+	const uint8_t *key = c->rx + c->rx_head + TCP_FRAME_BYTES;
+	struct tcp_rx *r;
+
+	if (f->key_len == 0 || f->key_len >= FERRY_KEY_MAX || f->len != f->key_len ||
+	    f->arg == 0) {
+		*why = "bad offer lengths";
+		return -1;
+	}
+	if (avail < TCP_FRAME_BYTES + f->len)
+		return 0;
+	if (!key_ok(key, f->key_len)) {
+		*why = "bad key";
+		return -1;
+	}
+	/* One frame for CTS, one kept for the RESULT. */
+	if (!ctl_available(st, 2)) {
+		conn_stall(st, c);
+		return 0;
+	}
+	c->rx_head += TCP_FRAME_BYTES + f->len;
+	if (f->arg > pool_size(st->engine->pool)) {
+		log_info("tcp: engine %s: %s offers %llu bytes, more than the pool",
+			 st->engine->name, l->peer_name, (unsigned long long)f->arg);
+		ctl_send(st, c, TCP_F_RESULT, f->cookie, (uint64_t)(int64_t)-EMSGSIZE);
+		return 1;
+	}
+	r = st->free_rxs;
+	if (!r) {
+		log_limited(FERRY__LOG_WARN, "tcp: engine %s: %u offers pending, refusing "
+			    "one from %s", st->engine->name, st->nrxs, l->peer_name);
+		ctl_send(st, c, TCP_F_RESULT, f->cookie, (uint64_t)(int64_t)-ENOBUFS);
+		return 1;
+	}
+	st->free_rxs = r->next;
+	r->next = NULL;
+	r->link = l;
+	r->conn = c;
+	r->len = f->arg;
+	r->got = 0;
+	r->cookie = f->cookie;
+	r->flags = f->flags;
+	r->key_len = f->key_len;
+	memcpy(r->key, key, f->key_len);
+	r->key[f->key_len] = '\0';
+	if (st->wait_mem_head || !rx_try_mem(st, r))
+		wait_mem_push(st, r);
+	return 1;
+}
+
+static int take_cts(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		    const char **why)
+{
+	struct tcp_link *l = c->link;
+	struct tcp_msg *m;
+
+	if (f->len || f->key_len) {
+		*why = "bad CTS";
+		return -1;
+	}
+	c->rx_head += TCP_FRAME_BYTES;
+	m = msg_find(st, l, f->cookie);
+	if (!m || !m->rendezvous || m->cts) {
+		*why = "CTS for no offer";
+		return -1;
+	}
+	m->cts = true;
+	if (m->resulted)
+		return 1;
+	m->rx_slot = f->arg;
+	m->next_off = 0;
+	m->wait_next = NULL;
+	if (l->rdv_tail)
+		l->rdv_tail->wait_next = m;
+	else
+		l->rdv_head = m;
+	l->rdv_tail = m;
+	for (unsigned i = 0; i < l->nconns; i++)
+		if (l->conns[i] && !l->conns[i]->dead)
+			conn_kick(st, l->conns[i]);
+	return 1;
+}
+
+static int take_data(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		     const char **why)
+{
+	struct tcp_rx *r;
+	uint64_t have, n;
+
+	if (f->key_len || f->len == 0) {
+		*why = "bad DATA lengths";
+		return -1;
+	}
+	r = rx_find(st, c->link, f->cookie);
+	if (!r || f->arg > r->len || f->len > r->len - f->arg || f->len > r->len - r->got) {
+		*why = "DATA outside its offer";
+		return -1;
+	}
+	c->rx_head += TCP_FRAME_BYTES;
+	have = c->rx_tail - c->rx_head;
+	n = have < f->len ? have : f->len;
+	ferry__payload_copy((uint8_t *)r->buf->data + f->arg, c->rx + c->rx_head, n);
+	c->rx_head += (uint32_t)n;
+	r->got += n;
+	if (n < f->len) {
+		/* The rest goes straight into the block. */
+		c->direct = r;
+		c->direct_off = f->arg + n;
+		c->direct_left = f->len - n;
+		return 1;
+	}
+	if (r->got == r->len)
+		rx_complete(st, r);
+	return 1;
+}
+
+static int take_result(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		       const char **why)
+{
+	struct tcp_link *l = c->link;
+	struct tcp_msg *m;
+	int64_t res = (int64_t)f->arg;
+
+	if (f->len || f->key_len || res > 0 || res < -4095) {
+		*why = "bad RESULT";
+		return -1;
+	}
+	c->rx_head += TCP_FRAME_BYTES;
+	m = msg_find(st, l, f->cookie);
+	if (!m || m->resulted) {
+		*why = "RESULT for no PUT";
+		return -1;
+	}
+	if (m->rendezvous && res == 0 && (!m->cts || m->next_off < m->len)) {
+		*why = "RESULT before the data was sent";
+		return -1;
+	}
+	/* Chunks not yet queued will not be. */
+	if (m->rendezvous && m->cts && m->next_off < m->len) {
+		struct tcp_msg **pp = &l->rdv_head, *prev = NULL;
+
+		while (*pp && *pp != m) {
+			prev = *pp;
+			pp = &(*pp)->wait_next;
+		}
+		if (*pp) {
+			*pp = m->wait_next;
+			if (l->rdv_tail == m)
+				l->rdv_tail = prev;
+		}
+		m->wait_next = NULL;
+		m->next_off = m->len;
+	}
+	msg_result(st, m, (int)res);
+	return 1;
+}
+
+static int take_ping(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		     const char **why)
+{
+	if (f->len || f->key_len) {
+		*why = "bad PING";
+		return -1;
+	}
+	if (!ctl_available(st, 1)) {
+		conn_stall(st, c);
+		return 0;
+	}
+	c->rx_head += TCP_FRAME_BYTES;
+	ctl_send(st, c, TCP_F_PONG, f->cookie, 0);
+	return 1;
+}
+
+static int take_pong(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+		     const char **why)
+{
+	(void)st;
+	if (f->len || f->key_len) {
+		*why = "bad PONG";
+		return -1;
+	}
+	c->rx_head += TCP_FRAME_BYTES;
+	return 1;
+}
+
+/* A type with no handler (0, which take_frame's header check refuses first). */
+static int take_unknown(struct tcp_state *st, struct tcp_conn *c, const struct tcp_frame *f,
+			const char **why)
+{
+	(void)st;
+	(void)c;
+	(void)f;
+	*why = "unknown frame";
+	return -1;
+}
+
+/* The handler of each frame type; take_frame refuses types from TCP_F__MAX up. */
+static tcp_take_fn *const tcp_frame_take[TCP_F__MAX] = {
+	[0] = take_unknown,
+	[TCP_F_PUT] = take_put,
+	[TCP_F_RTS] = take_rts,
+	[TCP_F_CTS] = take_cts,
+	[TCP_F_DATA] = take_data,
+	[TCP_F_RESULT] = take_result,
+	[TCP_F_PING] = take_ping,
+	[TCP_F_PONG] = take_pong,
+};
 
 /*
  * Take one frame from the staging buffer. Returns 1 if taken, 0 if more
  * bytes (or a resource) are needed first, -1 if the peer broke a rule (its
- * link is failed).
+ * link is failed). The header is checked here (the type against the
+ * table's bounds too), the rest by the type's handler.
  */
 static int take_frame(struct tcp_state *st, struct tcp_conn *c)
 {
 	struct tcp_link *l = c->link;
-	uint32_t avail = c->rx_tail - c->rx_head;
-	const uint8_t *p = c->rx + c->rx_head;
 	struct tcp_frame f;
 	const char *why;
+	int rc;
 
-	if (avail < TCP_FRAME_BYTES)
+	if (c->rx_tail - c->rx_head < TCP_FRAME_BYTES)
 		return 0;
-	tcp_frame_unpack(p, &f);
+	tcp_frame_unpack(c->rx + c->rx_head, &f);
 	if (f.magic != TCP_FRAME_MAGIC || f.type == 0 || f.type >= TCP_F__MAX || f.resv ||
 	    (f.flags & ~TCP_FRAME_F__ALL)) {
 		why = "bad frame header";
-		goto bad;
+	} else {
+		rc = tcp_frame_take[f.type](st, c, &f, &why);
+		if (rc >= 0)
+			return rc;
 	}
-	switch (f.type) {
-	case TCP_F_PUT: {
-		const uint8_t *key = p + TCP_FRAME_BYTES;
-		struct ferry_buf *buf;
-		int rc;
-
-		if (f.key_len == 0 || f.key_len >= FERRY_KEY_MAX || f.arg > TCP_EAGER_MAX ||
-		    f.len != f.key_len + f.arg) {
-			why = "bad eager frame lengths";
-			goto bad;
-		}
-		if (avail < TCP_FRAME_BYTES + f.len)
-			return 0;
-		if (!key_ok(key, f.key_len)) {
-			why = "bad key";
-			goto bad;
-		}
-		if (!ctl_available(st, 1)) {
-			conn_stall(st, c);
-			return 0;
-		}
-		rc = pool_alloc(st->engine->pool, f.arg, &buf);
-		if (rc == 0) {
-			ferry__payload_copy(buf->data, key + f.key_len, f.arg);
-			rc = deliver(st, l, (const char *)key, f.key_len, buf, f.arg, f.flags);
-		} else {
-			log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
-				    "eager PUT of %llu bytes from %s", st->engine->name,
-				    (unsigned long long)f.arg, l->peer_name);
-			rc = -ENOBUFS;
-		}
-		ctl_send(st, c, TCP_F_RESULT, f.cookie, (uint64_t)(int64_t)rc);
-		c->rx_head += TCP_FRAME_BYTES + f.len;
-		return 1;
-	}
-	case TCP_F_RTS: {
-		const uint8_t *key = p + TCP_FRAME_BYTES;
-		struct tcp_rx *r;
-
-		if (f.key_len == 0 || f.key_len >= FERRY_KEY_MAX || f.len != f.key_len ||
-		    f.arg == 0) {
-			why = "bad offer lengths";
-			goto bad;
-		}
-		if (avail < TCP_FRAME_BYTES + f.len)
-			return 0;
-		if (!key_ok(key, f.key_len)) {
-			why = "bad key";
-			goto bad;
-		}
-		/* One frame for CTS, one kept for the RESULT. */
-		if (!ctl_available(st, 2)) {
-			conn_stall(st, c);
-			return 0;
-		}
-		c->rx_head += TCP_FRAME_BYTES + f.len;
-		if (f.arg > pool_size(st->engine->pool)) {
-			log_info("tcp: engine %s: %s offers %llu bytes, more than the pool",
-				 st->engine->name, l->peer_name, (unsigned long long)f.arg);
-			ctl_send(st, c, TCP_F_RESULT, f.cookie, (uint64_t)(int64_t)-EMSGSIZE);
-			return 1;
-		}
-		r = st->free_rxs;
-		if (!r) {
-			log_limited(FERRY__LOG_WARN, "tcp: engine %s: %u offers pending, refusing "
-				    "one from %s", st->engine->name, st->nrxs, l->peer_name);
-			ctl_send(st, c, TCP_F_RESULT, f.cookie, (uint64_t)(int64_t)-ENOBUFS);
-			return 1;
-		}
-		st->free_rxs = r->next;
-		r->next = NULL;
-		r->link = l;
-		r->conn = c;
-		r->len = f.arg;
-		r->got = 0;
-		r->cookie = f.cookie;
-		r->flags = f.flags;
-		r->key_len = f.key_len;
-		memcpy(r->key, key, f.key_len);
-		r->key[f.key_len] = '\0';
-		if (st->wait_mem_head || !rx_try_mem(st, r))
-			wait_mem_push(st, r);
-		return 1;
-	}
-	case TCP_F_CTS: {
-		struct tcp_msg *m;
-
-		if (f.len || f.key_len) {
-			why = "bad CTS";
-			goto bad;
-		}
-		c->rx_head += TCP_FRAME_BYTES;
-		m = msg_find(st, l, f.cookie);
-		if (!m || !m->rendezvous || m->cts) {
-			why = "CTS for no offer";
-			goto bad;
-		}
-		m->cts = true;
-		if (m->resulted)
-			return 1;
-		m->rx_slot = f.arg;
-		m->next_off = 0;
-		m->wait_next = NULL;
-		if (l->rdv_tail)
-			l->rdv_tail->wait_next = m;
-		else
-			l->rdv_head = m;
-		l->rdv_tail = m;
-		for (unsigned i = 0; i < l->nconns; i++)
-			if (l->conns[i] && !l->conns[i]->dead)
-				conn_kick(st, l->conns[i]);
-		return 1;
-	}
-	case TCP_F_DATA: {
-		struct tcp_rx *r;
-		uint64_t have, n;
-
-		if (f.key_len || f.len == 0) {
-			why = "bad DATA lengths";
-			goto bad;
-		}
-		r = rx_find(st, l, f.cookie);
-		if (!r || f.arg > r->len || f.len > r->len - f.arg || f.len > r->len - r->got) {
-			why = "DATA outside its offer";
-			goto bad;
-		}
-		c->rx_head += TCP_FRAME_BYTES;
-		have = c->rx_tail - c->rx_head;
-		n = have < f.len ? have : f.len;
-		ferry__payload_copy((uint8_t *)r->buf->data + f.arg, c->rx + c->rx_head, n);
-		c->rx_head += (uint32_t)n;
-		r->got += n;
-		if (n < f.len) {
-			/* The rest goes straight into the block. */
-			c->direct = r;
-			c->direct_off = f.arg + n;
-			c->direct_left = f.len - n;
-			return 1;
-		}
-		if (r->got == r->len)
-			rx_complete(st, r);
-		return 1;
-	}
-	case TCP_F_RESULT: {
-		struct tcp_msg *m;
-		int64_t res = (int64_t)f.arg;
-
-		if (f.len || f.key_len || res > 0 || res < -4095) {
-			why = "bad RESULT";
-			goto bad;
-		}
-		c->rx_head += TCP_FRAME_BYTES;
-		m = msg_find(st, l, f.cookie);
-		if (!m || m->resulted) {
-			why = "RESULT for no PUT";
-			goto bad;
-		}
-		if (m->rendezvous && res == 0 && (!m->cts || m->next_off < m->len)) {
-			why = "RESULT before the data was sent";
-			goto bad;
-		}
-		/* Chunks not yet queued will not be. */
-		if (m->rendezvous && m->cts && m->next_off < m->len) {
-			struct tcp_msg **pp = &l->rdv_head, *prev = NULL;
-
-			while (*pp && *pp != m) {
-				prev = *pp;
-				pp = &(*pp)->wait_next;
-			}
-			if (*pp) {
-				*pp = m->wait_next;
-				if (l->rdv_tail == m)
-					l->rdv_tail = prev;
-			}
-			m->wait_next = NULL;
-			m->next_off = m->len;
-		}
-		msg_result(st, m, (int)res);
-		return 1;
-	}
-	case TCP_F_PING:
-		if (f.len || f.key_len) {
-			why = "bad PING";
-			goto bad;
-		}
-		if (!ctl_available(st, 1)) {
-			conn_stall(st, c);
-			return 0;
-		}
-		c->rx_head += TCP_FRAME_BYTES;
-		ctl_send(st, c, TCP_F_PONG, f.cookie, 0);
-		return 1;
-	case TCP_F_PONG:
-		if (f.len || f.key_len) {
-			why = "bad PONG";
-			goto bad;
-		}
-		c->rx_head += TCP_FRAME_BYTES;
-		return 1;
-	default:
-		why = "unknown frame";
-		break;
-	}
-bad:
 	log_warn("tcp: engine %s: disconnecting %s: %s (type %u, len %u)", st->engine->name,
 		 l->peer_name, why, f.type, f.len);
 	tcp_link_fail(st, l, -ECONNRESET, NULL);
