@@ -285,14 +285,7 @@ static void teardown(void)
 		zmq_ctx_term(zctx);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 /* The seq of the k-th request of ours sent to peer `name` (table order), or k. */
 static uint64_t req_seq(uint64_t k, const char *name)

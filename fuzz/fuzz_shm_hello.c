@@ -56,14 +56,7 @@ static void teardown(void)
 	eng = NULL;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 static const size_t sizes[6] = { 0, 4096, 65536, 1u << 20, SHM_RINGS_BYTES, 2u << 20 };
 

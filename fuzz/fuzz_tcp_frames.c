@@ -145,14 +145,7 @@ static void teardown(void)
 	eng = NULL;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

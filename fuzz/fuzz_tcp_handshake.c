@@ -78,14 +78,7 @@ static void teardown(void)
 		close(lfd);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 static bool mac_zero(const struct tcp_hello *h)
 {
