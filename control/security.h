@@ -9,7 +9,7 @@
  * peers only, served and called (sec_peer_allowed). The tcp transport, the
  * control channel and every later transport take their trust from here.
  *
- * A handshake (tcp.c and ctl_hello.c drive theirs over non-blocking sockets):
+ * A handshake (tcp_handshake.c and ctl_hello.c drive theirs over non-blocking sockets):
  *   caller -> callee  HELLO  names, namespace, link, nonce Nc
  *   callee -> caller  PROOF  names, nonce Ns, HMAC(K, role-callee | Nc | Ns | ids)
  *   caller -> callee  AUTH   HMAC(K, role-caller | Nc | Ns | ids)

@@ -1,6 +1,6 @@
 /*
  * fuzz/fuzz_tcp_frames.c - the tcp data path's frame parser: take_frame()
- * in backends/tcp/tcp.c and the receive path around it (staging, data
+ * in backends/tcp/tcp_recv.c and the receive path around it (staging, data
  * received straight into a block, stalls, the answers), fed by a peer that
  * proved the cluster secret.
  *

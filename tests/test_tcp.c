@@ -888,7 +888,7 @@ static void test_tcp_wrong_secret(void **state)
  */
 static void test_tcp_silent_flood(void **state)
 {
-	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp.c */ };
+	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp_int.h */ };
 	struct producer good = { .name = "prod", .secret = SECRET, .count = 5, .size = 100 };
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
 			.handshake_ms = 3000 /* the bound under test, valgrind or not */ };
