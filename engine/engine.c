@@ -138,6 +138,7 @@ static void engine_free(struct ferry_engine *e)
 	struct ferry_cq *cq, *next;
 
 	for (unsigned i = e->nbackends; i-- > 0;) {
+		memory_transport_down(e, &e->backends[i]);
 		if (e->backends[i].data)
 			e->backends[i].ops->fini(e, &e->backends[i]);
 	}
@@ -184,6 +185,10 @@ static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 	rc = ops->init(e, b);
 	if (rc)
 		return rc;
+	if ((rc = memory_transport_up(e, b))) {
+		ops->fini(e, b);
+		return rc;
+	}
 	e->nbackends++;
 	return 0;
 }
@@ -314,9 +319,11 @@ int ferry_engine_destroy(struct ferry_engine *e)
 			cpu_relax();
 	}
 	/* Stop arrivals first: what other engines sent us is answered. */
-	for (unsigned i = e->nbackends; i-- > 0;)
+	for (unsigned i = e->nbackends; i-- > 0;) {
+		memory_transport_down(e, &e->backends[i]);
 		if (e->backends[i].data)
 			e->backends[i].ops->fini(e, &e->backends[i]);
+	}
 	reactor_shutdown(e);
 	engine_free(e);
 	return 0;

@@ -579,6 +579,7 @@ struct ferry_engine {
 
 	uint64_t handshake_ns;   /* params.handshake_ms (default 3 s): every transport's bound */
 	struct ferry_region *regions; /* registered regions (memory.c), under lock */
+	void *pool_reg[ENGINE_MAX_BACKENDS]; /* each transport's registration of the pool */
 	/* Peers whose FERRY_SQE_WAIT_PEER PUTs wait for them to come up (progress side). */
 	struct ferry_peer *retry_peers;
 	uint64_t retry_at, retry_ns;  /* the next try of them all, and the backoff */

@@ -9,6 +9,13 @@
  * regions are pinned while the op is in flight so that a release then is
  * refused (-EBUSY) instead of pulling memory from under a transfer.
  *
+ * Also each transport's registration of memory (struct backend_ops
+ * mem_register / mem_deregister: what RDMA's memory regions and CUDA's
+ * host pinning need): the engine's pool is registered with a transport
+ * once, when it comes up, and every region when it is registered; the
+ * handles are kept here, per transport, and found again for an op
+ * (ferry__buf_reg, ferry__region_reg).
+ *
  * Host memory is the only type this build moves: CUDA device memory is
  * refused with -EOPNOTSUPP until its memory domain is built.
  */
@@ -61,6 +68,43 @@ enum ferry_mem_type ferry_buf_mem(const struct ferry_buf *b)
 	return FERRY_MEM_HOST;
 }
 
+/* Every registration of r goes back to its transport (each once). */
+static void region_deregister_transports(struct ferry_engine *e, struct ferry_region *r)
+{
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (r->reg[b->index] && b->ops->mem_deregister)
+			b->ops->mem_deregister(e, b, r->reg[b->index]);
+		r->reg[b->index] = NULL;
+	}
+}
+
+/*
+ * Every transport that registers memory registers r. On an error the ones
+ * done are undone, and it is returned (logged).
+ */
+static int region_register_transports(struct ferry_engine *e, struct ferry_region *r)
+{
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+		int rc;
+
+		if (!b->ops->mem_register)
+			continue;
+		rc = b->ops->mem_register(e, b, r->addr, r->len, r->mem, r->device,
+					  &r->reg[b->index]);
+		if (rc < 0) {
+			r->reg[b->index] = NULL;
+			log_error("ferry_region_register: transport %s could not register %zu bytes "
+				  "at %p: %s", b->ops->name, r->len, r->addr, ferry_strerror(rc));
+			region_deregister_transports(e, r);
+			return rc;
+		}
+	}
+	return 0;
+}
+
 int ferry_region_register(struct ferry_engine *e, const struct ferry_region_params *p,
 			  struct ferry_region **out)
 {
@@ -93,6 +137,10 @@ int ferry_region_register(struct ferry_engine *e, const struct ferry_region_para
 	r->len = prm.len;
 	r->mem = prm.mem;
 	r->device = prm.device;
+	if ((rc = region_register_transports(e, r))) {
+		free(r);
+		return rc;
+	}
 	pthread_mutex_lock(&e->lock);
 	r->next = e->regions;
 	e->regions = r;
@@ -101,8 +149,8 @@ int ferry_region_register(struct ferry_engine *e, const struct ferry_region_para
 	return 0;
 }
 
-/* Off the engine's list and freed; e->lock held. */
-static void region_free_locked(struct ferry_engine *e, struct ferry_region *r)
+/* Off the engine's list; e->lock held. */
+static void region_unlink_locked(struct ferry_engine *e, struct ferry_region *r)
 {
 	for (struct ferry_region **pp = &e->regions; *pp; pp = &(*pp)->next) {
 		if (*pp == r) {
@@ -110,7 +158,6 @@ static void region_free_locked(struct ferry_engine *e, struct ferry_region *r)
 			break;
 		}
 	}
-	free(r);
 }
 
 int ferry_region_release(struct ferry_region **rp)
@@ -133,8 +180,11 @@ int ferry_region_release(struct ferry_region **rp)
 			 atomic_load(&r->pins));
 		return -EBUSY;
 	}
-	region_free_locked(e, r);
+	region_unlink_locked(e, r);
 	pthread_mutex_unlock(&e->lock);
+	/* Off the list, no op pins it: its registrations go, outside the lock. */
+	region_deregister_transports(e, r);
+	free(r);
 	*rp = NULL;
 	return 0;
 }
@@ -195,6 +245,49 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	if (rc)
 		memory_unpin(seg, i); /* the ones pinned before the bad one */
 	return rc;
+}
+
+int memory_transport_up(struct ferry_engine *e, struct backend *b)
+{
+	int rc;
+
+	if (!b->ops->mem_register)
+		return 0;
+	rc = b->ops->mem_register(e, b, pool_base(e->pool), pool_size(e->pool), FERRY_MEM_HOST, 0,
+				  &e->pool_reg[b->index]);
+	if (rc < 0) {
+		e->pool_reg[b->index] = NULL;
+		log_error("engine %s: transport %s could not register the pool (%zu bytes): %s",
+			  e->name, b->ops->name, pool_size(e->pool), ferry_strerror(rc));
+		return rc;
+	}
+	return 0;
+}
+
+void memory_transport_down(struct ferry_engine *e, struct backend *b)
+{
+	void *h;
+
+	if (!b->ops->mem_deregister)
+		return;
+	/* The engine is being destroyed: no other thread uses it, no lock needed. */
+	for (struct ferry_region *r = e->regions; r; r = r->next) {
+		if ((h = r->reg[b->index]))
+			b->ops->mem_deregister(e, b, h);
+		r->reg[b->index] = NULL;
+	}
+	if ((h = e->pool_reg[b->index]))
+		b->ops->mem_deregister(e, b, h);
+	e->pool_reg[b->index] = NULL;
+}
+
+void *ferry__buf_reg(struct ferry_engine *e, const struct backend *b, const struct ferry_buf *buf,
+		     uint64_t *offset)
+{
+	if (!buf || buf->pool != e->pool || (buf->flags & POOL_BUF_F_FOREIGN))
+		return NULL;
+	*offset = buf->offset;
+	return e->pool_reg[b->index];
 }
 
 void memory_fini(struct ferry_engine *e)

@@ -20,6 +20,7 @@
 #include <sys/uio.h>
 
 #include "ferry.h"
+#include "transport.h"
 
 struct ferry_engine;
 struct op;
@@ -33,7 +34,25 @@ struct ferry_region {
 	_Atomic uint32_t pins;     /* ops in flight that name one of its segments */
 	_Atomic int released;
 	struct ferry_region *next; /* the engine's regions (under e->lock) */
+	/* Each transport's registration of it (its mem_register; NULL: none). */
+	void *reg[ENGINE_MAX_BACKENDS];
 };
+
+/* Transport b's registration of region r (what its mem_register gave), or NULL. */
+static inline void *ferry__region_reg(const struct ferry_region *r, const struct backend *b)
+{
+	return r->reg[b->index];
+}
+
+/*
+ * Transport b's registration of the memory under buf, and in *offset where
+ * buf's bytes start in it: for a block of e's own pool. NULL for any other
+ * buffer (a peer's block mapped here, another engine's pool), or when b
+ * registers nothing: the transport then moves it as it moves unregistered
+ * memory.
+ */
+void *ferry__buf_reg(struct ferry_engine *e, const struct backend *b, const struct ferry_buf *buf,
+		     uint64_t *offset);
 
 /* Every payload copy: dst and src are host memory (the one memory type moved now). */
 static inline void ferry__payload_copy(void *dst, const void *src, size_t len)
@@ -129,6 +148,17 @@ static inline void segs_scatter(const struct ferry_seg *seg, uint32_t n, const v
 int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
+/*
+ * Transport b is up (after its init): its mem_register, if it has one, is
+ * given the engine's pool. 0 or its error (logged).
+ */
+int memory_transport_up(struct ferry_engine *e, struct backend *b);
+/*
+ * Transport b is about to stop (before its fini; the engine is being
+ * destroyed): every handle it registered, the pool's and the regions',
+ * goes back to its mem_deregister. Once only: a second call does nothing.
+ */
+void memory_transport_down(struct ferry_engine *e, struct backend *b);
 /* At engine destroy: every region left is released. */
 void memory_fini(struct ferry_engine *e);
 

@@ -23,6 +23,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "ferry.h"
+
 struct ferry_engine;
 struct ferry_peer;
 struct ferry_buf;
@@ -164,6 +166,23 @@ struct backend_ops {
 	/* Optional: a peer event of another layer (see enum peer_event). */
 	void (*peer_event)(struct ferry_engine *e, struct backend *b, const char *name,
 			   enum peer_event ev, int res);
+	/*
+	 * Optional, for a transport that must know memory before it moves it
+	 * (RDMA registers it with its device, CUDA pins host memory for DMA):
+	 * register len bytes at addr, of memory type mem (device: its CUDA
+	 * ordinal), keeping what it needs in *handle (a memory region, say).
+	 * The engine keeps the handle for it, per memory, and finds it again
+	 * for an op (engine/memory.h: ferry__buf_reg for a block of the pool,
+	 * ferry__region_reg for a registered region). It is called for the
+	 * engine's pool once, right after init (an error fails the engine's
+	 * creation), and for every ferry_region_register (any thread, while
+	 * progress runs; an error fails that call, logged). mem_deregister
+	 * gets each handle back once: at ferry_region_release (any thread), and
+	 * for the pool and every region still registered just before fini.
+	 */
+	int (*mem_register)(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
+			    enum ferry_mem_type mem, int device, void **handle);
+	void (*mem_deregister)(struct ferry_engine *e, struct backend *b, void *handle);
 };
 
 struct backend {
