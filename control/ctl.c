@@ -201,19 +201,9 @@ static int ctl_init(struct ferry_engine *e, struct backend *b)
 	pthread_mutex_init(&st->lock, NULL);
 	b->data = st;
 	ferry__directory_set(e, &ctl_directory, st);
-	if (p && p->size > offsetof(struct ferry_engine_params, listen)) {
-		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
-		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
-		rc = sec_secret_load(&st->secret, p->secret, p->secret_file);
-	} else {
-		rc = sec_secret_load(&st->secret, NULL, NULL);
-	}
+	rc = sec_engine_params(p, &st->secret, &st->heartbeat_ns, &st->peer_timeout_ns);
 	if (rc)
 		goto fail;
-	if (!st->heartbeat_ns)
-		st->heartbeat_ns = CTL_DEFAULT_HEARTBEAT_MS * 1000000ull;
-	if (!st->peer_timeout_ns)
-		st->peer_timeout_ns = CTL_DEFAULT_PEER_TIMEOUT_MS * 1000000ull;
 	if (p && p->size > offsetof(struct ferry_engine_params, control))
 		control = p->control;
 	if (!control)

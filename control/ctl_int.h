@@ -30,8 +30,6 @@
 #define CTL_ID_MAX 256
 #define CTL_FETCH_MAX_NS (3600ull * 1000000000ull)
 #define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
-#define CTL_DEFAULT_HEARTBEAT_MS 1000
-#define CTL_DEFAULT_PEER_TIMEOUT_MS 10000
 /* ctl_gate.c: connections at the control port that proved nothing, at most, at once */
 #define CTL_GATE_PREAUTH_MAX 64
 #define CTL_GATE_MAX (CTL_MAX_SESSIONS + CTL_GATE_PREAUTH_MAX)

@@ -608,18 +608,10 @@ static int tcp_init(struct ferry_engine *e, struct backend *b)
 		}
 		if (p->listen)
 			snprintf(st->listen_text, sizeof(st->listen_text), "%s", p->listen);
-		st->heartbeat_ns = (uint64_t)p->heartbeat_ms * 1000000ull;
-		st->peer_timeout_ns = (uint64_t)p->peer_timeout_ms * 1000000ull;
-		rc = sec_secret_load(&st->secret, p->secret, p->secret_file);
-	} else {
-		rc = sec_secret_load(&st->secret, NULL, NULL);
 	}
+	rc = sec_engine_params(p, &st->secret, &st->heartbeat_ns, &st->peer_timeout_ns);
 	if (rc)
 		goto fail;
-	if (!st->heartbeat_ns)
-		st->heartbeat_ns = TCP_DEFAULT_HEARTBEAT_MS * 1000000ull;
-	if (!st->peer_timeout_ns)
-		st->peer_timeout_ns = TCP_DEFAULT_PEER_TIMEOUT_MS * 1000000ull;
 	if (st->peer_timeout_ns < st->heartbeat_ns) {
 		log_error("ferry_engine_create: peer_timeout_ms is shorter than heartbeat_ms");
 		rc = -EINVAL;

@@ -53,8 +53,6 @@
 #define TCP_MAX_SOCKS 1024          /* connections of one engine */
 #define TCP_PREAUTH_MAX 64          /* callers that proved nothing yet, at once */
 #define TCP_RING_ENTRIES 256
-#define TCP_DEFAULT_HEARTBEAT_MS 1000
-#define TCP_DEFAULT_PEER_TIMEOUT_MS 10000
 #define TCP_BACKLOG 128
 #define TCP_HOT_NS 2000000ull       /* a connection quiet this long is read by io_uring again */
 #define TCP_MAX_HOT 16              /* connections read directly, at most */
