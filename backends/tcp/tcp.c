@@ -434,12 +434,16 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 		st->tick_due = false;
 		tcp_check_time(st);
 		tcp_reap_links(st);
+		tcp_health_count(st);
 		if (st->nending)
 			tcp_arm_end_check(st);
 	}
 	if (st->ndead)
 		tcp_sweep_dead(st);
-	if (links_alive(st) || st->wait_mem_head)
+	/* One more tick after the last link went: the health counts say so. */
+	if (links_alive(st) || st->wait_mem_head ||
+	    atomic_load_explicit(&st->h_links_up, memory_order_relaxed) ||
+	    atomic_load_explicit(&st->h_links_other, memory_order_relaxed))
 		arm_tick(st);
 	return n;
 }
@@ -738,6 +742,27 @@ static int tcp_address(struct ferry_engine *e, struct backend *b, char *buf, siz
 	return st->bound[0] ? snprintf(buf, len, "%s", st->bound) : 0;
 }
 
+/*
+ * Its part of the engine's health: the listening address, and links and
+ * connections as the last tick counted them (links up and not; of the up
+ * links' connections, how many are authenticated out of how many they
+ * should have; every socket open, handshakes included).
+ */
+static int tcp_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	return snprintf(buf, len,
+			",\"tcp\":{\"address\":\"%s\",\"links_up\":%u,\"links_other\":%u,"
+			"\"connections_ready\":%u,\"connections_wanted\":%u,\"sockets\":%u}",
+			st->bound, atomic_load_explicit(&st->h_links_up, memory_order_relaxed),
+			atomic_load_explicit(&st->h_links_other, memory_order_relaxed),
+			atomic_load_explicit(&st->h_conns_ready, memory_order_relaxed),
+			atomic_load_explicit(&st->h_conns_wanted, memory_order_relaxed),
+			atomic_load_explicit(&st->h_sockets, memory_order_relaxed));
+}
+
 const struct backend_ops ferry__tcp_backend = {
 	.name = "tcp",
 	.rank = 10,
@@ -755,6 +780,7 @@ const struct backend_ops ferry__tcp_backend = {
 	.round_end = tcp_round_end,
 	.forget = tcp_forget,
 	.on_cqe = tcp_on_cqe,
+	.health = tcp_health,
 	.scheme = "tcp",
 	.connect = tcp_connect,
 	.address = tcp_address,

@@ -270,6 +270,11 @@ struct tcp_state {
 	uint32_t nflush;
 	/* A small send queue gathered for one send() (conn_gather). */
 	uint8_t coalesce[TCP_COALESCE_MAX];
+	/*
+	 * What the health hook says (any thread reads them): links and
+	 * connections as tcp_check_time last counted them, at each tick.
+	 */
+	_Atomic uint32_t h_links_up, h_links_other, h_conns_ready, h_conns_wanted, h_sockets;
 };
 
 /* ------------------------------------------------------------------ */
@@ -541,6 +546,8 @@ void tcp_conn_end(struct tcp_state *st, struct tcp_conn *c, int err);
 void tcp_link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char *why);
 void tcp_reap_links(struct tcp_state *st);
 int tcp_check_time(struct tcp_state *st);
+/* At each tick: count links and connections for the health hook. */
+void tcp_health_count(struct tcp_state *st);
 
 /* tcp_handshake.c: the listener, calls, the handshake. */
 void tcp_on_poll(struct tcp_state *st, struct tcp_conn *c, int res);

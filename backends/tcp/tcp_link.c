@@ -374,6 +374,30 @@ void tcp_reap_links(struct tcp_state *st)
 /* Heartbeats and handshake deadlines                                 */
 /* ------------------------------------------------------------------ */
 
+/* The health hook's counts of links and connections (read from any thread). */
+void tcp_health_count(struct tcp_state *st)
+{
+	uint32_t up = 0, other = 0, ready = 0, wanted = 0, sockets = 0;
+
+	for (struct tcp_link *l = st->links; l; l = l->next) {
+		if (l->state != LINK_UP) {
+			other += l->state != LINK_DEAD;
+			continue;
+		}
+		up++;
+		wanted += l->nconns;
+		for (uint16_t i = 0; i < l->nconns; i++)
+			ready += l->conns[i] && !l->conns[i]->dead && l->conns[i]->hs == HS_READY;
+	}
+	for (uint32_t i = 0; i < TCP_MAX_SOCKS; i++)
+		sockets += st->conns[i] && !st->conns[i]->dead;
+	atomic_store_explicit(&st->h_links_up, up, memory_order_relaxed);
+	atomic_store_explicit(&st->h_links_other, other, memory_order_relaxed);
+	atomic_store_explicit(&st->h_conns_ready, ready, memory_order_relaxed);
+	atomic_store_explicit(&st->h_conns_wanted, wanted, memory_order_relaxed);
+	atomic_store_explicit(&st->h_sockets, sockets, memory_order_relaxed);
+}
+
 int tcp_check_time(struct tcp_state *st)
 {
 	uint64_t now = reactor_now(st->engine);
