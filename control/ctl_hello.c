@@ -36,12 +36,35 @@ static const char *check_text(int rc)
 				      : "malformed";
 }
 
-/* Our data address, to publish ("" when the engine listens for no data). */
+/*
+ * Our address set, to publish: every data address of ours (each
+ * transport's that peers can be given one for, ferry_engine_addresses less
+ * the control channel's own ferry://), separated by one space ("" when the
+ * engine listens for no data). What does not fit in the field is left out
+ * (logged); today it is one tcp:// address, as it always was.
+ */
 static void my_data_addr(struct ctl_state *st, char out[CTL_ADDR_BYTES])
 {
+	char all[4 * PEER_ADDR_MAX], *save = NULL;
+	size_t n = 0;
+
 	memset(out, 0, CTL_ADDR_BYTES);
-	if (ferry_engine_address(st->e, out, CTL_ADDR_BYTES) < 0)
-		out[0] = '\0';
+	if (ferry_engine_addresses(st->e, all, sizeof(all)) <= 0)
+		return;
+	for (char *uri = strtok_r(all, " ", &save); uri; uri = strtok_r(NULL, " ", &save)) {
+		size_t m = strlen(uri);
+
+		if (!strncmp(uri, "ferry://", 8))
+			continue;
+		if (n + (n ? 1 : 0) + m >= CTL_ADDR_BYTES) {
+			log_warn("ctl: engine %s: no room to publish its address %s", st->e->name, uri);
+			continue;
+		}
+		if (n)
+			out[n++] = ' ';
+		memcpy(out + n, uri, m);
+		n += m;
+	}
 }
 
 /* Call the peer: a fresh DEALER, then HELLO. */

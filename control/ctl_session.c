@@ -162,12 +162,91 @@ void ctl_session_dead(struct ctl_state *st, struct ctl_session *s, int res, cons
 	}
 }
 
-/* The session is READY: note the peer's data address, let what waited go. */
+/*
+ * One tcp:// address the peer published, as this engine reaches it: a
+ * wildcard host means "where you found me". true and text, or false
+ * (malformed, logged).
+ */
+static bool tcp_addr_seen(struct ctl_state *st, struct ctl_session *s, const char *data_addr,
+			  char text[NETADDR_MAX])
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+	bool any;
+
+	text[0] = '\0';
+	if (netaddr_parse(data_addr, true, &ss, &sl)) {
+		log_warn("ctl: engine %s: %s published a malformed data address", st->e->name,
+			 s->peer_name);
+		return false;
+	}
+	any = ss.ss_family == AF_INET
+		      ? ((struct sockaddr_in *)&ss)->sin_addr.s_addr == INADDR_ANY
+		      : IN6_IS_ADDR_UNSPECIFIED(&((struct sockaddr_in6 *)&ss)->sin6_addr);
+	if (any && s->seen_host[0]) {
+		char ep[NETADDR_MAX];
+		unsigned port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+
+		snprintf(ep, sizeof(ep), strchr(s->seen_host, ':') ? "tcp://[%s]:%u" : "tcp://%s:%u",
+			 s->seen_host, port);
+		if (netaddr_parse(ep, true, &ss, &sl))
+			return false;
+	}
+	netaddr_format((struct sockaddr *)&ss, text, NETADDR_MAX);
+	return text[0] != '\0';
+}
+
+/* Does a transport of this build take addresses of this URI's scheme? */
+static bool scheme_known(struct ferry_engine *e, const char *uri)
+{
+	const char *end = strstr(uri, "://");
+
+	for (unsigned i = 0; end && i < e->nbackends; i++) {
+		const char *sc = e->backends[i].ops->scheme;
+
+		if (sc && strlen(sc) == (size_t)(end - uri) && !strncmp(sc, uri, (size_t)(end - uri)))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * The peer's address set (its data addresses, one space between two): each
+ * goes to the peer's addresses for the transport its scheme names; one of
+ * a scheme no transport here takes is skipped (a newer peer's).
+ */
+static void note_addresses(struct ctl_state *st, struct ctl_session *s, const char *set,
+			   char first[NETADDR_MAX])
+{
+	char all[CTL_ADDR_BYTES], *save = NULL;
+
+	first[0] = '\0';
+	snprintf(all, sizeof(all), "%s", set);
+	for (char *uri = strtok_r(all, " ", &save); uri; uri = strtok_r(NULL, " ", &save)) {
+		char text[NETADDR_MAX];
+		const char *use = uri;
+
+		if (!strncmp(uri, "tcp://", 6)) {
+			if (!tcp_addr_seen(st, s, uri, text))
+				continue;
+			use = text;
+		} else if (!scheme_known(st->e, uri)) {
+			log_debug("ctl: engine %s: %s published %s: no transport here takes it",
+				  st->e->name, s->peer_name, uri);
+			continue;
+		}
+		if (ferry__peer_addr_set(s->peer, use))
+			log_warn("ctl: engine %s: %s: no room for its address %s", st->e->name,
+				 s->peer_name, use);
+		else if (!first[0])
+			snprintf(first, NETADDR_MAX, "%s", use);
+	}
+}
+
+/* The session is READY: note the peer's address set, let what waited go. */
 void ctl_session_ready(struct ctl_state *st, struct ctl_session *s, const char *data_addr)
 {
 	struct ferry_engine *e = st->e;
-	struct sockaddr_storage ss;
-	socklen_t sl;
 	char text[NETADDR_MAX] = "";
 	int rc;
 
@@ -175,34 +254,7 @@ void ctl_session_ready(struct ctl_state *st, struct ctl_session *s, const char *
 		ctl_session_dead(st, s, rc, "no peer handle");
 		return;
 	}
-	if (data_addr[0]) {
-		if (netaddr_parse(data_addr, true, &ss, &sl)) {
-			log_warn("ctl: engine %s: %s published a malformed data address", e->name,
-				 s->peer_name);
-		} else {
-			/* A wildcard host means "where you found me". */
-			bool any = ss.ss_family == AF_INET
-					   ? ((struct sockaddr_in *)&ss)->sin_addr.s_addr == INADDR_ANY
-					   : IN6_IS_ADDR_UNSPECIFIED(
-						     &((struct sockaddr_in6 *)&ss)->sin6_addr);
-
-			if (any && s->seen_host[0]) {
-				char ep[NETADDR_MAX];
-				unsigned port = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-
-				snprintf(ep, sizeof(ep), strchr(s->seen_host, ':') ? "tcp://[%s]:%u"
-										 : "tcp://%s:%u",
-					 s->seen_host, port);
-				if (netaddr_parse(ep, true, &ss, &sl))
-					ss.ss_family = AF_UNSPEC;
-			}
-			if (ss.ss_family != AF_UNSPEC)
-				netaddr_format((struct sockaddr *)&ss, text, sizeof(text));
-		}
-	}
-	if (text[0] && ferry__peer_addr_set(s->peer, text)) /* its data path's address */
-		log_warn("ctl: engine %s: %s: no room for its address %s", e->name, s->peer_name,
-			 text);
+	note_addresses(st, s, data_addr, text);
 	s->state = CS_READY;
 	s->refused = false;
 	if (!s->caller)

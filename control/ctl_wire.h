@@ -16,8 +16,8 @@
  *   caller -> callee  HELLO  caps, namespace, caller name, callee name, nonce Nc
  *   callee -> caller  PROOF  caps, callee name, nonce Ns,
  *                            HMAC(K, "ferry-ctl-callee" | Nc | Ns | names | ns)
- *   caller -> callee  AUTH   HMAC(K, "ferry-ctl-caller" | ...), caller's data address
- *   callee -> caller  OK     callee's data address (or NO with an errno)
+ *   caller -> callee  AUTH   HMAC(K, "ferry-ctl-caller" | ...), caller's address set
+ *   callee -> caller  OK     callee's address set (or NO with an errno)
  * Nothing else is answered or acted on before the session is READY.
  */
 #ifndef FERRY_CTL_WIRE_H
@@ -35,7 +35,7 @@
 #define CTL_VERSION 1
 #define CTL_HDR_BYTES 24
 #define CTL_MAX_MSG (256u * 1024u) /* ZMQ_MAXMSGSIZE: larger frames end the connection */
-#define CTL_ADDR_BYTES 128         /* a data address "tcp://HOST:PORT", NUL-padded */
+#define CTL_ADDR_BYTES 128         /* the data addresses, one space apart, NUL-padded */
 
 /* Capabilities (bits of HELLO / PROOF). */
 #define CTL_CAP_DIRECTORY (1u << 0) /* LOOKUP and FETCH */

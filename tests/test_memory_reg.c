@@ -8,21 +8,13 @@
  * and for a region (ferry__region_reg); a registration that fails fails
  * the call (the region, or the engine's creation) and undoes the others.
  *
- * The transports that register here are TEST DOUBLES: this program has its
- * own registry (it defines ferry__transports, so the library's
- * engine/registry.c is not linked in) with the real transports and two
+ * The transports that register here are TEST DOUBLES (tests/transport_double.h):
+ * this program has its own registry with the real transports and two
  * recording doubles that carry no PUT (they reach no peer). No transport
  * of this build registers memory yet (RDMA and CUDA will).
  */
-#include <errno.h>
-
 #include "helpers.h"
-#include "internal.h"
-
-extern const struct backend_ops ferry__ctl_backend;
-extern const struct backend_ops ferry__tcp_backend;
-extern const struct backend_ops ferry__loop_backend;
-extern const struct backend_ops ferry__shm_backend;
+#include "transport_double.h"
 
 /* What a double saw; which registration of it is to fail (0: none). */
 struct reg_double {
@@ -35,58 +27,6 @@ struct reg_double {
 };
 
 static struct reg_double dbl[2];
-
-static int d_init(struct ferry_engine *e, struct backend *b)
-{
-	(void)e;
-	b->data = &dbl[b->ops->rank == 90 ? 0 : 1];
-	return 0;
-}
-
-static void d_fini(struct ferry_engine *e, struct backend *b)
-{
-	(void)e;
-	b->data = NULL;
-}
-
-static int d_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *p)
-{
-	(void)e, (void)b, (void)p;
-	return -EHOSTUNREACH;
-}
-
-static void d_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *p)
-{
-	(void)e, (void)b, (void)p;
-}
-
-static int d_put(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	(void)e, (void)b, (void)op;
-	return -EHOSTUNREACH;
-}
-
-static int d_progress(struct ferry_engine *e, struct backend *b)
-{
-	(void)e, (void)b;
-	return 0;
-}
-
-static bool d_has_work(struct ferry_engine *e, struct backend *b)
-{
-	(void)e, (void)b;
-	return false;
-}
-
-static void d_forget(struct ferry_engine *e, struct backend *b, struct op *op)
-{
-	(void)e, (void)b, (void)op;
-}
-
-static void d_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t c, int res, uint32_t f)
-{
-	(void)e, (void)b, (void)c, (void)res, (void)f;
-}
 
 static int d_register(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 		      enum ferry_mem_type mem, int device, void **handle)
@@ -118,22 +58,23 @@ static void d_deregister(struct ferry_engine *e, struct backend *b, void *handle
 	d->live[i] = 0;
 }
 
+static int d_init(struct ferry_engine *e, struct backend *b)
+{
+	(void)e;
+	b->data = &dbl[b->ops->rank == 90 ? 0 : 1];
+	return 0;
+}
+
 #define DOUBLE(rank_)                                                                          \
 	{                                                                                      \
-		.name = "regdouble", .rank = (rank_), .caps = TRANSPORT_CAP_MEM_HOST,          \
-		.init = d_init, .fini = d_fini, .resolve = d_resolve, .unresolve = d_unresolve, \
-		.put = d_put, .progress = d_progress, .has_work = d_has_work,                  \
-		.forget = d_forget, .on_cqe = d_on_cqe, .mem_register = d_register,            \
+		TD_HOOKS("regdouble", rank_), .init = d_init, .mem_register = d_register,      \
 		.mem_deregister = d_deregister,                                                \
 	}
 
 static const struct backend_ops double_a = DOUBLE(90), double_b = DOUBLE(91);
 
 /* This program's registry: the library's transports, then the two doubles. */
-const struct backend_ops *const ferry__transports[] = {
-	&ferry__ctl_backend, &ferry__tcp_backend, &ferry__loop_backend, &ferry__shm_backend,
-	&double_a, &double_b, NULL,
-};
+TD_REGISTRY(&double_a, &double_b);
 
 static int setup(void **state)
 {
