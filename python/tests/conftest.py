@@ -36,10 +36,18 @@ def pair(ns):
 
 
 def child(code, *args, timeout=60):
-    """Start `python -c code args...` (a real process); returns the Popen."""
-    return subprocess.Popen(
+    """Start `python -c code args...` (a real process); returns the Popen.
+    proc.send(line) writes a line to its stdin."""
+    proc = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ))
+
+    def send(line):
+        proc.stdin.write(line + "\n")
+        proc.stdin.flush()
+    proc.send = send
+    return proc
 
 
 def finish(proc, timeout=60):
