@@ -70,3 +70,33 @@ def _swallow(fn):
         fn()
     except pyferry.FerryError:
         pass
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_signal_interrupts_and_cancels_a_wait(pair):
+    import os
+    import signal
+
+    p, c = pair
+
+    def handler(signum, frame):
+        raise _Interrupted()
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        t0 = time.monotonic()
+        try:
+            c.get("prod", "sig", timeout=30)
+            raised = False
+        except _Interrupted:
+            raised = True
+        assert raised and time.monotonic() - t0 < 5
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    # the interrupted GET was cancelled in ferry: the key is there for the next one
+    p.put("cons", "sig", b"after")
+    assert c.get("prod", "sig", nowait=True).tobytes() == b"after"

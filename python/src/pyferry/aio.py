@@ -129,7 +129,7 @@ def stream(engine, peer, key, *, timeout=None, whole=False):
     """An async iterator over a stream's chunks (Buffers); timeout: the gap."""
     lq = _queue(engine)
     ud = lq.q.stream(peer, key, timeout=timeout, whole=whole)
-    s = AsyncStream(lq, ud, key, peer)
+    s = AsyncStream(lq, ud, key)
     lq.waiters[ud] = s
     return s
 
@@ -137,9 +137,8 @@ def stream(engine, peer, key, *, timeout=None, whole=False):
 class AsyncStream:
     """The chunks of one stream, for `async for`. aclose() cancels the rest."""
 
-    def __init__(self, lq, ud, key, peer):
+    def __init__(self, lq, ud, key):
         self._lq = lq
-        self._peer = peer
         self._ud = ud
         self._key = key
         self._chunks = collections.deque()
@@ -194,9 +193,6 @@ class AsyncStream:
                     await self._waiter
                 finally:
                     self._waiter = None
-            # chunks that arrived and were not taken stay under their keys: drop
-            # them (a local op, it does not wait for the peer)
-            self._lq.engine.cleanup(self._key, self._peer)
         self._error = None
         while self._chunks:
             self._chunks.popleft()[1].release()

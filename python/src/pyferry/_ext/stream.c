@@ -15,7 +15,6 @@
 typedef struct {
 	PyObject_HEAD
 	pyf_engine *engine;
-	struct ferry_peer *peer;
 	struct ferry_cq *cq;
 	uint64_t ud;
 	int done;
@@ -47,7 +46,6 @@ PyObject *pyf_stream_open(pyf_engine *self, PyObject *args, PyObject *kw)
 	Py_INCREF(self);
 	it->engine = self;
 	it->cq = NULL;
-	it->peer = peer;
 	it->done = 1;
 	it->last_index = -1;
 	snprintf(it->key, sizeof(it->key), "%s", key);
@@ -119,24 +117,9 @@ static void stream_finish(pyf_stream *it)
 		return;
 	}
 	if (!it->done) {
-		struct ferry_sq *sq;
-		struct ferry_sqe *sqe;
-		struct ferry_cqe cqe;
-		uint64_t ud;
-
+		/* chunks already posted to our CQ are released as they are drained */
 		pyf_cancel_drain(it->engine, it->cq, it->ud);
 		it->done = 1;
-		/* Chunks that arrived and were not taken stay under their keys
-		 * ("{stream}_{n}"): drop them, so their memory goes home. */
-		if ((sqe = pyf_sqe(it->engine, &sq))) {
-			ud = pyf_ud(it->engine);
-			ferry_prep_cleanup(sqe, it->peer, it->key, ud);
-			ferry_sqe_set_cq(sqe, it->cq);
-			if (ferry_sq_submit(sq) >= 0 && pyf_wait(it->engine, it->cq, ud, &cqe) < 0)
-				PyErr_Clear();
-		} else {
-			PyErr_Clear();
-		}
 	}
 	if (it->cq) {
 		ferry_cq_destroy(it->cq);
