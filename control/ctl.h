@@ -1,6 +1,5 @@
 /*
- * control/ctl.h - the control channel's parts that tcp.c and the
- * channel's own files share (private).
+ * control/ctl.h - the control channel as the registry sees it (private).
  *
  * Owns: the channel's ops table (the engine finds it in engine/registry.c)
  * and its directory service (engine/directory.h), which ctl_req.c

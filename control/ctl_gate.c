@@ -6,12 +6,12 @@
  * from libzmq's socket monitor, an inproc PAIR socket polled by the reactor
  * like the others: ACCEPTED gives each connection's fd, DISCONNECTED and
  * CLOSED end it), which of them carry a session that proved the cluster
- * secret (ctl.c tells, from the fd a message came on, ZMQ_SRCFD), and hanging
- * up on the others: a connection that has not proved the secret within
- * params.handshake_ms (as the data port), and the oldest of
+ * secret (ctl_session.c tells, from the fd a message came on, ZMQ_SRCFD),
+ * and hanging up on the others: a connection that has not proved the
+ * secret within params.handshake_ms (as the data port), and the oldest of
  * them when CTL_GATE_PREAUTH_MAX wait at once. libzmq's own ZMTP greeting is
- * bounded too (ZMQ_HANDSHAKE_IVL, set in ctl.c a second after this bound, so
- * that the gate acts, and counts, first), but a connection
+ * bounded too (ZMQ_HANDSHAKE_IVL, set in ctl_sock.c a second after this
+ * bound, so that the gate acts, and counts, first), but a connection
  * that completes it and then stays silent, or says HELLO and never proves
  * anything, would otherwise live as long as it likes, each holding a file
  * descriptor of this process.

@@ -1,12 +1,16 @@
 /*
- * control/ctl_int.h - the control channel's own types (private to
- * ctl.c and ctl_req.c; built with libzmq only).
+ * control/ctl_int.h - the control channel's own types (private to the
+ * channel's files in control/; built with libzmq only).
  *
  * Owns: the state of one engine's control channel (sockets, sessions, the
  * table of requests waiting for answers, the ferry_peer_connect mailbox),
- * its limits, and the calls its two files make into each other: ctl.c runs
- * the sockets, sessions and handshakes; ctl_req.c the requests that ride a
- * READY session (asked and answered) and the reactor's op hooks.
+ * its limits, and the calls its files make into each other: ctl.c is the
+ * backend (init, fini, rounds, the tick); ctl_sock.c runs the sockets
+ * (sending, receiving); ctl_session.c the sessions, their state machine and
+ * their time; ctl_hello.c the handshake; ctl_connect.c ferry_peer_connect's
+ * mailbox and the public calls; ctl_req.c the requests that ride a READY
+ * session (asked and answered) and the reactor's op hooks; ctl_gate.c the
+ * control port's door.
  */
 #ifndef FERRY_CTL_INT_H
 #define FERRY_CTL_INT_H
@@ -26,8 +30,6 @@
 #define CTL_ID_MAX 256
 #define CTL_FETCH_MAX_NS (3600ull * 1000000000ull)
 #define CTL_DRAIN_MAX 256 /* messages taken from one socket per round */
-#define CTL_DEFAULT_HEARTBEAT_MS 1000
-#define CTL_DEFAULT_PEER_TIMEOUT_MS 10000
 /* ctl_gate.c: connections at the control port that proved nothing, at most, at once */
 #define CTL_GATE_PREAUTH_MAX 64
 #define CTL_GATE_MAX (CTL_MAX_SESSIONS + CTL_GATE_PREAUTH_MAX)
@@ -148,17 +150,21 @@ struct ctl_state {
 		log_warn(__VA_ARGS__);               \
 	} while (0)
 
-/* ctl.c */
+/* ctl.c: the backend */
 struct ctl_state *ctl_state_of(struct ferry_engine *e);
+
+/* ctl_sock.c: sockets, sending, receiving */
+/* An SQE of the reactor's io_uring (submitting to make room), or NULL (logged). */
+struct io_uring_sqe *ctl_ring_sqe(struct ctl_state *st);
 /* A socket of type with our options, its ZMQ_FD polled as slot (ctl_sock_arm). */
 int ctl_sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char *endpoint);
 void ctl_sock_arm(struct ctl_state *st, struct ctl_sock *s, uint32_t slot);
 void ctl_sock_close(struct ctl_state *st, struct ctl_sock *s, uint32_t slot);
 /* ZMQ_EVENTS says a message waits. */
 bool ctl_sock_readable(void *z);
+/* "tcp://HOST:0" -> "tcp://HOST:*" (ZeroMQ's way to ask for any port). */
+void ctl_zmq_endpoint(const char *in, char *out, size_t len);
 const char *ctl_type_name(unsigned t);
-/* Take ferry_peer_connect calls still in the mailbox (an op may need them now). */
-void ctl_connects_first(struct ctl_state *st);
 /*
  * Send one message to a session: header, body, then extra (a key or text).
  * Returns 0, or a negative errno (the message is dropped; logged).
@@ -167,20 +173,49 @@ int ctl_send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, uin
 		 const void *body, size_t blen, const void *extra, size_t elen);
 int ctl_send_answer(struct ctl_state *st, struct ctl_session *s, uint16_t type, uint64_t seq,
 		    int32_t res, uint64_t len);
+/* Take what the sockets that said so hold (the gate's events first); returns how many. */
+int ctl_drain(struct ctl_state *st);
+
+/* ctl_session.c: sessions */
+/* A free session, zeroed (its socket's generation moved on), or NULL. */
+struct ctl_session *ctl_session_new(struct ctl_state *st);
+void ctl_session_free(struct ctl_state *st, struct ctl_session *s);
 /* The best session to peer `name`: a READY one, else (!ready) one in the making. */
 struct ctl_session *ctl_session_for(struct ctl_state *st, const char *name, bool ready);
+/* The callee session of a routing id at our ROUTER, or NULL. */
+struct ctl_session *ctl_session_by_id(struct ctl_state *st, const void *id, size_t n);
+/* Our call is through (res 0) or failed: the PUTs that waited for it go or fail. */
+void ctl_waiters_go(struct ctl_state *st, struct ctl_session *s, int res);
+/* The session ended (why: logged, NULL: not): a caller backs off, a callee is freed. */
+void ctl_session_dead(struct ctl_state *st, struct ctl_session *s, int res, const char *why);
+/* The handshake is done: note the peer's data address, let what waited go. */
+void ctl_session_ready(struct ctl_state *st, struct ctl_session *s, const char *data_addr);
+/* A message of a READY session (checked header h, its body). */
+void ctl_on_ready_msg(struct ctl_state *st, struct ctl_session *s, const struct ctl_hdr *h,
+		      const uint8_t *body);
+/* The tick: heartbeats, verdicts, handshake deadlines, retries; returns the work done. */
+int ctl_check_time(struct ctl_state *st);
+
+/* ctl_hello.c: the handshake */
+/* Call the peer of caller session s: a fresh DEALER, then HELLO. */
+void ctl_call_start(struct ctl_state *st, struct ctl_session *s);
 /*
- * Take one received message, as recv_router does with what the ROUTER
- * brings (routing id of 1..CTL_ID_MAX bytes, the frame of n bytes, the
+ * Take one received message: what ctl_sock.c's recv_router hands over from
+ * the ROUTER (routing id of 1..CTL_ID_MAX bytes, the frame of n bytes, the
  * address ZeroMQ saw it from or NULL, the fd of its connection or -1:
- * ctl_gate_srcfd) and recv_dealer with what caller session s's DEALER
- * brings: every check and answer is the sockets' own. The receive path
- * without a socket, for fuzz/fuzz_ctl.c.
+ * ctl_gate_srcfd) and recv_dealer from caller session s's DEALER: every
+ * check and answer is here. fuzz/fuzz_ctl.c calls them without a socket.
  */
 void ctl_take_router_msg(struct ctl_state *st, const void *id, size_t id_len,
 			 const uint8_t *frame, size_t n, const char *peer_addr, int fd);
 void ctl_take_dealer_msg(struct ctl_state *st, struct ctl_session *s, const uint8_t *frame,
 			 size_t n);
+
+/* ctl_connect.c: ferry_peer_connect's mailbox */
+/* Take ferry_peer_connect calls still in the mailbox (an op may need them now). */
+void ctl_connects_first(struct ctl_state *st);
+/* Take the mailbox's calls and start them; returns how many were taken. */
+int ctl_take_connects(struct ctl_state *st);
 
 /* ctl_gate.c: the control port's door */
 int ctl_gate_open(struct ctl_state *st);  /* after the ROUTER's bind */

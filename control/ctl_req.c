@@ -7,7 +7,8 @@
  * cleanup of a request), store-like keys (a PUBLISH PUT kept in the key
  * table; a fetch that finds nothing yet parks an engine-made GET with a
  * callback on the key, so the publish itself sends it), and the hooks the
- * reactor calls for those ops. Sessions, sockets and handshakes: ctl.c.
+ * reactor calls for those ops. Sessions: ctl_session.c; sockets: ctl_sock.c;
+ * handshakes: ctl_hello.c.
  */
 #ifdef FERRY_HAVE_ZMQ
 #include <errno.h>

@@ -1,15 +1,15 @@
 /*
  * control/ctl_wire.h - what two engines say on the control channel
- * (private to ctl.c and its tests).
+ * (private to the channel's files in control/ and its tests).
  *
  * Owns: the control message format. Every message is one ZeroMQ frame (on
  * the callee's ROUTER socket preceded by the routing id frame ZeroMQ adds):
  * a fixed 24-byte header, then exactly `len` bytes of body whose layout the
  * type fixes. Every integer is little-endian. Nothing read is trusted:
  * ctl_hdr_check() checks magic, version, type, reserved bits and that the
- * frame is exactly header + len, and ctl.c checks each body's length against
- * its type (fixed sizes, or a key of 1..FERRY_KEY_MAX-1 bytes without NUL)
- * before reading a field. A message that fails a check is logged and
+ * frame is exactly header + len, and ctl_hello.c and ctl_session.c check
+ * each body's length against its type (fixed sizes, or a key of
+ * 1..FERRY_KEY_MAX-1 bytes without NUL) before reading a field. A message that fails a check is logged and
  * dropped; one that breaks the handshake ends the session.
  *
  * The handshake (the data path's, see security.h, with its own HMAC roles):

@@ -90,6 +90,17 @@ int sec_secret_load(struct sec_secret *s, const char *param, const char *path)
 	return 0;
 }
 
+int sec_engine_params(const struct ferry_engine_params *p, struct sec_secret *s,
+		      uint64_t *heartbeat_ns, uint64_t *peer_timeout_ns)
+{
+	bool has = p && p->size > offsetof(struct ferry_engine_params, listen);
+	uint64_t hb = has ? p->heartbeat_ms : 0, to = has ? p->peer_timeout_ms : 0;
+
+	*heartbeat_ns = (hb ? hb : SEC_DEFAULT_HEARTBEAT_MS) * 1000000ull;
+	*peer_timeout_ns = (to ? to : SEC_DEFAULT_PEER_TIMEOUT_MS) * 1000000ull;
+	return sec_secret_load(s, has ? p->secret : NULL, has ? p->secret_file : NULL);
+}
+
 int sec_nonce(uint8_t *out, size_t n)
 {
 	if (RAND_bytes(out, (int)n) != 1) {

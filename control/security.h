@@ -9,7 +9,7 @@
  * peers only, served and called (sec_peer_allowed). The tcp transport, the
  * control channel and every later transport take their trust from here.
  *
- * A handshake (tcp.c and ctl.c drive theirs over non-blocking sockets):
+ * A handshake (tcp_handshake.c and ctl_hello.c drive theirs over non-blocking sockets):
  *   caller -> callee  HELLO  names, namespace, link, nonce Nc
  *   callee -> caller  PROOF  names, nonce Ns, HMAC(K, role-callee | Nc | Ns | ids)
  *   caller -> callee  AUTH   HMAC(K, role-caller | Nc | Ns | ids)
@@ -47,6 +47,22 @@ struct sec_secret {
  * SEC_SECRET_MAX), logged.
  */
 int sec_secret_load(struct sec_secret *s, const char *param, const char *path);
+
+/* The liveness bounds when the engine's parameters leave them 0. */
+#define SEC_DEFAULT_HEARTBEAT_MS 1000
+#define SEC_DEFAULT_PEER_TIMEOUT_MS 10000
+
+struct ferry_engine_params;
+
+/*
+ * What every layer that calls peers takes from the engine's parameters
+ * (p may be NULL, or older than these fields): the cluster secret
+ * (params.secret, $FERRY_SECRET, params.secret_file: sec_secret_load) and
+ * the liveness bounds, in ns (params.heartbeat_ms and peer_timeout_ms, 0:
+ * the defaults above). 0, or the error of sec_secret_load (logged).
+ */
+int sec_engine_params(const struct ferry_engine_params *p, struct sec_secret *s,
+		      uint64_t *heartbeat_ns, uint64_t *peer_timeout_ns);
 
 /* Fill n bytes with fresh random bytes. 0 or -EIO. */
 int sec_nonce(uint8_t *out, size_t n);

@@ -6,7 +6,9 @@
  * sequence-per-slot scheme), its overflow list (a full CQ never loses a
  * completion: the op holds it until there is room), callback dispatch on
  * the polling thread, and the three ways to wait: poll, wait (spin, then a
- * futex), and fd + arm for foreign event loops.
+ * futex), and fd + arm for foreign event loops. For the reactor's round: the
+ * flush of overflowed completions across CQs, and the reaping of CQs the
+ * application destroyed once no round can reach them.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -498,4 +500,77 @@ int ferry_cq_destroy(struct ferry_cq *cq)
 	if (rc)
 		log_error("ferry_cq_destroy: not a live CQ of its engine (destroyed twice?)");
 	return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* The reactor's side: overflowing and destroyed CQs                   */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Overflowing CQs: rare, so they are found by walking the CQ list under the
+ * engine lock, and only when the count of overflowing CQs says so.
+ */
+unsigned cq_flush_overflows(struct ferry_engine *e)
+{
+	unsigned n = 0;
+
+	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
+		n += cq_flush_overflow(&e->default_cq);
+	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
+		pthread_mutex_lock(&e->lock);
+		for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
+			if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+				n += cq_flush_overflow(cq);
+		pthread_mutex_unlock(&e->lock);
+	}
+	return n;
+}
+
+bool cq_overflow_can_move(struct ferry_engine *e)
+{
+	bool yes = false;
+
+	if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
+		return true;
+	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
+		pthread_mutex_lock(&e->lock);
+		for (struct ferry_cq *cq = e->cqs; cq && !yes; cq = cq->next)
+			yes = atomic_load(&cq->overflowing) && cq_ring_has_room(cq);
+		pthread_mutex_unlock(&e->lock);
+	}
+	return yes;
+}
+
+/*
+ * CQs destroyed by the application wait here until no round can still
+ * reach them: no op targets them, and a full round that drained every ring
+ * has run since (entries submitted before the destroy were taken then).
+ * The round calls it while e->dead_cqs_pending says some wait.
+ */
+void cq_reap_dead(struct ferry_engine *e, bool drained)
+{
+	struct ferry_cq **pp, *cq, *gone = NULL;
+
+	pthread_mutex_lock(&e->lock);
+	for (pp = &e->dead_cqs; (cq = *pp);) {
+		if (drained && cq->dead_round < e->rounds && !atomic_load(&cq->inflight) &&
+		    !cq->overflow_head) {
+			*pp = cq->next;
+			atomic_fetch_sub(&e->dead_cqs_pending, 1);
+			cq->next = gone;
+			gone = cq;
+		} else {
+			pp = &cq->next;
+		}
+	}
+	pthread_mutex_unlock(&e->lock);
+	/*
+	 * Outside the lock: cq_fini runs the callbacks of completions nobody
+	 * polled, and a callback may call what takes e->lock (ferry_peer_open).
+	 */
+	while ((cq = gone)) {
+		gone = cq->next;
+		cq_fini(cq);
+		free(cq);
+	}
 }

@@ -6,7 +6,9 @@
  * ferry_peer, the in-flight op, the deadline heap, the key table, the
  * backend ops table and the small atomics helpers they use. Data flows
  * caller -> ferry_sq ring -> reactor (reactor.c) -> key table / backend ->
- * peer -> completion (cq.c) -> caller; each step lives in its own file.
+ * peer -> completion (cq.c) -> caller; each step lives in its own file
+ * (the reactor's: reactor.c, the op path and the rounds; reactor_sleep.c,
+ * reactor_peer.c, reactor_setup.c).
  */
 #ifndef FERRY_INTERNAL_H
 #define FERRY_INTERNAL_H
@@ -136,6 +138,12 @@ bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb
 	     void *cb_arg, struct op *holder);
 /* Move overflowed completions in; returns how many. Reactor only. */
 unsigned cq_flush_overflow(struct ferry_cq *cq);
+/* The same for every CQ with completions held back (the round). */
+unsigned cq_flush_overflows(struct ferry_engine *e);
+/* Could a round move overflowed completions in now (a consumer made room)? */
+bool cq_overflow_can_move(struct ferry_engine *e);
+/* Free the destroyed CQs no round can reach any more (drained: the round took every ring). */
+void cq_reap_dead(struct ferry_engine *e, bool drained);
 /* After a reactor round: wake waiters / arm fds of CQs posted to. */
 void cq_flush_wakeups(struct ferry_engine *e);
 int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool is_default);
@@ -534,7 +542,7 @@ struct ferry_engine {
 	struct ferry_cq *dirty_cqs;
 	uint64_t now;   /* the clock, read at most once per round (reactor_now) */
 	bool now_valid;
-	/* Stand-in rounds (reactor.c): a caller runs a round for the parked reactor. */
+	/* Stand-in rounds (reactor_sleep.c): a caller runs a round for the parked reactor. */
 	bool standing_in;
 	bool stand_in_needs_reactor; /* it left work only the reactor thread may do */
 	uint64_t parked_until;       /* when the parked reactor wakes by itself (UINT64_MAX: never) */

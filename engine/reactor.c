@@ -1,43 +1,36 @@
 /*
- * engine/reactor.c - the reactor: one loop per engine.
+ * engine/reactor.c - the reactor's op path: one loop per engine.
  *
- * Owns: draining the submission rings into ops, dispatching each op
- * (NOP, PUT, GET, CANCEL), matching arrivals with waiting GETs through the
- * key table, deadlines, completing ops, and the one place the progress side
- * sleeps: an io_uring wait on the doorbell eventfd (and the next deadline).
- * In THREAD mode a thread runs this loop, spinning for spin_ns while work
- * flows; in MANUAL mode the same rounds run inside ferry_progress and the
- * CQ calls. Whoever runs a round holds e->progress_busy, so everything the
- * reactor owns is single-threaded and needs no lock.
+ * Owns: draining the submission rings into ops, the op table (the flags
+ * each op takes, what issues it) and the checks of an SQE, issuing NOP,
+ * PUT, GET and CANCEL, handing a PUT to the transport that reaches its peer,
+ * matching arrivals with waiting GETs through the key table, completing
+ * ops (and the CQEs of multishot ops), one reactor round
+ * (reactor_run_once), the THREAD-mode reactor thread's loop and
+ * ferry_progress (and progress_unlock). Everything an op goes through on its way is here, so the
+ * calls between them stay in one translation unit.
+ *
+ * Elsewhere: the sleep, the wake and stand-in rounds (reactor_sleep.c),
+ * waiting for a peer and peer events (reactor_peer.c), the reactor's
+ * creation and destroy (reactor_setup.c), overflowed and destroyed CQs
+ * (cq.c). In THREAD mode a thread runs the rounds, spinning for spin_ns
+ * while work flows; in MANUAL mode the same rounds run inside
+ * ferry_progress and the CQ calls. Whoever runs a round holds
+ * e->progress_busy, so everything the reactor owns is single-threaded and
+ * needs no lock.
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
-#include <stdlib.h>
-#include <string.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/mman.h>
-#include <sys/syscall.h>
 #include <sched.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
+#include "reactor_int.h"
 
-#if defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#endif
-#endif
-#ifndef RUNNING_ON_VALGRIND
-#define RUNNING_ON_VALGRIND 0
-#endif
-
-#define NO_SLOT UINT32_MAX
-#define TAG_DOORBELL 1ull
-#define TAG_TIMEOUT 2ull
 #define MAX_IOV 1024
 
 uint64_t ferry__now_ns(void)
@@ -46,36 +39,6 @@ uint64_t ferry__now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
-{
-	struct timespec ts, *tsp = NULL;
-
-	if (timeout_ns >= 0) {
-		ts.tv_sec = timeout_ns / 1000000000;
-		ts.tv_nsec = timeout_ns % 1000000000;
-		tsp = &ts;
-	}
-	if (syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, tsp, NULL, 0) < 0)
-		return -errno;
-	return 0;
-}
-
-/* How long an idle spin pauses before it starts to yield its CPU. */
-#define SPIN_PAUSE_NS 2000
-
-void ferry__spin_step(uint64_t spun_ns)
-{
-	if (spun_ns < SPIN_PAUSE_NS)
-		cpu_relax();
-	else
-		sched_yield();
-}
-
-void ferry__futex_wake_all(_Atomic uint32_t *addr)
-{
-	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -148,106 +111,13 @@ static void unpark(struct ferry_engine *e, struct op *op)
 	keytable_put(&e->keys, ke);
 }
 
-#define RETRY_FIRST_NS 5000000ull    /* a peer not up: tried again after 5 ms, */
-#define RETRY_MAX_NS 200000000ull    /* then less and less often, at least every 200 ms */
-
-/*
- * A FERRY_SQE_WAIT_PEER PUT met a peer that is not up (-EHOSTUNREACH, or
- * its address refused: nothing of it was delivered): it waits on the
- * peer's wait list instead of completing, and the peer is tried again
- * (retry_peers) until it is up or the PUT's deadline passes. False when the
- * op must complete after all (the engine is closing).
- */
-static bool wait_for_peer(struct ferry_engine *e, struct op *op)
-{
-	struct ferry_peer *peer = op->peer;
-
-	if (atomic_load_explicit(&e->closing, memory_order_relaxed) ||
-	    (op->flags & OP_F_WAIT_PEER))
-		return false;
-	if (op->state == OP_PARKED || op->state == OP_QUEUED)
-		return false; /* not a PUT that was on its way */
-	op->state = OP_AWAY;
-	op->flags |= OP_F_WAIT_PEER;
-	op_list_append(&peer->wait_head, &peer->wait_tail, op);
-	if (op->heap_idx == NO_SLOT && op->interval)
-		op_arm_deadline(e, op, op->interval);
-	if (!peer->retrying) {
-		peer->retrying = true;
-		peer->retry_next = e->retry_peers;
-		e->retry_peers = peer;
-	}
-	if (!e->retry_at) { /* retry_peers sets its own next time */
-		if (!e->retry_ns)
-			e->retry_ns = RETRY_FIRST_NS;
-		e->retry_at = reactor_now(e) + e->retry_ns;
-	}
-	return true;
-}
-
-/* Try the peers that PUTs wait for again (due at e->retry_at). Returns events. */
-static int retry_peers(struct ferry_engine *e)
-{
-	struct ferry_peer *list = e->retry_peers, *p;
-	int n = 0;
-
-	e->retry_peers = NULL;
-	e->retry_at = UINT64_MAX; /* while they are tried: no new schedule */
-	while ((p = list)) {
-		list = p->retry_next;
-		p->retrying = false;
-		p->retry_next = NULL;
-		if (p->wait_head) {
-			ferry__peer_reached(e, p, 0); /* those that still cannot go wait again */
-			n++;
-		}
-	}
-	if (e->retry_peers) { /* still not up: less often */
-		e->retry_ns = e->retry_ns * 2 > RETRY_MAX_NS ? RETRY_MAX_NS : e->retry_ns * 2;
-		e->retry_at = reactor_now(e) + e->retry_ns;
-	} else {
-		e->retry_at = 0;
-		e->retry_ns = 0; /* all up: the next wait starts soon again */
-	}
-	return n;
-}
-
-/* Off its peer's wait list (OP_F_WAIT_PEER): it ended there (deadline, cancel, destroy). */
-static void peer_wait_remove(struct op *op)
-{
-	op_list_remove(&op->peer->wait_head, &op->peer->wait_tail, op);
-	op->flags &= ~OP_F_WAIT_PEER;
-}
-
-
-void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res)
-{
-	unsigned n = 0;
-
-	/* The ones waiting now, once each: one that must wait again goes to the tail. */
-	for (struct op *w = peer->wait_head; w; w = w->next)
-		n++;
-	while (n-- && peer->wait_head) {
-		struct op *op = peer->wait_head;
-		uint32_t gen = op->gen;
-		int rc = res;
-
-		peer_wait_remove(op);
-		if (!rc)
-			rc = reactor_send(e, op);
-		if (rc)
-			reactor_put_done(e, op, gen, rc);
-	}
-}
-
-
 void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		 struct ferry_buf *buf)
 {
 	struct ferry_cqe cqe;
 
 	if (unlikely(op->flags & FERRY_SQE_WAIT_PEER) && (res == -EHOSTUNREACH || res == -ECONNREFUSED) &&
-	    op->peer && wait_for_peer(e, op))
+	    op->peer && reactor_wait_for_peer(e, op))
 		return; /* the peer is not up yet: the PUT waits for it (its deadline still runs) */
 	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op);
@@ -261,7 +131,7 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	if (op->state == OP_PARKED)
 		unpark(e, op);
 	else if (unlikely(op->flags & OP_F_WAIT_PEER))
-		peer_wait_remove(op);
+		reactor_peer_wait_remove(op);
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
 		 op->peer->backend->ops->forget)
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
@@ -506,33 +376,6 @@ void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int r
 	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
 }
 
-void ferry__peer_event(struct ferry_engine *e, const struct backend *from, const char *name,
-		       enum peer_event ev, int res)
-{
-	if (ev == PEER_LOST)
-		stream_peer_lost(e, name, res);
-	for (unsigned i = 0; i < e->nbackends; i++) {
-		struct backend *b = &e->backends[i];
-
-		if (b != from && b->data && b->ops->peer_event)
-			b->ops->peer_event(e, b, name, ev, res);
-	}
-}
-
-void ferry__directory_set(struct ferry_engine *e, const struct directory_ops *ops, void *svc)
-{
-	e->dir = ops;
-	e->dir_svc = svc;
-}
-
-struct backend *ferry__backend_of(struct ferry_engine *e, const struct backend_ops *ops)
-{
-	for (unsigned i = 0; i < e->nbackends; i++)
-		if (e->backends[i].ops == ops)
-			return &e->backends[i];
-	return NULL;
-}
-
 /* ------------------------------------------------------------------ */
 /* Dispatch                                                            */
 /* ------------------------------------------------------------------ */
@@ -603,12 +446,6 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
 	}
 }
 
-void reactor_unresolve_all(struct ferry_engine *e, struct backend *b)
-{
-	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next)
-		if (p->backend == b)
-			reactor_unresolve(e, p);
-}
 
 /* Find the transport that reaches op->peer and hand it the PUT. */
 int reactor_send(struct ferry_engine *e, struct op *op)
@@ -1050,10 +887,10 @@ static bool drain_sqs(struct ferry_engine *e, int *count)
 }
 
 /* ------------------------------------------------------------------ */
-/* Rounds, sleep and wake                                              */
+/* Rounds                                                              */
 /* ------------------------------------------------------------------ */
 
-static void reap_ring(struct ferry_engine *e)
+void reactor_reap_ring(struct ferry_engine *e)
 {
 	struct io_uring_cqe *cqe;
 	unsigned head, n = 0;
@@ -1077,90 +914,6 @@ static void reap_ring(struct ferry_engine *e)
 		io_uring_cq_advance(&e->ring, n);
 }
 
-static void arm_doorbell(struct ferry_engine *e)
-{
-	struct io_uring_sqe *sqe;
-
-	if (e->doorbell_armed)
-		return;
-	sqe = io_uring_get_sqe(&e->ring);
-	if (!sqe)
-		return;
-	io_uring_prep_read(sqe, e->doorbell_fd, &e->doorbell_val, sizeof(e->doorbell_val), 0);
-	io_uring_sqe_set_data64(sqe, TAG_DOORBELL);
-	e->doorbell_armed = true;
-}
-
-/*
- * Overflowing CQs: rare, so they are found by walking the CQ list under the
- * engine lock, and only when the count of overflowing CQs says so.
- */
-static unsigned flush_overflows(struct ferry_engine *e)
-{
-	unsigned n = 0;
-
-	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
-		n += cq_flush_overflow(&e->default_cq);
-	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
-		pthread_mutex_lock(&e->lock);
-		for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
-			if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
-				n += cq_flush_overflow(cq);
-		pthread_mutex_unlock(&e->lock);
-	}
-	return n;
-}
-
-static bool overflow_can_move(struct ferry_engine *e)
-{
-	bool yes = false;
-
-	if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
-		return true;
-	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
-		pthread_mutex_lock(&e->lock);
-		for (struct ferry_cq *cq = e->cqs; cq && !yes; cq = cq->next)
-			yes = atomic_load(&cq->overflowing) && cq_ring_has_room(cq);
-		pthread_mutex_unlock(&e->lock);
-	}
-	return yes;
-}
-
-/*
- * CQs destroyed by the application wait here until no round can still
- * reach them: no op targets them, and a full round that drained every ring
- * has run since (entries submitted before the destroy were taken then).
- */
-static void reap_dead_cqs(struct ferry_engine *e, bool drained)
-{
-	struct ferry_cq **pp, *cq, *gone = NULL;
-
-	if (!atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
-		return;
-	pthread_mutex_lock(&e->lock);
-	for (pp = &e->dead_cqs; (cq = *pp);) {
-		if (drained && cq->dead_round < e->rounds && !atomic_load(&cq->inflight) &&
-		    !cq->overflow_head) {
-			*pp = cq->next;
-			atomic_fetch_sub(&e->dead_cqs_pending, 1);
-			cq->next = gone;
-			gone = cq;
-		} else {
-			pp = &cq->next;
-		}
-	}
-	pthread_mutex_unlock(&e->lock);
-	/*
-	 * Outside the lock: cq_fini runs the callbacks of completions nobody
-	 * polled, and a callback may call what takes e->lock (ferry_peer_open).
-	 */
-	while ((cq = gone)) {
-		gone = cq->next;
-		cq_fini(cq);
-		free(cq);
-	}
-}
-
 int reactor_run_once(struct ferry_engine *e)
 {
 	struct op *op;
@@ -1176,12 +929,12 @@ int reactor_run_once(struct ferry_engine *e)
 		if (atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
 			atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
 		if (io_uring_cq_ready(&e->ring))
-			reap_ring(e);
+			reactor_reap_ring(e);
 	}
 	atomic_store_explicit(&e->rounds, e->rounds + 1, memory_order_relaxed);
 	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed) ||
 	    atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed))
-		n += (int)flush_overflows(e);
+		n += (int)cq_flush_overflows(e);
 	/*
 	 * Submissions first: a PUT leaves before this round spends time on
 	 * arrivals, and a GET submitted with it is waiting when they come.
@@ -1195,7 +948,7 @@ int reactor_run_once(struct ferry_engine *e)
 		n += e->backends[i].ops->progress(e, &e->backends[i]);
 	n += stream_round(e);
 	if (unlikely(e->retry_at) && reactor_now(e) >= e->retry_at)
-		n += retry_peers(e);
+		n += reactor_retry_peers(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
@@ -1204,191 +957,14 @@ int reactor_run_once(struct ferry_engine *e)
 		if (e->backends[i].ops->round_end)
 			n += e->backends[i].ops->round_end(e, &e->backends[i]);
 	cq_flush_wakeups(e);
-	reap_dead_cqs(e, drained);
+	if (atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
+		cq_reap_dead(e, drained);
 	return n;
 }
 
-/* The earliest of the op deadlines and a batched stream credit falling due. */
-static uint64_t next_deadline(struct ferry_engine *e)
+void ferry__futex_wake_all(_Atomic uint32_t *addr)
 {
-	uint64_t t = timer_next(&e->timers), s = stream_next_due(e);
-
-	t = !t ? s : !s ? t : t < s ? t : s;
-	if (unlikely(e->retry_at) && (!t || e->retry_at < t))
-		t = e->retry_at; /* peers that PUTs wait for are tried again */
-	return t;
-}
-
-bool reactor_has_work(struct ferry_engine *e)
-{
-	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
-
-	for (uint32_t i = 0; i < nsqs; i++) {
-		struct ferry_sq *sq = e->sqs[i];
-
-		if (atomic_load_explicit(&sq->tail, memory_order_acquire) !=
-		    atomic_load_explicit(&sq->head, memory_order_relaxed))
-			return true;
-	}
-	for (unsigned i = 0; i < e->nbackends; i++)
-		if (e->backends[i].ops->has_work(e, &e->backends[i]))
-			return true;
-	if (overflow_can_move(e)) /* only worth a round if a consumer made room */
-		return true;
-	if (stream_has_work(e))
-		return true;
-	return next_deadline(e) && next_deadline(e) <= ferry__now_ns();
-}
-
-/*
- * The progress side announced its sleep (its wake page says so): each
- * transport's last word before it (prepare_sleep), then one more look.
- * True: work is there, the sleep is called off.
- */
-static bool reactor_sleep_check(struct ferry_engine *e)
-{
-	bool work = false;
-
-	for (unsigned i = 0; i < e->nbackends; i++) {
-		struct backend *b = &e->backends[i];
-
-		if (b->ops->prepare_sleep && b->ops->prepare_sleep(e, b))
-			work = true;
-	}
-	return work || reactor_has_work(e);
-}
-
-/* How long the sleeper may sleep: the next deadline or timeout_ns. */
-static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
-{
-	uint64_t next = next_deadline(e);
-
-	if (next) {
-		uint64_t now = ferry__now_ns();
-		int64_t left = next > now ? (int64_t)(next - now) : 0;
-
-		if (timeout_ns < 0 || left < timeout_ns)
-			timeout_ns = left;
-	}
-	return timeout_ns;
-}
-
-static void announce_sleep(struct ferry_engine *e)
-{
-	atomic_store_explicit(&e->wake->doorbell_rung, 0, memory_order_relaxed);
-	atomic_store_explicit(&e->wake->sleeping, 1, memory_order_release);
-	atomic_thread_fence(memory_order_seq_cst);
-}
-
-/*
- * The sleep used under valgrind, which keeps its thread lock across an
- * io_uring_enter wait (so one sleeping thread would stop the process):
- * ppoll on the doorbell, and on the ring fd when a doorbell read is queued
- * there (its completion then makes the ring readable).
- */
-static void sleep_in_ppoll(struct ferry_engine *e, int64_t budget)
-{
-	struct pollfd fds[2] = {
-		{ .fd = e->doorbell_fd, .events = POLLIN },
-		{ .fd = e->ring.ring_fd, .events = POLLIN },
-	};
-	struct timespec ts, *tsp = NULL;
-	uint64_t v;
-
-	if (budget >= 0) {
-		ts.tv_sec = budget / 1000000000;
-		ts.tv_nsec = budget % 1000000000;
-		tsp = &ts;
-	}
-	if (ppoll(fds, 2, tsp, NULL) > 0 && (fds[0].revents & POLLIN) && !e->doorbell_armed) {
-		if (read(e->doorbell_fd, &v, sizeof(v)) < 0)
-			log_debug("doorbell read: %s", ferry_strerror(-errno));
-	}
-}
-
-void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
-{
-	reactor_sleep_unless(e, timeout_ns, NULL, 0);
-}
-
-void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic uint32_t *word,
-			  uint32_t val)
-{
-	struct __kernel_timespec ts;
-	struct io_uring_cqe *cqe = NULL;
-	int64_t budget;
-
-	if (!e->sleep_in_ppoll)
-		arm_doorbell(e);
-	announce_sleep(e);
-	if (reactor_sleep_check(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
-		atomic_store(&e->wake->sleeping, 0);
-		io_uring_submit(&e->ring);
-		return;
-	}
-	budget = sleep_budget(e, timeout_ns);
-	if (e->sleep_in_ppoll) {
-		io_uring_submit(&e->ring);
-		if (budget != 0)
-			sleep_in_ppoll(e, budget);
-	} else if (budget < 0) {
-		io_uring_submit_and_wait(&e->ring, 1);
-	} else if (budget > 0) {
-		ts.tv_sec = budget / 1000000000;
-		ts.tv_nsec = budget % 1000000000;
-		io_uring_submit_and_wait_timeout(&e->ring, &cqe, 1, &ts, NULL);
-	} else {
-		io_uring_submit(&e->ring);
-	}
-	atomic_store(&e->wake->sleeping, 0);
-	reap_ring(e);
-}
-
-/*
- * MANUAL mode with ferry_cq_fd: arrange for the io_uring fd to become
- * readable when anything needs progress (doorbell, next deadline), and
- * announce the sleep. Returns 0, or -EBUSY if work is already there.
- */
-int reactor_arm_manual(struct ferry_engine *e)
-{
-	uint64_t next = next_deadline(e);
-
-	arm_doorbell(e);
-	/*
-	 * A TIMEOUT op makes the fd readable at the next deadline. Another is
-	 * added only when this deadline is earlier than the one armed (extra
-	 * ones just cause one spurious wake each).
-	 */
-	if (next && (!e->timeout_armed_at || next < e->timeout_armed_at)) {
-		struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
-		uint64_t now = ferry__now_ns(), rel = next > now ? next - now : 0;
-
-		if (sqe) {
-			e->arm_ts.tv_sec = (long long)(rel / 1000000000);
-			e->arm_ts.tv_nsec = (long long)(rel % 1000000000);
-			io_uring_prep_timeout(sqe, &e->arm_ts, 0, 0);
-			io_uring_sqe_set_data64(sqe, TAG_TIMEOUT);
-			e->timeout_armed_at = next;
-		}
-	}
-	io_uring_submit(&e->ring);
-	announce_sleep(e);
-	if (reactor_sleep_check(e)) {
-		atomic_store(&e->wake->sleeping, 0);
-		return -EBUSY;
-	}
-	return 0;
-}
-
-void reactor_wake(struct ferry_engine *e)
-{
-	if (atomic_load_explicit(&e->wake->sleeping, memory_order_acquire) &&
-	    !atomic_exchange(&e->wake->doorbell_rung, 1)) {
-		uint64_t one = 1;
-
-		if (write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-			log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
-	}
+	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
 void progress_unlock(struct ferry_engine *e)
@@ -1416,233 +992,6 @@ int ferry_progress(struct ferry_engine *e)
 	n = reactor_run_once(e);
 	progress_unlock(e);
 	return n;
-}
-
-/*
- * The reactor thread's wait for a completion (the doorbell read, a backend's
- * I/O) or budget_ns (< 0: none), entered without holding progress. It does
- * not touch the ring's memory, which the holder of progress may be using.
- */
-static void wait_ring_unlocked(struct ferry_engine *e, int64_t budget_ns)
-{
-	struct __kernel_timespec ts;
-	struct io_uring_getevents_arg arg = { .ts = (uint64_t)(uintptr_t)&ts };
-	unsigned flags = IORING_ENTER_GETEVENTS;
-	void *argp = NULL;
-	size_t argsz = 0;
-
-	if (budget_ns >= 0) {
-		ts.tv_sec = budget_ns / 1000000000;
-		ts.tv_nsec = budget_ns % 1000000000;
-		flags |= IORING_ENTER_EXT_ARG;
-		argp = &arg;
-		argsz = sizeof(arg);
-	}
-	if (syscall(__NR_io_uring_enter, e->ring.ring_fd, 0, 1, flags, argp, argsz) < 0 &&
-	    errno != ETIME && errno != EINTR && errno != EAGAIN && errno != EBUSY)
-		log_debug("engine %s: io_uring wait: %s", e->name, ferry_strerror(-errno));
-}
-
-/*
- * THREAD mode: sleep like reactor_sleep, but park: progress is let go for
- * the wait, so that a caller that submits or waits meanwhile can run rounds
- * itself (reactor_stand_in) instead of waking this thread. Taken back after.
- */
-static void reactor_thread_sleep(struct ferry_engine *e)
-{
-	/* Under valgrind: ppoll on the doorbell and the ring (see sleep_in_ppoll). */
-	struct pollfd fds[2] = {
-		{ .fd = e->doorbell_fd, .events = POLLIN },
-		{ .fd = e->ring.ring_fd, .events = POLLIN },
-	};
-	int64_t budget;
-	uint64_t spun = 0, t0 = 0;
-
-	if (!e->sleep_in_ppoll && !(e->ring.features & IORING_FEAT_EXT_ARG)) {
-		reactor_sleep(e, -1); /* an old kernel: no timed wait outside liburing, no parking */
-		return;
-	}
-	if (!e->sleep_in_ppoll)
-		arm_doorbell(e);
-	announce_sleep(e);
-	if (reactor_sleep_check(e) || atomic_load(&e->stop)) {
-		atomic_store(&e->wake->sleeping, 0);
-		io_uring_submit(&e->ring);
-		return;
-	}
-	budget = sleep_budget(e, -1);
-	io_uring_submit(&e->ring);
-	if (budget == 0) {
-		atomic_store(&e->wake->sleeping, 0);
-		reap_ring(e);
-		return;
-	}
-	e->parked_until = budget < 0 ? UINT64_MAX : ferry__now_ns() + (uint64_t)budget;
-	atomic_store_explicit(&e->reactor_parked, REACTOR_ASLEEP, memory_order_relaxed);
-	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
-	if (e->sleep_in_ppoll) {
-		struct timespec ts, *tsp = NULL;
-
-		if (budget >= 0) {
-			ts.tv_sec = budget / 1000000000;
-			ts.tv_nsec = budget % 1000000000;
-			tsp = &ts;
-		}
-		if (ppoll(fds, 2, tsp, NULL) < 0)
-			fds[0].revents = 0;
-	} else {
-		wait_ring_unlocked(e, budget);
-	}
-	/* A stand-in round may be running: it is short (it never sleeps). */
-	while (!progress_try_lock(e)) {
-		if (!t0)
-			t0 = ferry__now_ns();
-		else
-			spun = ferry__now_ns() - t0;
-		ferry__spin_step(spun);
-	}
-	atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING, memory_order_relaxed);
-	atomic_store(&e->wake->sleeping, 0);
-	if (e->sleep_in_ppoll && (fds[0].revents & POLLIN) && !e->doorbell_armed) {
-		uint64_t v;
-
-		/* ppoll saw it readable, and stand-ins never read it: no block. */
-		if (read(e->doorbell_fd, &v, sizeof(v)) < 0)
-			log_debug("doorbell read: %s", ferry_strerror(-errno));
-	}
-	reap_ring(e);
-}
-
-/* Ring our own doorbell for the parked reactor, unless someone already did. */
-static void ring_parked(struct ferry_engine *e)
-{
-	uint64_t one = 1;
-
-	if (!atomic_exchange(&e->wake->doorbell_rung, 1) &&
-	    write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
-}
-
-/*
- * Take progress from a parked reactor: true with progress held and the
- * reactor still parked with no CB_REACTOR op pending.
- */
-static bool stand_in_lock(struct ferry_engine *e)
-{
-	if (e->mode != FERRY_PROGRESS_THREAD ||
-	    !atomic_load_explicit(&e->reactor_parked, memory_order_acquire) ||
-	    !progress_try_lock(e))
-		return false;
-	if (!atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) || e->reactor_cb_ops) {
-		/* The reactor is back, or a callback of its own is pending. */
-		progress_unlock(e);
-		return false;
-	}
-	return true;
-}
-
-/*
- * One round in the parked reactor's place, progress held. Returns true if
- * the reactor must be woken for something a stand-in does not do: a
- * CB_REACTOR op, a deadline before its sleep ends.
- */
-static bool stand_in_round(struct ferry_engine *e)
-{
-	uint64_t next;
-
-	e->standing_in = true;
-	e->stand_in_needs_reactor = false;
-	reactor_run_once(e);
-	e->standing_in = false;
-	next = next_deadline(e);
-	return e->stand_in_needs_reactor || e->reactor_cb_ops || (next && next < e->parked_until);
-}
-
-bool reactor_stand_in(struct ferry_engine *e)
-{
-	bool wake;
-
-	if (!stand_in_lock(e))
-		return false;
-	wake = stand_in_round(e);
-	/* Only a reactor asleep needs its doorbell; a yielding one comes back soon. */
-	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP)
-		wake = wake || reactor_sleep_check(e); /* the reactor sleeps meanwhile */
-	else
-		wake = false;
-	progress_unlock(e);
-	if (wake)
-		ring_parked(e); /* its sleep is still announced */
-	return true;
-}
-
-void reactor_watch(struct ferry_engine *e, bool *watching)
-{
-	bool wake;
-
-	if (!*watching) {
-		if (e->mode != FERRY_PROGRESS_THREAD ||
-		    atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP)
-			return;
-		if (atomic_exchange(&e->watcher, 1)) {
-			reactor_stand_in(e); /* another caller keeps watch */
-			return;
-		}
-		if (!stand_in_lock(e)) {
-			atomic_store(&e->watcher, 0);
-			return;
-		}
-		if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP) {
-			progress_unlock(e);
-			atomic_store(&e->watcher, 0);
-			return;
-		}
-		/* Suspend its announced sleep: we poll, nobody need ring. */
-		atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
-		*watching = true;
-	} else if (!stand_in_lock(e)) {
-		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP) {
-			/* The reactor woke and took over (its sleep ended). */
-			*watching = false;
-			atomic_store(&e->watcher, 0);
-		}
-		return;
-	}
-	wake = stand_in_round(e) &&
-	       atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP;
-	progress_unlock(e);
-	if (wake) {
-		reactor_unwatch(e, watching);
-		ring_parked(e);
-	}
-}
-
-void reactor_unwatch(struct ferry_engine *e, bool *watching)
-{
-	bool wake = false;
-
-	if (!*watching)
-		return;
-	*watching = false;
-	for (uint64_t t0 = ferry__now_ns();;) {
-		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP)
-			break; /* awake again: it announces its own sleeps */
-		if (progress_try_lock(e)) {
-			if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) ==
-			    REACTOR_ASLEEP) {
-				/* Announce its sleep again, then look (pairs with wake_peer). */
-				atomic_store(&e->wake->sleeping, 1);
-				atomic_thread_fence(memory_order_seq_cst);
-				wake = reactor_has_work(e);
-			}
-			progress_unlock(e);
-			break;
-		}
-		ferry__spin_step(ferry__now_ns() - t0); /* a submitter's stand-in round */
-	}
-	atomic_store(&e->watcher, 0);
-	if (wake)
-		ring_parked(e);
 }
 
 void *reactor_thread_main(void *arg)
@@ -1678,131 +1027,4 @@ void *reactor_thread_main(void *arg)
 		last_work = ferry__now_ns();
 	}
 	return NULL;
-}
-
-static int wake_page_init(struct ferry_engine *e)
-{
-	void *m;
-
-	e->wake_fd = memfd_create("ferry-wake", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (e->wake_fd < 0 || ftruncate(e->wake_fd, 4096) < 0 ||
-	    fcntl(e->wake_fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		int rc = -errno;
-
-		log_error("engine %s: wake page: %s", e->name, ferry_strerror(rc));
-		return rc;
-	}
-	m = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, e->wake_fd, 0);
-	if (m == MAP_FAILED) {
-		int rc = -errno;
-
-		log_error("engine %s: wake page mmap: %s", e->name, ferry_strerror(rc));
-		return rc;
-	}
-	e->wake = m;
-	return 0;
-}
-
-int reactor_init(struct ferry_engine *e)
-{
-	int rc;
-
-	rc = wake_page_init(e);
-	if (rc)
-		return rc;
-	e->doorbell_fd = eventfd(0, EFD_CLOEXEC);
-	if (e->doorbell_fd < 0) {
-		rc = -errno;
-		log_error("engine %s: eventfd: %s", e->name, ferry_strerror(rc));
-		return rc;
-	}
-	e->sleep_in_ppoll = RUNNING_ON_VALGRIND != 0;
-	rc = io_uring_queue_init(64, &e->ring, 0);
-	if (rc < 0) {
-		log_error("engine %s: io_uring_queue_init: %s", e->name, ferry_strerror(rc));
-		close(e->doorbell_fd);
-		e->doorbell_fd = -1;
-		return rc;
-	}
-	e->ops = calloc(e->max_ops, sizeof(*e->ops));
-	if (!e->ops)
-		return -ENOMEM;
-	for (uint32_t i = e->max_ops; i-- > 0;) {
-		e->ops[i].index = i;
-		e->ops[i].heap_idx = NO_SLOT;
-		e->ops[i].next = e->free_ops;
-		e->free_ops = &e->ops[i];
-	}
-	rc = timer_init(&e->timers, e->max_ops);
-	if (!rc)
-		rc = keytable_init(&e->keys, e->max_keys, e->max_ops);
-	if (!rc)
-		rc = stream_init(e);
-	return rc;
-}
-
-/*
- * At destroy, with progress held and the reactor thread gone: everything
- * still pending completes with -ECANCELED, its callback running here.
- */
-void reactor_shutdown(struct ferry_engine *e)
-{
-	uint32_t nsqs = atomic_load(&e->nsqs);
-
-	e->now_valid = false;
-	/* Entries submitted but never taken. */
-	for (uint32_t i = 0; i < nsqs; i++) {
-		struct ferry_sq *sq = e->sqs[i];
-		uint32_t tail = atomic_load(&sq->tail), head = atomic_load(&sq->head);
-
-		for (; head != tail; head++) {
-			struct ferry_sqe *sqe = &sq->sqes[head & sq->mask];
-			struct ferry_cqe cqe = { .user_data = sqe->user_data, .res = -ECANCELED,
-						 .opcode = sqe->opcode };
-
-			if ((sqe->opcode == FERRY_OP_PUT || sqe->opcode == FERRY_OP_PUBLISH ||
-			     sqe->opcode == FERRY_OP_STREAM_PUT) &&
-			    sqe->buf && atomic_load(&sqe->buf->state) == POOL_BUF_LIVE)
-				pool_free(sqe->buf);
-			STAT_ADD(e->stats.cancelled, 1);
-			if (sqe->cb)
-				sqe->cb(&cqe, sqe->cb_arg);
-		}
-		atomic_store(&sq->head, tail);
-	}
-	/* Ops in flight. */
-	for (uint32_t i = 0; i < e->max_ops; i++) {
-		struct op *op = &e->ops[i];
-
-		if (op_state_pending(op->state))
-			op_complete(e, op, -ECANCELED, 0, NULL);
-	}
-	stream_shutdown(e);
-	/* Data that arrived and was never consumed. */
-	for (uint32_t i = 0; i < e->keys.capacity; i++) {
-		struct key_entry *ke = &e->keys.entries[i];
-
-		if (ke->present && ke->buf) {
-			pool_free(ke->buf);
-			ke->buf = NULL;
-			ke->present = false;
-		}
-	}
-}
-
-void reactor_fini(struct ferry_engine *e)
-{
-	stream_fini(e);
-	keytable_fini(&e->keys);
-	timer_fini(&e->timers);
-	free(e->ops);
-	e->ops = NULL;
-	if (e->ring.ring_fd > 0)
-		io_uring_queue_exit(&e->ring);
-	if (e->doorbell_fd >= 0)
-		close(e->doorbell_fd);
-	if (e->wake)
-		munmap(e->wake, 4096);
-	if (e->wake_fd >= 0)
-		close(e->wake_fd);
 }

@@ -1,14 +1,21 @@
 /*
- * engine/stream.c - chunked streams: STREAM_PUT, STREAM_GET, STREAM_ABORT,
- * STREAM_ACCEPT, and the credits that flow back from consumer to producer.
+ * engine/stream.c - the chunk path of streams: STREAM_PUT and STREAM_GET,
+ * and the credits that flow back from consumer to producer.
  *
- * Owns: the stream table (one record per stream and role, from an array
- * sized at creation), the producer side (chunk numbering, the queue of
- * STREAM_PUTs waiting for credit, per-stream and per-peer limits), the
- * consumer side (the multishot STREAM_GET fed in order from the key table,
- * the whole-stream mode, the gap deadline), the subscribers to new streams,
- * and the release sink through which chunk buffers the application
- * releases (on any thread) come back to the reactor as credits.
+ * Owns: the stream records (found by key, freed when nothing refers to
+ * them), the producer side (chunk numbering, the queue of STREAM_PUTs
+ * waiting for credit, per-stream and per-peer limits, the streams blocked
+ * on their peer's limit, credits coming in), the consumer side (the
+ * multishot STREAM_GET fed in order, straight from an arrival or from the
+ * key table, the whole-stream mode, the gap deadline, credits going out),
+ * the release sink through which chunk buffers the application releases
+ * (on any thread) come back to the reactor as credits, the stream ops'
+ * ending and the stream layer's part of a round. Everything a chunk goes
+ * through is here, so the calls between them stay in one translation unit.
+ *
+ * Elsewhere: the table's creation and destroy (stream_table.c), streams
+ * ended from outside: a producer broken, STREAM_ABORT, a peer lost, a
+ * request cleaned up (stream_end.c), STREAM_ACCEPT (stream_accept.c).
  *
  * Data model. A chunk is an ordinary keyed PUT: key "{stream}_{n}", flags
  * WIRE_F_CHUNK (+ WIRE_F_END on the last, WIRE_F_ABORT for an abort whose
@@ -31,143 +38,18 @@
 #include <string.h>
 
 #include "internal.h"
-
-#define STREAM_DEFAULT_INFLIGHT 16u
-#define PEER_DEFAULT_INFLIGHT 1024u
-#define REASON_MAX 1024u
-/*
- * Credits go back lazily: at once when the producer flagged that it reached
- * its limit (WIRE_F_WANT on its latest chunk), else once CREDIT_BATCH
- * chunks were released, or the oldest release waited CREDIT_DELAY_NS (so a
- * producer blocked by its per-peer limit on another stream is never stuck).
- */
-#define CREDIT_BATCH 8u
-#define CREDIT_DELAY_NS 50000u
-#define CREDIT_SCAN 64u
-#define NO_SLOT UINT32_MAX
-
-enum { ROLE_PRODUCER = 1, ROLE_CONSUMER = 2 };
-
-struct stream {
-	uint64_t hash;
-	struct stream *chain;       /* bucket chain / free list */
-	uint32_t index, gen;
-	uint8_t role;
-	bool used;
-	bool hashed;      /* findable by its key (a retired record settles unhashed) */
-	bool ended;       /* producer: END or abort taken; consumer: END/abort reached */
-	bool dirty;       /* consumer: on the credit list */
-	bool stalled;     /* consumer: on the stalled list (CQ full, no op) */
-	bool announce;    /* consumer: subscribers still to be told */
-	bool blocked;     /* producer: on its peer's blocked list */
-	bool credit_away; /* consumer: a CREDIT is on its way */
-	bool want;        /* consumer: the latest chunk asked for credit soon */
-	uint64_t dirty_since; /* consumer: when the oldest uncredited release happened */
-	int err;          /* producer: the peer went away (sticky) */
-	bool broken;      /* producer: failed before its END was delivered: kept, failed,
-			     until a cleanup of its request (a later STREAM_PUT must not
-			     start the key again at chunk 0, nor take a failed one's index) */
-	bool cleaned;     /* producer: its request was cleaned up: over, never broken again */
-	bool aborting;    /* producer: its queue is failed by a STREAM_ABORT (not broken) */
-	struct ferry_peer *peer; /* producer: destination; consumer: source */
-	uint32_t next;    /* producer: next index to send; consumer: next expected */
-	uint64_t sent, lost, released; /* producer: chunk counts */
-	uint64_t credit_seen;          /* producer: the last CREDIT's count */
-	uint64_t taken, credited;      /* consumer: released so far, last credit sent */
-	uint64_t credit_acked;         /* consumer: the last credit the producer took */
-	uint32_t held;                 /* consumer: chunks the application holds */
-	uint32_t parked;  /* consumer: chunks left in the key table (at most; 0: none) */
-	uint32_t away;    /* producer: chunks at the transport */
-	struct op *q_head, *q_tail;    /* producer: STREAM_PUTs waiting for credit */
-	struct op *getter;             /* consumer: the STREAM_GET */
-	struct ferry_buf *whole_head, *whole_tail; /* consumer: STREAM_WHOLE chunks */
-	uint64_t whole_len;
-	uint32_t whole_n;
-	struct stream *next_dirty, *next_stalled, *next_blocked;
-	uint16_t key_len;              /* the stream key */
-	uint16_t full_len;             /* "{stream}@{from}_{to}" */
-	char full[FULLKEY_MAX];
-};
-
-/*
- * Chunk buffers handed to the application are wrapped (pool_wrap) so that
- * their release comes here. The sink outlives the engine while wrapped
- * buffers are out: one reference for the engine, one per wrapped buffer.
- */
-struct stream_sink {
-	_Atomic uint32_t refs;
-	_Atomic uint32_t users;  /* release hooks running right now */
-	_Atomic int closed;      /* the engine is gone */
-	struct ferry_engine *e;
-	struct ferry_buf *_Atomic releases;
-};
-
-struct stream_table {
-	struct stream **buckets;
-	uint64_t mask;
-	struct stream *recs;
-	struct stream *free;
-	uint32_t capacity;
-	_Atomic uint32_t used; /* also read by ferry_engine_health, unlocked */
-	struct stream *dirty, *stalled;
-	bool credit_urgent;        /* a dirty record may send now: scan this round */
-	bool peer_credit_freed;    /* per-peer credit came back outside a credit: re-pump */
-	uint32_t nblocked;         /* producer records on a peer's blocked list */
-	uint32_t nbroken;          /* producer records kept failed until a cleanup */
-	uint32_t rounds_since_scan; /* else scan the dirty list every CREDIT_SCAN rounds */
-	struct op *acceptors;       /* STREAM_ACCEPT ops */
-	struct stream_sink *sink;
-	/*
-	 * The records of the last STREAM_PUT and the last chunk that arrived
-	 * (rec_id; 0 = none): a stream's next chunk is matched against them
-	 * before any parsing or hashing of its key (stream_hint_put,
-	 * stream_chunk_direct).
-	 */
-	uint64_t hint_put, hint_get;
-};
+#include "stream_int.h"
 
 /* ------------------------------------------------------------------ */
-/* The table                                                           */
+/* Records                                                             */
 /* ------------------------------------------------------------------ */
-
-int stream_init(struct ferry_engine *e)
-{
-	struct stream_table *t = calloc(1, sizeof(*t));
-	uint64_t nb = 16;
-
-	if (!t)
-		return -ENOMEM;
-	t->capacity = e->max_keys;
-	while (nb < (uint64_t)t->capacity * 2)
-		nb <<= 1;
-	t->buckets = calloc(nb, sizeof(*t->buckets));
-	t->recs = calloc(t->capacity, sizeof(*t->recs));
-	t->sink = calloc(1, sizeof(*t->sink));
-	if (!t->buckets || !t->recs || !t->sink) {
-		free(t->buckets);
-		free(t->recs);
-		free(t->sink);
-		free(t);
-		return -ENOMEM;
-	}
-	t->mask = nb - 1;
-	for (uint32_t i = t->capacity; i-- > 0;) {
-		t->recs[i].index = i;
-		t->recs[i].chain = t->free;
-		t->free = &t->recs[i];
-	}
-	atomic_store(&t->sink->refs, 1);
-	t->sink->e = e;
-	e->streams = t;
-	return 0;
-}
 
 static uint64_t rec_hash(const char *full, size_t len, uint8_t role)
 {
 	return keytable_hash(full, len) ^ ((uint64_t)role * 0x9e3779b97f4a7c15ull);
 }
 
-static struct stream *rec_find(struct stream_table *t, uint8_t role, const char *full, size_t len)
+struct stream *stream_rec_find(struct stream_table *t, uint8_t role, const char *full, size_t len)
 {
 	uint64_t h = rec_hash(full, len, role);
 
@@ -256,20 +138,9 @@ static void rec_maybe_free(struct ferry_engine *e, struct stream *r)
 	STAT_ADD(t->used, (uint32_t)-1);
 }
 
-static uint64_t rec_id(const struct stream *r)
+void stream_rec_maybe_free(struct ferry_engine *e, struct stream *r)
 {
-	return ((uint64_t)r->index << 32) | r->gen;
-}
-
-static struct stream *rec_by_id(struct stream_table *t, uint64_t id)
-{
-	uint32_t index = (uint32_t)(id >> 32);
-	struct stream *r;
-
-	if (index >= t->capacity)
-		return NULL;
-	r = &t->recs[index];
-	return r->used && r->gen == (uint32_t)id ? r : NULL;
+	rec_maybe_free(e, r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -396,8 +267,8 @@ static int check_stream_key(const struct ferry_sqe *sqe)
  * engine is `from` for a producer) into full and returns its length, or
  * completes the op and returns a negative errno.
  */
-static int stream_op_key(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe,
-			 bool producer, char full[FULLKEY_MAX])
+int stream_op_key(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe,
+		  bool producer, char full[FULLKEY_MAX])
 {
 	int rc;
 
@@ -416,18 +287,8 @@ static int stream_op_key(struct ferry_engine *e, struct op *op, const struct fer
 }
 
 /* ------------------------------------------------------------------ */
-/* Multishot completions                                               */
+/* Credits due                                                         */
 /* ------------------------------------------------------------------ */
-
-
-static void stall(struct stream_table *t, struct stream *r)
-{
-	if (r->used && !r->stalled) {
-		r->stalled = true;
-		r->next_stalled = t->stalled;
-		t->stalled = r;
-	}
-}
 
 static void mark_dirty(struct ferry_engine *e, struct stream *r)
 {
@@ -448,21 +309,6 @@ static void mark_dirty(struct ferry_engine *e, struct stream *r)
 /* ------------------------------------------------------------------ */
 /* Release sink: chunk buffers the application gives back               */
 /* ------------------------------------------------------------------ */
-
-static void sink_unref(struct stream_sink *s)
-{
-	if (atomic_fetch_sub(&s->refs, 1) == 1)
-		free(s);
-}
-
-static void finish_release(struct stream_sink *s, struct ferry_buf *w)
-{
-	struct ferry_buf *inner = (struct ferry_buf *)(uintptr_t)w->remote_cookie;
-
-	pool_free(inner);
-	pool_wrap_done(w);
-	sink_unref(s);
-}
 
 static void release_hook(struct ferry_buf *w, void *ctx)
 {
@@ -519,50 +365,6 @@ static int take_releases(struct ferry_engine *e)
 /* Consumer                                                            */
 /* ------------------------------------------------------------------ */
 
-/* Tell one STREAM_ACCEPT about stream r. False when there is no room now. */
-static bool announce_to(struct ferry_engine *e, struct op *a, struct stream *r)
-{
-	struct ferry_buf *kb;
-
-	if (!op_can_post_more(e, a) || pool_alloc(e->pool, r->key_len + 1u, &kb))
-		return false;
-	memcpy(kb->data, r->full, r->key_len);
-	((char *)kb->data)[r->key_len] = '\0';
-	kb->len = r->key_len;
-	op_post_more(e, a, 0, r->key_len, kb);
-	return true;
-}
-
-static void notify_acceptors(struct ferry_engine *e, struct stream *r)
-{
-	struct stream_table *t = e->streams;
-
-	r->announce = false;
-	for (struct op *a = t->acceptors; a; a = a->next) {
-		if (a->peer && a->peer != r->peer)
-			continue;
-		if (!announce_to(e, a, r)) {
-			/* Try again next round; the ones told already are told again. */
-			r->announce = true;
-			stall(t, r);
-			return;
-		}
-	}
-}
-
-static void whole_free(struct stream *r)
-{
-	struct ferry_buf *b = r->whole_head, *next;
-
-	for (; b; b = next) {
-		next = atomic_load_explicit(&b->release_next, memory_order_relaxed);
-		pool_free(b);
-	}
-	r->whole_head = r->whole_tail = NULL;
-	r->whole_len = 0;
-	r->whole_n = 0;
-}
-
 /* STREAM_WHOLE: the END arrived; one buffer with everything. */
 static void whole_finish(struct ferry_engine *e, struct stream *r, struct op *g)
 {
@@ -599,8 +401,12 @@ static void rearm_gap(struct ferry_engine *e, struct op *g)
 	}
 }
 
-/* Can r's STREAM_GET take a chunk with these flags now? Else r stalls. */
-static bool feed_ready(struct ferry_engine *e, struct stream *r, uint32_t wflags)
+/*
+ * Can r's STREAM_GET take a chunk with these flags now? Else r stalls.
+ * Inline: on every chunk; without the keyword gcc stops inlining it once the
+ * cold parts live in other files (the unit's inlining budget shrinks).
+ */
+static inline bool feed_ready(struct ferry_engine *e, struct stream *r, uint32_t wflags)
 {
 	struct op *g = r->getter;
 
@@ -773,7 +579,7 @@ bool stream_chunk_direct(struct ferry_engine *e, const char *fullkey, size_t len
 		    split_chunk_key(fullkey, key_len, &stream_len, &n))
 			return false; /* the key table path logs it */
 		fl = keytable_compose(full, fullkey, stream_len, from, e->name);
-		if (fl < 0 || !(r = rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)))
+		if (fl < 0 || !(r = stream_rec_find(e->streams, ROLE_CONSUMER, full, (size_t)fl)))
 			return false;
 		e->streams->hint_get = rec_id(r);
 	}
@@ -795,7 +601,7 @@ static struct stream *consumer_get(struct ferry_engine *e, const char *full, siz
 				   size_t key_len, const char *from, struct ferry_peer *peer,
 				   bool *created)
 {
-	struct stream *r = rec_find(e->streams, ROLE_CONSUMER, full, full_len);
+	struct stream *r = stream_rec_find(e->streams, ROLE_CONSUMER, full, full_len);
 
 	*created = false;
 	if (r && (r->ended || r->err)) {
@@ -835,7 +641,7 @@ void stream_chunk_arrived(struct ferry_engine *e, struct key_entry *ke)
 	if (!r)
 		return; /* the data stays under its key */
 	if (created && e->streams->acceptors)
-		notify_acceptors(e, r); /* a new stream starts at chunk 0, whichever came first */
+		stream_notify_acceptors(e, r); /* a new stream starts at chunk 0, whichever came first */
 	r->parked++; /* ke holds it now; a plain GET or a cleanup may take it unseen */
 	r->want = ke->wflags & WIRE_F_WANT;
 	if (r->want && r->taken > r->credited)
@@ -1012,45 +818,6 @@ static void pump_blocked(struct ferry_engine *e, struct ferry_peer *p)
 	}
 }
 
-static void fail_queue(struct ferry_engine *e, struct stream *r, int res)
-{
-	while (r->q_head) {
-		struct op *op = r->q_head;
-
-		op_complete(e, op, res, 0, NULL); /* unlinks it */
-	}
-}
-
-/*
- * A producer's stream failed: its peer went away (or a chunk was lost with
- * it), or a STREAM_PUT ended before it was given an index (its copy into
- * the pool failed, or it timed out or was cancelled while it waited for
- * credit). Every later STREAM_PUT of it fails with err (the first error:
- * a peer's death noticed after a chunk already failed does not change it),
- * and its record is kept (numbering and all) until a cleanup of its request: the key cannot
- * silently start over at chunk 0 on a peer that restarted, and no later
- * chunk takes the index of one that never left (the consumer would get a
- * whole-looking stream with a chunk missing and the rest shifted). A
- * stream whose END was delivered and every chunk with it is complete, not
- * broken.
- */
-static void producer_fail(struct ferry_engine *e, struct stream *r, int err)
-{
-	struct stream_table *t = e->streams;
-
-	if (r->cleaned) { /* cleaned up already: over, not broken */
-		fail_queue(e, r, err);
-		return;
-	}
-	if (!r->broken || !r->err)
-		r->err = err; /* a broken stream keeps the error it broke with */
-	if (!r->broken && !(r->ended && !r->q_head && !r->away && !r->lost)) {
-		r->broken = true;
-		t->nbroken++;
-	}
-	fail_queue(e, r, r->err);
-}
-
 /*
  * The live producer record of the last STREAM_PUT if this one goes on the
  * same stream (same peer, same key), else NULL: the common case skips
@@ -1080,7 +847,7 @@ void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	if (!r) {
 		if ((fl = stream_op_key(e, op, sqe, true, full)) < 0)
 			return;
-		r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
+		r = stream_rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
 		if (!r && !(r = rec_new(e, ROLE_PRODUCER, full, (size_t)fl, sqe->key_len,
 					op->peer))) {
 			op_complete(e, op, -ENOSPC, 0, NULL);
@@ -1111,62 +878,6 @@ void stream_do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	op_list_append(&r->q_head, &r->q_tail, op);
 	op_arm_deadline(e, op, sqe->timeout_ns);
 	pump_producer(e, r); /* registers the peer block if that is the limit */
-}
-
-void stream_do_abort(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	char full[FULLKEY_MAX];
-	const char *reason = sqe->reason ? sqe->reason : "";
-	size_t rl = strnlen(reason, REASON_MAX);
-	struct stream *r;
-	uint32_t n = 0;
-	int rc, fl;
-
-	if ((fl = stream_op_key(e, op, sqe, true, full)) < 0)
-		return;
-	r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl);
-	if (r && r->broken && (r->err == -ECONNRESET || r->err == -EHOSTUNREACH ||
-			       r->err == -EPIPE)) {
-		/* Its consumer is gone: nobody to tell (a new engine of its name never saw it). */
-		op_complete(e, op, r->err, 0, NULL);
-		return;
-	}
-	if (r) {
-		r->aborting = true;
-		fail_queue(e, r, -ECANCELED); /* an END still queued goes too */
-		r->aborting = false;
-		if (r->ended) {
-			/* The END (or an abort) left already: the consumer has it all. */
-			log_info("op %llx: abort of stream %s after its END", (unsigned long long)op->user_data,
-				 full);
-			op_complete(e, op, -EPIPE, 0, NULL);
-			rec_maybe_free(e, r);
-			return;
-		}
-		n = r->next++;
-		r->ended = true;
-	}
-	rc = pool_alloc(e->pool, rl, &op->buf);
-	if (rc) {
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	memcpy(op->buf->data, reason, rl);
-	op->buf->len = rl;
-	op->len = rl;
-	op->key_len = (uint16_t)snprintf(op->key, sizeof(op->key), "%.*s_%u", (int)sqe->key_len,
-					 sqe->key, n);
-	op->flags |= WIRE_F_CHUNK | WIRE_F_ABORT;
-	op->state = OP_AWAY;
-	rc = reactor_send(e, op);
-	if (rc) {
-		op->state = OP_FREE;
-		op_complete(e, op, rc, 0, NULL);
-	} else if (op->state == OP_AWAY) {
-		op_arm_deadline(e, op, sqe->timeout_ns);
-	}
-	if (r)
-		rec_maybe_free(e, r);
 }
 
 /*
@@ -1205,7 +916,7 @@ int stream_credit_arrived(struct ferry_engine *e, const char *fullkey, size_t le
 	memcpy(&v, buf->data, sizeof(v));
 	pool_free(buf);
 	fl = keytable_compose(full, fullkey, key_len, e->name, from);
-	if (fl < 0 || !(r = rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl)))
+	if (fl < 0 || !(r = stream_rec_find(e->streams, ROLE_PRODUCER, full, (size_t)fl)))
 		return 0; /* a stream that is over: nothing waits for it */
 	if (v > r->credit_seen) {
 		credit_back(e, r, v - r->credit_seen);
@@ -1225,40 +936,6 @@ void stream_chunk_released(struct ferry_engine *e, uint64_t token)
 
 	if (r && r->role == ROLE_PRODUCER)
 		credit_back(e, r, 1); /* a record over and reused: the gen differs */
-}
-
-/* ------------------------------------------------------------------ */
-/* Subscribers                                                         */
-/* ------------------------------------------------------------------ */
-
-void stream_do_accept(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
-{
-	struct stream_table *t = e->streams;
-
-	if (sqe->peer && !op->peer) {
-		log_error("op %llx: STREAM_ACCEPT with a foreign peer",
-			  (unsigned long long)op->user_data);
-		op_complete(e, op, -EINVAL, 0, NULL);
-		return;
-	}
-	op->state = OP_STREAMING;
-	op->prev = NULL;
-	op->next = t->acceptors;
-	if (t->acceptors)
-		t->acceptors->prev = op;
-	t->acceptors = op;
-	op_arm_deadline(e, op, sqe->timeout_ns);
-	/* Streams that arrived before, and nobody reads yet, are news too. */
-	for (uint32_t i = 0; i < t->capacity; i++) {
-		struct stream *r = &t->recs[i];
-
-		if (!r->used || r->role != ROLE_CONSUMER || r->getter || r->ended || r->err ||
-		    (op->peer && op->peer != r->peer))
-			continue;
-		if (!announce_to(e, op, r))
-			log_warn("engine %s: STREAM_ACCEPT %llx: no room to report stream %s",
-				 e->name, (unsigned long long)op->user_data, r->full);
-	}
 }
 
 /* ------------------------------------------------------------------ */
@@ -1298,10 +975,10 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 		if (op->state == OP_QUEUED) {
 			op_list_remove(&r->q_head, &r->q_tail, op);
 			if (res < 0 && !r->err && !r->aborting)
-				producer_fail(e, r, res); /* it waited for credit: no index taken */
+				stream_producer_fail(e, r, res); /* it waited for credit: no index taken */
 		} else if (!(op->flags & OP_F_SENT)) {
 			if (res < 0 && !r->err)
-				producer_fail(e, r, res); /* it failed before it left: no index */
+				stream_producer_fail(e, r, res); /* it failed before it left: no index */
 		} else if (op->flags & OP_F_SENT) {
 			r->away--;
 			if (res < 0) {
@@ -1315,7 +992,7 @@ int stream_op_ending(struct ferry_engine *e, struct op *op, int res)
 				r->peer->stream_inflight--;
 				t->peer_credit_freed = true;
 				if (res == -ECONNRESET || res == -EHOSTUNREACH || res == -EPIPE) {
-					producer_fail(e, r, res);
+					stream_producer_fail(e, r, res);
 				} else {
 					stall(t, r); /* its queue may go now: next round */
 				}
@@ -1412,7 +1089,7 @@ int stream_round(struct ferry_engine *e)
 				continue;
 			}
 			if (r->announce)
-				notify_acceptors(e, r);
+				stream_notify_acceptors(e, r);
 			if (r->getter)
 				pump_consumer(e, r, NULL);
 			else
@@ -1443,114 +1120,4 @@ uint64_t stream_next_due(struct ferry_engine *e)
 			due = d;
 	}
 	return due;
-}
-
-void stream_peer_lost(struct ferry_engine *e, const char *name, int res)
-{
-	struct stream_table *t = e->streams;
-
-	if (!t)
-		return;
-	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next) {
-		if (strcmp(p->name, name) != 0)
-			continue;
-		for (struct stream *r = p->blocked; r; r = r->next_blocked) {
-			r->blocked = false;
-			t->nblocked--;
-		}
-		p->blocked = NULL;
-	}
-	for (uint32_t i = 0; i < t->capacity; i++) {
-		struct stream *r = &t->recs[i];
-
-		if (!r->used || strcmp(r->peer->name, name) != 0)
-			continue;
-		if (r->role == ROLE_PRODUCER) {
-			producer_fail(e, r, res);
-		} else {
-			r->err = res;
-			if (r->getter && !r->ended)
-				op_complete(e, r->getter, res, 0, NULL);
-		}
-		rec_maybe_free(e, r);
-	}
-}
-
-int stream_cleanup(struct ferry_engine *e, const char *req, size_t rl,
-		   const struct ferry_peer *from)
-{
-	struct stream_table *t = e->streams;
-	int n = 0;
-
-	for (uint32_t i = 0; i < t->capacity; i++) {
-		struct stream *r = &t->recs[i];
-
-		if (!r->used || (from && r->peer != from) ||
-		    !request_owns_key(r->full, r->key_len, req, rl))
-			continue;
-		n++;
-		r->err = -ECANCELED; /* over: credits no longer matter */
-		r->cleaned = true;
-		if (r->broken) { /* cleaned up: the key may start a new stream */
-			r->broken = false;
-			t->nbroken--;
-		}
-		if (r->role == ROLE_PRODUCER) {
-			fail_queue(e, r, -ECANCELED);
-			if (r->blocked) { /* off its peer's blocked list */
-				struct stream **pp = &r->peer->blocked;
-
-				while (*pp != r)
-					pp = &(*pp)->next_blocked;
-				*pp = r->next_blocked;
-				r->blocked = false;
-				t->nblocked--;
-			}
-		} else if (r->getter) {
-			op_complete(e, r->getter, -ECANCELED, 0, NULL);
-		}
-		rec_maybe_free(e, r);
-	}
-	return n;
-}
-
-void stream_shutdown(struct ferry_engine *e)
-{
-	struct stream_table *t = e->streams;
-
-	if (!t)
-		return;
-	for (uint32_t i = 0; i < t->capacity; i++)
-		whole_free(&t->recs[i]);
-}
-
-void stream_fini(struct ferry_engine *e)
-{
-	struct stream_table *t = e->streams;
-	struct stream_sink *s;
-	struct ferry_buf *w;
-
-	if (!t)
-		return;
-	s = t->sink;
-	atomic_store(&s->closed, 1);
-	while (atomic_load(&s->users))
-		cpu_relax();
-	w = atomic_exchange(&s->releases, NULL);
-	while (w) {
-		struct ferry_buf *next = atomic_load(&w->release_next);
-
-		finish_release(s, w);
-		w = next;
-	}
-	sink_unref(s);
-	free(t->buckets);
-	free(t->recs);
-	free(t);
-	e->streams = NULL;
-}
-
-uint32_t stream_count(struct ferry_engine *e)
-{
-	return e->streams ? STAT_GET(e->streams->used) : 0;
 }

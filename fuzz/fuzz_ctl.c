@@ -1,16 +1,16 @@
 /*
  * fuzz/fuzz_ctl.c - the control channel's message parser: what an engine
- * does with each message its ZeroMQ sockets bring (control/ctl.c
- * on_callee_msg / on_caller_msg, the handshake, on_ready_msg, and the
- * bodies parsed in ctl_req.c: ctl_key_parse, the peer's requests, the
+ * does with each message its ZeroMQ sockets bring (control/ctl_hello.c
+ * on_callee_msg / on_caller_msg, the handshake, ctl_session.c's
+ * ctl_on_ready_msg, and the bodies parsed in ctl_req.c: ctl_key_parse, the peer's requests, the
  * answers to ours), with the engine's real sessions and requests.
  *
  * Why not through the sockets: ZeroMQ moves a message on its own I/O
  * threads, so when the engine would have taken it is unknown, and many
  * bad messages get no answer to wait for. The harness hands each message
  * to ctl_take_router_msg / ctl_take_dealer_msg (ctl_int.h), which run what
- * recv_router / recv_dealer run on a received frame, on one long-lived
- * engine ("fzc", MANUAL progress, its control ROUTER bound on loopback).
+ * recv_router / recv_dealer (ctl_sock.c) hand a received frame to, on one
+ * long-lived engine ("fzc", MANUAL progress, its control ROUTER bound on loopback).
  * The engine's answers do go out through its sockets: two DEALERs of the
  * harness (routing ids "fzA-id", "fzB-id") are connected to its ROUTER, so
  * that the callers the input speaks for exist there (the ROUTER refuses to
@@ -285,14 +285,7 @@ static void teardown(void)
 		zmq_ctx_term(zctx);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 /* The seq of the k-th request of ours sent to peer `name` (table order), or k. */
 static uint64_t req_seq(uint64_t k, const char *name)

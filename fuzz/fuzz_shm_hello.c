@@ -1,7 +1,7 @@
 /*
  * fuzz/fuzz_shm_hello.c - the shm handshake: the hello message and the
  * descriptors attached to it (backends/shm/shm_sock.c recv_hello, then
- * backends/shm/shm.c accept_hello / call_answered and conn_attach: sizes,
+ * backends/shm/shm_handshake.c accept_hello / shm_call_answered and conn_attach: sizes,
  * seals and kinds of the fds, the pool and ring sizes announced), at both
  * ends of a connection.
  *
@@ -56,14 +56,7 @@ static void teardown(void)
 	eng = NULL;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 static const size_t sizes[6] = { 0, 4096, 65536, 1u << 20, SHM_RINGS_BYTES, 2u << 20 };
 

@@ -84,14 +84,7 @@ static void teardown(void)
 	eng = NULL;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 static uint8_t get_into[512];
 static struct iovec get_iov = { get_into, sizeof(get_into) };

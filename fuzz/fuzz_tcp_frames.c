@@ -1,6 +1,6 @@
 /*
  * fuzz/fuzz_tcp_frames.c - the tcp data path's frame parser: take_frame()
- * in backends/tcp/tcp.c and the receive path around it (staging, data
+ * in backends/tcp/tcp_recv.c and the receive path around it (staging, data
  * received straight into a block, stalls, the answers), fed by a peer that
  * proved the cluster secret.
  *
@@ -145,14 +145,7 @@ static void teardown(void)
 	eng = NULL;
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

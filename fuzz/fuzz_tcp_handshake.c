@@ -1,7 +1,7 @@
 /*
  * fuzz/fuzz_tcp_handshake.c - the tcp data path's handshake, both ends:
  * hello_recv, callee_hello, callee_auth, caller_proof and caller_ok in
- * backends/tcp/tcp.c, with tcp_hello_from_wire and the proofs of
+ * backends/tcp/tcp_handshake.c, with tcp_hello_from_wire and the proofs of
  * control/security.c, fed the hello messages of a peer under the fuzzer's control.
  *
  * Like fuzz_tcp_frames (and for the same reasons) this drives one
@@ -78,14 +78,7 @@ static void teardown(void)
 		close(lfd);
 }
 
-int LLVMFuzzerInitialize(int *argc, char ***argv)
-{
-	(void)argc;
-	(void)argv;
-	setup();
-	atexit(teardown);
-	return 0;
-}
+FZ_INITIALIZE(setup, teardown)
 
 static bool mac_zero(const struct tcp_hello *h)
 {

@@ -388,4 +388,18 @@ static inline void fz_keys_add(struct fz_keys *k, const void *key, size_t n)
 	k->buf[k->len] = '\0';
 }
 
+/*
+ * The harness's LLVMFuzzerInitialize: setup_fn() once before the first
+ * input (libFuzzer, or fuzz/replay.c), teardown_fn() at exit.
+ */
+#define FZ_INITIALIZE(setup_fn, teardown_fn)                \
+	int LLVMFuzzerInitialize(int *argc, char ***argv)   \
+	{                                                   \
+		(void)argc;                                 \
+		(void)argv;                                 \
+		setup_fn();                                 \
+		atexit(teardown_fn);                        \
+		return 0;                                   \
+	}
+
 #endif

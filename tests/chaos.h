@@ -368,6 +368,7 @@ struct ch_w {
 	int64_t busy_at, next_scan, next_sample, final_cleanups;
 	int pending_sqes;
 	uint64_t fds_base, rss_base;
+	uint64_t fds_last; /* the fd count at the sample before (ch_sample) */
 	bool sampled_end;
 	int64_t end_sampled_at;
 };
@@ -1432,24 +1433,73 @@ static bool ch_check_transport(struct ch_w *w)
 	return all_up;
 }
 
+/* A field of the tcp part of the engine's health JSON (0 when there is none). */
+static unsigned ch_tcp_health(const char *json, const char *field)
+{
+	const char *tcp = strstr(json, "\"tcp\":{"), *at;
+	char pat[64];
+
+	snprintf(pat, sizeof(pat), "\"%s\":", field);
+	if (!tcp || !(at = strstr(tcp, pat)))
+		return 0;
+	return (unsigned)strtoul(at + strlen(pat), NULL, 10);
+}
+
+/*
+ * Over tcp: every link this engine has is up with all its connections
+ * authenticated and no other socket open (as its last tick counted them):
+ * the fds it holds now are those of a whole mesh, not of one being made
+ * again after a cut (which may hold fewer, or more).
+ */
+static bool ch_tcp_settled(struct ch_w *w)
+{
+	static char json[1 << 16];
+	unsigned ready;
+	int n;
+
+	if (!w->sh->tcp)
+		return true;
+	n = ferry_engine_health(w->e, json, sizeof(json));
+	if (n <= 0 || (size_t)n >= sizeof(json))
+		return false;
+	ready = ch_tcp_health(json, "connections_ready");
+	return ch_tcp_health(json, "links_up") > 0 && ch_tcp_health(json, "links_other") == 0 &&
+	       ready == ch_tcp_health(json, "connections_wanted") &&
+	       ready == ch_tcp_health(json, "sockets");
+}
+
 /*
  * Every 200 ms: the peers' transports; and survivors sample fds and RSS
  * through the first half (after a warm-up), when every peer is carried
- * (a cut link holds fewer connections open): the baseline.
+ * (a cut link holds fewer connections open), every tcp link is whole, and
+ * the fd count is the one the sample before saw: the baseline.
  */
 static void ch_sample(struct ch_w *w)
 {
 	int64_t now = t_now(), since = now - w->sh->t0;
 	bool all_up;
+	uint64_t fds_now;
 
 	if (now < w->next_sample)
 		return;
 	w->next_sample = now + 200 * MS;
 	all_up = ch_check_transport(w);
-	if (!ch_survivor(w) || !all_up || since < w->sh->run_ns / 5 || since > w->sh->run_ns / 2)
+	fds_now = ch_fds();
+	if (fds_now != w->fds_last) {
+		w->fds_last = fds_now; /* still moving: not yet a baseline */
+		return;
+	}
+	/*
+	 * The first half, or later while no baseline was taken yet (a link that
+	 * was never whole then, on a slow machine: the check is weaker, not
+	 * skipped).
+	 */
+	if (!ch_survivor(w) || !all_up || since < w->sh->run_ns / 5 ||
+	    (since > w->sh->run_ns / 2 && (atomic_load(&w->st->samples) || since > w->sh->run_ns)) ||
+	    !ch_tcp_settled(w))
 		return;
 	{
-		uint64_t fds = ch_fds(), rss = ch_rss();
+		uint64_t fds = fds_now, rss = ch_rss();
 
 		if (fds > w->fds_base)
 			w->fds_base = fds;

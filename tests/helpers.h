@@ -184,19 +184,41 @@ static inline void t_expect_none(struct ferry_engine *e, struct ferry_engine *ot
 			 (unsigned long long)c.user_data, c.res);
 }
 
-static inline void t_put(struct ferry_engine *e, struct ferry_peer *to, const char *key,
-			 const void *data, size_t len, uint64_t ud, uint32_t flags)
+/* A one-piece iovec that outlives the op: a rotation through enough of them. */
+static inline struct iovec *t_iov_of(const void *data, size_t len)
 {
-	/* The iovec must outlive the op: rotate through enough of them. */
-	static __thread struct iovec iovs[256];
+	static __thread struct iovec iovs[512];
 	static __thread unsigned next;
-	struct iovec *iov = &iovs[next++ % 256];
-	struct ferry_sqe *sqe = t_sqe(e);
+	struct iovec *iov = &iovs[next++ % 512];
 
 	iov->iov_base = (void *)data;
 	iov->iov_len = len;
-	ferry_prep_put(sqe, to, key, iov, 1, ud);
+	return iov;
+}
+
+static inline void t_put(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+			 const void *data, size_t len, uint64_t ud, uint32_t flags)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_put(sqe, to, key, t_iov_of(data, len), 1, ud);
 	ferry_sqe_set_flags(sqe, flags);
+	t_submit(e);
+}
+
+/* A GET (FERRY_OP_GET), or with fetch a FETCH (ask the holder for key). */
+static inline void t_get_or_fetch(struct ferry_engine *e, bool fetch, struct ferry_peer *from,
+				  const char *key, const struct iovec *iov, unsigned n,
+				  uint64_t ud, uint32_t flags, uint64_t timeout_ns)
+{
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	if (fetch)
+		ferry_prep_fetch(sqe, from, key, iov, n, ud);
+	else
+		ferry_prep_get(sqe, from, key, iov, n, ud);
+	ferry_sqe_set_flags(sqe, flags);
+	ferry_sqe_set_timeout(sqe, timeout_ns);
 	t_submit(e);
 }
 
@@ -204,26 +226,16 @@ static inline void t_get(struct ferry_engine *e, struct ferry_peer *from, const 
 			 const struct iovec *iov, unsigned n, uint64_t ud, uint32_t flags,
 			 uint64_t timeout_ns)
 {
-	struct ferry_sqe *sqe = t_sqe(e);
-
-	ferry_prep_get(sqe, from, key, iov, n, ud);
-	ferry_sqe_set_flags(sqe, flags);
-	ferry_sqe_set_timeout(sqe, timeout_ns);
-	t_submit(e);
+	t_get_or_fetch(e, false, from, key, iov, n, ud, flags, timeout_ns);
 }
 
 /* A PUBLISH (kept here for `to` to fetch): as t_put. */
 static inline void t_publish(struct ferry_engine *e, struct ferry_peer *to, const char *key,
 			     const void *data, size_t len, uint64_t ud, uint32_t flags)
 {
-	static __thread struct iovec iovs[256];
-	static __thread unsigned next;
-	struct iovec *iov = &iovs[next++ % 256];
 	struct ferry_sqe *sqe = t_sqe(e);
 
-	iov->iov_base = (void *)data;
-	iov->iov_len = len;
-	ferry_prep_publish(sqe, to, key, iov, 1, ud);
+	ferry_prep_publish(sqe, to, key, t_iov_of(data, len), 1, ud);
 	ferry_sqe_set_flags(sqe, flags);
 	t_submit(e);
 }
@@ -233,12 +245,7 @@ static inline void t_fetch(struct ferry_engine *e, struct ferry_peer *from, cons
 			   const struct iovec *iov, unsigned n, uint64_t ud, uint32_t flags,
 			   uint64_t timeout_ns)
 {
-	struct ferry_sqe *sqe = t_sqe(e);
-
-	ferry_prep_fetch(sqe, from, key, iov, n, ud);
-	ferry_sqe_set_flags(sqe, flags);
-	ferry_sqe_set_timeout(sqe, timeout_ns);
-	t_submit(e);
+	t_get_or_fetch(e, true, from, key, iov, n, ud, flags, timeout_ns);
 }
 
 /* Is port free on loopback right now? */

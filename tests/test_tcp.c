@@ -568,6 +568,76 @@ static void test_tcp_one_to_three(void **state)
  * transport would reach; over a link cut, test_chaos_tcp saw traffic move
  * to shm so, to the same engine on this host).
  */
+/*
+ * The tcp part of the engine's health: links and connections as the tick
+ * counts them. After a PUT the link is up with all its connections
+ * authenticated; once the receiver is gone the sender's tick (heartbeat
+ * 100 ms, timeout 400 ms) finds the link dead and says no link is up.
+ */
+static unsigned health_u(struct ferry_engine *e, const char *field)
+{
+	static char json[1 << 14];
+	char pat[64];
+	const char *at;
+
+	assert_true(ferry_engine_health(e, json, sizeof(json)) > 0);
+	snprintf(pat, sizeof(pat), "\"%s\":", field);
+	at = strstr(json, "\"tcp\":{");
+	assert_non_null(at);
+	at = strstr(at, pat);
+	assert_non_null(at);
+	return (unsigned)strtoul(at + strlen(pat), NULL, 10);
+}
+
+static bool health_is(struct ferry_engine *e, unsigned up, bool complete, int64_t wait_ns)
+{
+	int64_t end = t_now() + wait_ns;
+
+	do {
+		unsigned ready = health_u(e, "connections_ready"), wanted = health_u(e, "connections_wanted");
+
+		if (health_u(e, "links_up") == up && (!complete || (wanted > 0 && ready == wanted)))
+			return true;
+		usleep(10000);
+	} while (t_now() < end);
+	return false;
+}
+
+static void test_tcp_health(void **state)
+{
+	struct mk ma = { .name = "a", .secret = SECRET, .heartbeat_ms = 100, .peer_timeout_ms = 400 };
+	struct mk mb = { .name = "b", .secret = SECRET, .listen = "tcp://127.0.0.1:0",
+			 .heartbeat_ms = 100, .peer_timeout_ms = 400 };
+	struct ferry_engine *a, *b;
+	struct ferry_peer *to, *from;
+	struct ferry_cqe c;
+	char addr[128], data[100] = { 0 };
+	struct iovec v = { data, sizeof(data) };
+
+	(void)state;
+	a = mk_engine(&ma);
+	b = mk_engine(&mb);
+	assert_non_null(a);
+	assert_non_null(b);
+	assert_int_equal(health_u(a, "links_up"), 0);
+	to = t_peer(a, "b");
+	from = t_peer(b, "a");
+	engine_addr(b, addr, sizeof(addr));
+	assert_int_equal(ferry_peer_set_address(to, addr), 0);
+	put_iov(a, to, "k", &v, 1, 10 * SEC);
+	assert_int_equal(t_wait_one(a, &c, 10 * SEC), 0);
+	assert_true(health_is(a, 1, true, 10 * SEC));
+	assert_true(health_u(a, "sockets") >= health_u(a, "connections_ready"));
+	assert_true(health_is(b, 1, true, 10 * SEC)); /* the callee's end of the link */
+	get(b, from, "k", NULL, 2, 0, 0);
+	assert_int_equal(t_wait_one(b, &c, 5 * SEC), 0);
+	ferry_buf_release(c.buf);
+	ferry_engine_destroy(b);
+	assert_true(health_is(a, 0, false, (t_under_valgrind() ? 60 : 10) * SEC));
+	assert_int_equal(health_u(a, "connections_ready"), 0);
+	ferry_engine_destroy(a);
+}
+
 static void test_tcp_address_sticks(void **state)
 {
 	struct mk ma = { .name = "a", .secret = SECRET }, mb = { .name = "b", .secret = SECRET };
@@ -888,7 +958,7 @@ static void test_tcp_wrong_secret(void **state)
  */
 static void test_tcp_silent_flood(void **state)
 {
-	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp.c */ };
+	enum { FLOOD = 200, PREAUTH_MAX = 64 /* TCP_PREAUTH_MAX in tcp_int.h */ };
 	struct producer good = { .name = "prod", .secret = SECRET, .count = 5, .size = 100 };
 	struct mk m = { .name = "cons", .listen = "tcp://127.0.0.1:0", .secret = SECRET,
 			.handshake_ms = 3000 /* the bound under test, valgrind or not */ };
@@ -1582,6 +1652,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_tcp_params, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_deadlines, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_address_sticks, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_tcp_health, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_namespaces_isolated, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_tcp_one_to_three, setup, teardown),

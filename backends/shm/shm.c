@@ -1,26 +1,24 @@
 /*
  * backends/shm/shm.c - the shared-memory transport: engines in different
- * processes of one host.
+ * processes of one host. This file: the backend's entry points and its data
+ * path (the hot path: every PUT, entry, RESULT and RELEASE goes through here).
  *
- * Owns: connections to peer engines found by name (shm_sock.c does the
- * socket, the names and the hello) and their handshakes, the descriptor
- * rings in shared memory that carry PUTs and their results, the read-only
- * mapping of each peer's pool, the accounting of blocks lent to peers, and
- * what happens when a peer dies or misbehaves.
+ * Owns: the backend's table of operations, its init and fini and its
+ * io_uring completions (handed on to the files below); the descriptor
+ * rings in shared memory that carry PUTs and their results (sending,
+ * receiving, the sleep and wake of both sides), the reading of each peer's
+ * pool through its read-only mapping, and the accounting of blocks lent to
+ * peers. The connections themselves (their lifetime, finding one for a
+ * peer, what happens when a peer dies or misbehaves) are shm_conn.c's;
+ * their handshakes (calling, accepting, the hello's checks and mappings,
+ * the handshake timer) shm_handshake.c's; the socket, the names and the
+ * hello message shm_sock.c's; `ferry health` shm_health.c's. What they
+ * share: shm_int.h.
  *
- * Handshakes never block a round. Calling a peer is a non-blocking connect
- * and our hello; the connection then waits for the answer (an io_uring poll
- * on its socket), not up and not in st->live, its PUTs queued in order on
- * the pending list, and comes up (st->live, queued PUTs sent) when the
- * answer is checked and mapped. Accepting, the caller's hello is read at
- * once if it is there, else the caller waits in a bounded table of
- * half-open slots, its socket polled. A timer on the same io_uring, armed
- * only while handshakes are under way, ends calls unanswered within
- * SHM_HANDSHAKE_MS (their PUTs fail with -EHOSTUNREACH and the peer is
- * resolved again by its next PUT), retries a connect that found a full
- * accept queue, and hangs up on callers silent for SHM_ACCEPT_HELLO_MS.
- * The data path never looks at handshake state: only connections that are
- * up are in st->live.
+ * Handshakes never block a round, and the data path never looks at
+ * handshake state: only connections that are up are in st->live. PUTs to
+ * a peer that has not answered yet wait, in order, on its connection's
+ * pending list (shm_handshake.c sends them when it comes up).
  *
  * Per connection, the connecting side creates one memfd holding two
  * directions; each direction has a PUT ring (descriptors {key, offset, len})
@@ -66,40 +64,12 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "shm_int.h"
 #include "shm_sock.h"
 #include "shm_wire.h"
 
-#define SHM_MAX_CONNS 256u
-/*
- * How long a connection we start may take to be answered (the peer's hello
- * with its fds). PUTs queued on it meanwhile keep their own deadlines.
- */
-#define SHM_HANDSHAKE_MS 2000
-/*
- * How long an accepted caller may take to send its hello. A caller sends it
- * right after connecting, so it is normally there at once; a silent one
- * only holds a slot of the half-open table meanwhile.
- */
-#define SHM_ACCEPT_HELLO_MS 250
-/* Accepted callers whose hello has not come yet; beyond, the oldest is hung up on. */
-#define SHM_HALF_OPEN_MAX 64u
-/*
- * While handshakes are under way, a timer looks at their bounds (and tries
- * again a connect that found the peer's accept queue full) this often.
- */
-#define SHM_TICK_MS 25
+
 #define SHM_PER_ROUND 256
-
-/*
- * io_uring cookies (below backend_tag's byte): the listener, a connection
- * (gen << 16 | id + 1), a half-open accept (gen << 16 | COOKIE_HALF_OPEN +
- * slot), the handshake timer.
- */
-#define COOKIE_LISTENER 0u
-#define COOKIE_HALF_OPEN 0x1000u
-#define COOKIE_TICK 0xffffu
-
-struct shm_state;
 
 /* A control entry's content, as we build it or copied out of a peer's ring. */
 struct shm_ctrl {
@@ -109,96 +79,6 @@ struct shm_ctrl {
 	uint64_t buf_cookie;
 	uint64_t offset;
 };
-
-struct shm_conn {
-	_Atomic int refs;    /* the table, each peer resolved to it, each wrapped block */
-	_Atomic int closed;  /* release hooks stop queueing */
-	_Atomic int users;   /* release hooks inside */
-	uint32_t id;
-	uint32_t gen;        /* tells its io_uring poll from a former one's */
-	bool dead;
-	bool up;             /* handshake done, in st->live (else: we are calling) */
-	bool connect_again;  /* calling: the peer's accept queue was full */
-	int sock;            /* -1 while connect_again */
-	struct shm_state *st;
-	char peer_name[FERRY_NAME_MAX];
-	struct shm_rings *rings;
-	struct shm_dir *tx, *rx;
-	const uint8_t *peer_pool;
-	uint64_t peer_pool_size;
-	int peer_doorbell;
-	struct wake_page *peer_wake;
-	struct op *pending_head, *pending_tail; /* PUTs waiting for ring room */
-	uint64_t puts_sent, puts_taken;
-	/*
-	 * Our ends of the rings, kept here: the shared words are only read
-	 * where the peer writes them (its heads of our rings, the sequence
-	 * words of its entries), so what it scribbles over ours cannot
-	 * mislead us. The peer's heads are read again only when the copy says
-	 * a ring is full.
-	 */
-	uint32_t put_tail, put_head_seen;   /* tx PUT ring */
-	uint32_t ctrl_tail, ctrl_head_seen; /* tx control ring */
-	uint32_t ctrl_published;            /* ctrl_tail at the last wake check */
-	uint32_t rx_put_head, rx_ctrl_head; /* rx rings */
-	bool peer_takes_result_free;        /* its hello had SHM_CAP_RESULT_FREE */
-	/* Calling (cold: the data path never looks). */
-	int ring_fd;         /* the rings' memfd, until our hello is sent */
-	uint64_t hs_deadline; /* the handshake's bound */
-};
-
-struct shm_state {
-	struct ferry_engine *engine;
-	struct backend *b;
-	struct shm_listener lis;
-	uint32_t next_gen;
-	/* Accepted callers whose hello has not come yet (fd -1: free slot). */
-	struct shm_half_open {
-		int fd;
-		uint32_t gen;
-		uint64_t deadline;
-	} half_open[SHM_HALF_OPEN_MAX];
-	uint32_t nhalf_open;
-	uint32_t nconnecting;    /* connections we started, not up nor failed yet */
-	bool tick_armed;
-	struct __kernel_timespec tick_ts;
-	struct shm_conn *conns[SHM_MAX_CONNS]; /* by slot (the id peers' cookies name) */
-	struct shm_conn *live[SHM_MAX_CONNS];  /* the same, packed: what rounds walk */
-	uint32_t nlive;
-	struct ferry_buf **lent;  /* by handle index: blocks a peer holds */
-	uint16_t *lent_conn;      /* conn id + 1 */
-	uint64_t *lent_credit;    /* stream_credit_token of a lent chunk (0: none) */
-	uint32_t max_bufs;
-	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
-};
-
-/* ------------------------------------------------------------------ */
-/* Connections: lifetime                                               */
-/* ------------------------------------------------------------------ */
-
-static void conn_unref(struct shm_conn *c)
-{
-	if (atomic_fetch_sub_explicit(&c->refs, 1, memory_order_acq_rel) != 1)
-		return;
-	if (c->rings)
-		munmap(c->rings, SHM_RINGS_BYTES);
-	if (c->peer_pool)
-		munmap((void *)c->peer_pool, c->peer_pool_size);
-	if (c->peer_wake)
-		munmap(c->peer_wake, 4096);
-	if (c->peer_doorbell >= 0)
-		close(c->peer_doorbell);
-	if (c->ring_fd >= 0)
-		close(c->ring_fd);
-	if (c->sock >= 0)
-		close(c->sock);
-	free(c);
-}
-
-static uint64_t conn_cookie(const struct shm_conn *c)
-{
-	return ((uint64_t)c->gen << 16) | (c->id + 1);
-}
 
 /*
  * Ring the peer's doorbell (an eventfd: checked at the handshake). A write
@@ -227,30 +107,6 @@ static void wake_peer(struct shm_conn *c)
 	if (atomic_load_explicit(&c->peer_wake->sleeping, memory_order_relaxed) &&
 	    !atomic_exchange(&c->peer_wake->doorbell_rung, 1))
 		ring_peer(c);
-}
-
-static struct io_uring_sqe *ring_sqe(struct ferry_engine *e)
-{
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
-
-	if (!sqe) {
-		io_uring_submit(&e->ring);
-		sqe = io_uring_get_sqe(&e->ring);
-	}
-	return sqe;
-}
-
-static void arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie)
-{
-	struct io_uring_sqe *sqe = ring_sqe(e);
-
-	if (!sqe) {
-		log_error("shm: io_uring full, cannot watch fd %d", fd);
-		return;
-	}
-	io_uring_prep_poll_add(sqe, fd, POLLIN | POLLRDHUP | POLLHUP | POLLERR);
-	io_uring_sqe_set_data64(sqe, backend_tag(b, cookie));
-	io_uring_submit(&e->ring); /* a busy reactor may not sleep for long */
 }
 
 /* ------------------------------------------------------------------ */
@@ -323,10 +179,6 @@ static int64_t put_room(struct shm_conn *c)
 	return ring_room(&c->tx->put, SHM_PUT_ENTRIES, c->put_tail, &c->put_head_seen);
 }
 
-static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res);
-static int conn_for(struct ferry_engine *e, struct backend *b, const char *name,
-		    struct shm_conn **out);
-
 /*
  * Write and publish a control entry. The peer's sleep word is read once
  * for all of a round's entries, by ctrl_published_since_check at the end
@@ -338,7 +190,7 @@ static bool send_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 	struct shm_ctrl_desc *d;
 
 	if (room < 0) {
-		conn_fail(e, c, "control ring head out of range", -ECONNRESET);
+		shm_conn_fail(e, c, "control ring head out of range", -ECONNRESET);
 		return false;
 	}
 	if (room == 0)
@@ -382,7 +234,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	bool inline_data = op->len <= SHM_INLINE_MAX && !credit;
 
 	if (room < 0) {
-		conn_fail(e, c, "PUT ring head out of range", -ECONNRESET);
+		shm_conn_fail(e, c, "PUT ring head out of range", -ECONNRESET);
 		return false;
 	}
 	if (room == 0)
@@ -459,9 +311,9 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 		 */
 		struct shm_conn *nc;
 
-		if (conn_for(e, b, op->peer->name, &nc))
+		if (shm_conn_for(e, b, op->peer->name, &nc))
 			return -ECONNRESET;
-		conn_unref(c);
+		shm_conn_unref(c);
 		op->peer->transport = c = nc;
 	}
 	if (op->buf && op->buf->pool != e->pool) {
@@ -477,7 +329,7 @@ static int shm_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	}
 	/*
 	 * While it is being handed over, the op must not be found (and
-	 * completed) by conn_fail should the peer's ring turn out bad: the
+	 * completed) by shm_conn_fail should the peer's ring turn out bad: the
 	 * reactor completes it once, from our return value.
 	 */
 	op->state = OP_FREE;
@@ -520,7 +372,7 @@ static void release_hook(struct ferry_buf *buf, void *ctx)
 	if (atomic_load(&c->closed)) {
 		atomic_fetch_sub(&c->users, 1);
 		pool_wrap_done(buf);
-		conn_unref(c);
+		shm_conn_unref(c);
 		return;
 	}
 	st = c->st;
@@ -557,7 +409,7 @@ static int flush_releases(struct ferry_engine *e, struct shm_state *st)
 			continue;
 		}
 		pool_wrap_done(buf);
-		conn_unref(c);
+		shm_conn_unref(c);
 		n++;
 	}
 	return n;
@@ -717,7 +569,7 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 		rc = reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len, flags);
 		if (rc) {
 			pool_wrap_cancel(buf);
-			conn_unref(c);
+			shm_conn_unref(c);
 		}
 	}
 	res.res = rc;
@@ -743,7 +595,7 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		struct shm_ctrl m;
 
 		if (ready < 0) {
-			conn_fail(e, c, "control entry out of sequence", -ECONNRESET);
+			shm_conn_fail(e, c, "control entry out of sequence", -ECONNRESET);
 			return n + 1;
 		}
 		m.type = d->type;
@@ -753,7 +605,7 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		m.offset = d->offset;
 		c->rx_ctrl_head++;
 		if (!take_ctrl(e, c, &m)) {
-			conn_fail(e, c, "malformed control descriptor", -ECONNRESET);
+			shm_conn_fail(e, c, "malformed control descriptor", -ECONNRESET);
 			return n + 1;
 		}
 		n++;
@@ -764,17 +616,17 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		int64_t room;
 
 		if (ready < 0) {
-			conn_fail(e, c, "PUT entry out of sequence", -ECONNRESET);
+			shm_conn_fail(e, c, "PUT entry out of sequence", -ECONNRESET);
 			return n + 1;
 		}
 		room = ctrl_room(c);
 		if (room <= 0) {
 			if (room < 0)
-				conn_fail(e, c, "control ring head out of range", -ECONNRESET);
+				shm_conn_fail(e, c, "control ring head out of range", -ECONNRESET);
 			break; /* its RESULT needs room: later */
 		}
 		if (!take_put(e, c, &c->rx->puts[c->rx_put_head % SHM_PUT_ENTRIES])) {
-			conn_fail(e, c, "malformed PUT descriptor", -ECONNRESET);
+			shm_conn_fail(e, c, "malformed PUT descriptor", -ECONNRESET);
 			return n + 1;
 		}
 		c->rx_put_head++;
@@ -808,647 +660,22 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 	return n;
 }
 
-/* ------------------------------------------------------------------ */
-/* Faults                                                              */
-/* ------------------------------------------------------------------ */
-
-static bool other_live_conn(struct shm_state *st, struct shm_conn *c)
+/* The connection is gone: every block still lent through it is ours again (shm_conn_fail). */
+void shm_lent_drop(struct shm_state *st, struct shm_conn *c)
 {
-	for (uint32_t i = 0; i < st->nlive; i++) {
-		struct shm_conn *o = st->live[i];
-
-		if (o != c && !o->dead && strcmp(o->peer_name, c->peer_name) == 0)
-			return true;
-	}
-	return false;
-}
-
-/*
- * The peer is gone (or broke the protocol): its ops fail, the blocks it
- * held come back, GETs waiting on it give up. Blocks it lent us stay
- * mapped until the application releases them.
- */
-static void conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res)
-{
-	struct shm_state *st = c->st;
-	bool others;
-
-	if (c->dead)
-		return;
-	c->dead = true;
-	if (why)
-		log_warn("shm: engine %s: disconnecting %s: %s", e->name, c->peer_name, why);
-	while (c->pending_head) {
-		struct op *op = c->pending_head;
-
-		pending_unlink(c, op);
-		op->state = OP_FREE;
-		op_complete(e, op, res, 0, NULL);
-	}
-	if (!c->up) {
-		/*
-		 * A call that never got its answer: only the PUTs queued on it
-		 * knew of it (no block was lent, nothing arrived through it).
-		 */
-		st->nconnecting--;
-		if (c->sock >= 0)
-			shutdown(c->sock, SHUT_RDWR); /* ends its poll */
-		atomic_store(&c->closed, 1);
-		return;
-	}
-	others = other_live_conn(st, c);
-	for (uint32_t i = 0; i < e->max_ops; i++) {
-		struct op *op = &e->ops[i];
-
-		if (op->state == OP_AWAY && op->peer && op->peer->transport == c) {
-			op->state = OP_FREE;
-			op_complete(e, op, res, 0, NULL);
-		} else if (op->state == OP_PARKED && !others && op->peer &&
-			   strcmp(op->peer->name, c->peer_name) == 0) {
-			op_complete(e, op, res, 0, NULL);
-		}
-	}
-	if (!others)
-		ferry__peer_event(e, st->b, c->peer_name, PEER_LOST, res); /* its streams */
 	for (uint32_t i = 0; i < st->max_bufs; i++)
 		if (st->lent_conn[i] == c->id + 1)
 			free_lent(st, i);
-	atomic_store(&c->closed, 1);
-	while (atomic_load(&c->users))
-		cpu_relax();
-	/*
-	 * Tell the peer now: the socket may outlive this (blocks it lent us
-	 * keep the connection's memory), but the conversation is over.
-	 */
-	shutdown(c->sock, SHUT_RDWR);
-	/* The table keeps its reference until conn_reap: callers still use c. */
-}
-
-static void conn_reap(struct shm_state *st, struct shm_conn *c)
-{
-	for (uint32_t i = 0; i < st->nlive; i++) {
-		if (st->live[i] == c) {
-			st->live[i] = st->live[--st->nlive];
-			break;
-		}
-	}
-	st->conns[c->id] = NULL;
-	conn_unref(c); /* the table's reference */
-}
-
-/* ------------------------------------------------------------------ */
-/* Connection setup                                                    */
-/* ------------------------------------------------------------------ */
-
-/* Is fd an eventfd (the only doorbell a peer may hand us)? */
-static bool is_eventfd(int fd)
-{
-	char path[64], link[64];
-	ssize_t n;
-
-	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
-	n = readlink(path, link, sizeof(link) - 1);
-	if (n < 0)
-		return false;
-	link[n] = '\0';
-	return strcmp(link, "anon_inode:[eventfd]") == 0;
-}
-
-/*
- * The size of a memfd a peer handed us, which must be sealed against
- * shrinking: a region that shrank under our mapping would fault when read.
- */
-static int fd_size(int fd, uint64_t *size)
-{
-	struct stat sb;
-	int seals = fcntl(fd, F_GET_SEALS);
-
-	if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
-		log_error("shm: a peer's memory is not sealed against shrinking: refused");
-		return -EPROTO;
-	}
-	if (fstat(fd, &sb) < 0) {
-		int rc = -errno;
-
-		log_error("shm: fstat of a peer's memory: %s", strerror(-rc));
-		return rc;
-	}
-	*size = (uint64_t)sb.st_size;
-	return 0;
-}
-
-static void fill_hello(struct ferry_engine *e, struct shm_hello *h)
-{
-	memset(h, 0, sizeof(*h));
-	snprintf(h->ns, sizeof(h->ns), "%s", e->ns);
-	snprintf(h->name, sizeof(h->name), "%s", e->name);
-	h->pool_size = pool_size(e->pool);
-	h->ring_entries = SHM_PUT_ENTRIES;
-	h->caps = SHM_CAP_RESULT_FREE;
-	h->ring_bytes = (uint32_t)SHM_RINGS_BYTES;
-}
-
-/* A connection not yet up, in a free slot; NULL (logged) when none is free. */
-static struct shm_conn *conn_new(struct ferry_engine *e, struct shm_state *st, int sock,
-				 const char *peer_name)
-{
-	struct shm_conn *c;
-	uint32_t slot;
-
-	for (slot = 0; slot < SHM_MAX_CONNS && st->conns[slot]; slot++)
-		;
-	if (slot == SHM_MAX_CONNS) {
-		log_error("shm: engine %s: more than %u connections", e->name, SHM_MAX_CONNS);
-		return NULL;
-	}
-	c = calloc(1, sizeof(*c));
-	if (!c) {
-		log_error("shm: engine %s: out of memory for a connection", e->name);
-		return NULL;
-	}
-	atomic_init(&c->refs, 1);
-	c->id = slot;
-	c->st = st;
-	c->sock = sock;
-	c->ring_fd = -1;
-	c->peer_doorbell = -1;
-	snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
-	c->gen = ++st->next_gen;
-	st->conns[slot] = c;
-	return c;
-}
-
-/*
- * The peer's hello came: check it, take its fds [pool, doorbell, wake] and,
- * from a caller, [rings], and bring the connection up (st->live, its
- * socket watched for the hang-up). Closes every fd of fds; on failure c is
- * left as it was (not up), for the caller to drop.
- */
-static int conn_attach(struct ferry_engine *e, struct backend *b, struct shm_conn *c,
-		       const struct shm_hello *h, int *fds, unsigned nfds, bool connector)
-{
-	struct shm_state *st = b->data;
-	uint64_t sz;
-	int rc = -EPROTO;
-
-	if (strcmp(h->ns, e->ns) != 0 || h->ring_entries != SHM_PUT_ENTRIES ||
-	    h->ring_bytes != SHM_RINGS_BYTES || nfds != (connector ? 3u : 4u)) {
-		log_error("shm: engine %s: hello from %s does not match (namespace %s, ring %u/%u, "
-			  "%u fds)", e->name, h->name, h->ns, h->ring_entries, h->ring_bytes, nfds);
-		goto out;
-	}
-	if (!is_eventfd(fds[1])) {
-		log_error("shm: the doorbell %s sent is not an eventfd: refused", h->name);
-		goto out;
-	}
-	c->peer_doorbell = fds[1];
-	fds[1] = -1;
-	c->peer_takes_result_free = (h->caps & SHM_CAP_RESULT_FREE) != 0;
-	/* Every refusal below logs its line (fd_size its own): an acceptor says nothing else. */
-	if (fd_size(fds[0], &sz))
-		goto out;
-	if (sz < h->pool_size || h->pool_size == 0) {
-		log_error("shm: pool of %s: %llu bytes, announced %llu", h->name,
-			  (unsigned long long)sz, (unsigned long long)h->pool_size);
-		goto out;
-	}
-	c->peer_pool = mmap(NULL, h->pool_size, PROT_READ, MAP_SHARED, fds[0], 0);
-	if (c->peer_pool == MAP_FAILED) {
-		c->peer_pool = NULL;
-		rc = -errno;
-		log_error("shm: mapping the pool of %s: %s", h->name, strerror(-rc));
-		goto out;
-	}
-	c->peer_pool_size = h->pool_size;
-	if (fd_size(fds[2], &sz))
-		goto out;
-	if (sz < 4096) {
-		log_error("shm: the wake page %s sent is %llu bytes, less than 4096: refused",
-			  h->name, (unsigned long long)sz);
-		goto out;
-	}
-	c->peer_wake = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[2], 0);
-	if (c->peer_wake == MAP_FAILED) {
-		c->peer_wake = NULL;
-		rc = -errno;
-		log_error("shm: mapping the wake page of %s: %s", h->name, strerror(-rc));
-		goto out;
-	}
-	if (!connector) {
-		void *rings;
-
-		if (fd_size(fds[3], &sz))
-			goto out;
-		if (sz != SHM_RINGS_BYTES) {
-			log_error("shm: the rings %s sent are %llu bytes, not %llu: refused",
-				  h->name, (unsigned long long)sz,
-				  (unsigned long long)SHM_RINGS_BYTES);
-			goto out;
-		}
-		rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[3], 0);
-		if (rings == MAP_FAILED) {
-			rc = -errno;
-			log_error("shm: mapping the rings of %s: %s", h->name, strerror(-rc));
-			goto out;
-		}
-		c->rings = rings;
-	}
-	c->tx = &c->rings->dir[connector ? 0 : 1];
-	c->rx = &c->rings->dir[connector ? 1 : 0];
-	c->up = true;
-	st->live[st->nlive++] = c;
-	arm_poll(e, b, c->sock, conn_cookie(c));
-	log_debug("shm: engine %s connected to %s (%s)", e->name, c->peer_name,
-		  connector ? "we called" : "it called");
-	rc = 0;
-out:
-	for (unsigned i = 0; i < nfds; i++)
-		if (fds[i] >= 0)
-			close(fds[i]);
-	return rc;
-}
-
-/* ------------------------------------------------------------------ */
-/* Handshakes: the timer                                               */
-/* ------------------------------------------------------------------ */
-
-/* While any handshake is under way, look at the bounds every SHM_TICK_MS. */
-static void arm_tick(struct ferry_engine *e, struct backend *b)
-{
-	struct shm_state *st = b->data;
-	struct io_uring_sqe *sqe;
-
-	if (st->tick_armed || (!st->nhalf_open && !st->nconnecting))
-		return;
-	sqe = ring_sqe(e);
-	if (!sqe) {
-		log_limited(FERRY__LOG_ERROR, "shm: io_uring full, handshake timer not armed "
-			    "(tried again next round)");
-		return;
-	}
-	st->tick_ts.tv_sec = 0;
-	st->tick_ts.tv_nsec = SHM_TICK_MS * 1000000ll;
-	io_uring_prep_timeout(sqe, &st->tick_ts, 0, 0);
-	io_uring_sqe_set_data64(sqe, backend_tag(b, COOKIE_TICK));
-	io_uring_submit(&e->ring);
-	st->tick_armed = true;
-}
-
-/* ------------------------------------------------------------------ */
-/* Handshakes: someone calls us                                        */
-/* ------------------------------------------------------------------ */
-
-/*
- * An accepted caller's hello came (rc 0) or will never come (rc < 0):
- * answer a health request, or answer with our hello and bring the
- * connection up, or hang up. Takes fd and the fds received.
- */
-static void accept_hello(struct ferry_engine *e, struct backend *b, int fd, int rc,
-			 const struct shm_hello *h, int *fds, unsigned nfds)
-{
-	struct shm_state *st = b->data;
-	int ours[3] = { pool_fd(e->pool), e->doorbell_fd, e->wake_fd };
-	struct shm_hello me;
-	struct shm_conn *c = NULL;
-
-	if (rc) {
-		log_limited(FERRY__LOG_WARN, "shm: engine %s: refused a caller: %s", e->name,
-			    ferry_strerror(rc));
-		close(fd);
-		return;
-	}
-	if ((h->caps & SHM_CAP_HEALTH) && nfds == 0) {
-		shm_health_answer(e, fd); /* `ferry health`: one answer, then hang up */
-		close(fd);
-		return;
-	}
-	fill_hello(e, &me);
-	if (shm_sock_send_hello(fd, &me, ours, 3) != 0 || !(c = conn_new(e, st, fd, h->name))) {
-		for (unsigned i = 0; i < nfds; i++)
-			close(fds[i]);
-		close(fd);
-		return;
-	}
-	if (conn_attach(e, b, c, h, fds, nfds, false) != 0)
-		conn_reap(st, c); /* nobody else knew of it; closes fd */
-}
-
-static uint64_t half_open_cookie(const struct shm_state *st, uint32_t slot)
-{
-	return ((uint64_t)st->half_open[slot].gen << 16) | (COOKIE_HALF_OPEN + slot);
-}
-
-/* Take fd out of half-open slot i (it stays open). */
-static int half_open_take(struct shm_state *st, uint32_t i)
-{
-	int fd = st->half_open[i].fd;
-
-	st->half_open[i].fd = -1;
-	st->nhalf_open--;
-	return fd;
-}
-
-static void half_open_close(struct shm_state *st, uint32_t i)
-{
-	int fd = half_open_take(st, i);
-
-	shutdown(fd, SHUT_RDWR); /* ends its poll */
-	close(fd);
-}
-
-/*
- * A caller was accepted: its hello is normally there already. If not, it
- * waits in a half-open slot, its socket polled, for SHM_ACCEPT_HELLO_MS;
- * when every slot is taken, the oldest is hung up on to make room.
- */
-static void accept_caller(struct ferry_engine *e, struct backend *b, int fd)
-{
-	struct shm_state *st = b->data;
-	struct shm_hello h;
-	int fds[SHM_MAX_FDS];
-	unsigned nfds = SHM_MAX_FDS, i;
-	int rc = shm_sock_try_recv_hello(fd, &h, fds, &nfds);
-
-	if (rc != -EAGAIN) {
-		accept_hello(e, b, fd, rc, &h, fds, nfds);
-		return;
-	}
-	if (st->nhalf_open == SHM_HALF_OPEN_MAX) {
-		/*
-		 * Full: the oldest goes. A caller that means it sends its hello
-		 * right after connecting, so a flood of silent ones cannot keep
-		 * it out; refusing the newest could (it may be accepted in the
-		 * moment between its connect and its hello).
-		 */
-		uint32_t oldest = 0;
-
-		for (i = 1; i < SHM_HALF_OPEN_MAX; i++)
-			if (st->half_open[i].deadline < st->half_open[oldest].deadline)
-				oldest = i;
-		log_limited(FERRY__LOG_WARN, "shm: engine %s: %u callers have not sent their hello "
-			    "yet; hanging up on the oldest", e->name, SHM_HALF_OPEN_MAX);
-		half_open_close(st, oldest);
-	}
-	for (i = 0; st->half_open[i].fd >= 0; i++)
-		;
-	st->half_open[i].fd = fd;
-	st->half_open[i].gen = ++st->next_gen;
-	st->half_open[i].deadline = ferry__now_ns() + SHM_ACCEPT_HELLO_MS * 1000000ull;
-	st->nhalf_open++;
-	arm_poll(e, b, fd, half_open_cookie(st, i));
-	arm_tick(e, b);
-}
-
-/* The socket of half-open slot i woke up (res: the poll's revents or an error). */
-static void half_open_cqe(struct ferry_engine *e, struct backend *b, uint32_t i, uint32_t gen,
-			  int res)
-{
-	struct shm_state *st = b->data;
-	struct shm_hello h;
-	int fds[SHM_MAX_FDS], rc;
-	unsigned nfds = SHM_MAX_FDS;
-
-	if (i >= SHM_HALF_OPEN_MAX || st->half_open[i].fd < 0 || st->half_open[i].gen != gen)
-		return; /* a slot already closed (its poll ended with the shutdown) */
-	memset(&h, 0, sizeof(h));
-	rc = res < 0 ? res : shm_sock_try_recv_hello(st->half_open[i].fd, &h, fds, &nfds);
-	if (rc == -EAGAIN) {
-		if (!(res & (POLLHUP | POLLRDHUP | POLLERR))) {
-			arm_poll(e, b, st->half_open[i].fd, half_open_cookie(st, i));
-			return;
-		}
-		rc = -ECONNRESET;
-	}
-	if (rc)
-		nfds = 0;
-	accept_hello(e, b, half_open_take(st, i), rc, &h, fds, nfds);
-}
-
-static void accept_all(struct ferry_engine *e, struct backend *b)
-{
-	struct shm_state *st = b->data;
-
-	for (;;) {
-		int fd = shm_sock_accept(st->lis.fd);
-
-		if (fd == -EAGAIN)
-			break;
-		if (fd < 0) {
-			if (fd == -EPERM)
-				continue;
-			break;
-		}
-		accept_caller(e, b, fd);
-	}
-}
-
-/* ------------------------------------------------------------------ */
-/* Handshakes: we call                                                 */
-/* ------------------------------------------------------------------ */
-
-/*
- * The call failed (why) or ran out of time: the PUTs queued on it fail with
- * -EHOSTUNREACH, and the peers it carried are resolved again by their next
- * PUT.
- */
-static void call_fail(struct ferry_engine *e, struct backend *b, struct shm_conn *c,
-		      const char *why)
-{
-	log_warn("shm: engine %s: handshake with %s: %s", e->name, c->peer_name, why);
-	conn_fail(e, c, NULL, -EHOSTUNREACH);
-	for (struct ferry_peer *p = ferry__peers_first(e); p; p = p->next)
-		if (p->backend == b && p->transport == c)
-			reactor_unresolve(e, p);
-	conn_reap(b->data, c);
-}
-
-/*
- * Our call got through (c->sock): send our hello with our pool, doorbell
- * and wake page, and the rings, then watch the socket for the answer.
- */
-static int call_hello(struct ferry_engine *e, struct backend *b, struct shm_conn *c)
-{
-	int ours[4] = { pool_fd(e->pool), e->doorbell_fd, e->wake_fd, c->ring_fd };
-	struct shm_hello me;
-	int rc;
-
-	fill_hello(e, &me);
-	rc = shm_sock_send_hello(c->sock, &me, ours, 4);
-	if (rc)
-		return rc;
-	close(c->ring_fd);
-	c->ring_fd = -1;
-	arm_poll(e, b, c->sock, conn_cookie(c));
-	return 0;
-}
-
-/*
- * Call the engine called name: connect (without waiting: a full accept
- * queue is tried again by the timer) and send our hello. The connection
- * waits for the answer, not up, PUTs queueing on it; call_answered or the
- * timer ends the wait. -EHOSTUNREACH at once when nobody holds the name.
- */
-static int call_start(struct ferry_engine *e, struct backend *b, const char *name,
-		      struct shm_conn **out)
-{
-	struct shm_state *st = b->data;
-	struct shm_rings *rings;
-	struct shm_conn *c;
-	int ringfd, sock, rc;
-
-	sock = shm_sock_connect_nowait(e->ns, name);
-	if (sock < 0 && sock != -EAGAIN)
-		return sock;
-	ringfd = memfd_create("ferry-shm-rings", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (ringfd < 0 || ftruncate(ringfd, (off_t)SHM_RINGS_BYTES) < 0 ||
-	    fcntl(ringfd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		rc = -errno;
-		goto fail;
-	}
-	rings = mmap(NULL, SHM_RINGS_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, ringfd, 0);
-	if (rings == MAP_FAILED) {
-		rc = -errno;
-		goto fail;
-	}
-	c = conn_new(e, st, sock >= 0 ? sock : -1, name);
-	if (!c) {
-		munmap(rings, SHM_RINGS_BYTES);
-		rc = -EMFILE;
-		goto fail;
-	}
-	c->rings = rings;
-	c->ring_fd = ringfd;
-	c->connect_again = sock == -EAGAIN;
-	c->hs_deadline = ferry__now_ns() + SHM_HANDSHAKE_MS * 1000000ull;
-	st->nconnecting++;
-	if (sock >= 0 && (rc = call_hello(e, b, c)) != 0) {
-		log_info("shm: engine %s: calling %s: %s", e->name, name, ferry_strerror(rc));
-		conn_fail(e, c, NULL, rc); /* nothing waits on it yet */
-		conn_reap(st, c);
-		return rc;
-	}
-	arm_tick(e, b);
-	*out = c;
-	return 0;
-fail:
-	log_error("shm: engine %s: calling %s: %s", e->name, name, ferry_strerror(rc));
-	if (ringfd >= 0)
-		close(ringfd);
-	if (sock >= 0)
-		close(sock);
-	return rc;
-}
-
-/* The socket of a call under way woke up: the answer, or the end of it. */
-static void call_answered(struct ferry_engine *e, struct backend *b, struct shm_conn *c, int res)
-{
-	struct shm_state *st = b->data;
-	struct shm_hello h;
-	int fds[SHM_MAX_FDS], rc;
-	unsigned nfds = SHM_MAX_FDS;
-
-	rc = res < 0 ? res : shm_sock_try_recv_hello(c->sock, &h, fds, &nfds);
-	if (rc == -EAGAIN) {
-		if (!(res & (POLLHUP | POLLRDHUP | POLLERR))) {
-			arm_poll(e, b, c->sock, conn_cookie(c));
-			return;
-		}
-		rc = -ECONNRESET;
-	}
-	if (rc == 0 && strcmp(h.name, c->peer_name) != 0) {
-		log_error("shm: called %s, %s answered", c->peer_name, h.name);
-		for (unsigned i = 0; i < nfds; i++)
-			close(fds[i]);
-		rc = -EPROTO;
-	}
-	if (rc == 0)
-		rc = conn_attach(e, b, c, &h, fds, nfds, true);
-	if (rc) {
-		call_fail(e, b, c, rc == -ECONNRESET ? "it hung up" : ferry_strerror(rc));
-		return;
-	}
-	st->nconnecting--;
-	flush_pending(e, c); /* what was queued meanwhile, in order */
-}
-
-/* The timer: bounds of half-open accepts and of calls, calls to try again. */
-static void handshakes_check(struct ferry_engine *e, struct backend *b)
-{
-	struct shm_state *st = b->data;
-	uint64_t now = ferry__now_ns();
-
-	for (uint32_t i = 0; i < SHM_HALF_OPEN_MAX && st->nhalf_open; i++) {
-		if (st->half_open[i].fd >= 0 && now >= st->half_open[i].deadline) {
-			log_limited(FERRY__LOG_WARN, "shm: engine %s: a caller sent no hello "
-				    "within %d ms: hung up", e->name, SHM_ACCEPT_HELLO_MS);
-			half_open_close(st, i);
-		}
-	}
-	for (uint32_t i = 0; i < SHM_MAX_CONNS && st->nconnecting; i++) {
-		struct shm_conn *c = st->conns[i];
-		int sock;
-
-		if (!c || c->up || c->dead)
-			continue;
-		if (now >= c->hs_deadline) {
-			char why[64];
-
-			snprintf(why, sizeof(why), "%s %d ms",
-				 c->connect_again ? "its accept queue stayed full for" :
-						    "no answer within",
-				 SHM_HANDSHAKE_MS);
-			call_fail(e, b, c, why);
-			continue;
-		}
-		if (!c->connect_again)
-			continue;
-		sock = shm_sock_connect_nowait(e->ns, c->peer_name);
-		if (sock == -EAGAIN)
-			continue;
-		if (sock < 0) {
-			call_fail(e, b, c, ferry_strerror(sock));
-			continue;
-		}
-		c->sock = sock;
-		c->connect_again = false;
-		if ((sock = call_hello(e, b, c)) != 0)
-			call_fail(e, b, c, ferry_strerror(sock));
-	}
 }
 
 /* ------------------------------------------------------------------ */
 /* The backend                                                         */
 /* ------------------------------------------------------------------ */
 
-/*
- * The connection that carries PUTs to the engine called name, with a
- * reference for the caller: one up, else a call under way (its PUTs
- * queue), else a new call. Up first, since both engines may have called
- * each other. 0, or -EHOSTUNREACH.
- */
-static int conn_for(struct ferry_engine *e, struct backend *b, const char *name,
-		    struct shm_conn **out)
-{
-	struct shm_state *st = b->data;
-	struct shm_conn *c = NULL;
-
-	for (uint32_t i = 0; i < SHM_MAX_CONNS && !(c && c->up); i++) {
-		struct shm_conn *o = st->conns[i];
-
-		if (o && !o->dead && strcmp(o->peer_name, name) == 0 && (!c || o->up))
-			c = o;
-	}
-	if (!c && call_start(e, b, name, &c) != 0)
-		return -EHOSTUNREACH;
-	atomic_fetch_add(&c->refs, 1);
-	*out = c;
-	return 0;
-}
-
 static int shm_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
 {
 	struct shm_conn *c;
-	int rc = conn_for(e, b, peer->name, &c);
+	int rc = shm_conn_for(e, b, peer->name, &c);
 
 	if (rc == 0)
 		peer->transport = c;
@@ -1460,7 +687,7 @@ static void shm_unresolve(struct ferry_engine *e, struct backend *b, struct ferr
 	(void)e;
 	(void)b;
 	if (peer->transport)
-		conn_unref(peer->transport);
+		shm_conn_unref(peer->transport);
 	peer->transport = NULL;
 }
 
@@ -1472,14 +699,14 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
 		n += flush_releases(e, st);
 	if (unlikely((st->nhalf_open | st->nconnecting) && !st->tick_armed))
-		arm_tick(e, b); /* its SQE could not be had before: try again */
+		shm_arm_tick(e, b); /* its SQE could not be had before: try again */
 	for (uint32_t i = 0; i < st->nlive;) {
 		struct shm_conn *c = st->live[i];
 
 		if (!c->dead)
 			n += conn_progress(e, c);
 		if (c->dead)
-			conn_reap(st, c); /* moves the last one here */
+			shm_conn_reap(st, c); /* moves the last one here */
 		else
 			i++;
 	}
@@ -1572,22 +799,22 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 	(void)flags;
 	if (!st)
 		return; /* after fini */
-	if (low == COOKIE_LISTENER) {
+	if (low == SHM_COOKIE_LISTENER) {
 		if (!st->lis.live || res == -ECANCELED)
 			return;
 		if (res >= 0)
-			accept_all(e, b);
-		arm_poll(e, b, st->lis.fd, COOKIE_LISTENER);
+			shm_accept_all(e, b);
+		shm_arm_poll(e, b, st->lis.fd, SHM_COOKIE_LISTENER);
 		return;
 	}
-	if (low == COOKIE_TICK) {
+	if (low == SHM_COOKIE_TICK) {
 		st->tick_armed = false;
-		handshakes_check(e, b);
-		arm_tick(e, b);
+		shm_handshakes_check(e, b);
+		shm_arm_tick(e, b);
 		return;
 	}
-	if (low >= COOKIE_HALF_OPEN) {
-		half_open_cqe(e, b, low - COOKIE_HALF_OPEN, gen, res);
+	if (low >= SHM_COOKIE_HALF_OPEN) {
+		shm_half_open_cqe(e, b, low - SHM_COOKIE_HALF_OPEN, gen, res);
 		return;
 	}
 	{
@@ -1597,8 +824,8 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 		if (!c || c->gen != gen)
 			return; /* a connection already gone */
 		if (!c->up) {
-			if (!c->dead)
-				call_answered(e, b, c, res);
+			if (!c->dead && shm_call_answered(e, b, c, res))
+				flush_pending(e, c); /* what was queued meanwhile, in order */
 			return;
 		}
 		/*
@@ -1609,15 +836,15 @@ static void shm_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cooki
 		if (res >= 0 && (res & (POLLHUP | POLLRDHUP | POLLERR)) && !c->dead)
 			conn_progress(e, c);
 		if (res < 0) {
-			conn_fail(e, c, ferry_strerror(res), -ECONNRESET);
+			shm_conn_fail(e, c, ferry_strerror(res), -ECONNRESET);
 		} else if (res & (POLLHUP | POLLRDHUP | POLLERR)) {
 			if (!c->dead)
 				log_info("shm: engine %s: %s went away", e->name, c->peer_name);
-			conn_fail(e, c, NULL, -ECONNRESET); /* a peer leaving is no error */
+			shm_conn_fail(e, c, NULL, -ECONNRESET); /* a peer leaving is no error */
 		} else {
-			conn_fail(e, c, "unexpected data on its socket", -ECONNRESET);
+			shm_conn_fail(e, c, "unexpected data on its socket", -ECONNRESET);
 		}
-		conn_reap(st, c);
+		shm_conn_reap(st, c);
 	}
 }
 
@@ -1645,7 +872,7 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 	if (rc < 0)
 		goto fail;
 	b->data = st;
-	arm_poll(e, b, st->lis.fd, COOKIE_LISTENER);
+	shm_arm_poll(e, b, st->lis.fd, SHM_COOKIE_LISTENER);
 	return 0;
 fail:
 	free(st->lent);
@@ -1664,18 +891,18 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 	shm_sock_unlisten(&st->lis);
 	for (uint32_t i = 0; i < SHM_HALF_OPEN_MAX; i++)
 		if (st->half_open[i].fd >= 0)
-			half_open_close(st, i);
+			shm_half_open_close(st, i);
 	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
 		if (st->conns[i]) {
-			conn_fail(e, st->conns[i], NULL, -ECANCELED);
-			conn_reap(st, st->conns[i]);
+			shm_conn_fail(e, st->conns[i], NULL, -ECANCELED);
+			shm_conn_reap(st, st->conns[i]);
 		}
 	}
 	/* Releases queued before the connections closed. */
 	for (struct ferry_buf *buf = atomic_exchange(&st->releases, NULL), *next; buf; buf = next) {
 		next = atomic_load(&buf->release_next);
 		pool_wrap_done(buf);
-		conn_unref(buf->release_ctx);
+		shm_conn_unref(buf->release_ctx);
 	}
 	reactor_unresolve_all(e, b);
 	free(st->lent);

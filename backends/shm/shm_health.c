@@ -4,9 +4,9 @@
  *
  * Owns: both ends of the health request. The caller connects to
  * <runtime dir>/<ns>/<name>.sock like a peer would, sends a hello with
- * SHM_CAP_HEALTH set and no fds; the engine (accept_one in shm.c) answers
- * with one SOCK_SEQPACKET message holding its ferry_engine_health() JSON
- * and hangs up. The same uid check as for peers applies (SO_PEERCRED), so
+ * SHM_CAP_HEALTH set and no fds; the engine (accept_hello in
+ * shm_handshake.c) answers with one SOCK_SEQPACKET message holding its
+ * ferry_engine_health() JSON and hangs up. The same uid check as for peers applies (SO_PEERCRED), so
  * only our own user can ask. Used by `ferry health`.
  */
 #include <errno.h>

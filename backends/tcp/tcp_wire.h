@@ -3,7 +3,7 @@
  * to the transport and its tests).
  *
  * Owns: the handshake message and the data frame formats. Every field is
- * little-endian on the wire; nothing read off a socket is trusted (tcp.c
+ * little-endian on the wire; nothing read off a socket is trusted (tcp_recv.c
  * checks every length, offset and id before using it).
  *
  * A connection starts with the handshake (four struct tcp_hello messages,

@@ -1,0 +1,47 @@
+/*
+ * engine/reactor_int.h - the calls between the reactor's files.
+ *
+ * Owns: what reactor.c (the op path and the rounds), reactor_sleep.c (sleep,
+ * wake, stand-in rounds), reactor_peer.c (waiting for a peer, peer events)
+ * and reactor_setup.c (create and destroy) share and nobody else needs:
+ * the io_uring tags of the reactor's own requests and the calls between
+ * those files. Everything here runs on the progress side.
+ */
+#ifndef FERRY_REACTOR_INT_H
+#define FERRY_REACTOR_INT_H
+
+#include "internal.h"
+
+#define NO_SLOT UINT32_MAX
+/* user_data of the reactor's own io_uring requests (a backend's carry its index in the top byte). */
+#define TAG_DOORBELL 1ull
+#define TAG_TIMEOUT 2ull
+/* How long an idle spin pauses before it starts to yield its CPU. */
+#define SPIN_PAUSE_NS 2000
+
+/* Handle the io_uring's completions: doorbell reads, the MANUAL arm's TIMEOUT, backends' I/O. */
+void reactor_reap_ring(struct ferry_engine *e);
+/*
+ * THREAD mode (reactor_sleep.c): sleep like reactor_sleep, but park: progress
+ * is let go for the wait, so that a caller that submits or waits meanwhile
+ * can run rounds itself (reactor_stand_in). Taken back after.
+ */
+void reactor_thread_sleep(struct ferry_engine *e);
+
+/*
+ * reactor_peer.c: a FERRY_SQE_WAIT_PEER PUT met a peer that is not up: it
+ * waits on the peer's wait list instead of completing. False when the op
+ * must complete after all.
+ */
+bool reactor_wait_for_peer(struct ferry_engine *e, struct op *op);
+/* Try the peers that PUTs wait for again (due at e->retry_at). Returns events. */
+int reactor_retry_peers(struct ferry_engine *e);
+
+/* Off its peer's wait list (OP_F_WAIT_PEER): it ended there (deadline, cancel, destroy). */
+static inline void reactor_peer_wait_remove(struct op *op)
+{
+	op_list_remove(&op->peer->wait_head, &op->peer->wait_tail, op);
+	op->flags &= ~OP_F_WAIT_PEER;
+}
+
+#endif

@@ -1,0 +1,470 @@
+/*
+ * engine/reactor_sleep.c - where the progress side sleeps and how it is woken.
+ *
+ * Owns: the one place the progress side sleeps (an io_uring wait on the
+ * doorbell eventfd and the next deadline; ppoll under valgrind), whether a
+ * round would find work (reactor_has_work) and when the next deadline falls,
+ * the doorbell (reactor_wake), MANUAL mode's arm of the io_uring fd, the
+ * THREAD-mode reactor thread's parked sleep (progress let go while it
+ * sleeps), the stand-in rounds a caller runs in its place and the watch a
+ * waiting caller keeps, and the futex wait and spin step of the idle loops
+ * (ferry__futex_wake_all stays with progress_unlock in reactor.c).
+ * The rounds themselves are reactor.c's.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "reactor_int.h"
+
+int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns)
+{
+	struct timespec ts, *tsp = NULL;
+
+	if (timeout_ns >= 0) {
+		ts.tv_sec = timeout_ns / 1000000000;
+		ts.tv_nsec = timeout_ns % 1000000000;
+		tsp = &ts;
+	}
+	if (syscall(SYS_futex, addr, FUTEX_WAIT_PRIVATE, val, tsp, NULL, 0) < 0)
+		return -errno;
+	return 0;
+}
+
+void ferry__spin_step(uint64_t spun_ns)
+{
+	if (spun_ns < SPIN_PAUSE_NS)
+		cpu_relax();
+	else
+		sched_yield();
+}
+
+static void arm_doorbell(struct ferry_engine *e)
+{
+	struct io_uring_sqe *sqe;
+
+	if (e->doorbell_armed)
+		return;
+	sqe = io_uring_get_sqe(&e->ring);
+	if (!sqe)
+		return;
+	io_uring_prep_read(sqe, e->doorbell_fd, &e->doorbell_val, sizeof(e->doorbell_val), 0);
+	io_uring_sqe_set_data64(sqe, TAG_DOORBELL);
+	e->doorbell_armed = true;
+}
+
+/* The earliest of the op deadlines and a batched stream credit falling due. */
+static uint64_t next_deadline(struct ferry_engine *e)
+{
+	uint64_t t = timer_next(&e->timers), s = stream_next_due(e);
+
+	t = !t ? s : !s ? t : t < s ? t : s;
+	if (unlikely(e->retry_at) && (!t || e->retry_at < t))
+		t = e->retry_at; /* peers that PUTs wait for are tried again */
+	return t;
+}
+
+bool reactor_has_work(struct ferry_engine *e)
+{
+	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
+
+	for (uint32_t i = 0; i < nsqs; i++) {
+		struct ferry_sq *sq = e->sqs[i];
+
+		if (atomic_load_explicit(&sq->tail, memory_order_acquire) !=
+		    atomic_load_explicit(&sq->head, memory_order_relaxed))
+			return true;
+	}
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if (e->backends[i].ops->has_work(e, &e->backends[i]))
+			return true;
+	if (cq_overflow_can_move(e)) /* only worth a round if a consumer made room */
+		return true;
+	if (stream_has_work(e))
+		return true;
+	return next_deadline(e) && next_deadline(e) <= ferry__now_ns();
+}
+
+/*
+ * The progress side announced its sleep (its wake page says so): each
+ * transport's last word before it (prepare_sleep), then one more look.
+ * True: work is there, the sleep is called off.
+ */
+static bool reactor_sleep_check(struct ferry_engine *e)
+{
+	bool work = false;
+
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (b->ops->prepare_sleep && b->ops->prepare_sleep(e, b))
+			work = true;
+	}
+	return work || reactor_has_work(e);
+}
+
+/* How long the sleeper may sleep: the next deadline or timeout_ns. */
+static int64_t sleep_budget(struct ferry_engine *e, int64_t timeout_ns)
+{
+	uint64_t next = next_deadline(e);
+
+	if (next) {
+		uint64_t now = ferry__now_ns();
+		int64_t left = next > now ? (int64_t)(next - now) : 0;
+
+		if (timeout_ns < 0 || left < timeout_ns)
+			timeout_ns = left;
+	}
+	return timeout_ns;
+}
+
+static void announce_sleep(struct ferry_engine *e)
+{
+	atomic_store_explicit(&e->wake->doorbell_rung, 0, memory_order_relaxed);
+	atomic_store_explicit(&e->wake->sleeping, 1, memory_order_release);
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+/*
+ * The sleep used under valgrind, which keeps its thread lock across an
+ * io_uring_enter wait (so one sleeping thread would stop the process):
+ * ppoll on the doorbell, and on the ring fd when a doorbell read is queued
+ * there (its completion then makes the ring readable).
+ */
+static void sleep_in_ppoll(struct ferry_engine *e, int64_t budget)
+{
+	struct pollfd fds[2] = {
+		{ .fd = e->doorbell_fd, .events = POLLIN },
+		{ .fd = e->ring.ring_fd, .events = POLLIN },
+	};
+	struct timespec ts, *tsp = NULL;
+	uint64_t v;
+
+	if (budget >= 0) {
+		ts.tv_sec = budget / 1000000000;
+		ts.tv_nsec = budget % 1000000000;
+		tsp = &ts;
+	}
+	if (ppoll(fds, 2, tsp, NULL) > 0 && (fds[0].revents & POLLIN) && !e->doorbell_armed) {
+		if (read(e->doorbell_fd, &v, sizeof(v)) < 0)
+			log_debug("doorbell read: %s", ferry_strerror(-errno));
+	}
+}
+
+void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns)
+{
+	reactor_sleep_unless(e, timeout_ns, NULL, 0);
+}
+
+void reactor_sleep_unless(struct ferry_engine *e, int64_t timeout_ns, _Atomic uint32_t *word,
+			  uint32_t val)
+{
+	struct __kernel_timespec ts;
+	struct io_uring_cqe *cqe = NULL;
+	int64_t budget;
+
+	if (!e->sleep_in_ppoll)
+		arm_doorbell(e);
+	announce_sleep(e);
+	if (reactor_sleep_check(e) || atomic_load(&e->stop) || (word && atomic_load(word) != val)) {
+		atomic_store(&e->wake->sleeping, 0);
+		io_uring_submit(&e->ring);
+		return;
+	}
+	budget = sleep_budget(e, timeout_ns);
+	if (e->sleep_in_ppoll) {
+		io_uring_submit(&e->ring);
+		if (budget != 0)
+			sleep_in_ppoll(e, budget);
+	} else if (budget < 0) {
+		io_uring_submit_and_wait(&e->ring, 1);
+	} else if (budget > 0) {
+		ts.tv_sec = budget / 1000000000;
+		ts.tv_nsec = budget % 1000000000;
+		io_uring_submit_and_wait_timeout(&e->ring, &cqe, 1, &ts, NULL);
+	} else {
+		io_uring_submit(&e->ring);
+	}
+	atomic_store(&e->wake->sleeping, 0);
+	reactor_reap_ring(e);
+}
+
+/*
+ * MANUAL mode with ferry_cq_fd: arrange for the io_uring fd to become
+ * readable when anything needs progress (doorbell, next deadline), and
+ * announce the sleep. Returns 0, or -EBUSY if work is already there.
+ */
+int reactor_arm_manual(struct ferry_engine *e)
+{
+	uint64_t next = next_deadline(e);
+
+	arm_doorbell(e);
+	/*
+	 * A TIMEOUT op makes the fd readable at the next deadline. Another is
+	 * added only when this deadline is earlier than the one armed (extra
+	 * ones just cause one spurious wake each).
+	 */
+	if (next && (!e->timeout_armed_at || next < e->timeout_armed_at)) {
+		struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+		uint64_t now = ferry__now_ns(), rel = next > now ? next - now : 0;
+
+		if (sqe) {
+			e->arm_ts.tv_sec = (long long)(rel / 1000000000);
+			e->arm_ts.tv_nsec = (long long)(rel % 1000000000);
+			io_uring_prep_timeout(sqe, &e->arm_ts, 0, 0);
+			io_uring_sqe_set_data64(sqe, TAG_TIMEOUT);
+			e->timeout_armed_at = next;
+		}
+	}
+	io_uring_submit(&e->ring);
+	announce_sleep(e);
+	if (reactor_sleep_check(e)) {
+		atomic_store(&e->wake->sleeping, 0);
+		return -EBUSY;
+	}
+	return 0;
+}
+
+void reactor_wake(struct ferry_engine *e)
+{
+	if (atomic_load_explicit(&e->wake->sleeping, memory_order_acquire) &&
+	    !atomic_exchange(&e->wake->doorbell_rung, 1)) {
+		uint64_t one = 1;
+
+		if (write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+			log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
+	}
+}
+
+/*
+ * The reactor thread's wait for a completion (the doorbell read, a backend's
+ * I/O) or budget_ns (< 0: none), entered without holding progress. It does
+ * not touch the ring's memory, which the holder of progress may be using.
+ */
+static void wait_ring_unlocked(struct ferry_engine *e, int64_t budget_ns)
+{
+	struct __kernel_timespec ts;
+	struct io_uring_getevents_arg arg = { .ts = (uint64_t)(uintptr_t)&ts };
+	unsigned flags = IORING_ENTER_GETEVENTS;
+	void *argp = NULL;
+	size_t argsz = 0;
+
+	if (budget_ns >= 0) {
+		ts.tv_sec = budget_ns / 1000000000;
+		ts.tv_nsec = budget_ns % 1000000000;
+		flags |= IORING_ENTER_EXT_ARG;
+		argp = &arg;
+		argsz = sizeof(arg);
+	}
+	if (syscall(__NR_io_uring_enter, e->ring.ring_fd, 0, 1, flags, argp, argsz) < 0 &&
+	    errno != ETIME && errno != EINTR && errno != EAGAIN && errno != EBUSY)
+		log_debug("engine %s: io_uring wait: %s", e->name, ferry_strerror(-errno));
+}
+
+/*
+ * THREAD mode: sleep like reactor_sleep, but park: progress is let go for
+ * the wait, so that a caller that submits or waits meanwhile can run rounds
+ * itself (reactor_stand_in) instead of waking this thread. Taken back after.
+ */
+void reactor_thread_sleep(struct ferry_engine *e)
+{
+	/* Under valgrind: ppoll on the doorbell and the ring (see sleep_in_ppoll). */
+	struct pollfd fds[2] = {
+		{ .fd = e->doorbell_fd, .events = POLLIN },
+		{ .fd = e->ring.ring_fd, .events = POLLIN },
+	};
+	int64_t budget;
+	uint64_t spun = 0, t0 = 0;
+
+	if (!e->sleep_in_ppoll && !(e->ring.features & IORING_FEAT_EXT_ARG)) {
+		reactor_sleep(e, -1); /* an old kernel: no timed wait outside liburing, no parking */
+		return;
+	}
+	if (!e->sleep_in_ppoll)
+		arm_doorbell(e);
+	announce_sleep(e);
+	if (reactor_sleep_check(e) || atomic_load(&e->stop)) {
+		atomic_store(&e->wake->sleeping, 0);
+		io_uring_submit(&e->ring);
+		return;
+	}
+	budget = sleep_budget(e, -1);
+	io_uring_submit(&e->ring);
+	if (budget == 0) {
+		atomic_store(&e->wake->sleeping, 0);
+		reactor_reap_ring(e);
+		return;
+	}
+	e->parked_until = budget < 0 ? UINT64_MAX : ferry__now_ns() + (uint64_t)budget;
+	atomic_store_explicit(&e->reactor_parked, REACTOR_ASLEEP, memory_order_relaxed);
+	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+	if (e->sleep_in_ppoll) {
+		struct timespec ts, *tsp = NULL;
+
+		if (budget >= 0) {
+			ts.tv_sec = budget / 1000000000;
+			ts.tv_nsec = budget % 1000000000;
+			tsp = &ts;
+		}
+		if (ppoll(fds, 2, tsp, NULL) < 0)
+			fds[0].revents = 0;
+	} else {
+		wait_ring_unlocked(e, budget);
+	}
+	/* A stand-in round may be running: it is short (it never sleeps). */
+	while (!progress_try_lock(e)) {
+		if (!t0)
+			t0 = ferry__now_ns();
+		else
+			spun = ferry__now_ns() - t0;
+		ferry__spin_step(spun);
+	}
+	atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING, memory_order_relaxed);
+	atomic_store(&e->wake->sleeping, 0);
+	if (e->sleep_in_ppoll && (fds[0].revents & POLLIN) && !e->doorbell_armed) {
+		uint64_t v;
+
+		/* ppoll saw it readable, and stand-ins never read it: no block. */
+		if (read(e->doorbell_fd, &v, sizeof(v)) < 0)
+			log_debug("doorbell read: %s", ferry_strerror(-errno));
+	}
+	reactor_reap_ring(e);
+}
+
+/* Ring our own doorbell for the parked reactor, unless someone already did. */
+static void ring_parked(struct ferry_engine *e)
+{
+	uint64_t one = 1;
+
+	if (!atomic_exchange(&e->wake->doorbell_rung, 1) &&
+	    write(e->doorbell_fd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		log_warn("engine %s: doorbell write: %s", e->name, ferry_strerror(-errno));
+}
+
+/*
+ * Take progress from a parked reactor: true with progress held and the
+ * reactor still parked with no CB_REACTOR op pending.
+ */
+static bool stand_in_lock(struct ferry_engine *e)
+{
+	if (e->mode != FERRY_PROGRESS_THREAD ||
+	    !atomic_load_explicit(&e->reactor_parked, memory_order_acquire) ||
+	    !progress_try_lock(e))
+		return false;
+	if (!atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) || e->reactor_cb_ops) {
+		/* The reactor is back, or a callback of its own is pending. */
+		progress_unlock(e);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * One round in the parked reactor's place, progress held. Returns true if
+ * the reactor must be woken for something a stand-in does not do: a
+ * CB_REACTOR op, a deadline before its sleep ends.
+ */
+static bool stand_in_round(struct ferry_engine *e)
+{
+	uint64_t next;
+
+	e->standing_in = true;
+	e->stand_in_needs_reactor = false;
+	reactor_run_once(e);
+	e->standing_in = false;
+	next = next_deadline(e);
+	return e->stand_in_needs_reactor || e->reactor_cb_ops || (next && next < e->parked_until);
+}
+
+bool reactor_stand_in(struct ferry_engine *e)
+{
+	bool wake;
+
+	if (!stand_in_lock(e))
+		return false;
+	wake = stand_in_round(e);
+	/* Only a reactor asleep needs its doorbell; a yielding one comes back soon. */
+	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP)
+		wake = wake || reactor_sleep_check(e); /* the reactor sleeps meanwhile */
+	else
+		wake = false;
+	progress_unlock(e);
+	if (wake)
+		ring_parked(e); /* its sleep is still announced */
+	return true;
+}
+
+void reactor_watch(struct ferry_engine *e, bool *watching)
+{
+	bool wake;
+
+	if (!*watching) {
+		if (e->mode != FERRY_PROGRESS_THREAD ||
+		    atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP)
+			return;
+		if (atomic_exchange(&e->watcher, 1)) {
+			reactor_stand_in(e); /* another caller keeps watch */
+			return;
+		}
+		if (!stand_in_lock(e)) {
+			atomic_store(&e->watcher, 0);
+			return;
+		}
+		if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP) {
+			progress_unlock(e);
+			atomic_store(&e->watcher, 0);
+			return;
+		}
+		/* Suspend its announced sleep: we poll, nobody need ring. */
+		atomic_store_explicit(&e->wake->sleeping, 0, memory_order_relaxed);
+		*watching = true;
+	} else if (!stand_in_lock(e)) {
+		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP) {
+			/* The reactor woke and took over (its sleep ended). */
+			*watching = false;
+			atomic_store(&e->watcher, 0);
+		}
+		return;
+	}
+	wake = stand_in_round(e) &&
+	       atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP;
+	progress_unlock(e);
+	if (wake) {
+		reactor_unwatch(e, watching);
+		ring_parked(e);
+	}
+}
+
+void reactor_unwatch(struct ferry_engine *e, bool *watching)
+{
+	bool wake = false;
+
+	if (!*watching)
+		return;
+	*watching = false;
+	for (uint64_t t0 = ferry__now_ns();;) {
+		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP)
+			break; /* awake again: it announces its own sleeps */
+		if (progress_try_lock(e)) {
+			if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) ==
+			    REACTOR_ASLEEP) {
+				/* Announce its sleep again, then look (pairs with wake_peer). */
+				atomic_store(&e->wake->sleeping, 1);
+				atomic_thread_fence(memory_order_seq_cst);
+				wake = reactor_has_work(e);
+			}
+			progress_unlock(e);
+			break;
+		}
+		ferry__spin_step(ferry__now_ns() - t0); /* a submitter's stand-in round */
+	}
+	atomic_store(&e->watcher, 0);
+	if (wake)
+		ring_parked(e);
+}
