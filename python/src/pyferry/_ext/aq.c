@@ -1,0 +1,358 @@
+/*
+ * aq.c - pyferry._ferry.AsyncQueue: a completion queue for one event loop
+ * (pyferry.aio drives it). Ops are submitted from the loop's thread and
+ * post here; the loop sleeps on fileno() (ferry_cq_fd) and, when it is
+ * readable, takes completions with poll() and arms the fd again with arm()
+ * (ferry's fd + arm protocol). No thread and no timer per op. The memory a
+ * put reads from is held (its buffer views) until the op's last CQE.
+ */
+#include "pyf.h"
+
+#include <errno.h>
+
+typedef struct {
+	PyObject_HEAD
+	pyf_engine *engine;
+	struct ferry_cq *cq;
+	PyObject *held; /* user_data -> capsule holding the put's views */
+} pyf_aq;
+
+PyObject *pyf_aq_new(pyf_engine *engine)
+{
+	struct ferry_cq_params cp = FERRY_CQ_PARAMS_INIT;
+	pyf_aq *q;
+	int rc;
+
+	if (!(q = PyObject_New(pyf_aq, &pyf_aq_type)))
+		return NULL;
+	Py_INCREF(engine);
+	q->engine = engine;
+	q->cq = NULL;
+	if (!(q->held = PyDict_New())) {
+		Py_DECREF(q);
+		return NULL;
+	}
+	if ((rc = ferry_cq_create(engine->e, &cp, &q->cq)) < 0) {
+		q->cq = NULL;
+		Py_DECREF(q);
+		return pyf_raise(rc, "ferry_cq_create");
+	}
+	return (PyObject *)q;
+}
+
+static int aq_check(pyf_aq *q)
+{
+	if (!q->engine->e || !q->cq) {
+		PyErr_SetString(PyExc_ValueError, "the engine is closed");
+		return -1;
+	}
+	return 0;
+}
+
+static void held_free(PyObject *cap)
+{
+	struct pyf_data *d = PyCapsule_GetPointer(cap, "pyferry.held");
+
+	if (d) {
+		pyf_data_release(d);
+		PyMem_Free(d);
+	}
+}
+
+static PyObject *aq_fileno(pyf_aq *q, PyObject *noargs)
+{
+	int fd;
+
+	(void)noargs;
+	if (aq_check(q))
+		return NULL;
+	if ((fd = ferry_cq_fd(q->cq)) < 0)
+		return pyf_raise(fd, "ferry_cq_fd");
+	return PyLong_FromLong(fd);
+}
+
+static PyObject *aq_arm(pyf_aq *q, PyObject *noargs)
+{
+	int rc;
+
+	(void)noargs;
+	if (aq_check(q))
+		return NULL;
+	rc = ferry_cq_arm(q->cq);
+	if (rc == 0 || rc == -EBUSY)
+		return PyBool_FromLong(rc == 0);
+	return pyf_raise(rc, "ferry_cq_arm");
+}
+
+/* poll() -> [(user_data, res, len, more, Buffer | None), ...] */
+static PyObject *aq_poll(pyf_aq *q, PyObject *noargs)
+{
+	struct ferry_cqe cqes[64];
+	PyObject *list, *t, *b;
+	int n;
+
+	(void)noargs;
+	if (aq_check(q))
+		return NULL;
+	n = ferry_cq_poll(q->cq, cqes, 64);
+	if (n < 0)
+		return pyf_raise(n, "ferry_cq_poll");
+	if (!(list = PyList_New(n))) {
+		for (int i = 0; i < n; i++)
+			if ((cqes[i].flags & FERRY_CQE_F_BUF) && cqes[i].buf)
+				ferry_buf_release(cqes[i].buf);
+		return NULL;
+	}
+	for (int i = 0; i < n; i++) {
+		struct ferry_cqe *c = &cqes[i];
+		int more = (c->flags & FERRY_CQE_F_MORE) != 0;
+
+		if ((c->flags & FERRY_CQE_F_BUF) && c->buf) {
+			b = pyf_buffer_new(c->buf, 1);
+			c->buf = NULL;
+		} else {
+			b = Py_NewRef(Py_None);
+		}
+		t = b ? Py_BuildValue("(KiKiN)", (unsigned long long)c->user_data, (int)c->res,
+				      (unsigned long long)c->len, more, b)
+		      : NULL;
+		if (!more) { /* the op is over: let go of its memory */
+			PyObject *k = PyLong_FromUnsignedLongLong(c->user_data);
+
+			if (k && PyDict_Contains(q->held, k) == 1)
+				PyDict_DelItem(q->held, k);
+			Py_XDECREF(k);
+		}
+		if (!t) {
+			for (int j = i + 1; j < n; j++)
+				if ((cqes[j].flags & FERRY_CQE_F_BUF) && cqes[j].buf)
+					ferry_buf_release(cqes[j].buf);
+			Py_DECREF(list);
+			return NULL;
+		}
+		PyList_SET_ITEM(list, i, t);
+	}
+	return list;
+}
+
+static PyObject *submit(pyf_aq *q, struct ferry_sq *sq, struct ferry_sqe *sqe, uint64_t tns,
+			struct pyf_data *hold)
+{
+	uint64_t ud = pyf_ud(q->engine);
+	PyObject *k;
+	int rc;
+
+	sqe->user_data = ud;
+	ferry_sqe_set_cq(sqe, q->cq);
+	if (tns)
+		ferry_sqe_set_timeout(sqe, tns);
+	if (!(k = PyLong_FromUnsignedLongLong(ud)))
+		goto fail;
+	if (hold) {
+		PyObject *cap = PyCapsule_New(hold, "pyferry.held", held_free);
+
+		if (!cap) {
+			Py_DECREF(k);
+			goto fail;
+		}
+		hold = NULL; /* the capsule's */
+		rc = PyDict_SetItem(q->held, k, cap);
+		Py_DECREF(cap);
+		if (rc < 0) {
+			Py_DECREF(k);
+			/* the entry is filled: turn it into a NOP rather than leave it */
+			ferry_prep_nop(sqe, ud);
+			ferry_sqe_set_cq(sqe, q->cq);
+			ferry_sq_submit(sq);
+			return NULL;
+		}
+	}
+	if ((rc = ferry_sq_submit(sq)) < 0) {
+		PyDict_DelItem(q->held, k);
+		Py_DECREF(k);
+		return pyf_raise(rc, "ferry_sq_submit");
+	}
+	return k;
+fail:
+	ferry_prep_nop(sqe, ud); /* the entry is taken: it must go somewhere */
+	ferry_sqe_set_cq(sqe, q->cq);
+	ferry_sq_submit(sq);
+	if (hold) {
+		pyf_data_release(hold);
+		PyMem_Free(hold);
+	}
+	return NULL;
+}
+
+static PyObject *aq_put_common(pyf_aq *q, PyObject *args, PyObject *kw, int chunk)
+{
+	static char *kwlist[] = { "peer", "key", "data", "timeout", "replace", "wait_peer",
+				  "end", NULL };
+	PyObject *peer_o, *data_o, *timeout_o = Py_None;
+	const char *key;
+	int replace = 0, wait_peer = 0, end = 0;
+	struct ferry_peer *peer;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct pyf_data *d;
+	uint64_t tns;
+	uint32_t flags = 0;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsO|$Oppp", kwlist, &peer_o, &key, &data_o,
+					 &timeout_o, &replace, &wait_peer, &end))
+		return NULL;
+	if (aq_check(q) || pyf_timeout_ns(timeout_o, &tns) ||
+	    pyf_peer_arg(q->engine, peer_o, &peer))
+		return NULL;
+	if (!(d = PyMem_Malloc(sizeof(*d))))
+		return PyErr_NoMemory();
+	if (pyf_data_get(data_o, d, 1)) {
+		PyMem_Free(d);
+		return NULL;
+	}
+	if (!(sqe = pyf_sqe(q->engine, &sq))) {
+		pyf_data_release(d);
+		PyMem_Free(d);
+		return NULL;
+	}
+	if (d->buf) {
+		if (chunk)
+			ferry_prep_stream_put_buf(sqe, peer, key, d->buf, 0);
+		else
+			ferry_prep_put_buf(sqe, peer, key, d->buf, 0);
+		d->buf = NULL;
+	} else if (chunk) {
+		ferry_prep_stream_put(sqe, peer, key, d->iov, d->n, 0);
+	} else {
+		ferry_prep_put(sqe, peer, key, d->iov, d->n, 0);
+	}
+	if (replace && !chunk)
+		flags |= FERRY_SQE_REPLACE;
+	if (wait_peer)
+		flags |= FERRY_SQE_WAIT_PEER;
+	if (end && chunk)
+		flags |= FERRY_SQE_STREAM_END;
+	if (flags)
+		ferry_sqe_set_flags(sqe, flags);
+	return submit(q, sq, sqe, tns, d);
+}
+
+static PyObject *aq_put(pyf_aq *q, PyObject *args, PyObject *kw)
+{
+	return aq_put_common(q, args, kw, 0);
+}
+
+static PyObject *aq_put_chunk(pyf_aq *q, PyObject *args, PyObject *kw)
+{
+	return aq_put_common(q, args, kw, 1);
+}
+
+static PyObject *aq_get(pyf_aq *q, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "peer", "key", "timeout", "nowait", NULL };
+	PyObject *peer_o, *timeout_o = Py_None;
+	const char *key;
+	int nowait = 0;
+	struct ferry_peer *peer;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	uint64_t tns;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$Op", kwlist, &peer_o, &key, &timeout_o,
+					 &nowait))
+		return NULL;
+	if (aq_check(q) || pyf_timeout_ns(timeout_o, &tns) ||
+	    pyf_peer_arg(q->engine, peer_o, &peer) || !(sqe = pyf_sqe(q->engine, &sq)))
+		return NULL;
+	ferry_prep_get(sqe, peer, key, NULL, 0, 0);
+	if (nowait)
+		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+	return submit(q, sq, sqe, tns, NULL);
+}
+
+static PyObject *aq_stream(pyf_aq *q, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "peer", "stream", "timeout", "whole", NULL };
+	PyObject *peer_o, *timeout_o = Py_None;
+	const char *key;
+	int whole = 0;
+	struct ferry_peer *peer;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	uint64_t tns;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$Op", kwlist, &peer_o, &key, &timeout_o,
+					 &whole))
+		return NULL;
+	if (aq_check(q) || pyf_timeout_ns(timeout_o, &tns) ||
+	    pyf_peer_arg(q->engine, peer_o, &peer) || !(sqe = pyf_sqe(q->engine, &sq)))
+		return NULL;
+	ferry_prep_stream_get(sqe, peer, key, 0);
+	if (whole)
+		ferry_sqe_set_flags(sqe, FERRY_SQE_STREAM_WHOLE);
+	return submit(q, sq, sqe, tns, NULL);
+}
+
+static PyObject *aq_cancel(pyf_aq *q, PyObject *arg)
+{
+	unsigned long long target = PyLong_AsUnsignedLongLong(arg);
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+
+	if (PyErr_Occurred() || aq_check(q) || !(sqe = pyf_sqe(q->engine, &sq)))
+		return NULL;
+	ferry_prep_cancel(sqe, target, 0);
+	return submit(q, sq, sqe, 0, NULL);
+}
+
+static PyObject *aq_pending(pyf_aq *q, PyObject *noargs)
+{
+	(void)noargs;
+	return PyLong_FromSsize_t(PyDict_Size(q->held));
+}
+
+static void aq_dealloc(pyf_aq *q)
+{
+	/*
+	 * The CQ is left to the engine (ferry_engine_destroy frees it): ops may
+	 * still target it. Views held for puts are let go only once the engine
+	 * is gone, for ferry may still read them.
+	 */
+	if (q->engine->e && q->held && PyDict_Size(q->held) > 0) {
+		/* Keep them: leaked on purpose until the engine goes (rare). */
+		Py_INCREF(q->held);
+		if (PyObject_SetAttrString((PyObject *)q->engine, "_orphan_held", q->held) < 0)
+			PyErr_Clear();
+		Py_DECREF(q->held);
+	}
+	Py_XDECREF(q->held);
+	Py_DECREF(q->engine);
+	PyObject_Free(q);
+}
+
+#define KW (METH_VARARGS | METH_KEYWORDS)
+#define KWFN(f) ((PyCFunction)(void (*)(void))(f))
+static PyMethodDef aq_methods[] = {
+	{ "fileno", (PyCFunction)aq_fileno, METH_NOARGS, "The CQ's fd (ferry_cq_fd)." },
+	{ "arm", (PyCFunction)aq_arm, METH_NOARGS,
+	  "ferry_cq_arm: True when it is safe to sleep on the fd, False: poll again." },
+	{ "poll", (PyCFunction)aq_poll, METH_NOARGS,
+	  "Completions: a list of (user_data, res, len, more, Buffer or None)." },
+	{ "put", KWFN(aq_put), KW, "Submit a put; returns its user_data." },
+	{ "put_chunk", KWFN(aq_put_chunk), KW, "Submit a stream chunk; returns its user_data." },
+	{ "get", KWFN(aq_get), KW, "Submit a zero-copy get; returns its user_data." },
+	{ "stream", KWFN(aq_stream), KW, "Submit a STREAM_GET; returns its user_data." },
+	{ "cancel", (PyCFunction)aq_cancel, METH_O, "Cancel op user_data; returns the cancel's." },
+	{ "_held", (PyCFunction)aq_pending, METH_NOARGS, "Puts whose memory is held (tests)." },
+	{ NULL, NULL, 0, NULL },
+};
+
+PyTypeObject pyf_aq_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "pyferry._ferry.AsyncQueue",
+	.tp_basicsize = sizeof(pyf_aq),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "A CQ for an event loop (used by pyferry.aio).",
+	.tp_dealloc = (destructor)aq_dealloc,
+	.tp_methods = aq_methods,
+};
