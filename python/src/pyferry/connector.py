@@ -1,0 +1,471 @@
+"""pyferry.connector: FerryConnector, a drop-in vLLM-Omni connector on ferry.
+
+A pipeline switches to ferry by naming the connector in its stage YAML
+(`name: FerryConnector`, optional `extra:` keys below); the package's plugin
+entry points (`vllm.general_plugins`, `vllm_omni.general_plugins`, both named
+"ferry") call register(), which adds it to upstream's OmniConnectorFactory.
+
+FerryConnector subclasses vLLM-Omni's OmniConnectorBase when vllm_omni is
+importable, else a minimal base of this module with the same methods
+(_ConnectorBase); the class works the same either way. Importing pyferry
+never imports vllm, vllm_omni or torch; importing pyferry.connector imports
+vllm_omni's connector base only when vllm_omni is installed.
+
+Config (what upstream's factory hands a connector: the YAML's `extra` dict,
+with `stage_id` and `role` added by upstream for each stage worker):
+    transport       "shm" (default: peers found by name on this host),
+                    "tcp" (peers at addresses), "auto" (tcp for a peer with
+                    an address, shm otherwise); "rdma": not built yet
+    namespace       ferry namespace of the pipeline (default "vllm-omni")
+    rank            this process's rank in its stage (default 0); the peer
+                    is the same rank of the other stage
+    pool_size       bytes of this process's pool (alias memory_pool_size;
+                    default 0: ferry's default, 64 MiB)
+    put_timeout     seconds a put waits for the receiving stage (30)
+    zero_copy       true (default): large fields arrive as read-only views of
+                    the received memory; false: private copies
+    zero_copy_min   bytes from which a field travels as a segment of its own
+                    (65536); smaller ones ride in the msgpack header
+    tcp (transport tcp/auto):
+    listen          this process's data address, "tcp://HOST:PORT"
+    peers           {stage_id: "tcp://HOST:PORT"}: the receiving stages' addresses
+    host, base_port the computed scheme instead: stage s, rank r listens on
+                    host:base_port + s + 16*r (hosts: {stage_id: host} per stage)
+Engines: one per (stage, rank) per process, named "stage<id>.rank<r>" (the
+names of ferry's stage layer: `ferry health -n NS stage1.rank0` finds them),
+shared by every FerryConnector of the process; a put(from, to, ...) goes
+from engine "stage<from>" to peer "stage<to>", a get(from, to, ...) takes at
+"stage<to>" what "stage<from>" sent.
+"""
+import logging
+import threading
+import time
+
+from . import _payload
+from ._payload import RawPayload, FrameError  # noqa: F401  (public)
+
+__all__ = ["FerryConnector", "RawPayload", "register", "NAME"]
+
+NAME = "FerryConnector"
+DEFAULT_NAMESPACE = "vllm-omni"
+TRANSPORTS = ("shm", "tcp", "auto")
+KEY_MAX = 127  # ferry's keys: FERRY_KEY_MAX - 1 bytes
+
+logger = logging.getLogger("pyferry.connector")
+
+
+class _ConnectorBase:
+    """The minimal base used when vllm_omni is not importable: the methods of
+    vLLM-Omni's OmniConnectorBase with its defaults (get_with_deadline raises
+    NotImplementedError, abandon_get and reap_consumed do nothing, close() on
+    __del__ and __exit__, _make_key's "{key}@{from}_{to}")."""
+
+    supports_raw_data = False
+
+    def put(self, from_stage, to_stage, put_key, data):
+        raise NotImplementedError
+
+    def get(self, from_stage, to_stage, get_key, metadata=None):
+        raise NotImplementedError
+
+    def cleanup(self, request_id):
+        raise NotImplementedError
+
+    def get_with_deadline(self, from_stage, to_stage, get_key, metadata=None, *, deadline):
+        raise NotImplementedError(f"{type(self).__name__} does not support deadline-aware receive")
+
+    def abandon_get(self, get_key):
+        pass
+
+    def reap_consumed(self):
+        pass
+
+    def health(self):
+        raise NotImplementedError
+
+    def close(self):
+        raise NotImplementedError
+
+    def __del__(self):
+        self.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        self.close()
+
+    @staticmethod
+    def _make_key(key, from_stage, to_stage, separator="@"):
+        return f"{key}{separator}{from_stage}_{to_stage}"
+
+
+def _upstream_base():
+    """vLLM-Omni's OmniConnectorBase, or None when vllm_omni is not importable."""
+    import importlib.util
+    try:
+        if importlib.util.find_spec("vllm_omni") is None:
+            return None
+        from vllm_omni.distributed.omni_connectors.connectors.base import OmniConnectorBase
+        return OmniConnectorBase
+    except Exception as e:  # installed but broken (a missing dependency): say so
+        logger.warning("vllm_omni is installed but its connector base does not import "
+                       "(%s: %s); FerryConnector uses its own base", type(e).__name__, e)
+        return None
+
+
+_Base = _upstream_base() or _ConnectorBase
+UPSTREAM_BASE = _Base is not _ConnectorBase
+
+
+# --- engines: one per (namespace, stage, rank) per process -----------------
+
+_engines_lock = threading.Lock()
+_engines = {}  # (ns, name) -> [Engine, settings, refcount]
+
+
+def _acquire_engine(ns, name, settings):
+    from . import Engine
+    with _engines_lock:
+        ent = _engines.get((ns, name))
+        if ent is not None:
+            if ent[1] != settings:
+                raise ValueError(
+                    f"FerryConnector: engine {name!r} of namespace {ns!r} is open in this "
+                    f"process with other settings ({ent[1]}); give every FerryConnector of "
+                    f"a stage the same transport, listen and pool_size")
+            ent[2] += 1
+            return ent[0]
+        listen, pool_size = settings
+        eng = Engine(name, ns=ns, pool_size=pool_size, listen=listen)
+        _engines[(ns, name)] = [eng, settings, 1]
+        return eng
+
+
+def _release_engine(ns, name):
+    with _engines_lock:
+        ent = _engines.get((ns, name))
+        if ent is None:
+            return
+        ent[2] -= 1
+        if ent[2] > 0:
+            return
+        del _engines[(ns, name)]
+    try:
+        ent[0].close()
+    except Exception as e:  # FerryBusyError: another thread still waits in a call
+        logger.warning("FerryConnector: closing engine %s: %s", name, e)
+
+
+def _stage_str(v, what):
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise TypeError(f"FerryConnector: {what} must be a stage id (str or int), "
+                        f"not {type(v).__name__}")
+    s = str(v)
+    if not s or len(s) > 20 or not all(c.isalnum() or c in "-_" for c in s):
+        raise ValueError(f"FerryConnector: bad {what} {s!r} (letters, digits, '-', '_'; "
+                         "at most 20)")
+    return s
+
+
+def _key_str(key, what="key"):
+    if not isinstance(key, str):
+        raise TypeError(f"FerryConnector: {what} must be a str, not {type(key).__name__}")
+    n = len(key.encode())
+    if n == 0 or n > KEY_MAX or "\0" in key:
+        raise ValueError(f"FerryConnector: {what} {key[:40]!r}... is {n} bytes; ferry takes "
+                         f"1 to {KEY_MAX} bytes without NUL")
+    return key
+
+
+class FerryConnector(_Base):
+    """vLLM-Omni connector over ferry (see the module's docstring for config).
+
+    Base: vLLM-Omni's OmniConnectorBase when vllm_omni is importable (then
+    isinstance(c, OmniConnectorBase) holds), else pyferry.connector's
+    _ConnectorBase with the same methods.
+
+    put(from_stage, to_stage, put_key, data) -> (True, size, metadata), or
+        (False, 0, None) when ferry could not deliver (logged; upstream's
+        callers retry); data it cannot send raises TypeError/ValueError.
+    get(from_stage, to_stage, get_key, metadata=None) -> (payload, size), or
+        None while the key is not there yet (never waits).
+    get_with_deadline(..., metadata=None, *, deadline) -> the same, waiting
+        until deadline (absolute, time.monotonic() seconds, as upstream's
+        callers pass it) inside ferry with the GIL released.
+    cleanup(request_id): drops what this process holds of the request (keys
+        equal to it or starting with it and '_', ':', '/', '#').
+    """
+
+    supports_raw_data = True  # tensors and bytes travel raw (no OmniSerializer)
+
+    def __init__(self, config=None):
+        self._closed = True  # until the end of __init__ (close() may run via __del__)
+        self._held = []
+        if config is None:
+            config = {}
+        if not isinstance(config, dict):
+            raise TypeError(f"FerryConnector: config must be a dict (the connector's extra), "
+                            f"not {type(config).__name__}")
+        self.config = config
+        self.stage_id = config.get("stage_id", -1)
+        self.role = config.get("role")
+        transport = str(config.get("transport", "shm")).lower()
+        if transport == "rdma":
+            raise NotImplementedError(
+                "FerryConnector: transport 'rdma' is not built yet (use shm or tcp)")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"FerryConnector: unknown transport {transport!r} "
+                             f"(shm, tcp, auto; rdma later)")
+        self.transport = transport
+        ns = config.get("namespace", DEFAULT_NAMESPACE)
+        if not isinstance(ns, str) or not ns:
+            raise TypeError("FerryConnector: namespace must be a non-empty str")
+        self.namespace = ns
+        self.rank = int(config.get("rank", 0))
+        self._pool_size = int(config.get("pool_size", config.get("memory_pool_size", 0)) or 0)
+        self._put_timeout = float(config.get("put_timeout", 30.0))
+        self._copy = not bool(config.get("zero_copy", True))
+        self._min_segment = int(config.get("zero_copy_min", 64 << 10))
+        peers = config.get("peers") or {}
+        if not isinstance(peers, dict):
+            raise TypeError("FerryConnector: peers must be a dict {stage_id: 'tcp://HOST:PORT'}")
+        self._peer_addrs = {str(k): str(v) for k, v in peers.items()}
+        self._host = str(config.get("host", "127.0.0.1"))
+        self._hosts = {str(k): str(v) for k, v in (config.get("hosts") or {}).items()}
+        self._base_port = config.get("base_port")
+        self._listen = config.get("listen")
+        if transport == "tcp" and not (self._peer_addrs or self._base_port is not None) \
+                and self.role != "receiver":
+            logger.info("FerryConnector: tcp without peers or base_port: this process "
+                        "can receive, and sends only to stages of this host by name")
+        self._lock = threading.Lock()
+        self._engine_of = {}   # stage id -> Engine
+        self._peer_of = {}     # (stage id, peer stage id) -> Peer
+        self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
+                         "put_failures": 0, "get_errors": 0}
+        self._closed = False
+        if self.stage_id not in (None, -1):
+            self._engine(_stage_str(self.stage_id, "stage_id"))
+
+    # --- engines and peers ---------------------------------------------
+
+    def _engine_name(self, stage):
+        return f"stage{stage}.rank{self.rank}"
+
+    def _listen_for(self, stage):
+        if self.transport == "shm":
+            return None
+        if self._listen and stage == str(self.stage_id):
+            return str(self._listen)
+        if self._base_port is not None and stage.isdigit():
+            port = int(self._base_port) + int(stage) + 16 * self.rank
+            return f"tcp://{self._hosts.get(stage, self._host)}:{port}"
+        if self.transport == "tcp":
+            return f"tcp://{self._host}:0"
+        return None
+
+    def _engine(self, stage):
+        eng = self._engine_of.get(stage)
+        if eng is not None:
+            return eng
+        with self._lock:
+            if self._closed:
+                raise ValueError("FerryConnector is closed")
+            eng = self._engine_of.get(stage)
+            if eng is None:
+                name = self._engine_name(stage)
+                eng = _acquire_engine(self.namespace, name,
+                                      (self._listen_for(stage), self._pool_size))
+                self._held.append(name)
+                self._engine_of[stage] = eng
+        return eng
+
+    def _peer(self, stage, peer_stage):
+        p = self._peer_of.get((stage, peer_stage))
+        if p is not None:
+            return p
+        eng = self._engine(stage)
+        p = eng.peer(self._engine_name(peer_stage))
+        addr = None
+        if self.transport != "shm":
+            addr = self._peer_addrs.get(peer_stage)
+            if addr is None and self._base_port is not None and peer_stage.isdigit():
+                port = int(self._base_port) + int(peer_stage) + 16 * self.rank
+                addr = f"tcp://{self._hosts.get(peer_stage, self._host)}:{port}"
+        if addr is not None:
+            p.connect(addr)
+        self._peer_of[(stage, peer_stage)] = p
+        return p
+
+    def engine(self, stage=None):
+        """The pyferry Engine of a stage of this process (default: stage_id)."""
+        return self._engine(_stage_str(self.stage_id if stage is None else stage, "stage"))
+
+    def address(self, stage=None):
+        """This process's data address for a stage ("tcp://HOST:PORT"; None on shm)."""
+        return self.engine(stage).address()
+
+    # --- the connector calls -------------------------------------------
+
+    def put(self, from_stage, to_stage, put_key, data):
+        src, dst = _stage_str(from_stage, "from_stage"), _stage_str(to_stage, "to_stage")
+        key = _key_str(put_key, "put_key")
+        parts, size = _payload.encode(data, self._min_segment)
+        eng = self._engine(src)
+        try:
+            self._send(eng, self._peer(src, dst), key, parts)
+        except Exception as e:
+            self._metrics["put_failures"] += 1
+            logger.error("FerryConnector put %s (%s -> %s) failed: %s", key, src, dst, e)
+            return False, 0, None
+        self._metrics["puts"] += 1
+        self._metrics["bytes_transferred"] += size
+        meta = {"ferry": {"from": eng.name, "to": self._engine_name(dst), "key": key},
+                "size": size}
+        return True, size, meta
+
+    def _send(self, eng, peer, key, parts):
+        """One vectored PUT of the parts (the payload's own memory)."""
+        eng.put(peer, key, parts, timeout=self._put_timeout, wait_peer=True)
+
+    def _check_meta(self, metadata):
+        if metadata is not None and not isinstance(metadata, dict):
+            raise TypeError(f"FerryConnector: metadata must be a dict or None, "
+                            f"not {type(metadata).__name__}")
+
+    def get(self, from_stage, to_stage, get_key, metadata=None):
+        """(payload, size), or None while it is not there yet. Metadata (ours,
+        upstream's per-key dict, or source_host/port) is not needed: the key
+        finds the data."""
+        src, dst = _stage_str(from_stage, "from_stage"), _stage_str(to_stage, "to_stage")
+        key = _key_str(get_key, "get_key")
+        self._check_meta(metadata)
+        return self._get(src, dst, key, nowait=True, timeout=None)
+
+    def get_with_deadline(self, from_stage, to_stage, get_key, metadata=None, *, deadline):
+        """Wait for the key until deadline (absolute time.monotonic() seconds),
+        inside ferry (the GET's own timeout), the GIL released; None when the
+        deadline passes first."""
+        src, dst = _stage_str(from_stage, "from_stage"), _stage_str(to_stage, "to_stage")
+        key = _key_str(get_key, "get_key")
+        self._check_meta(metadata)
+        if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+            raise TypeError("FerryConnector: deadline must be a time.monotonic() value (float)")
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return self._get(src, dst, key, nowait=True, timeout=None)
+        return self._get(src, dst, key, nowait=False, timeout=left)
+
+    def _get(self, src, dst, key, nowait, timeout):
+        from . import FerryWouldBlockError, FerryTimeoutError
+        eng = self._engine(dst)
+        try:
+            buf = eng.get(self._peer(dst, src), key, nowait=nowait, timeout=timeout)
+        except (FerryWouldBlockError, FerryTimeoutError):
+            return None
+        except Exception as e:
+            self._metrics["get_errors"] += 1
+            logger.error("FerryConnector get %s (%s -> %s) failed: %s", key, src, dst, e)
+            return None
+        try:
+            payload, size = _payload.decode(buf, copy=self._copy)
+        except FrameError as e:
+            self._metrics["get_errors"] += 1
+            logger.error("FerryConnector get %s (%s -> %s): %s", key, src, dst, e)
+            return None
+        self._metrics["gets"] += 1
+        return payload, size
+
+    def cleanup(self, request_id):
+        """Drop what this process's engines hold of a request (upstream passes
+        the exact key; a request id prefix drops all its chunks)."""
+        key = _key_str(request_id, "request_id")
+        for eng in list(self._engine_of.values()):
+            try:
+                eng.cleanup(key)
+            except Exception as e:
+                logger.warning("FerryConnector cleanup %s: %s", key, e)
+
+    def abandon_get(self, get_key):
+        """Nothing to retire: a ferry GET is one op that ends at its deadline,
+        and no discovery state outlives it."""
+        _key_str(get_key, "get_key")
+
+    def reap_consumed(self):
+        """Nothing to reap: a put completes once the receiving stage holds the
+        key, so the producer keeps no bookkeeping of it."""
+
+    def health(self):
+        engines = {}
+        for stage, eng in list(self._engine_of.items()):
+            try:
+                engines[eng.name] = eng.health()
+            except Exception as e:
+                engines[self._engine_name(stage)] = {"error": str(e)}
+        return {"status": "closed" if self._closed else "healthy", "connector": NAME,
+                "transport": self.transport, "namespace": self.namespace,
+                "stage_id": self.stage_id, "rank": self.rank, **self._metrics,
+                "engines": engines}
+
+    @property
+    def closed(self):
+        return self._closed
+
+    def close(self):
+        """Release this connector's engines (idempotent; an engine shared with
+        another FerryConnector of the process stays open until both close)."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            if getattr(self, "_closed", True):
+                return
+            self._closed = True
+            held, self._held = self._held, []
+            self._engine_of = {}
+            self._peer_of = {}
+        for name in held:
+            _release_engine(self.namespace, name)
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc_val, exc_tb):
+        self.close()
+
+    @staticmethod
+    def _make_key(key, from_stage, to_stage, separator="@"):
+        return f"{key}{separator}{from_stage}_{to_stage}"
+
+    def __repr__(self):
+        return (f"<FerryConnector stage {self.stage_id} rank {self.rank} {self.transport} "
+                f"ns {self.namespace}{' closed' if self._closed else ''}>")
+
+
+def _create(config):
+    return FerryConnector(config)
+
+
+def register():
+    """Add FerryConnector to vLLM-Omni's OmniConnectorFactory (the plugin
+    entry points call this). Returns True when it is registered (now or
+    before), False when vllm_omni is not importable. Safe to call again."""
+    try:
+        from vllm_omni.distributed.omni_connectors.factory import OmniConnectorFactory
+    except Exception as e:
+        logger.debug("pyferry.connector.register: vllm_omni not importable (%s)", e)
+        return False
+    if NAME in OmniConnectorFactory.list_registered_connectors():
+        return True
+    try:
+        OmniConnectorFactory.register_connector(NAME, _create)
+    except ValueError:  # registered meanwhile by another thread
+        pass
+    return True
