@@ -2054,4 +2054,26 @@ static inline void ch_verdict(struct ch_shared *sh)
 	}
 }
 
+/*
+ * The end of a chaos test: the two survivors (pids[0], pids[1]) finish and
+ * are reaped within their bound, then the report and the verdict. A
+ * survivor that ends badly fails the test with the report printed.
+ */
+static inline void ch_finish_survivors(struct ch_shared *sh, pid_t pids[2], const char *what,
+				       const char *events, int64_t started)
+{
+	for (int i = 0; i < 2; i++) {
+		int rc = ch_reap_within(pids[i], 30000 * sh->scale);
+
+		pids[i] = 0;
+		if (rc != 0) {
+			ch_report(sh, what, events, t_now() - started);
+			fail_msg("chaos %s: survivor %s ended with %d", what, sh->name[i], rc);
+		}
+	}
+	alarm(0);
+	ch_report(sh, what, events, t_now() - started);
+	ch_verdict(sh);
+}
+
 #endif

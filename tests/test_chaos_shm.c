@@ -158,17 +158,7 @@ static void test_chaos_shm(void **state)
 		ch_report(sh, "shm", events, t_now() - started);
 	assert_int_equal(rc, 0);
 	atomic_store(&sh->phase, CH_FINISH);
-	for (int i = 0; i < 2; i++) {
-		rc = ch_reap_within(pids[i], 30000 * sh->scale);
-		pids[i] = 0;
-		if (rc != 0) {
-			ch_report(sh, "shm", events, t_now() - started);
-			fail_msg("chaos shm: survivor %s ended with %d", sh->name[i], rc);
-		}
-	}
-	alarm(0);
-	ch_report(sh, "shm", events, t_now() - started);
-	ch_verdict(sh);
+	ch_finish_survivors(sh, pids, "shm", events, started);
 	assert_true(kills > 0);
 	assert_int_equal(t_count_files(rundir), 0);
 	assert_int_equal(ch_shm_files(), shm_before);

@@ -162,7 +162,7 @@ static void link_set(int side, bool up)
 
 static void test_chaos_tcp(void **state)
 {
-	int cuts = 0, long_cuts = 0, shm_before = ch_shm_files(), rc;
+	int cuts = 0, long_cuts = 0, shm_before = ch_shm_files();
 	int64_t t_end, started = t_now(), down_total = 0;
 	char events[160];
 	uint64_t rng;
@@ -213,17 +213,7 @@ static void test_chaos_tcp(void **state)
 			 (unsigned long long)sh->seed);
 	}
 	atomic_store(&sh->phase, CH_FINISH);
-	for (int i = 0; i < 2; i++) {
-		rc = ch_reap_within(pids[i], 30000 * sh->scale);
-		pids[i] = 0;
-		if (rc != 0) {
-			ch_report(sh, "tcp", events, t_now() - started);
-			fail_msg("chaos tcp: %s ended with %d", sh->name[i], rc);
-		}
-	}
-	alarm(0);
-	ch_report(sh, "tcp", events, t_now() - started);
-	ch_verdict(sh);
+	ch_finish_survivors(sh, pids, "tcp", events, started);
 	assert_true(cuts > 0);
 	assert_int_equal(t_count_files(rundir), 0);
 	assert_int_equal(ch_shm_files(), shm_before);
