@@ -541,6 +541,7 @@ struct ferry_engine {
 	struct key_table keys;
 	struct ferry_cq *dirty_cqs;
 	uint64_t now;   /* the clock, read at most once per round (reactor_now) */
+	uint32_t lat_seq; /* ops taken: every 16th is timed for the latency histogram */
 	bool now_valid;
 	/* Stand-in rounds (reactor_sleep.c): a caller runs a round for the parked reactor. */
 	bool standing_in;

@@ -765,8 +765,12 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	op->opcode = sqe->opcode;
 	op->flags = sqe->flags;
 	op->user_data = sqe->user_data;
-	/* The latency histogram samples one op in 16: the clock is not free. */
-	op->start = (op->index & 15) == 0 ? reactor_now(e) : 0;
+	/*
+	 * The latency histogram samples one op in 16, counted (not by the op's
+	 * slot: the free list hands the same slot out again and again): the
+	 * clock is not free.
+	 */
+	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0;
 	op->cb = sqe->cb;
 	op->cb_arg = sqe->cb_arg;
 	op->peer = NULL;

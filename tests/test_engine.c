@@ -555,6 +555,58 @@ static void test_health_json(void **state)
 	ferry_engine_destroy(e);
 }
 
+/* The health's latency histogram: the sum of a histogram's buckets. */
+static unsigned long long hist_total(const char *json, const char *name)
+{
+	char pat[32];
+	const char *at, *end;
+	unsigned long long total = 0;
+
+	snprintf(pat, sizeof(pat), "\"%s\":{", name);
+	at = strstr(strstr(json, "\"latency_ns\":{"), pat);
+	assert_non_null(at);
+	at += strlen(pat);
+	end = strchr(at, '}');
+	for (const char *p = strchr(at, ':'); p && p < end; p = strchr(p + 1, ':'))
+		total += strtoull(p + 1, NULL, 10);
+	return total;
+}
+
+/*
+ * One PUT and one GET in 16 are timed for the histogram, whichever op slot
+ * they take (the free list hands out the same one each time: sampled by
+ * slot, every op was timed).
+ */
+static void test_latency_sampled(void **state)
+{
+	struct ferry_engine *a = t_engine("lat-a", FERRY_PROGRESS_THREAD, 1u << 20);
+	struct ferry_engine *b = t_engine("lat-b", FERRY_PROGRESS_THREAD, 1u << 20);
+	struct ferry_peer *to = t_peer(a, "lat-b"), *from = t_peer(b, "lat-a");
+	static char json[8192];
+	char x[8] = "payload", key[16];
+	struct ferry_cqe c;
+	unsigned long long puts, gets;
+
+	(void)state;
+	for (int i = 0; i < 320; i++) {
+		snprintf(key, sizeof(key), "k%d", i);
+		t_put(a, to, key, x, sizeof(x), (uint64_t)i, 0);
+		assert_int_equal(t_wait_one(a, &c, 5 * SEC), 0);
+		t_get(b, from, key, NULL, 0, (uint64_t)i, 0, 5 * SEC);
+		assert_int_equal(t_wait_one(b, &c, 5 * SEC), 0);
+		ferry_buf_release(c.buf);
+	}
+	assert_true(ferry_engine_health(a, json, sizeof(json)) < (int)sizeof(json));
+	puts = hist_total(json, "put");
+	assert_true(ferry_engine_health(b, json, sizeof(json)) < (int)sizeof(json));
+	gets = hist_total(json, "get");
+	/* 320 of each, one in 16 timed (the engines' first ops, a NOP or so, may shift it by one). */
+	if (puts < 19 || puts > 21 || gets < 19 || gets > 21)
+		fail_msg("%llu PUTs and %llu GETs of 320 each in the histogram, not 20", puts, gets);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 static void test_peer_handles(void **state)
 {
 	struct ferry_engine *e = t_engine("peers", FERRY_PROGRESS_MANUAL, 1u << 20);
@@ -605,6 +657,7 @@ int main(void)
 		cmocka_unit_test(test_sq_backpressure),
 		cmocka_unit_test(test_cq_overflow),
 		cmocka_unit_test(test_health_json),
+		cmocka_unit_test(test_latency_sampled),
 		cmocka_unit_test(test_peer_handles),
 		cmocka_unit_test(test_buffers),
 	};
