@@ -37,8 +37,13 @@ def run(build, bench, args):
 
 
 def lower_is_better(path):
-    return bool(re.search(r"(_ns|ns_per|_us|_ms|latency|instructions|cpu_s)", path.split(".")[-2]
-                          if path.endswith((".median", ".min", ".max")) else path))
+    """A rate (GB/s, ops/s, a ratio) is better higher; a time (ns, us, ms, a
+    latency, a cost per transfer) lower."""
+    p = path.lower()
+    if re.search(r"(gb_?ps|gb_per_s|ops_per_s|ratio|per_s\b)", p):
+        return False
+    return bool(re.search(r"(_ns|ns_|\bns\b|_us\b|\bus_|\.ms\b|_ms\b|latency|per_transfer|"
+                          r"instructions|cpu_s)", p))
 
 
 def main():
