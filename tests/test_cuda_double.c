@@ -508,6 +508,48 @@ static void test_double_destroy_in_flight(void **state)
 	d_free(d);
 }
 
+/* 0 bytes of device memory; 64 device PUTs in flight at once, each taken intact. */
+static void test_double_empty_and_many(void **state)
+{
+	struct ferry_engine *a = t_engine("ma", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_engine *b = t_engine("mb", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_peer *to = t_peer(a, "mb"), *from = t_peer(b, "ma");
+	uint8_t *d = d_malloc(0, 64 * 4096), *dst = d_malloc(0, 4096);
+	struct ferry_region *r = dev_reg(a, d, 64 * 4096, 0), *rd = dev_reg(b, dst, 4096, 0);
+	struct ferry_seg s[64], o = { rd, 0, 4096 }, none = { r, 0, 0 };
+	struct ferry_cqe c;
+	char key[16];
+
+	(void)state;
+	pattern(d, 64 * 4096, 12);
+	put_segs(a, to, "empty", &none, 1, 1, 0, NULL);
+	t_expect(a, NULL, 1, 0, &c);
+	assert_int_equal(c.len, 0);
+	get_segs(b, from, "empty", &o, 1, 2);
+	t_expect(b, NULL, 2, 0, &c);
+	assert_int_equal(c.len, 0);
+	d_delay(2000); /* the copies overlap the submissions */
+	for (unsigned i = 0; i < 64; i++) {
+		s[i] = (struct ferry_seg){ r, i * 4096ull, 4096 };
+		snprintf(key, sizeof(key), "m%u", i);
+		put_segs(a, to, key, &s[i], 1, 100 + i, 0, NULL);
+	}
+	for (unsigned i = 0; i < 64; i++)
+		t_expect(a, NULL, 100 + i, 0, NULL); /* in order: one stream, jobs end in order */
+	d_delay(0);
+	for (unsigned i = 0; i < 64; i++) {
+		snprintf(key, sizeof(key), "m%u", i);
+		get_segs(b, from, key, &o, 1, 200 + i);
+		t_expect(b, NULL, 200 + i, 0, NULL);
+		assert_memory_equal(dst, d + i * 4096ull, 4096);
+	}
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "in_flight"), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
 /* Two processes over shm: a GET into device memory that waits, a device PUT back. */
 static struct t_gate shm_ready;
 
@@ -581,6 +623,7 @@ int main(void)
 		cmocka_unit_test(test_double_no_device),
 		cmocka_unit_test(test_double_destroy_in_flight),
 		cmocka_unit_test(test_double_two_processes_shm),
+		cmocka_unit_test(test_double_empty_and_many),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
