@@ -10,6 +10,10 @@
 #   tests/gpu/run.sh --prepare  build only, here, with every library libferry
 #                               needs copied next to it (build-gpu/lib), so a
 #                               bare GPU machine needs nothing but a driver
+#                               (carry build-gpu; on the device tool:
+#                               carry ["build-gpu"], command "tests/gpu/run.sh")
+# The GPU machine lent here has nvcc and CMake but not ferry's build
+# dependencies (liburing, ck, libcrypto's headers): prepare here, run there.
 set -uo pipefail
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${FERRY_GPU_BUILD:-$src/build-gpu}
@@ -19,13 +23,25 @@ t0=$SECONDS
 mkdir -p "$build" "$out"
 
 fail_all() { # why
-	echo "gpu check: $1" >&2
-	printf '{"passed":0,"failed":1,"error":"%s"}\n' "$1" >"$out/gpu_check.json"
+	local why=${1//\"/\'}
+	echo "gpu check: $why" >&2
+	printf '{"passed":0,"failed":1,"error":"%s"}\n' "$why" >"$out/gpu_check.json"
 	echo "0 passed, 1 failed"
 	exit 1
 }
 
+# A prepared build that does not load here (another C library, a missing library) is
+# built again here, where that can be done.
+probe() {
+	[[ -x $build/gpu_check ]] && LD_LIBRARY_PATH="$build/lib" "$build/gpu_check" --probe >/dev/null 2>&1
+}
+
 build_all() {
+	if [[ -x $build/gpu_check && ${1:-} != --prepare ]] && ! probe; then
+		echo "gpu check: the prepared build does not load here: building again" >&2
+		LD_LIBRARY_PATH="$build/lib" "$build/gpu_check" --probe 2>&1 | head -3 >&2
+		rm -rf "$build/lib" "$build/gpu_check"
+	fi
 	if [[ ! -f $build/lib/libferry.so ]]; then
 		timeout 240 cmake -S "$src" -B "$build" -DCMAKE_BUILD_TYPE=Release -DFERRY_BUILD_TESTS=OFF \
 			-DFERRY_BUILD_BENCH=OFF -DFERRY_BUILD_EXAMPLES=OFF >"$build/cmake.log" 2>&1 ||
@@ -36,7 +52,7 @@ build_all() {
 		cp -L "$build"/libferry.so* "$build/lib/" 2>/dev/null
 		# Its libraries that are not the C library's own travel with it.
 		ldd "$build/libferry.so" | awk '/=> \//{print $3}' |
-			grep -vE '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+			grep -vE '/(libc|libm|libpthread|libdl|librt|libgcc_s|libstdc\+\+|libresolv|ld-linux[^/]*)\.so' |
 			xargs -r -I{} cp -L {} "$build/lib/"
 	fi
 	if [[ ! -x $build/gpu_check ]]; then
@@ -48,8 +64,9 @@ build_all() {
 	echo "==> gpu check build: $((SECONDS - t0))s"
 }
 
-build_all
+build_all "${1:-}"
 [[ ${1:-} == --prepare ]] && exit 0
+probe || fail_all "gpu_check does not load: $(LD_LIBRARY_PATH=$build/lib "$build/gpu_check" --probe 2>&1 | head -1)"
 
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset FERRY_CUDA_RUNTIME
