@@ -82,10 +82,36 @@ static void pattern(uint8_t *p, size_t n, unsigned seed)
 		p[i] = (uint8_t)(seed * 29 + i * 13 + (i >> 12));
 }
 
+/* An SQE, waiting (bounded) while the ring is full: the reactor drains it. */
+static struct ferry_sqe *sqe_wait(struct ferry_engine *e)
+{
+	struct ferry_sq *sq = NULL;
+	struct ferry_sqe *sqe;
+	int64_t end = t_now() + 5 * SEC;
+
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	while (!(sqe = ferry_sq_get_sqe(sq)) && t_now() < end)
+		usleep(1000);
+	assert_non_null(sqe);
+	return sqe;
+}
+
+/* Wait (5 s at most: a loaded machine) until the cuda part of e's health says name = want. */
+static void cuda_health_is(struct ferry_engine *e, const char *name, long long want)
+{
+	int64_t end = t_now() + 5 * SEC;
+	long long v;
+
+	while ((v = t_health_num(e, "\"cuda\":{", name)) != want && t_now() < end)
+		usleep(2000);
+	if (v != want)
+		fail_msg("health cuda.%s is %lld, want %lld", name, v, want);
+}
+
 static void put_segs(struct ferry_engine *e, struct ferry_peer *to, const char *key,
 		     const struct ferry_seg *s, unsigned n, uint64_t ud, int wait_kind, void *wait)
 {
-	struct ferry_sqe *sqe = t_sqe(e);
+	struct ferry_sqe *sqe = sqe_wait(e);
 
 	ferry_prep_put_segs(sqe, to, key, s, n, ud);
 	if (wait_kind)
@@ -96,7 +122,7 @@ static void put_segs(struct ferry_engine *e, struct ferry_peer *to, const char *
 static void get_segs(struct ferry_engine *e, struct ferry_peer *from, const char *key,
 		     const struct ferry_seg *s, unsigned n, uint64_t ud)
 {
-	struct ferry_sqe *sqe = t_sqe(e);
+	struct ferry_sqe *sqe = sqe_wait(e);
 
 	ferry_prep_get_segs(sqe, from, key, s, n, ud);
 	t_submit(e);
@@ -247,7 +273,8 @@ static void caller_wait(int kind)
 		assert_int_equal(d_event_record(ev, st), 0);
 	}
 	put_segs(a, to, "t", &s, 1, 1, kind, kind == FERRY_CUDA_WAIT_EVENT ? ev : st);
-	t_expect_none(a, NULL, 150); /* the producer's work has not run */
+	cuda_health_is(a, "in_flight", 1); /* taken, and waiting on the GPU for the producer */
+	t_expect_none(a, NULL, 150);       /* the producer's work has not run */
 	assert_true(d_stat("waits") >= 1);
 	d_gate_open();
 	t_expect(a, NULL, 1, 0, NULL);
@@ -498,8 +525,8 @@ static void test_double_destroy_in_flight(void **state)
 	d_gate_close();
 	assert_int_equal(d_gate(st), 0);
 	put_segs(a, to, "x", &s, 1, 1, FERRY_CUDA_WAIT_STREAM, st);
+	cuda_health_is(a, "in_flight", 1);
 	t_expect_none(a, NULL, 50);
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "in_flight"), 1);
 	assert_int_equal(pthread_create(&t, NULL, open_gate_later, NULL), 0);
 	assert_int_equal(ferry_engine_destroy(a), 0);
 	pthread_join(t, NULL);
@@ -546,6 +573,54 @@ static void test_double_empty_and_many(void **state)
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "in_flight"), 0);
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
+/* More device PUTs and GETs than jobs (256): the rest wait in order, none fails. */
+static void test_double_more_than_jobs(void **state)
+{
+	struct ferry_engine *a = t_engine("ja", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_engine *b = t_engine("jb", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_peer *to = t_peer(a, "jb"), *from = t_peer(b, "ja");
+	const unsigned n = 300;
+	uint8_t *d = d_malloc(0, n * 512), *dst = d_malloc(0, n * 512);
+	struct ferry_region *r = dev_reg(a, d, n * 512, 0), *rd = dev_reg(b, dst, n * 512, 0);
+	static struct ferry_seg s[300], o[300];
+	void *st = NULL;
+	char key[16];
+
+	(void)state;
+	pattern(d, n * 512, 13);
+	/* Every PUT waits for the producer's gated stream: all 300 are in the domain at once. */
+	assert_int_equal(d_stream_create(&st, 1), 0);
+	d_gate_close();
+	assert_int_equal(d_gate(st), 0);
+	for (unsigned i = 0; i < n; i++) {
+		s[i] = (struct ferry_seg){ r, i * 512ull, 512 };
+		snprintf(key, sizeof(key), "j%u", i);
+		put_segs(a, to, key, &s[i], 1, 1000 + i, FERRY_CUDA_WAIT_STREAM, st);
+	}
+	cuda_health_is(a, "waiting", n - 256);
+	cuda_health_is(a, "in_flight", 256);
+	t_expect_none(a, NULL, 50);
+	d_gate_open();
+	for (unsigned i = 0; i < n; i++)
+		t_expect(a, NULL, 1000 + i, 0, NULL);
+	/* And 300 GETs into device memory at once (the data is there: each starts its copy). */
+	for (unsigned i = 0; i < n; i++) {
+		o[i] = (struct ferry_seg){ rd, i * 512ull, 512 };
+		snprintf(key, sizeof(key), "j%u", i);
+		get_segs(b, from, key, &o[i], 1, 2000 + i);
+	}
+	for (unsigned i = 0; i < n; i++)
+		t_expect(b, NULL, 2000 + i, 0, NULL);
+	assert_memory_equal(dst, d, n * 512);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "waiting"), 0);
+	assert_int_equal(t_health_num(b, "\"cuda\":{", "gets"), n);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_stream_destroy(st);
 	d_free(d);
 	d_free(dst);
 }
@@ -624,6 +699,7 @@ int main(void)
 		cmocka_unit_test(test_double_destroy_in_flight),
 		cmocka_unit_test(test_double_two_processes_shm),
 		cmocka_unit_test(test_double_empty_and_many),
+		cmocka_unit_test(test_double_more_than_jobs),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

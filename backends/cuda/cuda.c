@@ -21,7 +21,8 @@
  * wakes it. No thread of ours, no synchronize on the reactor's rounds (the
  * streams are synchronized only at teardown, before the pool is unpinned).
  * Jobs come from a fixed table (CUDA_JOBS, events made once per slot): no
- * allocation per op; a full table is -EAGAIN.
+ * allocation per op; with every job in flight an op waits, in order, for one
+ * to end (linked through the op itself).
  *
  * The runtime is loaded on the first device region (engine/cuda_rt.h), not
  * at engine creation: an engine that never sees device memory never loads
@@ -46,6 +47,7 @@ struct cuda_job {
 	struct op *op;
 	uint32_t gen;            /* op->gen when it began */
 	uint8_t kind;            /* enum job_kind */
+	uint8_t dev;             /* the device whose stream it runs on */
 	int res;                 /* an error met while issuing (the job still ends by its event) */
 	struct ferry_buf *buf;   /* JOB_GET: the received block, held until the copy is done */
 	uint64_t len;
@@ -67,7 +69,8 @@ struct cuda_svc {
 	struct cuda_job jobs[CUDA_JOBS];
 	struct cuda_job *free;
 	struct cuda_job *busy, *busy_tail; /* in the order issued */
-	_Atomic uint32_t inflight;
+	struct op *wait_head, *wait_tail;  /* ops waiting for a free job, in order */
+	_Atomic uint32_t inflight, waiting;
 	_Atomic uint32_t regions;
 	stat_t puts, gets, bytes_d2h, bytes_h2d, errors;
 	_Atomic uint64_t callbacks;
@@ -219,26 +222,25 @@ static cuda_stream_t svc_stream(struct cuda_svc *s, const struct cuda_rt *rt, in
 	return s->stream[dev];
 }
 
-static struct cuda_job *job_take(struct cuda_svc *s, const struct cuda_rt *rt)
+/* A free job, its event made: 0, -EAGAIN (all CUDA_JOBS in flight) or -EIO. */
+static int job_take(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job **out)
 {
 	struct cuda_job *j = s->free;
 	cuda_err_t err;
 
-	if (!j) {
-		log_limited(FERRY__LOG_WARN, "cuda: engine %s: %u device copies in flight, no room "
-			    "for another", s->e->name, CUDA_JOBS);
-		return NULL;
-	}
+	if (!j)
+		return -EAGAIN;
 	if (!j->done && (err = rt->EventCreateWithFlags(&j->done, CUDA_EVENT_DISABLE_TIMING))) {
 		log_error("cuda: engine %s: no event: %s", s->e->name, cuda_rt_strerror(err));
 		j->done = NULL;
-		return NULL;
+		return -EIO;
 	}
 	s->free = j->next;
 	j->next = NULL;
 	j->res = 0;
 	j->buf = NULL;
-	return j;
+	*out = j;
+	return 0;
 }
 
 static void job_give_back(struct cuda_svc *s, struct cuda_job *j)
@@ -323,29 +325,25 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
 	return 0;
 }
 
-static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op *op,
-			   const struct ferry_sqe *sqe)
+/*
+ * A PUT's copies into a pool block, after the caller's wait (kind, handle),
+ * on job j: 0 (it runs), or the error (j given back; nothing runs; op->buf,
+ * if taken, is freed with the op).
+ */
+static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
+		     struct op *op, unsigned kind, uint64_t handle)
 {
-	struct cuda_svc *s = b->data;
-	const struct cuda_rt *rt = atomic_load(&s->rt);
-	struct cuda_job *j;
-	cuda_stream_t st;
+	cuda_stream_t st = svc_stream(s, rt, op_device(op));
 	cuda_err_t err = CUDA_OK;
 	uint64_t total = segs_total(op->segs, op->iovcnt), at = 0;
 	bool queued = false;
 	int rc;
 
-	if (!rt)
-		return -ENODEV; /* not reached: no device region without the runtime */
-	if (sqe->cuda_wait_kind > FERRY_CUDA_WAIT_STREAM ||
-	    (sqe->cuda_wait_kind == FERRY_CUDA_WAIT_EVENT && !sqe->cuda_wait)) {
-		log_error("op %llx: CUDA wait of kind %u on %#llx", (unsigned long long)op->user_data,
-			  sqe->cuda_wait_kind, (unsigned long long)sqe->cuda_wait);
-		return -EINVAL;
+	if (!st) {
+		job_give_back(s, j);
+		return -EIO;
 	}
-	if (!(st = svc_stream(s, rt, op_device(op))) || !(j = job_take(s, rt)))
-		return st ? -EAGAIN : -EIO;
-	if ((rc = pool_alloc(e->pool, total, &op->buf))) {
+	if ((rc = pool_alloc(s->e->pool, total, &op->buf))) {
 		log_info("op %llx: pool exhausted for %llu bytes of device memory",
 			 (unsigned long long)op->user_data, (unsigned long long)total);
 		job_give_back(s, j);
@@ -353,17 +351,18 @@ static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op 
 	}
 	j->op = op;
 	j->kind = JOB_PUT;
+	j->dev = (uint8_t)op_device(op);
 	j->len = total;
-	if (sqe->cuda_wait_kind == FERRY_CUDA_WAIT_STREAM) {
+	if (kind == FERRY_CUDA_WAIT_STREAM) {
 		/* The caller's stream's work so far, as an event ferry's stream waits for. */
 		if (!j->wait)
 			err = rt->EventCreateWithFlags(&j->wait, CUDA_EVENT_DISABLE_TIMING);
 		if (err == CUDA_OK)
-			err = rt->EventRecord(j->wait, (cuda_stream_t)(uintptr_t)sqe->cuda_wait);
+			err = rt->EventRecord(j->wait, (cuda_stream_t)(uintptr_t)handle);
 		if (err == CUDA_OK)
 			err = rt->StreamWaitEvent(st, j->wait, 0);
-	} else if (sqe->cuda_wait_kind == FERRY_CUDA_WAIT_EVENT) {
-		err = rt->StreamWaitEvent(st, (cuda_event_t)(uintptr_t)sqe->cuda_wait, 0);
+	} else if (kind == FERRY_CUDA_WAIT_EVENT) {
+		err = rt->StreamWaitEvent(st, (cuda_event_t)(uintptr_t)handle, 0);
 	}
 	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK; i++) {
 		const struct ferry_seg *g = &op->segs[i];
@@ -375,33 +374,31 @@ static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op 
 	op->len = total;
 	if ((rc = job_issue(s, rt, st, j, err, queued))) {
 		job_give_back(s, j);
-		return rc; /* op->buf is freed with the op */
+		return rc;
 	}
 	STAT_ADD(s->puts, 1);
 	STAT_ADD(s->bytes_d2h, total);
 	return 0;
 }
 
-static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op *op,
-			   struct ferry_buf *buf, uint64_t len)
+/* A GET's copies of buf (len bytes) into its segments, on job j: 0, or the error (j given back). */
+static int get_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
+		     struct op *op, struct ferry_buf *buf, uint64_t len)
 {
-	struct cuda_svc *s = b->data;
-	const struct cuda_rt *rt = atomic_load(&s->rt);
+	cuda_stream_t st = svc_stream(s, rt, op_device(op));
 	const char *src = buf->data;
-	struct cuda_job *j;
-	cuda_stream_t st;
 	cuda_err_t err = CUDA_OK;
 	uint64_t left = len;
 	bool queued = false;
 	int rc;
 
-	(void)e;
-	if (!rt)
-		return -ENODEV;
-	if (!(st = svc_stream(s, rt, op_device(op))) || !(j = job_take(s, rt)))
-		return st ? -EAGAIN : -EIO;
+	if (!st) {
+		job_give_back(s, j);
+		return -EIO;
+	}
 	j->op = op;
 	j->kind = JOB_GET;
+	j->dev = (uint8_t)op_device(op);
 	j->len = len;
 	for (uint32_t i = 0; i < op->iovcnt && left && err == CUDA_OK; i++) {
 		const struct ferry_seg *g = &op->segs[i];
@@ -421,6 +418,102 @@ static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op 
 	return 0;
 }
 
+/*
+ * Every job in flight: the op waits in order for one to end (OP_DEVICE; a
+ * PUT keeps its wait in chunk / wish_seq, unused by PUTs, a GET its block in
+ * buf and its length in len).
+ */
+static void op_wait_for_job(struct cuda_svc *s, struct op *op)
+{
+	op->state = OP_DEVICE;
+	op_list_append(&s->wait_head, &s->wait_tail, op);
+	atomic_fetch_add(&s->waiting, 1);
+}
+
+static bool op_is_put(const struct op *op)
+{
+	return op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_PUBLISH;
+}
+
+/* Jobs free again: the ops that waited for one start, in order (or end, on an error). */
+static void svc_start_waiting(struct cuda_svc *s)
+{
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+
+	while (s->free && s->wait_head) {
+		struct op *op = s->wait_head;
+		struct cuda_job *j = NULL;
+		int rc;
+
+		op_list_remove(&s->wait_head, &s->wait_tail, op);
+		atomic_fetch_sub(&s->waiting, 1);
+		rc = job_take(s, rt, &j);
+		if (op_is_put(op)) {
+			if (!rc)
+				rc = put_issue(s, rt, j, op, op->chunk, op->wish_seq);
+			if (rc)
+				reactor_put_staged(s->e, op, rc);
+		} else {
+			struct ferry_buf *buf = op->buf;
+
+			op->buf = NULL;
+			if (!rc)
+				rc = get_issue(s, rt, j, op, buf, op->len);
+			if (rc) {
+				pool_free(buf); /* taken when it waited: this GET's data is lost */
+				op->state = OP_FREE;
+				op_complete(s->e, op, rc, 0, NULL);
+			}
+		}
+	}
+}
+
+static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op *op,
+			   const struct ferry_sqe *sqe)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	struct cuda_job *j = NULL;
+	int rc;
+
+	(void)e;
+	if (!rt)
+		return -ENODEV; /* not reached: no device region without the runtime */
+	if (sqe->cuda_wait_kind > FERRY_CUDA_WAIT_STREAM ||
+	    (sqe->cuda_wait_kind == FERRY_CUDA_WAIT_EVENT && !sqe->cuda_wait)) {
+		log_error("op %llx: CUDA wait of kind %u on %#llx", (unsigned long long)op->user_data,
+			  sqe->cuda_wait_kind, (unsigned long long)sqe->cuda_wait);
+		return -EINVAL;
+	}
+	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		op->chunk = sqe->cuda_wait_kind;
+		op->wish_seq = sqe->cuda_wait;
+		op_wait_for_job(s, op);
+		return 0;
+	}
+	return rc ? rc : put_issue(s, rt, j, op, sqe->cuda_wait_kind, sqe->cuda_wait);
+}
+
+static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op *op,
+			   struct ferry_buf *buf, uint64_t len)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	struct cuda_job *j = NULL;
+	int rc;
+
+	(void)e;
+	if (!rt)
+		return -ENODEV;
+	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		op->buf = buf;
+		op->len = len; /* its capacity was checked: from now on what came */
+		op_wait_for_job(s, op);
+		return 0;
+	}
+	return rc ? rc : get_issue(s, rt, j, op, buf, len);
+}
+
 /* A job whose event says it is done (res: its result): the op goes on, or ends. */
 static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 {
@@ -431,6 +524,7 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 
 	atomic_fetch_sub(&s->inflight, 1);
 	job_give_back(s, j);
+	svc_start_waiting(s); /* before this op goes on: the ones waiting keep their order */
 	if (op->state != OP_DEVICE || op->gen != j->gen) {
 		log_error("cuda: engine %s: a device copy ended for an op that moved on", s->e->name);
 		if (buf)
@@ -468,6 +562,7 @@ static int cuda_progress(struct ferry_engine *e, struct backend *b)
 	struct cuda_svc *s = b->data;
 	const struct cuda_rt *rt = atomic_load(&s->rt);
 	struct cuda_job *j, *next, *prev = NULL;
+	uint32_t blocked = 0; /* devices whose stream has a job still running */
 	int n = 0, res;
 
 	(void)e;
@@ -475,7 +570,12 @@ static int cuda_progress(struct ferry_engine *e, struct backend *b)
 		return 0;
 	for (j = s->busy; j; j = next) {
 		next = j->next;
-		if ((res = job_poll(s, rt, j)) == 1) {
+		/*
+		 * Behind a running job of its stream a job is not asked: it may have
+		 * ended between the two queries, and jobs of a stream end in order.
+		 */
+		if ((blocked & (1u << j->dev)) || (res = job_poll(s, rt, j)) == 1) {
+			blocked |= 1u << j->dev;
 			prev = j;
 			continue;
 		}
@@ -523,6 +623,19 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 	const struct cuda_rt *rt = atomic_load(&s->rt);
 
 	(void)e;
+	while (s->wait_head) { /* never started: they end here */
+		struct op *op = s->wait_head;
+
+		op_list_remove(&s->wait_head, &s->wait_tail, op);
+		if (op_is_put(op)) {
+			reactor_put_staged(s->e, op, -ECONNRESET);
+		} else {
+			pool_free(op->buf);
+			op->buf = NULL;
+			op->state = OP_FREE;
+			op_complete(s->e, op, -ECONNRESET, 0, NULL);
+		}
+	}
 	if (rt) {
 		for (int d = 0; d < CUDA_MAX_DEV; d++)
 			if (s->stream[d])
@@ -564,12 +677,12 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 	/* Not loaded yet is said as such: health never loads the runtime. */
 	return snprintf(buf, len,
 			",\"cuda\":{\"available\":%s,\"why\":\"%s\",\"devices\":%d,"
-			"\"pool_pinned\":%s,\"regions\":%u,\"in_flight\":%u,\"puts\":%llu,"
+			"\"pool_pinned\":%s,\"regions\":%u,\"in_flight\":%u,\"waiting\":%u,\"puts\":%llu,"
 			"\"gets\":%llu,\"bytes_d2h\":%llu,\"bytes_h2d\":%llu,\"callbacks\":%llu,"
 			"\"errors\":%llu}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
-			atomic_load(&s->regions), atomic_load(&s->inflight),
+			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
 			(unsigned long long)STAT_GET(s->puts), (unsigned long long)STAT_GET(s->gets),
 			(unsigned long long)STAT_GET(s->bytes_d2h),
 			(unsigned long long)STAT_GET(s->bytes_h2d),
