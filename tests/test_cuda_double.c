@@ -625,6 +625,34 @@ static void test_double_more_than_jobs(void **state)
 	d_free(dst);
 }
 
+/* Progress driven by the caller (FERRY_PROGRESS_MANUAL): the same copies, ended by its waits. */
+static void test_double_manual_progress(void **state)
+{
+	struct ferry_engine *a = t_engine("pa", FERRY_PROGRESS_MANUAL, 4u << 20);
+	struct ferry_engine *b = t_engine("pb", FERRY_PROGRESS_MANUAL, 4u << 20);
+	struct ferry_peer *to = t_peer(a, "pb"), *from = t_peer(b, "pa");
+	uint8_t *d = d_malloc(0, 50000), *dst = d_malloc(0, 50000);
+	struct ferry_region *r = dev_reg(a, d, 50000, 0), *rd = dev_reg(b, dst, 50000, 0);
+	struct ferry_seg s = { r, 0, 50000 }, o = { rd, 0, 50000 };
+	struct ferry_cqe c;
+
+	(void)state;
+	pattern(d, 50000, 14);
+	d_delay(100000); /* 100 ms a copy: several waits of the caller pass before it ends */
+	get_segs(b, from, "m", &o, 1, 2);
+	put_segs(a, to, "m", &s, 1, 1, 0, NULL);
+	t_expect(a, b, 1, 0, &c);
+	assert_int_equal(c.len, 50000);
+	t_expect(b, a, 2, 0, &c);
+	assert_int_equal(c.len, 50000);
+	assert_memory_equal(dst, d, 50000);
+	d_delay(0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
 /* Two processes over shm: a GET into device memory that waits, a device PUT back. */
 static struct t_gate shm_ready;
 
@@ -700,6 +728,7 @@ int main(void)
 		cmocka_unit_test(test_double_two_processes_shm),
 		cmocka_unit_test(test_double_empty_and_many),
 		cmocka_unit_test(test_double_more_than_jobs),
+		cmocka_unit_test(test_double_manual_progress),
 	};
 
 	signal(SIGPIPE, SIG_IGN);
