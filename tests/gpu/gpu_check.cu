@@ -13,7 +13,9 @@
  * plus H2D; 64 B and 1 MiB device PUT -> GET latency (half a round trip).
  * Prints one line per case and "N passed, N failed"; writes JSON to argv[1].
  *
- * The parent is engine "ga", the child "gb"; they talk by keys: the parent
+ * The child is forked before either process calls CUDA (a child of a process
+ * that initialized CUDA cannot use it). The parent is engine "ga", the child
+ * "gb"; they talk by keys: the parent
  * PUTs "d2d.<i>" etc., the child answers with "sum.<i>" (its device
  * checksum, 8 bytes of host memory).
  */
@@ -364,8 +366,19 @@ int main(int argc, char **argv)
 		printf("gpu_check: ferry %d\n", ferry_version());
 		return 0;
 	}
+	/* Fork before any CUDA call: a child of a process that initialized CUDA cannot use it. */
+	pid = fork();
+	if (pid == 0) {
+		alarm(420);
+		if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1)
+			_exit(2);
+		_exit(child());
+	}
 	if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 1) {
 		FILE *f = fopen(out, "w");
+
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
 
 		if (f) {
 			fprintf(f, "{\"passed\":0,\"failed\":1,\"error\":\"no CUDA device\"}\n");
@@ -373,11 +386,6 @@ int main(int argc, char **argv)
 		}
 		printf("no CUDA device: nothing checked\n0 passed, 1 failed\n");
 		return 1;
-	}
-	pid = fork();
-	if (pid == 0) {
-		alarm(420);
-		_exit(child());
 	}
 	pe = engine("ga");
 	ferry_peer_open(pe, "gb", &pp);

@@ -37,7 +37,9 @@ probe() {
 }
 
 build_all() {
-	if [[ -x $build/gpu_check && ${1:-} != --prepare ]] && ! probe; then
+	if [[ ${1:-} == --prepare ]]; then
+		rm -rf "$build/lib" "$build/gpu_check" # always from the sources as they are now
+	elif [[ -x $build/gpu_check ]] && ! probe; then
 		echo "gpu check: the prepared build does not load here: building again" >&2
 		LD_LIBRARY_PATH="$build/lib" "$build/gpu_check" --probe 2>&1 | head -3 >&2
 		rm -rf "$build/lib" "$build/gpu_check"
