@@ -21,6 +21,12 @@ out=${OUT:-$build}
 nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 t0=$SECONDS
 mkdir -p "$build" "$out"
+# libcudart where the toolkit keeps it, for the program and for ferry's dlopen of it.
+cudalib=$(cd "$(dirname "$nvcc")/.." 2>/dev/null && pwd)
+for d in "$cudalib/lib64" "$cudalib/lib" "$cudalib/targets/x86_64-linux/lib"; do
+	[[ -d $d ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 
 fail_all() { # why
 	local why=${1//\"/\'}
@@ -33,7 +39,7 @@ fail_all() { # why
 # A prepared build that does not load here (another C library, a missing library) is
 # built again here, where that can be done.
 probe() {
-	[[ -x $build/gpu_check ]] && LD_LIBRARY_PATH="$build/lib" "$build/gpu_check" --probe >/dev/null 2>&1
+	[[ -x $build/gpu_check ]] && LD_LIBRARY_PATH="$build/lib:$LD_LIBRARY_PATH" "$build/gpu_check" --probe >/dev/null 2>&1
 }
 
 build_all() {
@@ -41,7 +47,7 @@ build_all() {
 		rm -rf "$build/lib" "$build/gpu_check" # always from the sources as they are now
 	elif [[ -x $build/gpu_check ]] && ! probe; then
 		echo "gpu check: the prepared build does not load here: building again" >&2
-		LD_LIBRARY_PATH="$build/lib" "$build/gpu_check" --probe 2>&1 | head -3 >&2
+		LD_LIBRARY_PATH="$build/lib:$LD_LIBRARY_PATH" "$build/gpu_check" --probe 2>&1 | head -3 >&2
 		rm -rf "$build/lib" "$build/gpu_check"
 	fi
 	if [[ ! -f $build/lib/libferry.so ]]; then
@@ -68,7 +74,7 @@ build_all() {
 
 build_all "${1:-}"
 [[ ${1:-} == --prepare ]] && exit 0
-probe || fail_all "gpu_check does not load: $(LD_LIBRARY_PATH=$build/lib "$build/gpu_check" --probe 2>&1 | head -1)"
+probe || fail_all "gpu_check does not load: $(LD_LIBRARY_PATH=$build/lib:$LD_LIBRARY_PATH "$build/gpu_check" --probe 2>&1 | head -1)"
 
 export LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 unset FERRY_CUDA_RUNTIME
