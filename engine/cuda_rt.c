@@ -124,6 +124,14 @@ static void rt_load(void)
 		goto out;
 	}
 	rt.devices = n;
+	if (!(*(void **)&rt.MemGetAddressRange = dlsym(h, "cuMemGetAddressRange_v2"))) {
+		void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+
+		if (drv) /* the runtime's own reference keeps it loaded */
+			*(void **)&rt.MemGetAddressRange = dlsym(drv, "cuMemGetAddressRange_v2");
+		if (drv)
+			dlclose(drv);
+	}
 	rt_ok = &rt;
 	log_info("CUDA: %s loaded, %d device(s)", rt.library, n);
 	atomic_store(&rt_tried, 1);

@@ -72,6 +72,13 @@ struct cuda_rt {
 	cuda_err_t (*IpcGetMemHandle)(struct cuda_ipc_handle *h, void *p);
 	cuda_err_t (*IpcOpenMemHandle)(void **p, struct cuda_ipc_handle h, unsigned flags);
 	cuda_err_t (*IpcCloseMemHandle)(void *p);
+	/*
+	 * The driver API's cuMemGetAddressRange_v2 (CUresult; CUdeviceptr as
+	 * unsigned long long): the base of the allocation holding p, which an
+	 * IPC handle names. Optional: looked up in the runtime's library, else
+	 * in the libcuda.so.1 the runtime itself loaded (never loaded by us).
+	 */
+	int (*MemGetAddressRange)(unsigned long long *base, size_t *size, unsigned long long p);
 	int devices;         /* what GetDeviceCount said (0 when it failed) */
 	char library[128];   /* the file loaded */
 };

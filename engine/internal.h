@@ -202,6 +202,14 @@ static inline bool op_state_pending(uint8_t state)
  * sends no CREDIT for it. Set by a transport, never by the stream layer.
  */
 #define WIRE_F_RELCREDIT (1u << 21)
+/*
+ * The data is a CUDA IPC descriptor (backends/cuda), not the payload: the
+ * receiver's memory domain copies from the sender's device memory, and the
+ * sender's PUT ends when the receiver gives the block back (its RELEASE).
+ * Only a transport with TRANSPORT_CAP_CUDA_IPC carries it (same host); it
+ * is not in WIRE_F__ALL, so every other transport refuses it on arrival.
+ */
+#define WIRE_F_CUDA_IPC (1u << 22)
 #define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT | \
 		     WIRE_F_WANT | WIRE_F_RELCREDIT)
 #define OP_F_INTERNAL (1u << 24)

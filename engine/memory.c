@@ -277,7 +277,8 @@ int memory_device_put(struct ferry_engine *e, struct op *op, const struct ferry_
 	return b->ops->device_put(e, b, op, sqe);
 }
 
-int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len)
+int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len,
+		      uint32_t wflags)
 {
 	struct backend *b = device_domain(e);
 
@@ -285,7 +286,7 @@ int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *b
 		return -EOPNOTSUPP;
 	if (op->heap_idx != UINT32_MAX)
 		timer_del(&e->timers, op); /* the data is here: the copy ends it, not its deadline */
-	return b->ops->device_get(e, b, op, buf, len);
+	return b->ops->device_get(e, b, op, buf, len, wflags);
 }
 
 int memory_transport_up(struct ferry_engine *e, struct backend *b)

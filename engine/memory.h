@@ -148,12 +148,14 @@ static inline void segs_scatter(const struct ferry_seg *seg, uint32_t n, const v
 int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe);
 /*
  * An op with device segments (OP_F_DEVICE), handed to the memory domain
- * (struct backend_ops device_put / device_get, which say what 0 means);
+ * (struct backend_ops device_put / device_get, which say what 0 means),
+ * and any GET of a CUDA IPC descriptor (wflags & WIRE_F_CUDA_IPC);
  * -EOPNOTSUPP without one. memory_device_get drops the GET's deadline
  * first (the data is here; the copy ends it). Reactor only.
  */
 int memory_device_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
-int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len);
+int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len,
+		      uint32_t wflags);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
 /*

@@ -214,6 +214,20 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 		op_complete(e, op, -ECANCELED, len, buf);
 		return true;
 	}
+	if (unlikely(wflags & WIRE_F_CUDA_IPC)) {
+		/* The sender's device memory, by IPC: the memory domain copies it (it completes the op). */
+		int rc = -EOPNOTSUPP;
+
+		if (op->iovcnt)
+			rc = memory_device_get(e, op, buf, len, wflags);
+		else
+			log_info("GET %llx: the data is in another process's CUDA device memory: "
+				 "a GET into an iovec or segments takes it, not one for a buffer",
+				 (unsigned long long)op->user_data);
+		if (rc)
+			op_complete(e, op, rc, 0, NULL); /* the data stays for another GET */
+		return rc == 0;
+	}
 	if (op->iovcnt) {
 		if (len > op->len) {
 			log_info("GET %llx: %llu bytes do not fit its %llu-byte iovec",
@@ -223,7 +237,7 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 			return false;
 		}
 		if (unlikely(op->flags & OP_F_DEVICE)) {
-			int rc = memory_device_get(e, op, buf, len); /* it completes the op */
+			int rc = memory_device_get(e, op, buf, len, 0); /* it completes the op */
 
 			if (rc)
 				op_complete(e, op, rc, 0, NULL); /* the data stays for another GET */
@@ -303,7 +317,7 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	ke->buf = buf;
 	ke->len = len;
 	ke->from = from;
-	ke->wflags = flags & WIRE_F__ALL;
+	ke->wflags = flags & (WIRE_F__ALL | WIRE_F_CUDA_IPC);
 	ke->present = true;
 	STAT_ADD(e->keys.present, 1);
 	if (flags & WIRE_F_CHUNK)
@@ -317,7 +331,7 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	struct key_entry *ke;
 	struct op *op;
 
-	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT))
+	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
 		return false;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
 	if (!ke || !(op = ke->waiters) || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) ||

@@ -62,6 +62,12 @@ enum transport_cap {
 	 * device memory for the engine (device_put, device_get).
 	 */
 	TRANSPORT_CAP_MEM_CUDA = 1u << 9,
+	/*
+	 * Carries CUDA IPC descriptors (WIRE_F_CUDA_IPC: same host, other
+	 * process): such a PUT ends when the receiver releases its block, not
+	 * at its RESULT, and fails with -ECONNRESET if the peer goes first.
+	 */
+	TRANSPORT_CAP_CUDA_IPC = 1u << 10,
 };
 
 /*
@@ -199,12 +205,16 @@ struct backend_ops {
 	 * way (the engine completes the op). device_get: a GET into device
 	 * segments takes buf (len bytes, fits): copy it there, then give buf
 	 * back and complete op; 0: op is OP_DEVICE until then; a negative
-	 * errno: nothing was done, buf is still the caller's.
+	 * errno: nothing was done, buf is still the caller's. With
+	 * WIRE_F_CUDA_IPC in wflags buf is a CUDA IPC descriptor (len: its
+	 * size) and op any GET into an iovec or segments, host or device: the
+	 * domain checks the real length against op->len and copies from the
+	 * sender's device memory.
 	 */
 	int (*device_put)(struct ferry_engine *e, struct backend *b, struct op *op,
 			  const struct ferry_sqe *sqe);
 	int (*device_get)(struct ferry_engine *e, struct backend *b, struct op *op,
-			  struct ferry_buf *buf, uint64_t len);
+			  struct ferry_buf *buf, uint64_t len, uint32_t wflags);
 };
 
 struct backend {

@@ -29,6 +29,7 @@ static void (*d_gate_close)(void);
 static void (*d_gate_open)(void);
 static int (*d_gate)(void *st);
 static uint64_t (*d_stat)(const char *name);
+static void (*d_set_ipc)(int on);
 static int (*d_stream_create)(void **st, unsigned flags);
 static int (*d_stream_destroy)(void *st);
 static int (*d_event_create)(void **ev, unsigned flags);
@@ -54,6 +55,7 @@ static int setup(void **state)
 	SYM(d_gate_open, "cudadouble_gate_open");
 	SYM(d_gate, "cudadouble_gate");
 	SYM(d_stat, "cudadouble_stat");
+	SYM(d_set_ipc, "cudadouble_set_ipc");
 	SYM(d_stream_create, "cudaStreamCreateWithFlags");
 	SYM(d_stream_destroy, "cudaStreamDestroy");
 	SYM(d_event_create, "cudaEventCreateWithFlags");
@@ -713,6 +715,294 @@ static void test_double_two_processes_shm(void **state)
 	t_gate_close(&shm_ready);
 }
 
+/* ---- CUDA IPC between processes (the double's handles map a memfd across them) ---- */
+
+static struct t_gate ipc_ready, ipc_done;
+
+/* A child's check failed: said on stderr (the parent sees only the status). */
+static int child_failed(int line, int rc)
+{
+	fprintf(stderr, "child %d: the check at line %d failed\n", (int)getpid(), line);
+	return rc;
+}
+
+#define IPC_N 8
+#define IPC_LEN 300000u
+
+/*
+ * The receiver: GETs into device memory (IPC_N of them, one allocation of
+ * the sender behind them all) and one into host memory, each copy held
+ * 100 ms by the double; then it waits for the sender to go.
+ */
+static int ipc_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("ib", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *from = t_peer(b, "ia");
+	uint8_t *dst = d_malloc(0, IPC_N * IPC_LEN);
+	static uint8_t want[IPC_LEN], host[IPC_LEN];
+	struct ferry_region *rd = dev_reg(b, dst, IPC_N * IPC_LEN, 0);
+	struct ferry_cqe c;
+	char key[16];
+	int64_t end;
+
+	(void)arg;
+	d_delay(100000);
+	static struct ferry_seg o[IPC_N]; /* the segments outlive their ops */
+
+	for (unsigned i = 0; i < IPC_N; i++) {
+		struct ferry_sqe *sqe = t_sqe(b);
+
+		o[i] = (struct ferry_seg){ rd, i * IPC_LEN, IPC_LEN };
+		snprintf(key, sizeof(key), "k%u", i);
+		ferry_prep_get_segs(sqe, from, key, &o[i], 1, 10 + i);
+		ferry_sqe_set_timeout(sqe, 30 * SEC);
+		t_submit(b);
+	}
+	t_gate_open(&ipc_ready);
+	for (unsigned i = 0; i < IPC_N; i++) {
+		t_expect(b, NULL, 10 + i, 0, &c);
+		if (c.len != IPC_LEN)
+			return child_failed(__LINE__, 2);
+	}
+	for (unsigned i = 0; i < IPC_N; i++) {
+		pattern(want, IPC_LEN, 100 + i);
+		if (memcmp(dst + i * IPC_LEN, want, IPC_LEN)) {
+			size_t k = 0;
+
+			while (dst[i * IPC_LEN + k] == want[k])
+				k++;
+			fprintf(stderr, "GET %u: byte %zu is %u, want %u\n", i, k,
+				dst[i * IPC_LEN + k], want[k]);
+			return child_failed(__LINE__, 3);
+		}
+	}
+	/* A host destination: a D2H copy from the opened handle. */
+	t_get(b, from, "h", t_iov_of(host, sizeof(host)), 1, 30, 0, 30 * SEC);
+	t_expect(b, NULL, 30, 0, &c);
+	pattern(want, IPC_LEN, 200);
+	if (c.len != IPC_LEN || memcmp(host, want, IPC_LEN))
+		return child_failed(__LINE__, 4);
+	if (t_health_num(b, "\"cuda\":{", "ipc_gets") != IPC_N + 1 ||
+	    t_health_num(b, "\"cuda\":{", "gets") != 0) /* nothing came staged */
+		return child_failed(__LINE__, 5);
+	/* The handle cache: the sender's one allocation opened once for all of them. */
+	if (t_health_num(b, "\"cuda\":{", "ipc_opens") != 1 || d_stat("ipc_opens") != 1)
+		return child_failed(__LINE__, 6);
+	t_gate_open(&ipc_done);
+	/* The sender goes: its handle is closed here. */
+	end = t_now() + 10 * SEC;
+	while (t_health_num(b, "\"cuda\":{", "ipc_open") != 0 && t_now() < end)
+		usleep(5000);
+	if (t_health_num(b, "\"cuda\":{", "ipc_closes") != 1 || d_stat("ipc_closes") != 1)
+		return child_failed(__LINE__, 7);
+	ferry_engine_destroy(b);
+	d_free(dst);
+	return 0;
+}
+
+/* Device to device by IPC: no staging, PUTs end after the receiver's copy, one open. */
+static void test_double_ipc_device_to_device(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	uint8_t *src;
+	struct ferry_region *rs;
+	struct ferry_cqe c;
+	char key[16];
+	int64_t t0;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_done);
+	pid = t_fork(ipc_child, NULL); /* before any stream thread of the double exists here */
+	a = t_engine("ia", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "ib");
+	/* One allocation; the regions start inside it (the handle names the allocation). */
+	src = d_malloc(0, 4096 + (IPC_N + 1) * IPC_LEN);
+	for (unsigned i = 0; i < IPC_N; i++)
+		pattern(src + 4096 + i * IPC_LEN, IPC_LEN, 100 + i);
+	pattern(src + 4096 + IPC_N * IPC_LEN, IPC_LEN, 200);
+	rs = dev_reg(a, src + 4096, (IPC_N + 1) * IPC_LEN, 0);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_regions"), 1);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	t0 = t_now();
+	static struct ferry_seg segs[IPC_N + 1]; /* the segments outlive their ops */
+
+	for (unsigned i = 0; i < IPC_N; i++) {
+		segs[i] = (struct ferry_seg){ rs, i * IPC_LEN, IPC_LEN };
+		snprintf(key, sizeof(key), "k%u", i);
+		put_segs(a, to, key, &segs[i], 1, 1 + i, 0, NULL);
+	}
+	for (unsigned i = 0; i < IPC_N; i++) {
+		t_expect(a, NULL, 1 + i, 0, &c);
+		assert_int_equal(c.len, IPC_LEN);
+	}
+	/*
+	 * The receiver's copies take 100 ms each (the double's delay): a PUT
+	 * that ended at its RESULT, before the copy from its memory, is early.
+	 */
+	assert_true(t_now() - t0 >= 100 * MS);
+	segs[IPC_N] = (struct ferry_seg){ rs, IPC_N * IPC_LEN, IPC_LEN };
+	put_segs(a, to, "h", &segs[IPC_N], 1, 50, 0, NULL);
+	t_expect(a, NULL, 50, 0, NULL);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), IPC_N + 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 0);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "bytes_d2h"), 0);
+	assert_int_equal(d_stat("copies"), 0); /* this side copied nothing */
+	assert_int_equal(t_gate_wait(&ipc_done, 20000), 0);
+	ferry_engine_destroy(a);
+	assert_int_equal(t_reap(pid), 0);
+	d_free(src);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_done);
+}
+
+/* The receiver keeps a descriptor (no GET) and is killed: the open PUT fails. */
+static int ipc_keep_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("kb", FERRY_PROGRESS_THREAD, 4u << 20);
+
+	(void)arg;
+	t_gate_open(&ipc_ready);
+	for (;;)
+		pause(); /* killed by the test */
+	ferry_engine_destroy(b);
+	return 0;
+}
+
+static void test_double_ipc_peer_killed(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	uint8_t *src;
+	struct ferry_region *rs;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	pid = t_fork(ipc_keep_child, NULL);
+	a = t_engine("ka", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "kb");
+	src = d_malloc(0, 100000);
+	pattern(src, 100000, 5);
+	rs = dev_reg(a, src, 100000, 0);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	{
+		static struct ferry_seg s;
+		struct ferry_sqe *sqe = sqe_wait(a);
+
+		s = (struct ferry_seg){ rs, 0, 100000 };
+		ferry_prep_put_segs(sqe, to, "kept", &s, 1, 1);
+		ferry_sqe_set_timeout(sqe, 30 * SEC);
+		t_submit(a);
+	}
+	/* Stored there, never read: our memory is still named by it, the PUT stays open. */
+	cuda_health_is(a, "ipc_puts", 1);
+	t_expect_none(a, NULL, 300);
+	kill(pid, SIGKILL);
+	assert_int_equal(t_reap(pid), 128 + SIGKILL);
+	t_expect(a, NULL, 1, -ECONNRESET, NULL);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 0);
+	ferry_engine_destroy(a);
+	d_free(src);
+	t_gate_close(&ipc_ready);
+}
+
+/* Fallbacks: a runtime without IPC stages; a handle that cannot be opened fails that GET once. */
+static int ipc_fallback_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("fb", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *from = t_peer(b, "fa");
+	uint8_t *dst = d_malloc(0, 100000);
+	static uint8_t want[100000];
+	struct ferry_region *rd = dev_reg(b, dst, 100000, 0);
+	static struct ferry_seg o;
+	struct ferry_cqe c;
+
+	(void)arg;
+	o = (struct ferry_seg){ rd, 0, 100000 };
+	t_gate_open(&ipc_ready);
+	/* "staged": from a sender whose runtime has no IPC. */
+	get_segs(b, from, "staged", &o, 1, 1);
+	t_expect(b, NULL, 1, 0, &c);
+	pattern(want, sizeof(want), 6);
+	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+		return child_failed(__LINE__, 2);
+	if (t_health_num(b, "\"cuda\":{", "gets") != 1 ||
+	    t_health_num(b, "\"cuda\":{", "ipc_gets") != 0)
+		return child_failed(__LINE__, 3);
+	/* "ipc": the first open fails here (-EIO, the data stays), the next GET takes it. */
+	d_fail("cudaIpcOpenMemHandle", 999, 0, 1);
+	t_gate_open(&ipc_done);
+	get_segs(b, from, "ipc", &o, 1, 2);
+	t_expect(b, NULL, 2, -EIO, NULL);
+	memset(dst, 0, 100000);
+	get_segs(b, from, "ipc", &o, 1, 3);
+	t_expect(b, NULL, 3, 0, &c);
+	pattern(want, sizeof(want), 7);
+	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+		return child_failed(__LINE__, 4);
+	if (t_health_num(b, "\"cuda\":{", "ipc_gets") != 1 ||
+	    t_health_num(b, "\"cuda\":{", "ipc_opens") != 1)
+		return child_failed(__LINE__, 5);
+	t_gate_open(&ipc_ready);
+	ferry_engine_destroy(b);
+	d_free(dst);
+	return 0;
+}
+
+static void test_double_ipc_fallbacks(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	uint8_t *s1, *s2;
+	struct ferry_region *r1, *r2;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_done);
+	pid = t_fork(ipc_fallback_child, NULL);
+	a = t_engine("fa", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "fb");
+	s1 = d_malloc(0, 100000);
+	s2 = d_malloc(0, 100000);
+	pattern(s1, 100000, 6);
+	pattern(s2, 100000, 7);
+	d_set_ipc(0); /* a runtime without IPC: the region gets no handle */
+	r1 = dev_reg(a, s1, 100000, 0);
+	d_set_ipc(1);
+	r2 = dev_reg(a, s2, 100000, 0);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_regions"), 1);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	{
+		static struct ferry_seg s;
+
+		s = (struct ferry_seg){ r1, 0, 100000 };
+		put_segs(a, to, "staged", &s, 1, 1, 0, NULL);
+		t_expect(a, NULL, 1, 0, NULL);
+	}
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 0);
+	assert_int_equal(t_gate_wait(&ipc_done, 20000), 0);
+	{
+		static struct ferry_seg s;
+
+		s = (struct ferry_seg){ r2, 0, 100000 };
+		put_segs(a, to, "ipc", &s, 1, 2, 0, NULL);
+		t_expect(a, NULL, 2, 0, NULL); /* after the second GET's copy */
+	}
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 1);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	d_free(s1);
+	d_free(s2);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_done);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -729,6 +1019,9 @@ int main(void)
 		cmocka_unit_test(test_double_empty_and_many),
 		cmocka_unit_test(test_double_more_than_jobs),
 		cmocka_unit_test(test_double_manual_progress),
+		cmocka_unit_test(test_double_ipc_device_to_device),
+		cmocka_unit_test(test_double_ipc_peer_killed),
+		cmocka_unit_test(test_double_ipc_fallbacks),
 	};
 
 	signal(SIGPIPE, SIG_IGN);

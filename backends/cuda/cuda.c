@@ -24,6 +24,21 @@
  * allocation per op; with every job in flight an op waits, in order, for one
  * to end (linked through the op itself).
  *
+ * Same host, other process (CUDA IPC): a device region gets its
+ * allocation's IPC handle once, at mem_register. A PUT of device segments
+ * only, to a peer whose transport carries IPC (TRANSPORT_CAP_CUDA_IPC:
+ * shm), is sent as a descriptor (struct ipc_desc: our pid and name, per
+ * segment the handle, the offset in its allocation, the length) with
+ * WIRE_F_CUDA_IPC instead of being staged; the transport ends it when the
+ * receiver gives the descriptor's block back. The receiver's GET (device
+ * or host destination) opens each handle once (a cache per engine, by
+ * sender pid and handle, closed when the sender's connection is lost, when
+ * the cache needs the slot, or at teardown) and copies from the sender's
+ * device memory on its own stream; the job's end gives the block back.
+ * Staging stays for everything else (another host, host segments in the
+ * PUT, a runtime without IPC or without the driver's address range, a
+ * region whose handle could not be had).
+ *
  * The runtime is loaded on the first device region (engine/cuda_rt.h), not
  * at engine creation: an engine that never sees device memory never loads
  * libcudart. Health: "cuda" says whether it is available and why not.
@@ -33,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_rt.h"
 #include "internal.h"
@@ -40,6 +56,42 @@
 #define CUDA_JOBS 256
 #define CUDA_PIECE (8ull << 20)
 #define CUDA_MAX_DEV 16
+#define IPC_SEGS 16     /* device segments a descriptor names at most (more: staged) */
+#define IPC_CACHE 64    /* handles of other processes open at once */
+#define IPC_MAGIC 0x43495046u
+#define IPC_VERSION 1
+
+/* One segment of an IPC descriptor: where in which allocation of the sender. */
+struct ipc_seg {
+	struct cuda_ipc_handle h;
+	uint64_t off, len;
+	int32_t dev;
+	uint32_t resv;
+};
+
+/* The data of a WIRE_F_CUDA_IPC PUT: it names the sender's device memory. */
+struct ipc_desc {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t nseg;
+	int32_t pid;
+	uint32_t resv;
+	uint64_t total;
+	char sender[FERRY_NAME_MAX];
+	struct ipc_seg seg[];
+};
+
+/* A handle of another process, open here. */
+struct ipc_open {
+	bool used, stale;     /* stale: its sender is gone; closed when no copy uses it */
+	int32_t pid;
+	int refs;             /* jobs copying from it */
+	void *ptr;
+	uint64_t size;        /* the allocation's (UINT64_MAX: the runtime cannot say) */
+	uint64_t last;        /* when last used (the slot to give up when all are taken) */
+	struct cuda_ipc_handle h;
+	char peer[FERRY_NAME_MAX];
+};
 
 enum job_kind { JOB_PUT = 1, JOB_GET = 2 };
 
@@ -53,6 +105,8 @@ struct cuda_job {
 	uint64_t len;
 	cuda_event_t done;       /* recorded behind the job's copies */
 	cuda_event_t wait;       /* FERRY_CUDA_WAIT_STREAM: recorded on the caller's stream */
+	uint8_t nipc;            /* an IPC GET: the cache slots it copies from */
+	uint8_t ipc[IPC_SEGS];
 	struct cuda_job *next;
 };
 
@@ -73,13 +127,21 @@ struct cuda_svc {
 	_Atomic uint32_t inflight, waiting;
 	_Atomic uint32_t regions;
 	stat_t puts, gets, bytes_d2h, bytes_h2d, errors;
+	stat_t ipc_puts, staged_puts, ipc_gets, ipc_bytes, ipc_opens, ipc_closes;
+	_Atomic uint32_t ipc_regions, ipc_cached;
 	_Atomic uint64_t callbacks;
+	bool ipc_open_warned;
+	uint64_t ipc_clock;
+	struct ipc_open ipc_cache[IPC_CACHE];
 };
 
 /* A device region's registration: what the runtime said of it. */
 struct cuda_reg {
 	int device;
 	int type;
+	bool ipc;                 /* h names its allocation; the region starts base_off into it */
+	uint64_t base_off;
+	struct cuda_ipc_handle h;
 };
 
 /* The host function behind each job: ring the doorbell if the reactor sleeps. Any thread. */
@@ -136,6 +198,43 @@ static const struct cuda_rt *svc_runtime(struct cuda_svc *s, const char **why)
 	return rt;
 }
 
+/*
+ * The IPC handle of the allocation that holds a device region, once (the
+ * handle names an allocation, not a pointer: the region's offset in it
+ * goes with it). Without one the region's PUTs are staged; logged once.
+ */
+static void reg_ipc(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_reg *r, void *addr,
+		    size_t len)
+{
+	static _Atomic int told;
+	unsigned long long base = 0;
+	size_t size = 0;
+	const char *why = NULL;
+	cuda_err_t err;
+
+	if (!rt->IpcGetMemHandle || !rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle)
+		why = "the runtime has no CUDA IPC";
+	else if (!rt->MemGetAddressRange)
+		why = "the driver's cuMemGetAddressRange_v2 is not there";
+	else if (r->type != CUDA_MEM_TYPE_DEVICE)
+		why = "managed memory has no IPC handle";
+	else if (rt->MemGetAddressRange(&base, &size, (uintptr_t)addr) != 0 ||
+		 (uintptr_t)addr < base || (uintptr_t)addr - base + len > size)
+		why = "its allocation's range is not known";
+	else if ((err = rt->IpcGetMemHandle(&r->h, (void *)(uintptr_t)base)) != CUDA_OK)
+		why = cuda_rt_strerror(err);
+	rt->GetLastError();
+	if (why) {
+		if (!atomic_exchange(&told, 1))
+			log_info("cuda: engine %s: device memory goes to other processes staged "
+				 "through the pool, not by CUDA IPC: %s", s->e->name, why);
+		return;
+	}
+	r->ipc = true;
+	r->base_off = (uintptr_t)addr - base;
+	atomic_fetch_add(&s->ipc_regions, 1);
+}
+
 static int cuda_mem_register(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			     enum ferry_mem_type mem, int device, void **handle)
 {
@@ -185,6 +284,8 @@ static int cuda_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 		return -ENOMEM;
 	r->device = device;
 	r->type = a.type;
+	r->ipc = false;
+	reg_ipc(s, rt, r, addr, len);
 	atomic_fetch_add(&s->regions, 1);
 	*handle = r;
 	return 0;
@@ -193,8 +294,11 @@ static int cuda_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 static void cuda_mem_deregister(struct ferry_engine *e, struct backend *b, void *handle)
 {
 	struct cuda_svc *s = b->data;
+	struct cuda_reg *r = handle;
 
 	(void)e;
+	if (r && r->ipc)
+		atomic_fetch_sub(&s->ipc_regions, 1);
 	atomic_fetch_sub(&s->regions, 1);
 	free(handle);
 }
@@ -328,7 +432,8 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
 /*
  * A PUT's copies into a pool block, after the caller's wait (kind, handle),
  * on job j: 0 (it runs), or the error (j given back; nothing runs; op->buf,
- * if taken, is freed with the op).
+ * if taken, is freed with the op). An IPC PUT (its descriptor already in
+ * op->buf) has no copies: the job is the caller's wait alone.
  */
 static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
 		     struct op *op, unsigned kind, uint64_t handle)
@@ -336,14 +441,14 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	cuda_stream_t st = svc_stream(s, rt, op_device(op));
 	cuda_err_t err = CUDA_OK;
 	uint64_t total = segs_total(op->segs, op->iovcnt), at = 0;
-	bool queued = false;
+	bool queued = false, ipc = op->flags & WIRE_F_CUDA_IPC;
 	int rc;
 
 	if (!st) {
 		job_give_back(s, j);
 		return -EIO;
 	}
-	if ((rc = pool_alloc(s->e->pool, total, &op->buf))) {
+	if (!ipc && (rc = pool_alloc(s->e->pool, total, &op->buf))) {
 		log_info("op %llx: pool exhausted for %llu bytes of device memory",
 			 (unsigned long long)op->user_data, (unsigned long long)total);
 		job_give_back(s, j);
@@ -364,20 +469,26 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	} else if (kind == FERRY_CUDA_WAIT_EVENT) {
 		err = rt->StreamWaitEvent(st, (cuda_event_t)(uintptr_t)handle, 0);
 	}
-	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK; i++) {
+	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK && !ipc; i++) {
 		const struct ferry_seg *g = &op->segs[i];
 
 		err = copy_pieces(rt, st, (char *)op->buf->data + at,
 				  (const char *)g->region->addr + g->offset, g->len, &queued);
 		at += g->len;
 	}
-	op->len = total;
+	if (!ipc)
+		op->len = total;
 	if ((rc = job_issue(s, rt, st, j, err, queued))) {
 		job_give_back(s, j);
 		return rc;
 	}
 	STAT_ADD(s->puts, 1);
-	STAT_ADD(s->bytes_d2h, total);
+	if (ipc) {
+		STAT_ADD(s->ipc_puts, 1);
+	} else {
+		STAT_ADD(s->staged_puts, 1);
+		STAT_ADD(s->bytes_d2h, total);
+	}
 	return 0;
 }
 
@@ -435,6 +546,9 @@ static bool op_is_put(const struct op *op)
 	return op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_PUBLISH;
 }
 
+static int ipc_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
+		     struct op *op, struct ferry_buf *buf);
+
 /* Jobs free again: the ops that waited for one start, in order (or end, on an error). */
 static void svc_start_waiting(struct cuda_svc *s)
 {
@@ -458,7 +572,8 @@ static void svc_start_waiting(struct cuda_svc *s)
 
 			op->buf = NULL;
 			if (!rc)
-				rc = get_issue(s, rt, j, op, buf, op->len);
+				rc = (op->flags & WIRE_F_CUDA_IPC) ? ipc_issue(s, rt, j, op, buf)
+								   : get_issue(s, rt, j, op, buf, op->len);
 			if (rc) {
 				pool_free(buf); /* taken when it waited: this GET's data is lost */
 				op->state = OP_FREE;
@@ -466,6 +581,92 @@ static void svc_start_waiting(struct cuda_svc *s)
 			}
 		}
 	}
+}
+
+/*
+ * Does the PUT's peer go through a transport that carries IPC? An
+ * unresolved peer is resolved here as reactor_send would (the first that
+ * reaches it, in rank order); a peer being reached by the control plane is
+ * not (it is staged: its transport is not known yet).
+ */
+static bool peer_takes_ipc(struct ferry_engine *e, struct ferry_peer *peer)
+{
+	if (!peer->backend) {
+		for (unsigned i = 0; i < e->nbackends; i++) {
+			struct backend *b = &e->backends[i];
+
+			if (b->ops->reaching && b->data && b->ops->reaching(e, b, peer))
+				return false;
+		}
+		for (unsigned i = 0; i < e->nbackends; i++) {
+			struct backend *b = &e->backends[i];
+			int rc;
+
+			if (!b->ops->resolve)
+				continue;
+			if ((rc = b->ops->resolve(e, b, peer)) == 0) {
+				peer->backend = b;
+				break;
+			}
+			if (rc != -EHOSTUNREACH)
+				return false;
+		}
+	}
+	return peer->backend && (peer->backend->ops->caps & TRANSPORT_CAP_CUDA_IPC);
+}
+
+/*
+ * A PUT that can go by IPC (device segments only, each with its handle,
+ * to a peer that takes IPC): its descriptor in op->buf, WIRE_F_CUDA_IPC
+ * set (op->len: the data it names; the block's len: its own); 0. 1: it is
+ * staged instead. A negative errno: no block for it.
+ */
+static int ipc_describe(struct cuda_svc *s, struct op *op)
+{
+	struct ipc_desc *d;
+	uint64_t total = 0;
+	size_t n;
+	int rc;
+
+	if (op->opcode != FERRY_OP_PUT || !op->iovcnt || op->iovcnt > IPC_SEGS)
+		return 1;
+	for (uint32_t i = 0; i < op->iovcnt; i++) {
+		const struct ferry_seg *g = &op->segs[i];
+		const struct cuda_reg *r;
+
+		if (g->region->mem != FERRY_MEM_CUDA || !(r = ferry__region_reg(g->region, s->b)) ||
+		    !r->ipc)
+			return 1;
+	}
+	if (!peer_takes_ipc(s->e, op->peer))
+		return 1;
+	n = sizeof(*d) + op->iovcnt * sizeof(d->seg[0]);
+	if ((rc = pool_alloc(s->e->pool, n, &op->buf))) {
+		log_info("op %llx: pool exhausted for a CUDA IPC descriptor",
+			 (unsigned long long)op->user_data);
+		return rc;
+	}
+	d = op->buf->data;
+	memset(d, 0, n);
+	d->magic = IPC_MAGIC;
+	d->version = IPC_VERSION;
+	d->nseg = (uint16_t)op->iovcnt;
+	d->pid = (int32_t)getpid();
+	snprintf(d->sender, sizeof(d->sender), "%s", s->e->name);
+	for (uint32_t i = 0; i < op->iovcnt; i++) {
+		const struct ferry_seg *g = &op->segs[i];
+		const struct cuda_reg *r = ferry__region_reg(g->region, s->b);
+
+		d->seg[i].h = r->h;
+		d->seg[i].off = r->base_off + g->offset;
+		d->seg[i].len = g->len;
+		d->seg[i].dev = g->region->device;
+		total += g->len;
+	}
+	d->total = total;
+	op->len = total; /* what the PUT moves (its completion's len); the block is n bytes */
+	op->flags |= WIRE_F_CUDA_IPC;
+	return 0;
 }
 
 static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op *op,
@@ -476,7 +677,6 @@ static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op 
 	struct cuda_job *j = NULL;
 	int rc;
 
-	(void)e;
 	if (!rt)
 		return -ENODEV; /* not reached: no device region without the runtime */
 	if (sqe->cuda_wait_kind > FERRY_CUDA_WAIT_STREAM ||
@@ -484,6 +684,15 @@ static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op 
 		log_error("op %llx: CUDA wait of kind %u on %#llx", (unsigned long long)op->user_data,
 			  sqe->cuda_wait_kind, (unsigned long long)sqe->cuda_wait);
 		return -EINVAL;
+	}
+	if ((rc = ipc_describe(s, op)) < 0)
+		return rc;
+	if (rc == 0 && !sqe->cuda_wait_kind) {
+		/* Nothing to wait for on the GPU: the descriptor goes now. */
+		STAT_ADD(s->puts, 1);
+		STAT_ADD(s->ipc_puts, 1);
+		reactor_put_staged(e, op, 0);
+		return 0;
 	}
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
 		op->chunk = sqe->cuda_wait_kind;
@@ -494,8 +703,255 @@ static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op 
 	return rc ? rc : put_issue(s, rt, j, op, sqe->cuda_wait_kind, sqe->cuda_wait);
 }
 
+/* A cache slot no copy uses is closed. */
+static void ipc_close(struct cuda_svc *s, const struct cuda_rt *rt, struct ipc_open *o)
+{
+	cuda_err_t err = rt->IpcCloseMemHandle(o->ptr);
+
+	if (err != CUDA_OK) {
+		log_limited(FERRY__LOG_WARN, "cuda: engine %s: cudaIpcCloseMemHandle (of %s): %s",
+			    s->e->name, o->peer, cuda_rt_strerror(err));
+		rt->GetLastError();
+	}
+	o->used = false;
+	STAT_ADD(s->ipc_closes, 1);
+	atomic_fetch_sub(&s->ipc_cached, 1);
+}
+
+/*
+ * The sender's allocation named by g, open here (from the cache, or opened
+ * now: once per sender and allocation): its slot, or a negative errno
+ * (logged; an open that fails is said once per engine).
+ */
+static int ipc_slot(struct cuda_svc *s, const struct cuda_rt *rt, const struct ipc_desc *d,
+		    const struct ipc_seg *g)
+{
+	struct ipc_open *o, *victim = NULL, *free_slot = NULL;
+	unsigned long long base = 0;
+	size_t size = 0;
+	cuda_err_t err;
+	void *p = NULL;
+
+	for (unsigned i = 0; i < IPC_CACHE; i++) {
+		o = &s->ipc_cache[i];
+		if (!o->used) {
+			if (!free_slot)
+				free_slot = o;
+			continue;
+		}
+		if (!o->stale && o->pid == d->pid && !strcmp(o->peer, d->sender) &&
+		    !memcmp(&o->h, &g->h, sizeof(o->h))) {
+			o->last = ++s->ipc_clock;
+			return (int)i;
+		}
+		if (!o->refs && (!victim || o->last < victim->last))
+			victim = o;
+	}
+	if (!free_slot && !victim) {
+		log_limited(FERRY__LOG_WARN, "cuda: engine %s: %u handles of other processes in "
+			    "use at once: a GET of %s's device memory waits for no slot, it fails",
+			    s->e->name, IPC_CACHE, d->sender);
+		return -ENOBUFS;
+	}
+	if ((err = rt->IpcOpenMemHandle(&p, g->h, CUDA_IPC_LAZY_PEER_ACCESS)) != CUDA_OK) {
+		if (!s->ipc_open_warned) {
+			s->ipc_open_warned = true;
+			log_warn("cuda: engine %s: the CUDA IPC handle of %s (pid %d) could not be "
+				 "opened: %s (its GETs fail with -EIO; said once)", s->e->name,
+				 d->sender, (int)d->pid, cuda_rt_strerror(err));
+		}
+		rt->GetLastError();
+		STAT_ADD(s->errors, 1);
+		return -EIO;
+	}
+	if (!free_slot) {
+		ipc_close(s, rt, victim);
+		free_slot = victim;
+	}
+	o = free_slot;
+	memset(o, 0, sizeof(*o));
+	o->used = true;
+	o->pid = d->pid;
+	o->ptr = p;
+	o->h = g->h;
+	o->size = UINT64_MAX;
+	if (rt->MemGetAddressRange && rt->MemGetAddressRange(&base, &size, (uintptr_t)p) == 0)
+		o->size = size;
+	snprintf(o->peer, sizeof(o->peer), "%s", d->sender);
+	o->last = ++s->ipc_clock;
+	STAT_ADD(s->ipc_opens, 1);
+	atomic_fetch_add(&s->ipc_cached, 1);
+	return (int)(o - s->ipc_cache);
+}
+
+/* The job's hold on the cache ends; slots of a sender that is gone close. */
+static void ipc_unhold(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j)
+{
+	for (unsigned k = 0; k < j->nipc; k++) {
+		struct ipc_open *o = &s->ipc_cache[j->ipc[k]];
+
+		if (--o->refs == 0 && o->stale)
+			ipc_close(s, rt, o);
+	}
+	j->nipc = 0;
+}
+
+/*
+ * The descriptor in buf, copied out of the peer's memory and checked:
+ * 0, or -EPROTO (logged). *d's segments go into seg.
+ */
+static int ipc_read(struct cuda_svc *s, const struct op *op, const struct ferry_buf *buf,
+		    struct ipc_desc *d, struct ipc_seg *seg)
+{
+	uint64_t total = 0;
+
+	if (buf->len < sizeof(*d))
+		goto bad;
+	memcpy(d, buf->data, sizeof(*d));
+	if (d->magic != IPC_MAGIC || d->version != IPC_VERSION || !d->nseg || d->nseg > IPC_SEGS ||
+	    buf->len != sizeof(*d) + d->nseg * sizeof(*seg) || !memchr(d->sender, 0, sizeof(d->sender)))
+		goto bad;
+	memcpy(seg, (const char *)buf->data + sizeof(*d), d->nseg * sizeof(*seg));
+	for (unsigned i = 0; i < d->nseg; i++) {
+		if (seg[i].len > UINT64_MAX - total || seg[i].off > UINT64_MAX - seg[i].len)
+			goto bad;
+		total += seg[i].len;
+	}
+	if (total != d->total)
+		goto bad;
+	return 0;
+bad:
+	log_error("cuda: engine %s: GET %llx: a malformed CUDA IPC descriptor (%llu bytes)",
+		  s->e->name, (unsigned long long)op->user_data, (unsigned long long)buf->len);
+	return -EPROTO;
+}
+
+/* Destination i of a GET (segments or iovec): where and how long. */
+static void op_dst(const struct op *op, uint32_t i, char **p, uint64_t *n)
+{
+	if (op->flags & FERRY_SQE_SEGS) {
+		*p = (char *)op->segs[i].region->addr + op->segs[i].offset;
+		*n = op->segs[i].len;
+	} else {
+		*p = op->iov[i].iov_base;
+		*n = op->iov[i].iov_len;
+	}
+}
+
+/*
+ * A GET of another process's device memory (buf: its descriptor), on job
+ * j: the copies from the opened handles into the GET's destination, host
+ * or device. 0 (buf is held until they are done, then given back: the
+ * sender's PUT ends), or the error (j given back, nothing runs).
+ */
+static int ipc_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
+		     struct op *op, struct ferry_buf *buf)
+{
+	struct ipc_desc d;
+	struct ipc_seg seg[IPC_SEGS];
+	cuda_stream_t st;
+	cuda_err_t err = CUDA_OK;
+	char *dst = NULL;
+	uint64_t dleft = 0;
+	uint32_t di = 0;
+	bool queued = false;
+	int rc, dev;
+
+	j->nipc = 0;
+	if ((rc = ipc_read(s, op, buf, &d, seg)))
+		goto out;
+	if (d.total > op->len) {
+		log_info("GET %llx: %llu bytes do not fit its %llu-byte destination",
+			 (unsigned long long)op->user_data, (unsigned long long)d.total,
+			 (unsigned long long)op->len);
+		rc = -EMSGSIZE;
+		goto out;
+	}
+	dev = (op->flags & OP_F_DEVICE) ? op_device(op) : seg[0].dev;
+	if (dev < 0 || dev >= CUDA_MAX_DEV || dev >= rt->devices)
+		dev = 0;
+	if (!(st = svc_stream(s, rt, dev))) {
+		rc = -EIO;
+		goto out;
+	}
+	for (unsigned i = 0; i < d.nseg; i++) {
+		int slot = ipc_slot(s, rt, &d, &seg[i]);
+
+		if (slot < 0) {
+			rc = slot;
+			goto out;
+		}
+		if (seg[i].off > s->ipc_cache[slot].size ||
+		    seg[i].len > s->ipc_cache[slot].size - seg[i].off) {
+			log_error("cuda: engine %s: GET %llx: a CUDA IPC descriptor of %s reaches "
+				  "past its allocation", s->e->name,
+				  (unsigned long long)op->user_data, d.sender);
+			rc = -EPROTO;
+			goto out;
+		}
+		s->ipc_cache[slot].refs++;
+		j->ipc[j->nipc++] = (uint8_t)slot;
+	}
+	for (unsigned i = 0; i < d.nseg && err == CUDA_OK; i++) {
+		const char *src = (const char *)s->ipc_cache[j->ipc[i]].ptr + seg[i].off;
+		uint64_t left = seg[i].len;
+
+		while (left && err == CUDA_OK) {
+			uint64_t n;
+
+			while (!dleft && di < op->iovcnt)
+				op_dst(op, di++, &dst, &dleft);
+			if (!dleft)
+				break; /* not reached: the total fits (checked above) */
+			n = left < dleft ? left : dleft;
+			err = copy_pieces(rt, st, dst, src, n, &queued);
+			src += n;
+			dst += n;
+			dleft -= n;
+			left -= n;
+		}
+	}
+	j->op = op;
+	j->kind = JOB_GET;
+	j->dev = (uint8_t)dev;
+	j->len = d.total;
+	if ((rc = job_issue(s, rt, st, j, err, queued)))
+		goto out;
+	j->buf = buf; /* until the copies are done: then the sender's PUT ends */
+	STAT_ADD(s->ipc_gets, 1);
+	STAT_ADD(s->ipc_bytes, d.total);
+	return 0;
+out:
+	ipc_unhold(s, rt, j);
+	job_give_back(s, j);
+	return rc;
+}
+
+/* A GET of a CUDA IPC descriptor: the runtime is loaded here if it is not yet. */
+static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
+{
+	const char *why = "";
+	const struct cuda_rt *rt = svc_runtime(s, &why);
+	struct cuda_job *j = NULL;
+	int rc;
+
+	if (!rt || !rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle) {
+		log_error("cuda: engine %s: GET %llx: the data is another process's CUDA device "
+			  "memory, which this engine cannot open: %s", s->e->name,
+			  (unsigned long long)op->user_data, rt ? "the runtime has no CUDA IPC" : why);
+		return rt ? -EOPNOTSUPP : -ENODEV;
+	}
+	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		op->buf = buf;
+		op->flags |= WIRE_F_CUDA_IPC; /* (a GET's flags never travel) */
+		op_wait_for_job(s, op);
+		return 0;
+	}
+	return rc ? rc : ipc_issue(s, rt, j, op, buf);
+}
+
 static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op *op,
-			   struct ferry_buf *buf, uint64_t len)
+			   struct ferry_buf *buf, uint64_t len, uint32_t wflags)
 {
 	struct cuda_svc *s = b->data;
 	const struct cuda_rt *rt = atomic_load(&s->rt);
@@ -503,6 +959,8 @@ static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op 
 	int rc;
 
 	(void)e;
+	if (wflags & WIRE_F_CUDA_IPC)
+		return ipc_get(s, op, buf);
 	if (!rt)
 		return -ENODEV;
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
@@ -523,6 +981,8 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	enum job_kind kind = j->kind;
 
 	atomic_fetch_sub(&s->inflight, 1);
+	if (j->nipc)
+		ipc_unhold(s, atomic_load(&s->rt), j);
 	job_give_back(s, j);
 	svc_start_waiting(s); /* before this op goes on: the ones waiting keep their order */
 	if (op->state != OP_DEVICE || op->gen != j->gen) {
@@ -656,6 +1116,9 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 			if (s->jobs[i].wait)
 				rt->EventDestroy(s->jobs[i].wait);
 		}
+		for (unsigned i = 0; i < IPC_CACHE; i++)
+			if (s->ipc_cache[i].used)
+				ipc_close(s, rt, &s->ipc_cache[i]);
 		for (int d = 0; d < CUDA_MAX_DEV; d++)
 			if (s->stream[d])
 				rt->StreamDestroy(s->stream[d]);
@@ -666,6 +1129,33 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 	pthread_mutex_destroy(&s->lock);
 	free(s);
 	b->data = NULL;
+}
+
+/*
+ * A sender's connection is lost, or the engine is dead: its handles close
+ * here (now, or when the last copy from them ends); a sender that comes
+ * back is a new process, whose handles are opened anew.
+ */
+static void cuda_peer_event(struct ferry_engine *e, struct backend *b, const char *name,
+			    enum peer_event ev, int res)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+
+	(void)e;
+	(void)ev;
+	(void)res;
+	if (!rt)
+		return;
+	for (unsigned i = 0; i < IPC_CACHE; i++) {
+		struct ipc_open *o = &s->ipc_cache[i];
+
+		if (!o->used || o->stale || strcmp(o->peer, name))
+			continue;
+		o->stale = true;
+		if (!o->refs)
+			ipc_close(s, rt, o);
+	}
 }
 
 static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
@@ -679,7 +1169,9 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			",\"cuda\":{\"available\":%s,\"why\":\"%s\",\"devices\":%d,"
 			"\"pool_pinned\":%s,\"regions\":%u,\"in_flight\":%u,\"waiting\":%u,\"puts\":%llu,"
 			"\"gets\":%llu,\"bytes_d2h\":%llu,\"bytes_h2d\":%llu,\"callbacks\":%llu,"
-			"\"errors\":%llu}",
+			"\"errors\":%llu,\"ipc_regions\":%u,\"ipc_puts\":%llu,\"staged_puts\":%llu,"
+			"\"ipc_gets\":%llu,\"ipc_bytes\":%llu,\"ipc_opens\":%llu,\"ipc_closes\":%llu,"
+			"\"ipc_open\":%u}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
 			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
@@ -687,7 +1179,13 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)STAT_GET(s->bytes_d2h),
 			(unsigned long long)STAT_GET(s->bytes_h2d),
 			(unsigned long long)atomic_load(&s->callbacks),
-			(unsigned long long)STAT_GET(s->errors));
+			(unsigned long long)STAT_GET(s->errors), atomic_load(&s->ipc_regions),
+			(unsigned long long)STAT_GET(s->ipc_puts),
+			(unsigned long long)STAT_GET(s->staged_puts),
+			(unsigned long long)STAT_GET(s->ipc_gets),
+			(unsigned long long)STAT_GET(s->ipc_bytes),
+			(unsigned long long)STAT_GET(s->ipc_opens),
+			(unsigned long long)STAT_GET(s->ipc_closes), atomic_load(&s->ipc_cached));
 }
 
 const struct backend_ops ferry__cuda_backend = {
@@ -700,6 +1198,7 @@ const struct backend_ops ferry__cuda_backend = {
 	.has_work = cuda_has_work,
 	.prepare_sleep = cuda_prepare_sleep,
 	.health = cuda_health,
+	.peer_event = cuda_peer_event,
 	.mem_register = cuda_mem_register,
 	.mem_deregister = cuda_mem_deregister,
 	.device_put = cuda_device_put,

@@ -231,7 +231,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	 * inline. An op without a block (an iovec of <= SHM_INLINE_MAX bytes,
 	 * struct backend_ops) is a plain PUT: always inline.
 	 */
-	bool inline_data = op->len <= SHM_INLINE_MAX && !credit;
+	bool inline_data = op->len <= SHM_INLINE_MAX && !credit && !(op->flags & WIRE_F_CUDA_IPC);
 
 	if (room < 0) {
 		shm_conn_fail(e, c, "PUT ring head out of range", -ECONNRESET);
@@ -240,9 +240,10 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	if (room == 0)
 		return false;
 	d = &c->tx->puts[c->put_tail % SHM_PUT_ENTRIES];
-	d->flags = op->flags & WIRE_F__ALL;
+	d->flags = op->flags & (WIRE_F__ALL | WIRE_F_CUDA_IPC);
 	d->op_cookie = ((uint64_t)op->index << 32) | op->gen;
-	d->len = op->len;
+	/* A CUDA IPC descriptor's op->len is the data it names: its block is what goes. */
+	d->len = (op->flags & WIRE_F_CUDA_IPC) ? buf->len : op->len;
 	d->key_len = op->key_len;
 	memcpy(d->body, op->key, op->key_len + 1u);
 	if (inline_data) {
@@ -260,6 +261,8 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 		d->buf_cookie = buf->index;
 		d->offset = buf->offset;
 		st->lent_credit[buf->index] = credit;
+		/* A CUDA IPC descriptor: the PUT ends when the peer gives it back. */
+		st->lent_ipc[buf->index] = (op->flags & WIRE_F_CUDA_IPC) ? SHM_LENT_IPC | d->op_cookie : 0;
 		if (credit)
 			d->flags |= WIRE_F_RELCREDIT;
 	}
@@ -426,6 +429,7 @@ static void free_lent(struct shm_state *st, uint64_t idx)
 	st->lent[idx] = NULL;
 	st->lent_conn[idx] = 0;
 	st->lent_credit[idx] = 0;
+	st->lent_ipc[idx] = 0;
 	pool_free(buf);
 }
 
@@ -442,9 +446,11 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 
 		if (!lent_here || d->res > 0 || d->res < -4095)
 			return false;
+		c->puts_taken++;
+		if (d->res == 0 && st->lent_ipc[idx])
+			return true; /* IPC: it ends at the RELEASE (the copy from our memory is done) */
 		if (d->res < 0)
 			free_lent(st, idx); /* refused: the block is ours again */
-		c->puts_taken++;
 		if (oi < e->max_ops)
 			reactor_put_done(e, &e->ops[oi], (uint32_t)d->op_cookie, d->res);
 		return true;
@@ -477,14 +483,17 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 		return true;
 	}
 	case SHM_C_RELEASE: {
-		uint64_t credit;
+		uint64_t credit, ipc;
 
 		if (!lent_here)
 			return false;
 		credit = st->lent_credit[idx];
+		ipc = st->lent_ipc[idx];
 		free_lent(st, idx);
 		if (credit)
 			stream_chunk_released(e, credit);
+		if (ipc && ((ipc & ~SHM_LENT_IPC) >> 32) < e->max_ops)
+			reactor_put_done(e, &e->ops[(ipc & ~SHM_LENT_IPC) >> 32], (uint32_t)ipc, 0);
 		return true;
 	}
 	default:
@@ -536,13 +545,13 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	int n, rc;
 
 	if ((type != SHM_D_PUT && type != SHM_D_PUT_INLINE) || key_len == 0 ||
-	    key_len >= FERRY_KEY_MAX || (flags & ~WIRE_F__ALL))
+	    key_len >= FERRY_KEY_MAX || (flags & ~(WIRE_F__ALL | WIRE_F_CUDA_IPC)))
 		return false;
 	memcpy(key, d->body, key_len + 1u);
 	if (key[key_len] != '\0' || strnlen(key, key_len) != key_len)
 		return false;
 	if (type == SHM_D_PUT_INLINE) {
-		if (len > SHM_INLINE_MAX || (flags & WIRE_F_RELCREDIT))
+		if (len > SHM_INLINE_MAX || (flags & (WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC)))
 			return false;
 		n = keytable_compose(fullkey, key, key_len, c->peer_name, e->name);
 		res.type = SHM_C_RESULT_INLINE;
@@ -861,7 +870,8 @@ static int shm_init(struct ferry_engine *e, struct backend *b)
 	st->lent = calloc(st->max_bufs, sizeof(*st->lent));
 	st->lent_conn = calloc(st->max_bufs, sizeof(*st->lent_conn));
 	st->lent_credit = calloc(st->max_bufs, sizeof(*st->lent_credit));
-	if (!st->lent || !st->lent_conn || !st->lent_credit) {
+	st->lent_ipc = calloc(st->max_bufs, sizeof(*st->lent_ipc));
+	if (!st->lent || !st->lent_conn || !st->lent_credit || !st->lent_ipc) {
 		rc = -ENOMEM;
 		goto fail;
 	}
@@ -878,6 +888,7 @@ fail:
 	free(st->lent);
 	free(st->lent_conn);
 	free(st->lent_credit);
+	free(st->lent_ipc);
 	free(st);
 	return rc;
 }
@@ -908,6 +919,7 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 	free(st->lent);
 	free(st->lent_conn);
 	free(st->lent_credit);
+	free(st->lent_ipc);
 	free(st);
 	b->data = NULL;
 }
@@ -915,7 +927,8 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 const struct backend_ops ferry__shm_backend = {
 	.name = "shm",
 	.rank = 30,
-	.caps = TRANSPORT_CAP_SAME_HOST | TRANSPORT_CAP_ZERO_COPY | TRANSPORT_CAP_MEM_HOST,
+	.caps = TRANSPORT_CAP_SAME_HOST | TRANSPORT_CAP_ZERO_COPY | TRANSPORT_CAP_MEM_HOST |
+		TRANSPORT_CAP_CUDA_IPC,
 	.init = shm_init,
 	.fini = shm_fini,
 	.resolve = shm_resolve,

@@ -32,6 +32,7 @@
 #define SHM_COOKIE_LISTENER 0u
 #define SHM_COOKIE_HALF_OPEN 0x1000u
 #define SHM_COOKIE_TICK 0xffffu
+#define SHM_LENT_IPC (1ull << 63)
 
 struct shm_state;
 
@@ -93,6 +94,12 @@ struct shm_state {
 	struct ferry_buf **lent;  /* by handle index: blocks a peer holds */
 	uint16_t *lent_conn;      /* conn id + 1 */
 	uint64_t *lent_credit;    /* stream_credit_token of a lent chunk (0: none) */
+	/*
+	 * A lent CUDA IPC descriptor's PUT (WIRE_F_CUDA_IPC): SHM_LENT_IPC |
+	 * index << 32 | gen, ended at the block's RELEASE (the receiver's copy
+	 * from our device memory is done), not at its RESULT; 0: none.
+	 */
+	uint64_t *lent_ipc;
 	uint32_t max_bufs;
 	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
 };

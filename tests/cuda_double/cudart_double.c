@@ -14,8 +14,22 @@
  * stream (the caller's "kernel"), a delay per copy, errors injected into
  * the next calls of an entry point or into a stream's next copy, counters.
  * Loaded by ferry through FERRY_CUDA_RUNTIME=<this file>.
+ *
+ * IPC: every "device" allocation is a shared mapping of a memfd of its
+ * own, so another process can map the same bytes. An IPC handle
+ * (cudaIpcGetMemHandle, of the allocation that holds the pointer, as the
+ * real runtime does) names the exporting process, its memfd's descriptor
+ * and the allocation's size; cudaIpcOpenMemHandle in another process maps
+ * /proc/<pid>/fd/<fd> (the same host memory: what the receiver copies
+ * from is what the sender wrote, as with a GPU's IPC mapping) and refuses
+ * a handle of its own process, as CUDA does. cuMemGetAddressRange_v2 (the
+ * driver's, which ferry looks for beside the runtime) gives an
+ * allocation's base. cudadouble_set_ipc(0) makes the runtime one without
+ * IPC (cudaIpcGetMemHandle: not supported).
  */
 #include <errno.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,7 +86,22 @@ static struct {
 	char *base;
 	size_t len;
 	int dev;
+	int fd;       /* its memfd (-1: a mapping opened from another process's handle) */
 } g_alloc[MAX_ALLOCS];
+static int g_ipc_off;
+static uint64_t g_ipc_gets, g_ipc_opens, g_ipc_closes;
+
+/* The double's IPC handle: the exporter, its memfd, the allocation's size. */
+struct dbl_ipc {
+	uint32_t magic;
+	int32_t pid;
+	int32_t fd;
+	int32_t dev;
+	uint64_t len;
+};
+#define DBL_IPC_MAGIC 0x46444950u
+#define ERR_NOT_SUPPORTED 801
+#define ERR_INVALID_HANDLE 400
 static struct {
 	char fn[48];
 	int err;
@@ -454,20 +483,31 @@ API const char *cudaGetErrorString(cuda_err_t err)
 
 /* ---- the test's controls ---------------------------------------------- */
 
-/* "Device memory" of device dev: n bytes of host memory (NULL when the table is full). */
+/* "Device memory" of device dev: n bytes of a shared memfd mapping (NULL when the table is full). */
 API void *cudadouble_malloc(int dev, size_t n)
 {
 	void *p = NULL;
+	size_t len = n ? n : 1;
 
 	pthread_mutex_lock(&g_lock);
 	for (int i = 0; i < MAX_ALLOCS; i++) {
-		if (!g_alloc[i].base) {
-			p = malloc(n ? n : 1);
-			g_alloc[i].base = p;
-			g_alloc[i].len = n;
-			g_alloc[i].dev = dev;
+		int fd;
+
+		if (g_alloc[i].base)
+			continue;
+		if ((fd = memfd_create("cuda-double", MFD_CLOEXEC)) < 0)
+			break;
+		if (ftruncate(fd, (off_t)len) ||
+		    (p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+			p = NULL;
+			close(fd);
 			break;
 		}
+		g_alloc[i].base = p;
+		g_alloc[i].len = n;
+		g_alloc[i].dev = dev;
+		g_alloc[i].fd = fd;
+		break;
 	}
 	pthread_mutex_unlock(&g_lock);
 	return p;
@@ -476,11 +516,131 @@ API void *cudadouble_malloc(int dev, size_t n)
 API void cudadouble_free(void *p)
 {
 	pthread_mutex_lock(&g_lock);
-	for (int i = 0; i < MAX_ALLOCS; i++)
-		if (g_alloc[i].base == p)
+	for (int i = 0; i < MAX_ALLOCS; i++) {
+		if (g_alloc[i].base == p && g_alloc[i].fd >= 0) {
+			munmap(p, g_alloc[i].len ? g_alloc[i].len : 1);
+			close(g_alloc[i].fd);
 			g_alloc[i].base = NULL;
+		}
+	}
 	pthread_mutex_unlock(&g_lock);
-	free(p);
+}
+
+/* 0: the runtime behaves as one without IPC (cudaIpcGetMemHandle is not supported). */
+API void cudadouble_set_ipc(int on)
+{
+	g_ipc_off = !on;
+}
+
+/* The allocation that holds p (g_lock held), or -1. */
+static int alloc_of(const void *p)
+{
+	const char *c = p;
+
+	for (int i = 0; i < MAX_ALLOCS; i++)
+		if (g_alloc[i].base && c >= g_alloc[i].base &&
+		    c < g_alloc[i].base + (g_alloc[i].len ? g_alloc[i].len : 1))
+			return i;
+	return -1;
+}
+
+/* The driver API's cuMemGetAddressRange_v2 (CUresult, CUdeviceptr): the allocation of p. */
+API int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned long long p)
+{
+	int i, err = ERR_INVALID_VALUE;
+
+	pthread_mutex_lock(&g_lock);
+	if ((i = alloc_of((const void *)(uintptr_t)p)) >= 0) {
+		if (base)
+			*base = (uintptr_t)g_alloc[i].base;
+		if (size)
+			*size = g_alloc[i].len;
+		err = 0;
+	}
+	pthread_mutex_unlock(&g_lock);
+	return err;
+}
+
+API cuda_err_t cudaIpcGetMemHandle(struct cuda_ipc_handle *h, void *p)
+{
+	struct dbl_ipc d = { .magic = DBL_IPC_MAGIC, .pid = (int32_t)getpid() };
+	int i, err = injected("cudaIpcGetMemHandle");
+
+	if (err)
+		return err;
+	if (g_ipc_off)
+		return ERR_NOT_SUPPORTED;
+	pthread_mutex_lock(&g_lock);
+	if ((i = alloc_of(p)) < 0 || g_alloc[i].fd < 0) {
+		pthread_mutex_unlock(&g_lock);
+		return ERR_INVALID_VALUE;
+	}
+	d.fd = g_alloc[i].fd;
+	d.dev = g_alloc[i].dev;
+	d.len = g_alloc[i].len;
+	g_ipc_gets++;
+	pthread_mutex_unlock(&g_lock);
+	memset(h, 0, sizeof(*h));
+	memcpy(h->bytes, &d, sizeof(d));
+	return 0;
+}
+
+API cuda_err_t cudaIpcOpenMemHandle(void **p, struct cuda_ipc_handle h, unsigned flags)
+{
+	struct dbl_ipc d;
+	char path[64];
+	void *m;
+	int fd, err = injected("cudaIpcOpenMemHandle");
+
+	(void)flags;
+	*p = NULL;
+	if (err)
+		return err;
+	memcpy(&d, h.bytes, sizeof(d));
+	if (d.magic != DBL_IPC_MAGIC || d.pid == (int32_t)getpid())
+		return ERR_INVALID_HANDLE; /* CUDA too refuses a handle of the same process */
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", (int)d.pid, (int)d.fd);
+	if ((fd = open(path, O_RDWR | O_CLOEXEC)) < 0)
+		return ERR_INVALID_HANDLE;
+	m = mmap(NULL, d.len ? d.len : 1, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (m == MAP_FAILED)
+		return ERR_INVALID_HANDLE;
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < MAX_ALLOCS; i++) {
+		if (!g_alloc[i].base) {
+			g_alloc[i].base = m;
+			g_alloc[i].len = d.len;
+			g_alloc[i].dev = d.dev;
+			g_alloc[i].fd = -1;
+			g_ipc_opens++;
+			*p = m;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g_lock);
+	if (!*p) {
+		munmap(m, d.len ? d.len : 1);
+		return ERR_INVALID_VALUE;
+	}
+	return 0;
+}
+
+API cuda_err_t cudaIpcCloseMemHandle(void *p)
+{
+	int err = ERR_INVALID_VALUE;
+
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < MAX_ALLOCS; i++) {
+		if (g_alloc[i].base == p && g_alloc[i].fd < 0) {
+			munmap(p, g_alloc[i].len ? g_alloc[i].len : 1);
+			g_alloc[i].base = NULL;
+			g_ipc_closes++;
+			err = 0;
+		}
+	}
+	pthread_mutex_unlock(&g_lock);
+	return err;
 }
 
 API void cudadouble_set_devices(int n)
@@ -544,7 +704,10 @@ API cuda_err_t cudadouble_gate(cuda_stream_t st)
 	return enqueue(st, &t);
 }
 
-/* A counter: copies, copy_bytes, max_piece, hostfns, waits, syncs, queries, pinned, streams. */
+/*
+ * A counter: copies, copy_bytes, max_piece, hostfns, waits, syncs, queries,
+ * pinned, streams, ipc_gets, ipc_opens, ipc_closes.
+ */
 API uint64_t cudadouble_stat(const char *name)
 {
 	uint64_t v = UINT64_MAX;
@@ -568,6 +731,12 @@ API uint64_t cudadouble_stat(const char *name)
 		v = g_pinned;
 	else if (!strcmp(name, "streams"))
 		v = g_streams;
+	else if (!strcmp(name, "ipc_gets"))
+		v = g_ipc_gets;
+	else if (!strcmp(name, "ipc_opens"))
+		v = g_ipc_opens;
+	else if (!strcmp(name, "ipc_closes"))
+		v = g_ipc_closes;
 	pthread_mutex_unlock(&g_lock);
 	return v;
 }
