@@ -209,10 +209,12 @@ static void reg_ipc(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_re
 	static _Atomic int told;
 	unsigned long long base = 0;
 	size_t size = 0;
-	const char *why = NULL;
+	const char *why = NULL, *env = getenv("FERRY_CUDA_IPC");
 	cuda_err_t err;
 
-	if (!rt->IpcGetMemHandle || !rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle)
+	if (env && !strcmp(env, "0"))
+		why = "FERRY_CUDA_IPC=0 (read at each device region's registration)";
+	else if (!rt->IpcGetMemHandle || !rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle)
 		why = "the runtime has no CUDA IPC";
 	else if (!rt->MemGetAddressRange)
 		why = "the driver's cuMemGetAddressRange_v2 is not there";

@@ -11,6 +11,11 @@
  * device -> device against cudaMemcpy device to device of the same size;
  * the staged device -> host -> device path against pinned cudaMemcpy D2H
  * plus H2D; 64 B and 1 MiB device PUT -> GET latency (half a round trip).
+ * Device PUTs to the child take CUDA IPC (a descriptor over shm, the child
+ * copies device to device from the opened handle): the case "ipc_path_taken"
+ * says from ferry's health that they did and that none was staged; the
+ * staged path is measured too, from a second region registered with
+ * FERRY_CUDA_IPC=0 (190 MiB device -> pool -> shm -> device).
  * Prints one line per case and "N passed, N failed"; writes JSON to argv[1].
  *
  * The child is forked before either process calls CUDA (a child of a process
@@ -149,6 +154,21 @@ static struct ferry_engine *engine(const char *name)
 		exit(3);
 	}
 	return e;
+}
+
+/* A number of the "cuda" part of e's health (-1 when it is not there). */
+static long long health_num(struct ferry_engine *e, const char *name)
+{
+	static char h[65536];
+	char want[64];
+	const char *c, *v;
+
+	if (ferry_engine_health(e, h, sizeof(h)) <= 0 || !(c = strstr(h, "\"cuda\":{")))
+		return -1;
+	snprintf(want, sizeof(want), "\"%s\":", name);
+	if (!(v = strstr(c, want)))
+		return -1;
+	return atoll(v + strlen(want));
 }
 
 static struct ferry_region *dev_region(struct ferry_engine *e, void *p, size_t len)
@@ -360,6 +380,8 @@ int main(int argc, char **argv)
 	pid_t pid;
 	char name[64];
 	double t_ferry_d2d = -1, t_memcpy_d2d = -1, t_staged_ref = -1, lat64 = -1, lat1m = -1;
+	double t_ferry_staged = -1;
+	long long ipc_puts = -1, staged_puts = -1;
 
 	signal(SIGPIPE, SIG_IGN);
 	if (argc > 1 && !strcmp(argv[1], "--probe")) { /* run.sh: the program and its libraries load */
@@ -412,6 +434,15 @@ int main(int argc, char **argv)
 		       "put %s, checksum %llx want %llx", ferry_strerror(rc), (unsigned long long)sum,
 		       (unsigned long long)want);
 	}
+	/*
+	 * The PUTs above went by CUDA IPC (ferry's health says which path); the
+	 * first may have been staged: a PUT to a peer not reached yet
+	 * (FERRY_SQE_WAIT_PEER) is, its transport not being known.
+	 */
+	ipc_puts = health_num(pe, "ipc_puts");
+	staged_puts = health_num(pe, "staged_puts");
+	result("ipc_path_taken", ipc_puts >= (long long)NSIZES - 1 && staged_puts <= 1,
+	       "ipc_puts %lld staged_puts %lld", ipc_puts, staged_puts);
 	/* Device -> host; host -> device. */
 	{
 		uint64_t n = 50 * MiB + 11, sum = 0, len = 0, want;
@@ -498,6 +529,27 @@ int main(int argc, char **argv)
 			bestms = ms < bestms ? ms : bestms;
 		}
 		t_staged_ref = bestms;
+		/* ferry's staged path: a region registered with IPC off. */
+		struct ferry_region *rs2;
+		long long staged0 = health_num(pe, "staged_puts");
+
+		setenv("FERRY_CUDA_IPC", "0", 1);
+		rs2 = dev_region(pe, src2, MAXSZ);
+		unsetenv("FERRY_CUDA_IPC");
+		best = UINT64_MAX;
+		for (int r = 0; r < 3 && rs2; r++) {
+			send_cmd(CMD_BIG, MAXSZ, 0);
+			t0 = now_ns();
+			if (put_segs(pe, pp, "data", rs2, MAXSZ, ud_next++, 0, NULL) || !answer(&sum, &len))
+				break;
+			if (now_ns() - t0 < best)
+				best = now_ns() - t0;
+		}
+		t_ferry_staged = best == UINT64_MAX ? -1 : best / 1e6;
+		result("staged_path_taken", health_num(pe, "staged_puts") > staged0, "staged_puts %lld",
+		       health_num(pe, "staged_puts"));
+		printf("bench staged_190MiB: ferry %.3f ms (device -> pool -> shm -> device, upper bound)\n",
+		       t_ferry_staged);
 		printf("bench d2d_190MiB: ferry %.3f ms (upper bound: incl. the child's checksum and "
 		       "reply), cudaMemcpy D2D %.3f ms, pinned D2H+H2D %.3f ms\n",
 		       t_ferry_d2d, t_memcpy_d2d, t_staged_ref);
@@ -532,12 +584,15 @@ int main(int argc, char **argv)
 			   "\"d2d_190MiB_ferry_ms\":%.3f,\"d2d_190MiB_cudaMemcpy_ms\":%.3f,"
 			   "\"d2d_190MiB_ratio\":%.3f,\"staged_ref_d2h_h2d_ms\":%.3f,"
 			   "\"staged_ferry_vs_ref_bw\":%.3f,\"latency_64B_us\":%.2f,"
-			   "\"latency_1MiB_us\":%.2f,"
-			   "\"note\":\"ferry's d2d goes through the pool (staged: D2H, shm, H2D); CUDA IPC "
-			   "is not built yet\"}}\n",
+			   "\"latency_1MiB_us\":%.2f,\"staged_190MiB_ferry_ms\":%.3f,"
+			   "\"ipc_puts\":%lld,\"staged_puts_before_staged_bench\":%lld,"
+			   "\"note\":\"d2d_190MiB_ferry_ms is the CUDA IPC path (descriptor over shm, the "
+			   "child's D2D copy from the opened handle) when ipc_path_taken passed; "
+			   "staged_190MiB_ferry_ms is D2H, shm, H2D (a region with FERRY_CUDA_IPC=0)\"}}\n",
 			passed, failed, json, t_ferry_d2d, t_memcpy_d2d,
 			t_memcpy_d2d > 0 ? t_ferry_d2d / t_memcpy_d2d : -1, t_staged_ref,
-			t_ferry_d2d > 0 ? t_staged_ref / t_ferry_d2d : -1, lat64, lat1m);
+			t_ferry_staged > 0 ? t_staged_ref / t_ferry_staged : -1, lat64, lat1m,
+			t_ferry_staged, ipc_puts, staged_puts);
 		fclose(f);
 	}
 	printf("%d passed, %d failed\n", passed, failed);
