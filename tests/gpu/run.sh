@@ -88,5 +88,11 @@ if ((rc == 124 || rc == 137)); then
 	fail_all "gpu_check ran past 7 minutes"
 fi
 [[ -s $out/gpu_check.json ]] || fail_all "gpu_check wrote no JSON (exit $rc)"
+# Which path the device -> device PUTs took (ferry's health, as gpu_check read it).
+if grep -q '"case":"ipc_path_taken","ok":true' "$out/gpu_check.json" 2>/dev/null; then
+	echo "gpu check: device -> device took CUDA IPC ($(grep -o '"ipc_puts":[0-9-]*' "$out/gpu_check.json"))"
+else
+	echo "gpu check: device -> device did NOT take CUDA IPC ($(grep -o '"ipc_puts":[0-9-]*' "$out/gpu_check.json")); see the case ipc_path_taken"
+fi
 echo "==> gpu check: $((SECONDS - t0))s in all; JSON: $out/gpu_check.json"
 exit $rc
