@@ -39,6 +39,10 @@
  * (pool_wrap) and hands it to its key table; the sender keeps the block
  * "lent" until the receiver's RELEASE (when the application releases the
  * buffer, or after a later GET copied it out) or until the receiver dies.
+ * A CUDA IPC descriptor (WIRE_F_CUDA_IPC, backends/cuda: the data is the
+ * sender's device memory, named by handle) always goes as a block, is never
+ * copied out at arrival, and its PUT ends at that RELEASE (the receiver's
+ * copy from the sender's memory is done), not at its RESULT.
  *
  * Sleep and wake: an entry is published with a release store of its
  * sequence word, PUTs as they go, control entries (RESULTs, RELEASEs) as
