@@ -58,8 +58,10 @@ def _session_pids(sid):
     return out
 
 
-def _kill_session(sid, grace=5.0):
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+def _kill_session(sid, grace=1.0, signals=(signal.SIGTERM, signal.SIGKILL)):
+    """End every process of session sid: each signal in turn, waiting up
+    to grace seconds after each for them to be gone."""
+    for sig in signals:
         pids = _session_pids(sid)
         for p in pids:
             try:
@@ -258,8 +260,9 @@ class Stage:
         self.proc.wait(wait)
 
     def kill(self):
+        """SIGKILL: the process dies at once, as a crash would."""
         if self.proc.poll() is None:
-            _kill_session(self.proc.pid, grace=2.0)
+            _kill_session(self.proc.pid, grace=5.0, signals=(signal.SIGKILL,))
         try:
             self.proc.wait(5)
         except subprocess.TimeoutExpired:
