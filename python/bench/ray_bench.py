@@ -191,7 +191,8 @@ def run_pair(kind, sizes, quick, cluster, address, nodes):
                      "lockstep_p50_us": round(pct(lat, 0.5), 1),
                      "lockstep_p99_us": round(pct(lat, 0.99), 1),
                      "stream_chunks": got["chunks"],
-                     "stream_MBps": round(got["chunks"] * size / secs / 1e6, 1)})
+                     "stream_MBps": round(got["chunks"] * size / secs / 1e6, 4),
+                     "stream_chunks_per_s": round(got["chunks"] / secs, 1)})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
@@ -232,16 +233,19 @@ def main():
             cluster.stop()
     by = {(r["connector"], r["size"]): r for r in rows}
     ratios = {}
+
+    def div(a, b):
+        return round(a / b, 2) if b else None
     for size in sizes:
         f, o, c = (by.get((k, size)) for k in CONNECTORS)
         if f and o:
-            ratios[f"object_store_over_ray_ferry.p50.{size}"] = round(
-                o["lockstep_p50_us"] / f["lockstep_p50_us"], 2)
-            ratios[f"ray_ferry_over_object_store.stream.{size}"] = round(
-                f["stream_MBps"] / o["stream_MBps"], 2)
+            ratios[f"object_store_over_ray_ferry.p50.{size}"] = div(
+                o["lockstep_p50_us"], f["lockstep_p50_us"])
+            ratios[f"ray_ferry_over_object_store.stream.{size}"] = div(
+                f["stream_MBps"], o["stream_MBps"])
         if f and c:
-            ratios[f"ray_ferry_over_ferry.p50.{size}"] = round(
-                f["lockstep_p50_us"] / c["lockstep_p50_us"], 2)
+            ratios[f"ray_ferry_over_ferry.p50.{size}"] = div(
+                f["lockstep_p50_us"], c["lockstep_p50_us"])
     doc = {"benchmark": "ray_bench", "nodes": args.nodes, "quick": args.quick,
            "existing_cluster": args.address is not None, "seconds": round(time.time() - t0, 1),
            "load_average": os.getloadavg(), "results": rows, "ratios": ratios}
