@@ -8,7 +8,8 @@ Answers {"ready": ..., "node": ..., "pid": ...} first, then one line per
 command: put (from, to, key, kind, size, seed) -> ok, size; get (from, to,
 key, timeout: None for a nowait get) -> found, size, digest, seconds;
 cleanup (id); health; directory; peer_address (to); kill_actor (the
-directory, restarted by Ray); exit. Payloads are made from (kind, size,
+directory, restarted by Ray); actor_start (config) / actor_put / actor_kill:
+a stage in a Ray actor this driver starts; exit. Payloads are made from (kind, size,
 seed) the same way on both sides: "bytes" (a RawPayload on arrival), "kv"
 (a dict of numpy layers, as a KV handoff), "small" (a dict without large
 fields); digest is sha256 of what arrived.
@@ -47,6 +48,20 @@ def digest(kind, obj):
     else:
         h.update(json.dumps(obj["token_ids"]).encode())
     return h.hexdigest()
+
+
+class StageActor:
+    def __init__(self, cfg):
+        from pyferry.ray_connector import RayConnector
+        self.conn = RayConnector(cfg)
+
+    def ready(self):
+        return {"pid": os.getpid(), "owner": self.conn._owner}
+
+    def put(self, frm, to, key, kind, size, seed):
+        data = payload(kind, size, seed)
+        ok, n, _ = self.conn.put(frm, to, key, data)
+        return {"ok": ok, "size": n, "digest": digest(kind, data)}
 
 
 def main():
@@ -97,6 +112,17 @@ def main():
                 say(address=conn._peer_address(str(conn.stage_id), str(cmd["to"])))
             elif op == "kill_actor":
                 ray.kill(conn._directory.actor, no_restart=False)
+                say(ok=True)
+            elif op == "actor_start":
+                # A stage inside a Ray actor (as vLLM-Omni's Ray executor runs
+                # them): its own RayConnector, in a worker process of Ray's.
+                actor = ray.remote(num_cpus=0)(StageActor).remote(cmd["config"])
+                say(ready=ray.get(actor.ready.remote(), timeout=60))
+            elif op == "actor_put":
+                say(**ray.get(actor.put.remote(cmd["from"], cmd["to"], cmd["key"], cmd["kind"],
+                                               cmd["size"], cmd["seed"]), timeout=60))
+            elif op == "actor_kill":
+                ray.kill(actor, no_restart=True)
                 say(ok=True)
             elif op == "close":
                 conn.close()

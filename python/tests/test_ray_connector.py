@@ -227,3 +227,22 @@ def test_object_store_producer_killed(stages):
     time.sleep(3)
     r = cons.call("get", **{"from": 0, "to": 1}, key="f_0_1", kind="bytes", timeout=20)
     assert not r["found"] and r["seconds"] < 10 and r["errors"] >= 2, r
+
+
+def test_stage_in_a_ray_actor(stages):
+    """A stage that is a Ray actor (a worker process of Ray's, as vLLM-Omni's
+    Ray executor runs stages): it registers, its puts arrive, and when it is
+    killed the directory drops it (Ray's worker table says it is dead)."""
+    actor = "t" + uuid.uuid4().hex[:10]
+    cons = stages(0, conf(actor, 1))
+    r = cons.call("actor_start", config=conf(actor, 0), wait=90)
+    assert r["ready"]["owner"]["actor"] and not r["ready"]["owner"]["driver"], r
+    assert "0/0" in cons.call("directory")["entries"]
+    r = cons.call("actor_put", **{"from": 0, "to": 1}, key="g_0_0", kind="bytes", size=150000,
+                  seed=6)
+    assert r["ok"], r
+    r = cons.call("get", **{"from": 0, "to": 1}, key="g_0_0", kind="bytes", timeout=20)
+    assert r["found"] and r["digest"] == want("bytes", 150000, 6)
+    assert cons.call("actor_kill")["ok"]
+    wait_for(lambda: "0/0" not in cons.call("directory")["entries"], 15,
+             "the killed actor's entry dropped")

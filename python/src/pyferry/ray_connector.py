@@ -114,6 +114,9 @@ def _node_ip():
 
 # --- the directory actor ----------------------------------------------------
 
+_liveness_warned = False
+
+
 class _Liveness:
     """What Ray's control store (GCS) says of owners: dead or not (unknown
     counts as alive). Runs inside the actor."""
@@ -133,11 +136,19 @@ class _Liveness:
         if owner.get("driver"):
             return self.jobs.get(owner.get("job")) is True
         try:
+            from ray._raylet import WorkerID
             from ray.core.generated import gcs_pb2
             acc = self._state.state._connect_and_get_accessor()
-            raw = acc.get_worker_info(bytes.fromhex(owner["worker"]))
+            raw = acc.get_worker_info(WorkerID.from_hex(owner["worker"]))
             return raw is not None and not gcs_pb2.WorkerTableData.FromString(raw).is_alive
-        except Exception:  # an API this Ray lacks: unknown, so alive
+        except Exception as e:  # an API this Ray lacks: unknown, so alive (said once)
+            global _liveness_warned
+            if not _liveness_warned:
+                _liveness_warned = True
+                logging.getLogger("pyferry.ray_connector").warning(
+                    "RayRefStore: cannot ask Ray whether worker %s lives (%s: %s); entries of "
+                    "dead worker processes stay until re-registered", owner.get("worker"),
+                    type(e).__name__, e)
             return False
 
 
