@@ -127,8 +127,9 @@ def pct(xs, q):
 
 
 def run_pair(kind, sizes, quick, cluster, address, nodes):
-    big = max(sizes)
-    pool = max(64 << 20, 2 * big + (32 << 20))
+    # Room for every chunk of a stream in flight (a producer may run ahead
+    # of the consumer by all of them) and one more.
+    pool = max(64 << 20, max((rounds(z, quick)[1] + 1) * z for z in sizes) + (32 << 20))
     base = {"pool_size": pool, "put_timeout": 120, "zero_copy_min": 65536}
     if kind == "ray-ferry":
         base.update(mode="ferry", actor_name=f"bench_{secrets.token_hex(4)}")
@@ -221,7 +222,8 @@ def main():
     if args.address is None:
         from raycluster import Cluster
         import raycluster
-        raycluster.OBJECT_STORE = max(raycluster.OBJECT_STORE, 3 * max(sizes) + (200 << 20))
+        raycluster.OBJECT_STORE = max(raycluster.OBJECT_STORE, max(
+            (rounds(z, args.quick)[1] + 2) * z for z in sizes) + (200 << 20))
         cluster = Cluster(nodes=args.nodes)
     t0 = time.time()
     try:
