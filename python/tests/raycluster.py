@@ -10,12 +10,14 @@ second. Ray's ports: GCS at a port this file picks (every port of a fresh
 namespace is free), the others the kernel's. Each node is one `ray start
 --block` in a session of its own; stop() ends every process of those
 sessions (SIGTERM, then SIGKILL), found by session id, then deletes the
-namespaces: also when a test fails (a fixture's finalizer).
+namespaces: also when a test fails (a fixture's finalizer), at exit, and
+on SIGTERM (the step's timeout).
 
 Stage(cluster, node, config): a driver process in the node's namespace
 (python tests/raystage.py), a RayConnector of the config, driven by JSON
 lines (raystage.py says which), every call bounded in time.
 """
+import atexit
 import json
 import os
 import random
@@ -25,6 +27,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 
@@ -75,8 +78,28 @@ def _kill_session(sid, grace=1.0, signals=(signal.SIGTERM, signal.SIGKILL)):
             return
 
 
+_live = []  # clusters not stopped yet: stopped at exit, on SIGTERM too
+
+
+def _stop_all():
+    for c in list(_live):
+        c.stop()
+
+
+def _on_sigterm(signum, frame):
+    _stop_all()
+    raise KeyboardInterrupt  # pytest ends the session (not only the test)
+
+
+atexit.register(_stop_all)
+
+
 class Cluster:
     def __init__(self, nodes=1):
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        _live.append(self)
         self.tag = uuid.uuid4().hex[:8]
         self.tmp = tempfile.mkdtemp(prefix="fr-", dir="/tmp")  # short: Ray's socket paths
         self.rt = os.path.join(self.tmp, "rt")
@@ -182,6 +205,8 @@ class Cluster:
         return s
 
     def stop(self):
+        if self in _live:
+            _live.remove(self)
         for s in self.stages:
             s.kill()
         for p in reversed(self.procs):
