@@ -485,6 +485,7 @@ class RayConnector(FerryConnector):
         self._host = None
         self._dir_cache = {}   # peer stage -> its directory entry
         self._recv_peers = {}  # (stage, peer stage) -> Peer
+        self._stale = {}       # peer stage -> its entry when a put to it failed
         self._secret = None
         if mode == "ferry" and transport != "shm":
             self._secret = (cfg.get("secret") or os.environ.get("FERRY_SECRET")
@@ -565,8 +566,21 @@ class RayConnector(FerryConnector):
 
     def _put_failed(self, src, dst, error):
         """A restarted stage may listen elsewhere: ask the directory again."""
-        self._dir_cache.pop(dst, None)
+        self._stale[dst] = self._dir_cache.pop(dst, None)
         self._peer_of.pop((src, dst), None)
+
+    def _moved(self, dst):
+        """After a failed put to dst: whether the directory now names another
+        engine for it (a restarted stage; waits up to put_timeout for one to
+        register), so that the put is worth one more try."""
+        old = self._stale.pop(dst, None)
+        if old is None:
+            return False
+        try:
+            new = self._lookup(dst, self._put_timeout)
+        except Exception:
+            return False
+        return new["incarnation"] != old["incarnation"]
 
     def peer(self, to_stage, from_stage=None):
         """The ferry Peer this process sends to to_stage through (resolved in
@@ -585,7 +599,12 @@ class RayConnector(FerryConnector):
 
     def put(self, from_stage, to_stage, put_key, data):
         if self.mode == "ferry":
-            return super().put(from_stage, to_stage, put_key, data)
+            r = super().put(from_stage, to_stage, put_key, data)
+            if not r[0] and self._moved(_stage_str(to_stage, "to_stage")):
+                logger.info("RayConnector: stage %s registered again: put %s once more",
+                            to_stage, put_key)
+                r = super().put(from_stage, to_stage, put_key, data)
+            return r
         src, dst = _stage_str(from_stage, "from_stage"), _stage_str(to_stage, "to_stage")
         key = _key_str(put_key, "put_key")
         parts, size = _payload.encode(data, self._min_segment)
