@@ -522,6 +522,11 @@ int ferry_buf_release(struct ferry_buf *b)
 	return pool_free(b);
 }
 
+int ferry_buf_share(struct ferry_buf *b, uint32_t n, struct ferry_buf **out)
+{
+	return pool_share(b, n, out);
+}
+
 /* ------------------------------------------------------------------ */
 /* Health                                                              */
 /* ------------------------------------------------------------------ */
