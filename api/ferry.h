@@ -267,6 +267,9 @@ FERRY_API int ferry_engine_destroy(struct ferry_engine *e);
 /* The engine's name (valid while the engine lives). Any thread. */
 FERRY_API const char *ferry_engine_name(const struct ferry_engine *e);
 
+/* The engine's namespace ("default" when none was given; valid while the engine lives). Any thread. */
+FERRY_API const char *ferry_engine_ns(const struct ferry_engine *e);
+
 /*
  * Drive progress (MANUAL mode): drain submission queues, run transports,
  * fire deadlines, post completions. Never blocks. Returns the number of

@@ -78,4 +78,29 @@ struct chan_handle {
 };
 int chan_handle_parse(const char *text, struct chan_handle *h);
 
+/* chan_writer.c: a relay's writer (no barrier: readers come and go), its round, its end. */
+int chan_writer_create_open(struct ferry_engine *e, const char *name, uint32_t window,
+			    ferry_chan_event_cb *cb, void *arg, struct ferry_chan_writer **out);
+void chan_writer_poll(struct ferry_chan_writer *w);
+/* The upstream writer died: every reader's stream aborted (they see -ECONNRESET). */
+void chan_writer_abort_all(struct ferry_chan_writer *w, int err);
+
+/* chan_reader.c: open, as a relay (its attach says so) or not. */
+int chan_reader_open(struct ferry_engine *e, const char *handle,
+		     const struct ferry_chan_open_params *p, bool relay,
+		     struct ferry_chan_reader **out);
+/* A relay's notice to its writer, on its attach stream ("member=NAME", "gone=NAME err=E"). */
+int chan_reader_notify(struct ferry_chan_reader *r, const char *text);
+
+/* chan_relay.c: the relay of this host for a channel on another host. */
+struct chan_relay;
+/*
+ * The relay's engine name for this host; *created: 1 when this call made
+ * it (this process relays), 0 when another engine holds the name.
+ */
+int chan_relay_get(struct ferry_engine *e, const struct chan_handle *h, const char *handle,
+		   const struct ferry_chan_open_params *p, struct chan_relay **out,
+		   char name[FERRY_NAME_MAX]);
+void chan_relay_stop(struct chan_relay *rl);
+
 #endif

@@ -25,6 +25,7 @@ struct ferry_chan_reader {
 	uint32_t ctl_inflight;
 	uint64_t msg_ud;       /* the message STREAM_GET's user_data */
 	char hello[64];        /* the attach chunk (sent once the writer is up) */
+	struct chan_relay *relay; /* the relay of this host, when this process runs it */
 	struct iovec hello_iov;
 	char chan[FERRY_CHAN_NAME_MAX];
 	char mstream[FERRY_STREAM_KEY_MAX];
@@ -75,6 +76,8 @@ static int ctl_done(struct ferry_chan_reader *r)
 
 static void reader_free(struct ferry_chan_reader *r)
 {
+	if (r->relay)
+		chan_relay_stop(r->relay);
 	if (r->own_msgs && r->msgs)
 		ferry_cq_destroy(r->msgs);
 	if (r->ctl)
@@ -82,8 +85,46 @@ static void reader_free(struct ferry_chan_reader *r)
 	free(r);
 }
 
+/*
+ * A reader on another host than the writer's reads from its host's relay
+ * (chan_relay.c: an engine of its own in the process of the host's first
+ * reader), which it reaches like a writer of this host: open the relay's
+ * channel of the same name instead.
+ */
+static int open_behind_relay(struct ferry_engine *e, const struct chan_handle *h,
+			     const char *handle, const struct ferry_chan_open_params *p,
+			     struct ferry_chan_reader **out)
+{
+	struct ferry_chan_open_params lp = *p;
+	char name[FERRY_NAME_MAX], local[FERRY_CHAN_HANDLE_MAX];
+	struct chan_relay *rl = NULL;
+	int rc;
+
+	rc = chan_relay_get(e, h, handle, p, &rl, name);
+	if (rc)
+		return rc;
+	snprintf(local, sizeof(local), CHAN_HANDLE_TAG " writer=%s chan=%s readers=%u host=%016" PRIx64,
+		 name, h->chan, h->readers, chan_host_id());
+	lp.remote = 0;
+	rc = chan_reader_open(e, local, &lp, false, out);
+	if (rc) {
+		if (rl)
+			chan_relay_stop(rl);
+		return rc;
+	}
+	(*out)->relay = rl;
+	return 0;
+}
+
 int ferry_chan_open(struct ferry_engine *e, const char *handle,
 		    const struct ferry_chan_open_params *p, struct ferry_chan_reader **out)
+{
+	return chan_reader_open(e, handle, p, false, out);
+}
+
+int chan_reader_open(struct ferry_engine *e, const char *handle,
+		     const struct ferry_chan_open_params *p, bool relay,
+		     struct ferry_chan_reader **out)
 {
 	static const struct ferry_chan_open_params defaults = FERRY_CHAN_OPEN_PARAMS_INIT;
 	struct ferry_cq_params cqp = FERRY_CQ_PARAMS_INIT;
@@ -102,6 +143,8 @@ int ferry_chan_open(struct ferry_engine *e, const char *handle,
 	rc = chan_handle_parse(handle, &h);
 	if (rc)
 		return rc;
+	if (!relay && p->remote != 2 && (p->remote == 1 || h.host != chan_host_id()))
+		return open_behind_relay(e, &h, handle, p, out);
 	r = calloc(1, sizeof(*r));
 	if (!r)
 		return -ENOMEM;
@@ -130,7 +173,7 @@ int ferry_chan_open(struct ferry_engine *e, const char *handle,
 	rc = ferry_peer_open(e, h.writer, &r->writer);
 	if (rc)
 		goto fail;
-	if (p->remote || h.host != chan_host_id()) {
+	if (relay || p->remote || h.host != chan_host_id()) {
 		/* Another host: through the writer's control channel (its first ferry:// URI). */
 		char uri[FERRY_CHAN_HANDLE_MAX];
 		const char *a = strstr(h.addrs, "ferry://");
@@ -166,7 +209,8 @@ int ferry_chan_open(struct ferry_engine *e, const char *handle,
 		rc = -ENOMEM;
 		goto fail;
 	}
-	snprintf(r->hello, sizeof(r->hello), "host=%016" PRIx64, chan_host_id());
+	snprintf(r->hello, sizeof(r->hello), "host=%016" PRIx64 "%s", chan_host_id(),
+		 relay ? " relay=1" : "");
 	r->hello_iov.iov_base = r->hello;
 	r->hello_iov.iov_len = strlen(r->hello);
 	attach_ns = p->attach_timeout_ns > 0 ? p->attach_timeout_ns : CHAN_ATTACH_DEFAULT_NS;
@@ -184,6 +228,29 @@ int ferry_chan_open(struct ferry_engine *e, const char *handle,
 fail:
 	reader_free(r);
 	return rc;
+}
+
+int chan_reader_notify(struct ferry_chan_reader *r, const char *text)
+{
+	struct ferry_sqe *sqe;
+	struct ferry_buf *b;
+	size_t n = strlen(text);
+	int rc = ferry_buf_alloc(r->e, n, &b);
+
+	if (rc)
+		return rc;
+	memcpy(ferry_buf_data(b), text, n);
+	sqe = chan_sqe(r->e, &r->sq);
+	if (!sqe) {
+		ferry_buf_release(b);
+		return -EBUSY;
+	}
+	ferry_prep_stream_put_buf(sqe, r->writer, r->astream, b, chan_ud(CHAN_UD_END, 1, 0));
+	ferry_sqe_set_cq(sqe, r->ctl);
+	r->ctl_inflight++;
+	rc = ferry_sq_submit(r->sq);
+	ctl_drain(r, 0, NULL);
+	return rc < 0 ? rc : 0;
 }
 
 int ferry_chan_reader_wait_ready(struct ferry_chan_reader *r, int64_t timeout_ns)

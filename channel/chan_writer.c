@@ -15,9 +15,19 @@
 
 #include "chan_int.h"
 
+enum { SLOT_PENDING, SLOT_DIRECT, SLOT_RELAY, SLOT_MEMBER };
+
+/*
+ * A peer that attached (DIRECT: a reader; RELAY: another host's relay,
+ * sent to like a reader but not counted: its MEMBERs are, the readers it
+ * feeds, which have no stream of ours) or is attaching (PENDING: its first
+ * chunk, which says which, has not come).
+ */
 struct chan_slot {
 	char name[FERRY_NAME_MAX];
 	struct ferry_peer *peer;
+	uint8_t kind;
+	uint32_t relay;  /* MEMBER: its relay's slot */
 	bool live;     /* attached, neither dead nor gone */
 	bool gone;     /* left or died: its stream was aborted */
 	bool attach_end; /* its attach STREAM_GET ended */
@@ -33,6 +43,9 @@ struct ferry_chan_writer {
 	char aprefix[FERRY_STREAM_KEY_MAX];
 	size_t aprefix_len;
 	struct chan_slot *slots;
+	uint32_t nslots, cap;      /* slots used, allocated */
+	uint32_t ntargets;         /* live DIRECT and RELAY slots: a write's sends */
+	bool open;                 /* a relay's: readers come and go, no barrier */
 	struct ferry_buf **shares; /* N: the shares of the message being written */
 	uint32_t *pending;         /* max_outstanding: STREAM_PUTs out per message */
 	uint64_t next_seq, low;    /* low: the oldest message with a STREAM_PUT out */
@@ -63,7 +76,24 @@ static void slot_gone(struct ferry_chan_writer *w, uint32_t i, int err)
 	if (s->gone)
 		return;
 	s->gone = true;
+	if (s->kind == SLOT_RELAY) {
+		uint32_t k;
+
+		for (k = 0; k < w->nslots; k++)
+			if (w->slots[k].kind == SLOT_MEMBER && w->slots[k].relay == i)
+				slot_gone(w, k, err ? err : -ECONNRESET);
+	}
+	if (!s->live)
+		goto stream;
 	s->live = false;
+	if (s->kind == SLOT_RELAY) {
+		w->ntargets--;
+		ferry_log(FERRY_LOG_WARN, "channel %s: relay %s went (%s)", w->name, s->name,
+			  ferry_strerror(err));
+		goto stream;
+	}
+	if (s->kind == SLOT_DIRECT)
+		w->ntargets--;
 	w->st.live--;
 	if (err) {
 		w->st.dead++;
@@ -73,6 +103,9 @@ static void slot_gone(struct ferry_chan_writer *w, uint32_t i, int err)
 		w->st.left++;
 	}
 	event(w, err ? FERRY_CHAN_EV_READER_DEAD : FERRY_CHAN_EV_READER_LEFT, (int)i, err);
+stream:
+	if (!s->peer)
+		return; /* a member: its relay's stream goes on */
 	/* Messages still waiting for its credit complete now (-ECANCELED). */
 	sqe = chan_sqe(w->e, &w->sq);
 	if (!sqe)
@@ -85,46 +118,129 @@ static void slot_gone(struct ferry_chan_writer *w, uint32_t i, int err)
 	submit(w);
 }
 
+static int slot_find(struct ferry_chan_writer *w, const char *name)
+{
+	uint32_t i;
+
+	for (i = 0; i < w->nslots; i++)
+		if (strcmp(w->slots[i].name, name) == 0)
+			return (int)i;
+	return -1;
+}
+
+static int slot_new(struct ferry_chan_writer *w, const char *name)
+{
+	struct chan_slot *s;
+
+	if (strlen(name) >= sizeof(s->name)) {
+		ferry_log(FERRY_LOG_WARN, "channel %s: reader name too long: ignored", w->name);
+		return -1;
+	}
+	if (w->nslots == w->cap) {
+		ferry_log(FERRY_LOG_WARN, "channel %s: %u peers attached: %s ignored", w->name,
+			  w->cap, name);
+		return -1;
+	}
+	s = &w->slots[w->nslots];
+	memset(s, 0, sizeof(*s));
+	strcpy(s->name, name);
+	return (int)w->nslots++;
+}
+
+/* A reader (direct, or a member behind a relay) counts toward the barrier. */
+static void count_reader(struct ferry_chan_writer *w, uint32_t i)
+{
+	struct chan_slot *s = &w->slots[i];
+
+	if (!w->open && w->st.attached == w->p.readers) {
+		ferry_log(FERRY_LOG_WARN, "channel %s: reader %s comes after all %u: ignored",
+			  w->name, s->name, w->p.readers);
+		s->gone = true;
+		return;
+	}
+	s->live = true;
+	if (s->kind == SLOT_DIRECT)
+		w->ntargets++;
+	w->st.attached++;
+	w->st.live++;
+	event(w, FERRY_CHAN_EV_ATTACHED, (int)i, 0);
+	if (!w->open && w->st.attached == w->p.readers) {
+		w->ready = true;
+		event(w, FERRY_CHAN_EV_READY, -1, 0);
+	}
+}
+
+/* A new attach stream "fc/C/a/NAME": read it (its first chunk says what NAME is). */
 static void attach(struct ferry_chan_writer *w, const char *key)
 {
 	const char *rname = key + w->aprefix_len;
 	struct ferry_sqe *sqe;
 	struct chan_slot *s;
-	uint32_t i;
+	int i;
 
-	for (i = 0; i < w->st.attached; i++)
-		if (strcmp(w->slots[i].name, rname) == 0) {
-			ferry_log(FERRY_LOG_WARN, "channel %s: reader %s attached twice: ignored",
-				  w->name, rname);
-			return;
-		}
-	if (w->st.attached == w->p.readers || w->closing) {
-		ferry_log(FERRY_LOG_WARN, "channel %s: reader %s comes after all %u: ignored",
-			  w->name, rname, w->p.readers);
+	if (slot_find(w, rname) >= 0) {
+		ferry_log(FERRY_LOG_WARN, "channel %s: reader %s attached twice: ignored", w->name,
+			  rname);
 		return;
 	}
-	s = &w->slots[w->st.attached];
-	if (strlen(rname) >= sizeof(s->name) || ferry_peer_open(w->e, rname, &s->peer)) {
+	if (w->closing || (i = slot_new(w, rname)) < 0)
+		return;
+	s = &w->slots[i];
+	if (ferry_peer_open(w->e, rname, &s->peer)) {
 		ferry_log(FERRY_LOG_WARN, "channel %s: bad reader name %s", w->name, rname);
+		w->nslots--;
 		return;
 	}
-	strcpy(s->name, rname);
 	ferry_peer_set_stream_limits(s->peer, w->p.max_outstanding, 0);
 	sqe = chan_sqe(w->e, &w->sq);
-	if (!sqe)
+	if (!sqe) {
+		w->nslots--;
 		return;
+	}
 	/* Its attach stream stays open while the reader lives: its end says it went. */
-	ferry_prep_stream_get(sqe, s->peer, key, chan_ud(CHAN_UD_ATTACH, w->st.attached, 0));
+	ferry_prep_stream_get(sqe, s->peer, key, chan_ud(CHAN_UD_ATTACH, (uint32_t)i, 0));
 	ferry_sqe_set_cq(sqe, w->cq);
 	w->inflight++;
 	submit(w);
-	s->live = true;
-	i = w->st.attached++;
-	w->st.live++;
-	event(w, FERRY_CHAN_EV_ATTACHED, (int)i, 0);
-	if (w->st.attached == w->p.readers) {
-		w->ready = true;
-		event(w, FERRY_CHAN_EV_READY, -1, 0);
+	s->kind = SLOT_PENDING;
+}
+
+/*
+ * A chunk of slot i's attach stream: the first says what it is ("host=H",
+ * "host=H relay=1"); a relay's later ones name its members ("member=NAME",
+ * "gone=NAME err=E").
+ */
+static void attach_chunk(struct ferry_chan_writer *w, uint32_t i, const struct ferry_cqe *c)
+{
+	struct chan_slot *s = &w->slots[i];
+	char text[FERRY_NAME_MAX + 32], name[FERRY_NAME_MAX];
+	size_t n = c->len < sizeof(text) - 1 ? (size_t)c->len : sizeof(text) - 1;
+	int k, err = 0;
+
+	memcpy(text, ferry_buf_data(c->buf), n);
+	text[n] = 0;
+	if (s->kind == SLOT_PENDING) {
+		s->kind = strstr(text, " relay=1") ? SLOT_RELAY : SLOT_DIRECT;
+		if (s->kind == SLOT_RELAY) {
+			s->live = true;
+			w->ntargets++;
+		} else {
+			count_reader(w, i);
+		}
+		return;
+	}
+	if (s->kind != SLOT_RELAY)
+		return;
+	if (sscanf(text, "member=%63s", name) == 1) {
+		if (slot_find(w, name) >= 0 || (k = slot_new(w, name)) < 0)
+			return;
+		w->slots[k].kind = SLOT_MEMBER;
+		w->slots[k].relay = i;
+		count_reader(w, (uint32_t)k);
+	} else if (sscanf(text, "gone=%63s err=%d", name, &err) == 2) {
+		k = slot_find(w, name);
+		if (k >= 0 && w->slots[k].kind == SLOT_MEMBER)
+			slot_gone(w, (uint32_t)k, err);
 	}
 }
 
@@ -152,7 +268,9 @@ static void handle(struct ferry_chan_writer *w, const struct ferry_cqe *c)
 		}
 		break;
 	case CHAN_UD_ATTACH:
-		if (last && slot < w->st.attached) {
+		if (!last && c->res >= 0 && c->buf && slot < w->nslots)
+			attach_chunk(w, slot, c);
+		if (last && slot < w->nslots) {
 			w->slots[slot].attach_end = true;
 			/* END: the reader closed; an error: it died (or we cancelled). */
 			if (c->res != -ECANCELED || !w->closing)
@@ -166,7 +284,7 @@ static void handle(struct ferry_chan_writer *w, const struct ferry_cqe *c)
 			w->pending[i]--;
 		if (c->res >= 0)
 			w->st.delivered++;
-		else if (slot < w->st.attached && w->slots[slot].live)
+		else if (slot < w->nslots && w->slots[slot].live)
 			slot_gone(w, slot, c->res);
 		advance(w);
 		break;
@@ -210,7 +328,7 @@ static bool is_ready(struct ferry_chan_writer *w)
 
 static bool has_room(struct ferry_chan_writer *w)
 {
-	return w->next_seq - w->low < w->p.max_outstanding || w->st.live == 0;
+	return w->next_seq - w->low < w->p.max_outstanding || w->ntargets == 0;
 }
 
 static bool all_out(struct ferry_chan_writer *w)
@@ -223,16 +341,17 @@ static bool ops_done(struct ferry_chan_writer *w)
 	return w->inflight == 0 && all_out(w);
 }
 
-int ferry_chan_create(struct ferry_engine *e, const char *name, const struct ferry_chan_params *p,
-		      struct ferry_chan_writer **out)
+static int create(struct ferry_engine *e, const char *name, const struct ferry_chan_params *p,
+		  bool open, struct ferry_chan_writer **out)
 {
 	struct ferry_cq_params cqp = FERRY_CQ_PARAMS_INIT;
 	struct ferry_chan_writer *w;
 	struct ferry_sqe *sqe;
 	int rc;
 
-	if (!e || !p || !out || p->size < sizeof(*p) || !chan_name_ok(name) || p->readers == 0 ||
-	    p->readers > FERRY_CHAN_READERS_MAX || p->max_outstanding > CHAN_MAX_OUTSTANDING) {
+	if (!e || !p || !out || p->size < sizeof(*p) || !chan_name_ok(name) ||
+	    (p->readers == 0 && !open) || p->readers > FERRY_CHAN_READERS_MAX ||
+	    p->max_outstanding > CHAN_MAX_OUTSTANDING) {
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_create: bad arguments (NULL, a name not of "
 			  "1..31 [A-Za-z0-9._-], readers not 1..%u, max_outstanding over %u)",
 			  FERRY_CHAN_READERS_MAX, CHAN_MAX_OUTSTANDING);
@@ -248,8 +367,12 @@ int ferry_chan_create(struct ferry_engine *e, const char *name, const struct fer
 	strcpy(w->name, name);
 	snprintf(w->mstream, sizeof(w->mstream), "fc/%s/m", name);
 	w->aprefix_len = (size_t)snprintf(w->aprefix, sizeof(w->aprefix), "fc/%s/a/", name);
-	w->slots = calloc(p->readers, sizeof(*w->slots));
-	w->shares = calloc(p->readers, sizeof(*w->shares));
+	w->open = open;
+	w->ready = open;
+	/* Every reader may sit behind a relay of its own: N readers, N relays at most. */
+	w->cap = open ? FERRY_CHAN_READERS_MAX : 2 * p->readers;
+	w->slots = calloc(w->cap, sizeof(*w->slots));
+	w->shares = calloc(w->cap, sizeof(*w->shares));
 	w->pending = calloc(w->p.max_outstanding, sizeof(*w->pending));
 	w->st.readers = p->readers;
 	cqp.entries = 1024;
@@ -277,6 +400,52 @@ fail:
 	free(w->pending);
 	free(w);
 	return rc;
+}
+
+int ferry_chan_create(struct ferry_engine *e, const char *name, const struct ferry_chan_params *p,
+		      struct ferry_chan_writer **out)
+{
+	return create(e, name, p, false, out);
+}
+
+int chan_writer_create_open(struct ferry_engine *e, const char *name, uint32_t window,
+			    ferry_chan_event_cb *cb, void *arg, struct ferry_chan_writer **out)
+{
+	struct ferry_chan_params p = FERRY_CHAN_PARAMS_INIT;
+
+	p.max_outstanding = window;
+	p.on_event = cb;
+	p.event_arg = arg;
+	return create(e, name, &p, true, out);
+}
+
+void chan_writer_poll(struct ferry_chan_writer *w)
+{
+	drain(w, 0, NULL);
+}
+
+void chan_writer_abort_all(struct ferry_chan_writer *w, int err)
+{
+	uint32_t i;
+
+	for (i = 0; i < w->nslots; i++)
+		if (w->slots[i].peer && !w->slots[i].gone) {
+			/* Not a death of theirs: no event, no count. */
+			w->slots[i].gone = true;
+			if (w->slots[i].live && w->slots[i].kind != SLOT_MEMBER) {
+				struct ferry_sqe *sqe = chan_sqe(w->e, &w->sq);
+
+				if (!sqe)
+					break;
+				ferry_prep_stream_abort(sqe, w->slots[i].peer, w->mstream,
+							ferry_strerror(err), chan_ud(CHAN_UD_ABORT, i, 0));
+				ferry_sqe_set_cq(sqe, w->cq);
+				w->inflight++;
+			}
+			w->slots[i].live = false;
+		}
+	w->ntargets = 0;
+	submit(w);
 }
 
 int ferry_chan_handle(struct ferry_chan_writer *w, char *buf, size_t len)
@@ -307,7 +476,7 @@ int ferry_chan_wait_ready(struct ferry_chan_writer *w, int64_t timeout_ns)
 
 static int64_t write_buf(struct ferry_chan_writer *w, struct ferry_buf *buf, int64_t timeout_ns)
 {
-	uint32_t i, k = 0, live = w->st.live;
+	uint32_t i, k = 0, live;
 	uint64_t seq;
 	int rc;
 
@@ -319,7 +488,7 @@ static int64_t write_buf(struct ferry_chan_writer *w, struct ferry_buf *buf, int
 		if (rc)
 			return rc;
 	}
-	live = w->st.live;
+	live = w->ntargets;
 	if (live == 0)
 		return -ENOTCONN;
 	if (live == 1) {
@@ -329,10 +498,10 @@ static int64_t write_buf(struct ferry_chan_writer *w, struct ferry_buf *buf, int
 	}
 	seq = w->next_seq++;
 	w->pending[seq % w->p.max_outstanding] = live;
-	for (i = 0; i < w->st.attached; i++) {
+	for (i = 0; i < w->nslots && k < live; i++) {
 		struct ferry_sqe *sqe;
 
-		if (!w->slots[i].live)
+		if (!w->slots[i].live || w->slots[i].kind == SLOT_MEMBER)
 			continue;
 		sqe = chan_sqe(w->e, &w->sq);
 		if (!sqe) {
@@ -449,8 +618,8 @@ int ferry_chan_close(struct ferry_chan_writer *w)
 	}
 	drain(w, deadline, all_out);
 	w->closing = true;
-	for (i = 0; i < w->st.attached; i++) {
-		if (!w->slots[i].live)
+	for (i = 0; i < w->nslots; i++) {
+		if (!w->slots[i].live || w->slots[i].kind == SLOT_MEMBER)
 			continue;
 		sqe = chan_sqe(w->e, &w->sq);
 		if (!sqe)
@@ -469,8 +638,8 @@ int ferry_chan_close(struct ferry_chan_writer *w)
 		ferry_sqe_set_cq(sqe, w->cq);
 		w->inflight++;
 	}
-	for (i = 0; i < w->st.attached; i++) {
-		if (w->slots[i].attach_end)
+	for (i = 0; i < w->nslots; i++) {
+		if (w->slots[i].attach_end || !w->slots[i].peer)
 			continue;
 		sqe = chan_sqe(w->e, &w->sq);
 		if (!sqe)

@@ -334,6 +334,11 @@ const char *ferry_engine_name(const struct ferry_engine *e)
 	return e ? e->name : NULL;
 }
 
+const char *ferry_engine_ns(const struct ferry_engine *e)
+{
+	return e ? e->ns : NULL;
+}
+
 /* ------------------------------------------------------------------ */
 /* Peers                                                               */
 /* ------------------------------------------------------------------ */
