@@ -171,7 +171,10 @@ struct ferry_chan_open_params {
 	 * the sequence number, len its bytes, buf the message (zero copy,
 	 * FERRY_CQE_F_BUF: release it), FERRY_CQE_F_MORE, user_data below; the
 	 * last CQE, without MORE, is the end: res >= 0 and an empty buffer
-	 * when the writer closed, or -ECONNRESET when it died.
+	 * when the writer closed, or -ECONNRESET when it died (-ECANCELED
+	 * after ferry_chan_reader_close: that CQE comes after the close, on
+	 * this CQ). user_data should be unique among the engine's ops (the
+	 * close cancels the op that carries it).
 	 */
 	struct ferry_cq *cq;
 	ferry_complete_cb *cb; /* with cq: run it instead of returning the CQE */
