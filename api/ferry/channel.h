@@ -25,7 +25,10 @@
  * Flow control: at most max_outstanding messages are written and not yet
  * taken by every live reader (the readers' credits are max_outstanding too);
  * then a write waits up to its timeout (-ETIMEDOUT; 0: -EAGAIN at once).
- * Memory stays bounded however slow a reader is. A reader that dies (or
+ * Memory stays bounded however slow a reader is. (The window is set as the
+ * writer engine's stream credits to each reader's engine,
+ * ferry_peer_set_stream_limits per_stream: other streams of the same
+ * engines to those peers get it too.) A reader that dies (or
  * closes) is reported to the writer (params.on_event, and the counters of
  * ferry_chan_stats) and is skipped from then on: it blocks nobody. A writer
  * that dies ends every reader's dequeue with -ECONNRESET (on one host at
