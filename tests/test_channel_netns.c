@@ -125,10 +125,15 @@ static int handle_from_file(char *h, size_t len)
 	return -1;
 }
 
+enum { RD_ALL, RD_FOLLOWER, RD_RELAY };
+
 struct rd {
 	int id;
 	int remote;
-	struct t_gate *done; /* opened once every message came */
+	int mode;            /* RD_ALL: every message, then a reset (the writer killed);
+			      * RD_FOLLOWER: in order until a reset (its relay killed);
+			      * RD_RELAY: runs the relay (opened first), killed */
+	struct t_gate *done; /* opened once every message came (RD_ALL), or once open (RD_RELAY) */
 };
 
 static int reader_main(void *arg)
@@ -150,6 +155,8 @@ static int reader_main(void *arg)
 		return 21;
 	if (ferry_chan_open(e, h, NULL, &r))
 		return 22;
+	if (a->mode == RD_RELAY)
+		t_gate_open(a->done);
 	for (;;) {
 		struct ferry_buf *b = NULL;
 		uint64_t seq;
@@ -162,8 +169,15 @@ static int reader_main(void *arg)
 			return 23;
 		}
 		ferry_buf_release(b);
-		if (++got == MSGS)
+		if (++got == MSGS && a->mode == RD_ALL)
 			t_gate_open(a->done);
+	}
+	if (a->mode == RD_FOLLOWER && n == -ECONNRESET && got < MSGS) {
+		printf("%s: %u messages, then its relay's end: %s\n", name, got,
+		       ferry_strerror((int)n));
+		ferry_chan_reader_close(r);
+		ferry_engine_destroy(e);
+		return 0;
 	}
 	if (got != MSGS) {
 		fprintf(stderr, "%s: %u messages, then %s\n", name, got, ferry_strerror((int)n));
@@ -179,9 +193,13 @@ static int reader_main(void *arg)
 	return 0;
 }
 
+struct wr {
+	struct t_gate *sent, *half, *go; /* half, go: the relay killed after 20 messages */
+};
+
 static int writer_main(void *arg)
 {
-	struct t_gate *sent = arg;
+	struct wr *wa = arg;
 	struct ferry_chan_params p = FERRY_CHAN_PARAMS_INIT;
 	struct ferry_chan_writer *w;
 	struct ferry_chan_stats st;
@@ -214,6 +232,11 @@ static int writer_main(void *arg)
 	for (i = 0; i < MSGS; i++) {
 		struct iovec iov = { scratch, msg_len(i) };
 
+		if (wa->half && i == 20) {
+			t_gate_open(wa->half);
+			if (t_gate_wait(wa->go, 60000))
+				return 37;
+		}
 		msg_fill(i, scratch, iov.iov_len);
 		if (ferry_chan_write(w, &iov, 1, 30 * SEC) != i)
 			return 34;
@@ -223,10 +246,22 @@ static int writer_main(void *arg)
 	ferry_chan_stats(w, &st);
 	printf("writer: %" PRIu64 " sends for %u messages to %u readers (%u live)\n", st.delivered,
 	       MSGS, st.attached, st.live);
-	/* Once per local reader and once for the other host, not once per reader. */
-	if (st.delivered != (uint64_t)MSGS * (LOCAL_READERS + 1) || st.live != p.readers)
+	if (wa->half) {
+		/* The other host's relay died: its 4 readers are dead, the 2 here went on. */
+		int64_t t0 = t_now();
+
+		while (st.dead < REMOTE_READERS && t_now() - t0 < 30 * SEC) {
+			usleep(10000);
+			ferry_chan_stats(w, &st);
+		}
+		printf("writer: %u dead, %u live\n", st.dead, st.live);
+		if (st.dead != REMOTE_READERS || st.live != LOCAL_READERS)
+			return 38;
+	} else if (st.delivered != (uint64_t)MSGS * (LOCAL_READERS + 1) || st.live != p.readers) {
+		/* Once per local reader and once for the other host, not once per reader. */
 		return 36;
-	t_gate_open(sent);
+	}
+	t_gate_open(wa->sent);
 	pause(); /* killed here */
 	return 0;
 }
@@ -239,9 +274,11 @@ static void test_two_hosts(void **state)
 	int i, n = LOCAL_READERS + REMOTE_READERS;
 
 	(void)state;
+	struct wr wa = { .sent = &sent };
+
 	t_gate_init(&sent);
 	t_gate_init(&done);
-	writer = t_fork(writer_main, &sent);
+	writer = t_fork(writer_main, &wa);
 	for (i = 0; i < n; i++) {
 		a[i] = (struct rd){ .id = i, .remote = i >= LOCAL_READERS, .done = &done };
 		pids[i] = t_fork(reader_main, &a[i]);
@@ -255,6 +292,7 @@ static void test_two_hosts(void **state)
 		assert_int_equal(t_reap(pids[i]), 0);
 	t_gate_close(&sent);
 	t_gate_close(&done);
+	unlink(handle_path);
 }
 
 static int group_setup(void **state)
@@ -303,10 +341,64 @@ static int group_teardown(void **state)
 	return 0;
 }
 
+/*
+ * The reader that runs B's relay is killed after 20 messages: B's other
+ * readers end with -ECONNRESET (their messages in order until then), the
+ * writer counts B's 4 readers dead and goes on with its own 2, which get
+ * every message.
+ */
+static void test_relay_killed(void **state)
+{
+	struct t_gate sent, done, opened, half, go;
+	struct rd a[LOCAL_READERS + REMOTE_READERS];
+	pid_t writer, pids[LOCAL_READERS + REMOTE_READERS];
+	struct wr wa = { .sent = &sent, .half = &half, .go = &go };
+	int i, n = LOCAL_READERS + REMOTE_READERS;
+
+	(void)state;
+	t_gate_init(&sent);
+	t_gate_init(&done);
+	t_gate_init(&opened);
+	t_gate_init(&half);
+	t_gate_init(&go);
+	writer = t_fork(writer_main, &wa);
+	for (i = 0; i < n; i++) {
+		int remote = i >= LOCAL_READERS;
+
+		a[i] = (struct rd){ .id = i, .remote = remote,
+				    .mode = !remote ? RD_ALL : i == LOCAL_READERS ? RD_RELAY
+										  : RD_FOLLOWER,
+				    .done = i == LOCAL_READERS ? &opened : &done };
+		pids[i] = t_fork(reader_main, &a[i]);
+		if (a[i].mode == RD_RELAY) /* it makes the relay: the others follow it */
+			assert_int_equal(t_gate_wait(&opened, 60000), 0);
+	}
+	assert_int_equal(t_gate_wait(&half, 60000), 0);
+	kill(pids[LOCAL_READERS], SIGKILL);
+	assert_int_equal(t_reap(pids[LOCAL_READERS]), 128 + SIGKILL);
+	t_gate_open(&go);
+	for (i = LOCAL_READERS + 1; i < n; i++)
+		assert_int_equal(t_reap(pids[i]), 0);
+	for (i = 0; i < LOCAL_READERS; i++)
+		assert_int_equal(t_gate_wait(&done, 60000), 0);
+	assert_int_equal(t_gate_wait(&sent, 60000), 0);
+	kill(writer, SIGKILL);
+	assert_int_equal(t_reap(writer), 128 + SIGKILL);
+	for (i = 0; i < LOCAL_READERS; i++)
+		assert_int_equal(t_reap(pids[i]), 0);
+	t_gate_close(&sent);
+	t_gate_close(&done);
+	t_gate_close(&opened);
+	t_gate_close(&half);
+	t_gate_close(&go);
+	unlink(handle_path);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_two_hosts),
+		cmocka_unit_test(test_relay_killed),
 	};
 
 	setvbuf(stdout, NULL, _IONBF, 0);
