@@ -6,7 +6,8 @@
  * count, its pool back to empty); a slow reader holding the writer back
  * only max_outstanding messages; a reader killed (reported, the others go
  * on); the writer killed (-ECONNRESET within the dequeue's deadline); the
- * barrier's deadline; messages as CQEs on a CQ of the caller's; bad input.
+ * barrier's deadline; messages as CQEs on a CQ of the caller's and through
+ * a callback; every engine in MANUAL mode; bad input.
  *
  * The issue asks for 100k messages of random sizes 0..4 MiB; that is
  * minutes of checksumming here (and far more under ASan), so each fan-out
@@ -133,6 +134,8 @@ static int handle_from_file(char *h, size_t len, int ms)
 	return -1;
 }
 
+static enum ferry_progress_mode mode = FERRY_PROGRESS_THREAD;
+
 static struct ferry_engine *engine(const char *name, size_t pool)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
@@ -140,7 +143,7 @@ static struct ferry_engine *engine(const char *name, size_t pool)
 
 	p.name = name;
 	p.ns = "chan";
-	p.progress = FERRY_PROGRESS_THREAD;
+	p.progress = mode;
 	p.pool_size = pool ? pool : (8u << 20);
 	p.spin_ns = 20000;
 	if (ferry_engine_create(&p, &e))
@@ -323,6 +326,15 @@ static void test_fanout_16(void **state)
 {
 	(void)state;
 	fanout(16, 512u << 10);
+}
+
+/* Every engine in MANUAL mode: the channel's calls drive them while they wait. */
+static void test_fanout_manual(void **state)
+{
+	(void)state;
+	mode = FERRY_PROGRESS_MANUAL;
+	fanout(3, 1u << 20);
+	mode = FERRY_PROGRESS_THREAD;
 }
 
 /* ------------------------------------------------------------------ */
@@ -734,6 +746,7 @@ static int setup(void **state)
 	(void)state;
 	snprintf(handle_path, sizeof(handle_path), "%s-handle", getenv("FERRY_RUNTIME_DIR"));
 	unlink(handle_path);
+	alarm(t_under_valgrind() ? 600 : 120); /* each test's bound (children have their own) */
 	return 0;
 }
 
@@ -745,6 +758,7 @@ int main(void)
 		cmocka_unit_test_setup(test_fanout_1, setup),
 		cmocka_unit_test_setup(test_fanout_4, setup),
 		cmocka_unit_test_setup(test_fanout_16, setup),
+		cmocka_unit_test_setup(test_fanout_manual, setup),
 		cmocka_unit_test_setup(test_slow_reader, setup),
 		cmocka_unit_test_setup(test_reader_killed, setup),
 		cmocka_unit_test_setup(test_writer_killed, setup),
