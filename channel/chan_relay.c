@@ -20,7 +20,10 @@
  * made it: when that reader closes, the host's other readers see the end.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <sys/file.h>
+#include <unistd.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -39,7 +42,48 @@ struct chan_relay {
 	pthread_t thread;
 	atomic_int stop;
 	bool running;
+	int lock_fd;            /* the relay's lock file (see relay_lock), or -1 */
+	char lock_path[512];
 };
+
+/*
+ * Before the engine-name election, a lock file beside the engines' names
+ * ("<runtime dir>/<ns>/<relay>.relay", the directory shm uses): a reader
+ * that finds it locked follows at once, without an engine create that shm
+ * would refuse with an error line. The name stays the arbiter (a lost
+ * race only costs that line). Returns the locked fd, -1 when another
+ * holds it, -2 when there is no such file to lock (then the name decides).
+ */
+static int relay_lock(const char *ns, const char *name, char *path, size_t len)
+{
+	const char *env = getenv("FERRY_RUNTIME_DIR"), *xdg = getenv("XDG_RUNTIME_DIR");
+	int fd, n;
+
+	if (env && env[0])
+		n = snprintf(path, len, "%s/%s/%s.relay", env, ns, name);
+	else if (xdg && xdg[0])
+		n = snprintf(path, len, "%s/ferry/%s/%s.relay", xdg, ns, name);
+	else
+		n = snprintf(path, len, "/tmp/ferry-%u/%s/%s.relay", (unsigned)geteuid(), ns, name);
+	if (n < 0 || (size_t)n >= len)
+		return -2;
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -2;
+	if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+		return fd;
+	close(fd);
+	return errno == EWOULDBLOCK ? -1 : -2;
+}
+
+static void relay_unlock(struct chan_relay *rl)
+{
+	if (rl->lock_fd >= 0) {
+		unlink(rl->lock_path);
+		close(rl->lock_fd);
+		rl->lock_fd = -1;
+	}
+}
 
 static void relay_event(enum ferry_chan_event ev, int slot, const char *reader, int err,
 			void *arg)
@@ -143,9 +187,15 @@ int chan_relay_get(struct ferry_engine *e, const struct chan_handle *h, const ch
 	rl = calloc(1, sizeof(*rl));
 	if (!rl)
 		return -ENOMEM;
+	rl->lock_fd = relay_lock(ep.ns, name, rl->lock_path, sizeof(rl->lock_path));
+	if (rl->lock_fd == -1) {
+		free(rl); /* another reader of this host relays */
+		return 0;
+	}
 	rc = ferry_engine_create(&ep, &rl->e);
 	if (rc == -EADDRINUSE) {
 		/* Another reader of this host relays: follow it. */
+		relay_unlock(rl);
 		free(rl);
 		return 0;
 	}
@@ -171,6 +221,7 @@ fail_up:
 fail_engine:
 	ferry_engine_destroy(rl->e);
 fail:
+	relay_unlock(rl);
 	free(rl);
 	return rc;
 }
@@ -185,5 +236,6 @@ void chan_relay_stop(struct chan_relay *rl)
 	if (rl->up)
 		ferry_chan_reader_close(rl->up);
 	ferry_engine_destroy(rl->e);
+	relay_unlock(rl);
 	free(rl);
 }
