@@ -296,8 +296,13 @@ static PyObject *chanw_close(pyf_chanw *self, PyObject *noargs)
 
 static void chanw_dealloc(pyf_chanw *self)
 {
-	if (self->w && self->engine && self->engine->e && !self->busy)
+	if (self->w && self->engine && self->engine->e && !self->busy) {
+		self->engine->busy++; /* the engine is not closed meanwhile */
+		Py_BEGIN_ALLOW_THREADS /* it may wait for the messages still out */
 		ferry_chan_close(self->w);
+		Py_END_ALLOW_THREADS
+		self->engine->busy--;
+	}
 	Py_XDECREF(self->engine);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -465,8 +470,13 @@ static PyObject *chanr_close(pyf_chanr *self, PyObject *noargs)
 
 static void chanr_dealloc(pyf_chanr *self)
 {
-	if (self->r && self->engine && self->engine->e && !self->busy)
+	if (self->r && self->engine && self->engine->e && !self->busy) {
+		self->engine->busy++; /* the engine is not closed meanwhile */
+		Py_BEGIN_ALLOW_THREADS /* it may wait for the messages still out */
 		ferry_chan_reader_close(self->r);
+		Py_END_ALLOW_THREADS
+		self->engine->busy--;
+	}
 	Py_XDECREF(self->engine);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
