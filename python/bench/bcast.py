@@ -4,6 +4,13 @@
     python python/bench/bcast.py [--readers 1,4,8] [--sizes 64,1048576]
                                  [--msgs 2000] [--gap-us 200] [--impl ferry,zmq,vllm]
                                  [--json out.json]
+                                 [--remote --connect-ip IP [--reader-netns NS --reader-ip IP]]
+
+--remote puts the readers on "another host": through tcp (ferry: the host's
+relay; zmq: its tcp socket; vLLM: its remote readers), the writer listening on
+--connect-ip; with --reader-netns the readers run in that network namespace
+(`ip netns exec`, root; python/bench/bcast_netns.sh makes a veth pair and runs
+this) with --reader-ip their address there.
 
 For each implementation, reader count and size: the readers are processes
 of this host; the writer sends --msgs messages, each stamped with
@@ -17,10 +24,10 @@ An implementation that cannot run here is reported as skipped, with why.
 """
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import struct
+import subprocess
 import sys
 import time
 
@@ -33,10 +40,11 @@ def now():
 
 # ---------------------------------------------------------------- readers
 
-def reader_main(impl, handle, n_total, out_q, rank, go):
+def reader_main(impl, handle, n_total, rank):
+    """A reader process: prints "ready", then one JSON line of (index, time)."""
     try:
         recv, close = open_reader(impl, handle, rank)
-        go.put(rank)
+        print("ready", flush=True)
         times = []
         for _ in range(n_total):
             data = recv()
@@ -44,15 +52,15 @@ def reader_main(impl, handle, n_total, out_q, rank, go):
             sent, idx = STAMP.unpack_from(data, 0)
             times.append((idx, t))
         close()
-        out_q.put((rank, times, None))
+        print(json.dumps({"times": times}), flush=True)
     except Exception as e:  # reported by the writer
-        out_q.put((rank, None, repr(e)))
+        print(json.dumps({"error": repr(e)}), flush=True)
 
 
 def open_reader(impl, handle, rank):
     if impl == "ferry":
         import pyferry
-        mq = pyferry.MessageQueue.create_from_handle(handle, rank)
+        mq = pyferry.MessageQueue.create_from_handle(handle.encode(), rank)
         mq.wait_until_ready(timeout=60)
 
         def recv():
@@ -72,8 +80,9 @@ def open_reader(impl, handle, rank):
             return m.buffer
         return recv, lambda: (s.close(0), ctx.term())
     if impl == "vllm":
+        import pickle
         from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
-        mq = MessageQueue.create_from_handle(handle, rank)
+        mq = MessageQueue.create_from_handle(pickle.loads(bytes.fromhex(handle)), rank)
         mq.wait_until_ready()
 
         def recv():
@@ -84,18 +93,20 @@ def open_reader(impl, handle, rank):
 
 # ---------------------------------------------------------------- writers
 
-def open_writer(impl, n, size):
+def open_writer(impl, n, size, remote, ip):
+    local = 0 if remote else n
     if impl == "ferry":
         import pyferry
-        mq = pyferry.MessageQueue(n, n, max_chunk_bytes=max(size, 1 << 16), max_chunks=64)
-        return mq.export_handle(), mq.wait_until_ready, mq.enqueue_bytes, mq.close
+        mq = pyferry.MessageQueue(n, local, max_chunk_bytes=max(size, 1 << 16), max_chunks=64,
+                                  connect_ip=ip if remote else None)
+        return mq.export_handle().decode(), mq.wait_until_ready, mq.enqueue_bytes, mq.close
     if impl == "zmq":
         import zmq
         ctx = zmq.Context()
         s = ctx.socket(zmq.PUB)
         s.setsockopt(zmq.SNDHWM, 0)
-        port = s.bind_to_random_port("tcp://127.0.0.1")
-        handle = f"tcp://127.0.0.1:{port}"
+        port = s.bind_to_random_port(f"tcp://{ip}")
+        handle = f"tcp://{ip}:{port}"
 
         def ready():
             time.sleep(1.0)  # PUB/SUB has no barrier: give the SUBs time to join
@@ -104,9 +115,12 @@ def open_writer(impl, n, size):
             s.send(b, copy=len(b) < 65536)
         return handle, ready, send, lambda: (s.close(0), ctx.term())
     if impl == "vllm":
+        import pickle
         from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
-        mq = MessageQueue(n, n, max_chunk_bytes=max(size * 2, 1 << 20))
-        return mq.export_handle(), mq.wait_until_ready, mq.enqueue, lambda: None
+        mq = MessageQueue(n, local, max_chunk_bytes=max(size * 2, 1 << 20),
+                          connect_ip=ip if remote else None)
+        return (pickle.dumps(mq.export_handle()).hex(), mq.wait_until_ready, mq.enqueue,
+                lambda: None)
     raise ValueError(impl)
 
 
@@ -123,17 +137,22 @@ def available(impl):
         return f"{type(e).__name__}: {e}"
 
 
-def run_one(impl, n, size, msgs, gap_us):
-    ctx = mp.get_context("spawn")
-    out_q, go = ctx.Queue(), ctx.Queue()
-    handle, ready, send, close = open_writer(impl, n, size)
+def run_one(impl, n, size, msgs, gap_us, a):
+    handle, ready, send, close = open_writer(impl, n, size, a.remote,
+                                             a.connect_ip or "127.0.0.1")
     total = 2 * msgs
-    procs = [ctx.Process(target=reader_main, args=(impl, handle, total, out_q, r, go))
-             for r in range(n)]
+    env = dict(os.environ)
+    if a.remote:
+        env["PYFERRY_MQ_IP"] = a.reader_ip or a.connect_ip or "127.0.0.1"
+    prefix = ["ip", "netns", "exec", a.reader_netns] if a.reader_netns else []
+    procs = [subprocess.Popen(prefix + [sys.executable, os.path.abspath(__file__), "--reader",
+                                        impl, handle, str(total), str(r)],
+                              stdout=subprocess.PIPE, text=True, env=env) for r in range(n)]
     for p in procs:
-        p.start()
-    for _ in range(n):
-        go.get(timeout=120)
+        line = p.stdout.readline().strip()
+        if line != "ready":
+            close()
+            return {"error": f"reader: {line or 'exited'}"}
     ready()
     payload = bytearray(max(size, STAMP.size))
     sent = {}
@@ -151,15 +170,15 @@ def run_one(impl, n, size, msgs, gap_us):
         STAMP.pack_into(payload, 0, t, i)
         sent[i] = t
         send(bytes(payload))
-    results = [out_q.get(timeout=600) for _ in range(n)]
+    results = [json.loads(p.stdout.readline() or '{"error": "no result"}') for p in procs]
     for p in procs:
-        p.join(timeout=60)
+        p.wait(timeout=60)
     close()
-    errors = [e for _, _, e in results if e]
+    errors = [r["error"] for r in results if "error" in r]
     if errors:
         return {"error": errors[0]}
     last = {}
-    for _, times, _ in results:
+    for times in (r["times"] for r in results):
         for idx, t in times:
             last[idx] = max(last.get(idx, 0), t)
     lat = sorted((last[i] - sent[i]) / 1000.0 for i in range(msgs))
@@ -179,9 +198,18 @@ def main():
     ap.add_argument("--gap-us", type=int, default=200)
     ap.add_argument("--impl", default="ferry,zmq,vllm")
     ap.add_argument("--json")
+    ap.add_argument("--remote", action="store_true")
+    ap.add_argument("--connect-ip")
+    ap.add_argument("--reader-netns")
+    ap.add_argument("--reader-ip")
+    if len(sys.argv) > 1 and sys.argv[1] == "--reader":
+        impl, handle, total, rank = sys.argv[2:6]
+        reader_main(impl, handle, int(total), int(rank))
+        return 0
     a = ap.parse_args()
     os.environ.setdefault("FERRY_LOG", "error")
-    out = {"msgs": a.msgs, "gap_us": a.gap_us, "results": [], "skipped": {}}
+    out = {"msgs": a.msgs, "gap_us": a.gap_us, "remote": a.remote,
+           "reader_netns": a.reader_netns, "results": [], "skipped": {}}
     for impl in a.impl.split(","):
         why = available(impl)
         if why:
@@ -190,8 +218,8 @@ def main():
             continue
         for n in map(int, a.readers.split(",")):
             for size in map(int, a.sizes.split(",")):
-                r = run_one(impl, n, size, a.msgs, a.gap_us)
-                r.update(impl=impl, readers=n, size=size)
+                r = run_one(impl, n, size, a.msgs, a.gap_us, a)
+                r.update(impl=impl, readers=n, size=size, remote=a.remote)
                 out["results"].append(r)
                 print(json.dumps(r), flush=True)
     if a.json:
