@@ -267,6 +267,9 @@ FERRY_API int ferry_engine_destroy(struct ferry_engine *e);
 /* The engine's name (valid while the engine lives). Any thread. */
 FERRY_API const char *ferry_engine_name(const struct ferry_engine *e);
 
+/* The engine's namespace ("default" when none was given; valid while the engine lives). Any thread. */
+FERRY_API const char *ferry_engine_ns(const struct ferry_engine *e);
+
 /*
  * Drive progress (MANUAL mode): drain submission queues, run transports,
  * fire deadlines, post completions. Never blocks. Returns the number of
@@ -430,6 +433,22 @@ FERRY_API int ferry_buf_set_len(struct ferry_buf *b, size_t len);
  * counted, never a crash).
  */
 FERRY_API int ferry_buf_release(struct ferry_buf *b);
+
+/*
+ * One block, several owners: b (a buffer of this process's pools from
+ * ferry_buf_alloc, not one a GET or stream handed over from a peer, and
+ * not itself from a share) becomes n buffers out[0..n-1] naming the same
+ * memory, with b's length; each is released (or PUT, which moves it) on
+ * its own, and the block goes back to its pool when the last is released.
+ * b is no longer the caller's. n == 0 releases b. Over shm every PUT of
+ * one of them lends the same block, so n readers of one host read one
+ * copy (the broadcast channel, api/ferry/channel.h, is built on it). The
+ * memory is the same: write it before sharing. Returns 0; -EINVAL (NULL,
+ * a buffer that is not live, a peer's buffer, or one already shared;
+ * logged); -ENOMEM when the pool has not n buffer handles free (b is then
+ * untouched). Any thread that holds b.
+ */
+FERRY_API int ferry_buf_share(struct ferry_buf *b, uint32_t n, struct ferry_buf **out);
 
 /*
  * Memory types. Every buffer and every registered region has one. CUDA
