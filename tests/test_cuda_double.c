@@ -947,9 +947,7 @@ static int ipc_fallback_child(void *arg)
 	    t_health_num(b, "\"cuda\":{", "ipc_opens") != 1)
 		return child_failed(__LINE__, 5);
 	t_gate_open(&ipc_ready);
-	/* Until the sender saw our release: an engine that goes first leaves its PUT reset. */
-	if (t_gate_wait(&ipc_done, 20000))
-		return child_failed(__LINE__, 6);
+	/* Gone right after the GET: the release queued before its CQE still reaches the sender. */
 	ferry_engine_destroy(b);
 	d_free(dst);
 	return 0;
@@ -998,7 +996,6 @@ static void test_double_ipc_fallbacks(void **state)
 	}
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 1);
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
-	t_gate_open(&ipc_done);
 	assert_int_equal(t_reap(pid), 0);
 	ferry_engine_destroy(a);
 	d_free(s1);

@@ -907,6 +907,12 @@ static void shm_fini(struct ferry_engine *e, struct backend *b)
 	for (uint32_t i = 0; i < SHM_HALF_OPEN_MAX; i++)
 		if (st->half_open[i].fd >= 0)
 			shm_half_open_close(st, i);
+	/*
+	 * Releases queued since the last round go to the peers still there
+	 * (they read them before our hang-up): a CUDA IPC PUT whose copy ended
+	 * here ends there, rather than being reset.
+	 */
+	flush_releases(e, st);
 	for (uint32_t i = 0; i < SHM_MAX_CONNS; i++) {
 		if (st->conns[i]) {
 			shm_conn_fail(e, st->conns[i], NULL, -ECANCELED);
