@@ -396,35 +396,63 @@ static void test_wrong_secret(void **state)
 
 /* A caller that never speaks is dropped at the handshake's deadline. */
 
-/* The far engine b is a child: killed, started again at its address; a's PUTs go again. */
-static int child_b(int fd, const char *at)
-{
-	struct ferry_engine *b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, at);
-	char addr[128];
+/*
+ * The far engine b is a child: killed, started again at its address; a's
+ * PUTs go again. Both children are forked before this process has an
+ * engine (a child of a process that opened RDMA devices inherits librdmacm's
+ * device contexts, which it cannot use), and each makes its engine when
+ * told: "go" and the address to listen at ("" for any port) on one pipe,
+ * its address back on the other.
+ */
+struct child {
+	pid_t pid;
+	int to, from;
+};
 
+static int child_b(int in, int out)
+{
+	struct ferry_engine *b;
+	char at[128], addr[128];
+
+	if (t_read(in, at, sizeof(at)) != (ssize_t)sizeof(at))
+		_exit(0); /* not needed */
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, at[0] ? at : NULL);
 	addr_of(b, addr, sizeof(addr));
-	if (t_write(fd, addr, sizeof(addr)) != (ssize_t)sizeof(addr))
+	if (t_write(out, addr, sizeof(addr)) != (ssize_t)sizeof(addr))
 		_exit(3);
 	for (;;)
 		pause();
 }
 
-static pid_t start_b(const char *at, char *addr)
+static struct child fork_b(void)
 {
-	int fds[2];
-	pid_t pid;
+	int down[2], up[2];
+	struct child ch;
 
-	assert_int_equal(pipe(fds), 0);
-	pid = fork();
-	assert_true(pid >= 0);
-	if (pid == 0) {
-		close(fds[0]);
-		_exit(child_b(fds[1], at));
+	assert_int_equal(pipe(down), 0);
+	assert_int_equal(pipe(up), 0);
+	ch.pid = fork();
+	assert_true(ch.pid >= 0);
+	if (ch.pid == 0) {
+		close(down[1]);
+		close(up[0]);
+		_exit(child_b(down[0], up[1]));
 	}
-	close(fds[1]);
-	assert_int_equal(t_read(fds[0], addr, 128), 128);
-	close(fds[0]);
-	return pid;
+	close(down[0]);
+	close(up[1]);
+	ch.to = down[1];
+	ch.from = up[0];
+	return ch;
+}
+
+static void start_b(struct child *ch, const char *at, char *addr)
+{
+	char msg[128] = "";
+
+	if (at)
+		snprintf(msg, sizeof(msg), "%s", at);
+	assert_int_equal(t_write(ch->to, msg, sizeof(msg)), sizeof(msg));
+	assert_int_equal(t_read(ch->from, addr, 128), 128);
 }
 
 static void test_kill_reconnect(void **state)
@@ -434,21 +462,21 @@ static void test_kill_reconnect(void **state)
 	struct ferry_cqe c;
 	char addr[128], again[128];
 	uint32_t v = 1;
-	pid_t pid;
+	struct child b1 = fork_b(), b2 = fork_b();
 	int st;
 	bool ok = false;
 
 	(void)state;
-	pid = start_b(NULL, addr);
+	start_b(&b1, NULL, addr);
 	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
 	ab = t_peer(a, "b");
 	assert_int_equal(ferry_peer_connect_uri(ab, addr), 0);
 	t_put(a, ab, "one", &v, sizeof(v), 1, 0);
 	t_expect(a, NULL, 1, 0, NULL);
 	assert_int_equal(rh(a, "connections_ready"), 1);
-	kill(pid, SIGKILL);
-	assert_int_equal(t_waitpid(pid, &st, 0), pid);
-	/* The peer's death reaches us (its QP goes); a PUT then fails, within its deadline. */
+	kill(b1.pid, SIGKILL);
+	assert_int_equal(t_waitpid(b1.pid, &st, 0), b1.pid);
+	/* The peer's death reaches us (the kernel disconnects its QP). */
 	{
 		int64_t end = t_now() + 10 * SEC;
 
@@ -456,20 +484,31 @@ static void test_kill_reconnect(void **state)
 			usleep(10000);
 	}
 	assert_int_equal(rh(a, "connections_ready"), 0);
-	pid = start_b(addr, again);
+	/* A PUT now fails: nobody listens there. */
+	t_put(a, ab, "gone", &v, sizeof(v), 2, 0);
+	assert_true(t_wait_cqe(a, NULL, &c, 10 * SEC));
+	assert_int_equal(c.user_data, 2);
+	assert_true(c.res == -EHOSTUNREACH || c.res == -ECONNRESET);
+	start_b(&b2, addr, again);
 	assert_string_equal(addr, again);
 	/* The next PUT calls again. */
-	for (int i = 0; i < 50 && !ok; i++) {
+	for (int i = 0; i < 20 && !ok; i++) {
 		t_put(a, ab, "two", &v, sizeof(v), 10 + i, FERRY_SQE_REPLACE);
 		assert_true(t_wait_cqe(a, NULL, &c, 10 * SEC));
 		ok = c.res == 0;
-		if (!ok)
+		if (!ok) {
+			fprintf(stderr, "after the restart: PUT %d: %s\n", i, ferry_strerror(c.res));
 			usleep(50000);
+		}
 	}
 	assert_true(ok);
 	assert_int_equal(rh(a, "connections_ready"), 1);
-	kill(pid, SIGKILL);
-	t_waitpid(pid, &st, 0);
+	kill(b2.pid, SIGKILL);
+	t_waitpid(b2.pid, &st, 0);
+	close(b1.to);
+	close(b1.from);
+	close(b2.to);
+	close(b2.from);
 	ferry_engine_destroy(a);
 }
 

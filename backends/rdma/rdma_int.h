@@ -39,8 +39,8 @@
 #define RDMA_SLOT 8192u       /* one message buffer (send or receive) */
 #define RDMA_RECVS 64u        /* receives posted per connection: the peer's credits */
 #define RDMA_SENDS 96u        /* send buffers per connection */
-#define RDMA_READS_MAX 16u    /* RDMA READs in flight per connection */
-#define RDMA_READ_PIECE (4u << 20) /* one READ moves at most this much */
+#define RDMA_READS_MAX 8u     /* RDMA READs in flight per connection */
+#define RDMA_READ_PIECE (256u << 10) /* one READ moves at most this much */
 #define RDMA_SQ_DEPTH (RDMA_SENDS + RDMA_READS_MAX + 8u)
 #define RDMA_CQ_DEPTH 4096
 #define RDMA_EAGER_MAX 4096u  /* payloads up to this go inside the SEND */
