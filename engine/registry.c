@@ -15,6 +15,7 @@ extern const struct backend_ops ferry__ctl_backend;
 extern const struct backend_ops ferry__tcp_backend;
 extern const struct backend_ops ferry__loop_backend;
 extern const struct backend_ops ferry__shm_backend;
+extern const struct backend_ops ferry__cuda_backend;
 #ifdef FERRY_HAVE_RDMA_TRANSPORT
 extern const struct backend_ops ferry__rdma_backend;
 #endif
@@ -27,5 +28,6 @@ const struct backend_ops *const ferry__transports[] = {
 	&ferry__tcp_backend,  /* rank 10: a peer given an address goes there, always */
 	&ferry__loop_backend, /* rank 20: an engine of this process */
 	&ferry__shm_backend,  /* rank 30: an engine of this host */
+	&ferry__cuda_backend, /* rank 90: a service, the memory domain of CUDA device memory */
 	NULL,
 };
