@@ -48,6 +48,7 @@ static struct ferry_engine *mk(const char *name, const char *ip, const char *sec
 	p.spin_ns = 20000;
 	p.rdma_listen = listen;
 	p.secret = secret;
+	p.handshake_ms = t_handshake_ms(); /* the emulated guest may be slow */
 	rc = ferry_engine_create(&p, &e);
 	if (rc)
 		fail_msg("engine %s: %s", name, ferry_strerror(rc));

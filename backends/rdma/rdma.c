@@ -483,6 +483,7 @@ static int rdma_init(struct ferry_engine *e, struct backend *b)
 	rc = sec_engine_params(p, &st->secret, &hb, &to);
 	if (rc)
 		goto fail;
+	st->hs_ns = p && p->handshake_ms ? (uint64_t)p->handshake_ms * 1000000ull : RDMA_HS_NS;
 	st->nmsgs = 2 * e->max_ops;
 	st->nrxs = 2 * e->max_ops;
 	st->msgs = calloc(st->nmsgs, sizeof(*st->msgs));

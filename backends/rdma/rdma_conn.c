@@ -24,7 +24,8 @@
  * callee's QP never allows remote access; a caller's QP allows remote READs
  * (of its pool, what it announces) only once the callee proved the secret
  * to it: until then its access flags are 0. Without a secret only loopback
- * peers are served and called (sec_peer_allowed), as over tcp.
+ * peers are served and called (sec_peer_allowed), as over tcp. A handshake has
+ * params.handshake_ms (3 s by default) from the call or the accept.
  */
 #include <netinet/in.h>
 #include <unistd.h>
@@ -72,7 +73,7 @@ static struct rdma_conn *conn_new(struct rdma_state *st, struct rdma_cm_id *id, 
 	for (uint32_t i = 0; i < RDMA_SENDS; i++)
 		c->send_free[i] = RDMA_SENDS - 1 - i;
 	c->nsend_free = RDMA_SENDS;
-	c->hs_deadline = ferry__now_ns() + RDMA_HS_NS;
+	c->hs_deadline = ferry__now_ns() + st->hs_ns;
 	st->conns[slot] = c;
 	c->next = st->conn_list;
 	st->conn_list = c;

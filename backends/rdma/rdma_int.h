@@ -46,7 +46,7 @@
 #define RDMA_EAGER_MAX 4096u  /* payloads up to this go inside the SEND */
 #define RDMA_INLINE_MAX 256u  /* iovec PUTs up to this are copied into the message */
 #define RDMA_MAX_SEG 64u      /* segments of one announcement */
-#define RDMA_HS_NS 3000000000ull /* a handshake not done by then is dropped */
+#define RDMA_HS_NS 3000000000ull /* a handshake not done by then is dropped (params.handshake_ms) */
 #define RDMA_CONNECT_MS 2000  /* rdma_resolve_addr / _route */
 
 /* ------------------------------------------------------------------ */
@@ -258,6 +258,7 @@ struct rdma_state {
 	char listen_text[PEER_ADDR_MAX];
 	char bound[PEER_ADDR_MAX];
 	struct sec_secret secret;
+	uint64_t hs_ns;         /* a handshake's bound (params.handshake_ms, 0: RDMA_HS_NS) */
 	struct rdma_dev devs[RDMA_MAX_DEV];
 	unsigned ndevs;
 	unsigned nsys_devs;     /* devices the system has (rdma_get_devices) */
