@@ -980,6 +980,7 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	struct op *op = j->op;
 	struct ferry_buf *buf = j->buf;
 	uint64_t len = j->len;
+	uint32_t gen = j->gen; /* read before j is given back: a waiting op may take it at once */
 	enum job_kind kind = j->kind;
 
 	atomic_fetch_sub(&s->inflight, 1);
@@ -987,7 +988,7 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 		ipc_unhold(s, atomic_load(&s->rt), j);
 	job_give_back(s, j);
 	svc_start_waiting(s); /* before this op goes on: the ones waiting keep their order */
-	if (op->state != OP_DEVICE || op->gen != j->gen) {
+	if (op->state != OP_DEVICE || op->gen != gen) {
 		log_error("cuda: engine %s: a device copy ended for an op that moved on", s->e->name);
 		if (buf)
 			pool_free(buf);
