@@ -12,16 +12,20 @@
 #include "stage_log.h"
 
 /*
- * Where the receiving rank `rank` of stage `to` listens for a tcp edge:
- * "tcp://HOST:PORT" with HOST the edge's `host` (127.0.0.1 when absent or
- * "auto") and PORT upstream's scheme, zmq_port + stage + 16 * rank (the
- * stage's number when its id is one, else 0), so that edges sharing a base
- * port and ranks of one stage do not collide. Both ends compute the same.
- * listen != 0 gives the address to bind instead ("*" for an "auto" host).
+ * Where the receiving rank `rank` of stage `to` listens for a tcp or rdma
+ * edge: "tcp://HOST:PORT" or "rdma://HOST:PORT" with HOST the edge's `host`
+ * and PORT upstream's scheme, zmq_port + stage + 16 * rank (the stage's
+ * number when its id is one, else 0), so that edges sharing a base port and
+ * ranks of one stage do not collide. Both ends compute the same. A tcp
+ * edge without a host (or "auto") is on 127.0.0.1; an rdma edge needs one:
+ * the receiving stage's address on an RDMA device's interface, which it
+ * binds and its sender calls (rdma_cm has its own port space, so an rdma
+ * and a tcp edge may share the number).
  */
-static int tcp_endpoint(const struct stage_edge *edge, const char *to, unsigned rank,
-			char *out, size_t len)
+static int edge_endpoint(const struct stage_edge *edge, const char *to, unsigned rank,
+			 char *out, size_t len)
 {
+	bool rdma = edge->transport == STAGE_TRANSPORT_RDMA;
 	const char *host = edge->host && *edge->host && strcmp(edge->host, "auto") ? edge->host
 										   : NULL;
 	char *end;
@@ -31,8 +35,15 @@ static int tcp_endpoint(const struct stage_edge *edge, const char *to, unsigned 
 	if (*end || stage > 65535)
 		stage = 0;
 	if (!edge->port) {
-		log_error("edge %s->%s: a tcp edge needs a port (zmq_port/port in its connector's "
-			  "extra): the sending stage could not find port 0", edge->from, edge->to);
+		log_error("edge %s->%s: a %s edge needs a port (zmq_port/port in its connector's "
+			  "extra): the sending stage could not find port 0", edge->from, edge->to,
+			  rdma ? "rdma" : "tcp");
+		return -EINVAL;
+	}
+	if (rdma && !host) {
+		log_error("edge %s->%s: an rdma edge needs a host (its connector's extra.host: the "
+			  "receiving stage's address on an RDMA device's interface)", edge->from,
+			  edge->to);
 		return -EINVAL;
 	}
 	port = ferry_port_compat(edge->port, 0, (uint32_t)stage, rank);
@@ -41,20 +52,21 @@ static int tcp_endpoint(const struct stage_edge *edge, const char *to, unsigned 
 			  edge->from, edge->to, edge->port, stage, rank);
 		return port;
 	}
-	snprintf(out, len, "tcp://%s:%d", host ? host : "127.0.0.1", port);
+	snprintf(out, len, "%s://%s:%d", rdma ? "rdma" : "tcp", host ? host : "127.0.0.1", port);
 	return 0;
 }
 
 /*
- * The endpoint this stage's engine listens on: every tcp edge it receives
- * on must agree on it (an engine has one). "" when it receives no tcp edge.
+ * The endpoint this stage's engine listens on for `transport` (tcp or
+ * rdma): every edge of it that it receives on must agree on it (an engine
+ * has one of each). "" when it receives no such edge.
  * With control: the control endpoint of a stage that holds the data of
  * key-lookup edges it sends on (the consumers call it there), computed by
  * the same scheme with the sending stage's number; all must agree too.
  * Key-lookup edges make their receiver listen on no fixed port.
  */
 static int stage_listen(const struct stage_graph *g, const char *id, unsigned rank, bool control,
-			char *out, size_t len)
+			enum stage_transport transport, char *out, size_t len)
 {
 	const struct stage_edge *first = NULL;
 
@@ -65,9 +77,9 @@ static int stage_listen(const struct stage_graph *g, const char *id, unsigned ra
 		int rc;
 
 		if (strcmp(control ? edge->from : edge->to, id) ||
-		    edge->transport != STAGE_TRANSPORT_TCP || edge->key_lookup != control)
+		    edge->transport != transport || edge->key_lookup != control)
 			continue;
-		if ((rc = tcp_endpoint(edge, id, rank, ep, sizeof(ep))))
+		if ((rc = edge_endpoint(edge, id, rank, ep, sizeof(ep))))
 			return rc;
 		if (!first) {
 			first = edge;
@@ -75,7 +87,8 @@ static int stage_listen(const struct stage_graph *g, const char *id, unsigned ra
 		} else if (strcmp(out, ep)) {
 			log_error("stage %s rank %u: %s edges %s->%s (%s:%d:%d) and %s->%s (%s:%d:%d) "
 				  "ask it to listen on %s and %s; an engine listens on one",
-				  id, rank, control ? "key-lookup" : "tcp", first->from, first->to,
+				  id, rank, control ? "key-lookup" : stage_transport_name(transport),
+				  first->from, first->to,
 				  g->file, first->line, first->column, edge->from, edge->to, g->file,
 				  edge->line, edge->column, out, ep);
 			return -EINVAL;
@@ -111,12 +124,14 @@ static void lookup_data_listen(const struct stage_graph *g, const char *id, char
 }
 
 int stage_rank_endpoints(const struct stage_graph *g, const char *id, unsigned rank,
-			 char *listen, size_t llen, char *control, size_t clen)
+			 char *listen, size_t llen, char *control, size_t clen, char *rdma,
+			 size_t rlen)
 {
 	int rc;
 
-	if ((rc = stage_listen(g, id, rank, false, listen, llen)) ||
-	    (rc = stage_listen(g, id, rank, true, control, clen)))
+	if ((rc = stage_listen(g, id, rank, false, STAGE_TRANSPORT_TCP, listen, llen)) ||
+	    (rc = stage_listen(g, id, rank, true, STAGE_TRANSPORT_TCP, control, clen)) ||
+	    (rc = stage_listen(g, id, rank, false, STAGE_TRANSPORT_RDMA, rdma, rlen)))
 		return rc;
 	if (!listen[0] && !control[0])
 		lookup_data_listen(g, id, listen, llen);
@@ -131,16 +146,17 @@ int stage_edge_uri(const struct stage_graph *g, const struct stage_edge *edge, c
 	int rc;
 
 	out[0] = '\0';
-	if (edge->transport == STAGE_TRANSPORT_RDMA) {
+	if (edge->transport == STAGE_TRANSPORT_RDMA && !(ferry_features() & FERRY_FEATURE_RDMA)) {
 		log_error("stage %s rank %u: edge %s->%s (%s, %s:%d:%d %s) needs the %s "
-			  "transport, which this build does not have yet", self, rank, edge->from,
+			  "transport, which this build does not have", self, rank, edge->from,
 			  edge->to, edge->connector_type, g->file, edge->line, edge->column,
 			  edge->where, stage_transport_name(edge->transport));
 		return -EPROTONOSUPPORT;
 	}
-	if (edge->transport != STAGE_TRANSPORT_TCP || (sending == edge->key_lookup))
+	if ((edge->transport != STAGE_TRANSPORT_TCP && edge->transport != STAGE_TRANSPORT_RDMA) ||
+	    (sending == edge->key_lookup))
 		return 0; /* found by name; or the end that is called */
-	rc = tcp_endpoint(edge, other->id, stage_peer_rank(rank, other->ranks), ep, sizeof(ep));
+	rc = edge_endpoint(edge, other->id, stage_peer_rank(rank, other->ranks), ep, sizeof(ep));
 	if (rc)
 		return rc;
 	/*

@@ -133,8 +133,8 @@ static int link_edges(struct ferry_stage *s)
 		/*
 		 * The far end's address, when it is not found by name: a store-like
 		 * edge's receiver calls the holder (ferry://, its data address
-		 * comes in the handshake); a tcp edge's sender pushes to the
-		 * receiver's data address (tcp://).
+		 * comes in the handshake); a tcp or rdma edge's sender pushes to
+		 * the receiver's data address (tcp://, rdma://).
 		 */
 		if ((rc = stage_edge_uri(g, edge, s->id, s->rank, l->sending, uri, sizeof(uri))))
 			return rc;
@@ -187,7 +187,7 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	struct ferry_stage_params p;
 	const struct stage_def *def;
 	struct ferry_stage *s;
-	char name[FERRY_NAME_MAX], listen[128], control[128];
+	char name[FERRY_NAME_MAX], listen[128], control[128], rdma[128];
 	uint64_t pool = 0;
 	int rc;
 
@@ -253,10 +253,11 @@ int ferry_stage_open(const struct ferry_stage_params *params, struct ferry_stage
 	ep.progress = p.progress;
 	ep.pool_size = p.pool_size ? p.pool_size : (size_t)pool;
 	if ((rc = stage_rank_endpoints(s->graph, s->id, s->rank, listen, sizeof(listen), control,
-				       sizeof(control))))
+				       sizeof(control), rdma, sizeof(rdma))))
 		goto fail;
 	ep.listen = listen[0] ? listen : NULL;
 	ep.control = control[0] ? control : NULL;
+	ep.rdma_listen = rdma[0] ? rdma : NULL;
 	if ((rc = ferry_engine_create(&ep, &s->e)) || (rc = link_edges(s)))
 		goto fail;
 	log_info("stage %s rank %u open as %s (%u edge(s))", s->id, s->rank, name, s->nlinks);
