@@ -317,8 +317,11 @@ struct side {
 	uint64_t puts, gets; /* CQEs taken so far */
 };
 
-static void put64(struct side *s, const char *key, uint64_t ud)
+/* A warm-up PUT (warm) waits for its peer to come up (bounded), as a first one may. */
+static void put64(struct side *s, const char *key, uint64_t ud, bool warm)
 {
+	struct ferry_sqe *sqe;
+
 	if (s->zc) {
 		struct ferry_buf *b;
 		int rc;
@@ -327,9 +330,13 @@ static void put64(struct side *s, const char *key, uint64_t ud)
 			ferry_progress(s->e);
 		CHECK(rc);
 		memcpy(ferry_buf_data(b), s->out, 64);
-		ferry_prep_put_buf(sqe_of(s->sq), s->peer, key, b, ud);
+		ferry_prep_put_buf(sqe = sqe_of(s->sq), s->peer, key, b, ud);
 	} else {
-		ferry_prep_put(sqe_of(s->sq), s->peer, key, &s->out_iov, 1, ud);
+		ferry_prep_put(sqe = sqe_of(s->sq), s->peer, key, &s->out_iov, 1, ud);
+	}
+	if (warm) {
+		ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
+		ferry_sqe_set_timeout(sqe, 60ull * 1000000000);
 	}
 }
 
@@ -368,7 +375,7 @@ static void a_rounds(struct side *s, uint64_t from, uint64_t to, int count)
 	collect(count);
 	for (uint64_t i = from; i < to; i++) {
 		key_of(key, 'k', i);
-		put64(s, key, UD_PUT | i);
+		put64(s, key, UD_PUT | i, !count);
 		key_of(key, 'r', i);
 		get64(s, key, UD_GET | i);
 		ferry_sq_submit(s->sq);
@@ -391,7 +398,7 @@ static void b_rounds(struct side *s, uint64_t from, uint64_t to, int count)
 		while (s->gets < i + 1)
 			take(s, c, next_cqes(s->e, c, 8));
 		key_of(key, 'r', i);
-		put64(s, key, UD_PUT | i);
+		put64(s, key, UD_PUT | i, !count);
 		key_of(key, 'k', i + 1);
 		get64(s, key, UD_GET | (i + 1));
 		ferry_sq_submit(s->sq);
