@@ -30,6 +30,7 @@
 
 #include "internal.h"
 #include "reactor_int.h"
+#include "stream_int.h" /* stream_round_due */
 
 #define MAX_IOV 1024
 
@@ -960,7 +961,8 @@ int reactor_run_once(struct ferry_engine *e)
 	for (unsigned i = 0; i < e->nround_progress; i++)
 		if (!backend_quiet(e->round_progress[i].b))
 			n += e->round_progress[i].fn(e, e->round_progress[i].b);
-	n += stream_round(e);
+	if (stream_round_due(e))
+		n += stream_round(e);
 	if (unlikely(e->retry_at) && reactor_now(e) >= e->retry_at)
 		n += reactor_retry_peers(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
