@@ -106,7 +106,7 @@ FERRY_API int ferry_version(void);
 #define FERRY_FEATURE_CONTROL (1u << 2) /* the control channel (libzmq): ferry_peer_connect, LOOKUP, ... */
 #define FERRY_FEATURE_YAML (1u << 3)    /* stage files (libyaml): ferry_stage_open */
 #define FERRY_FEATURE_RDMA (1u << 4)    /* the rdma transport (libibverbs, librdmacm) */
-#define FERRY_FEATURE_CUDA (1u << 5)    /* CUDA device memory */
+#define FERRY_FEATURE_CUDA (1u << 5)    /* CUDA device memory: the runtime loaded, a device seen */
 
 /*
  * The FERRY_FEATURE_* bits of this build. A feature without its bit is
@@ -266,6 +266,9 @@ FERRY_API int ferry_engine_destroy(struct ferry_engine *e);
 
 /* The engine's name (valid while the engine lives). Any thread. */
 FERRY_API const char *ferry_engine_name(const struct ferry_engine *e);
+
+/* The engine's namespace ("default" when none was given; valid while the engine lives). Any thread. */
+FERRY_API const char *ferry_engine_ns(const struct ferry_engine *e);
 
 /*
  * Drive progress (MANUAL mode): drain submission queues, run transports,
@@ -432,9 +435,34 @@ FERRY_API int ferry_buf_set_len(struct ferry_buf *b, size_t len);
 FERRY_API int ferry_buf_release(struct ferry_buf *b);
 
 /*
- * Memory types. Every buffer and every registered region has one; host
- * memory is all this build moves (FERRY_FEATURE_CUDA says when CUDA device
- * memory is there too; until then asking for it is -EOPNOTSUPP, logged).
+ * One block, several owners: b (a buffer of this process's pools from
+ * ferry_buf_alloc, not one a GET or stream handed over from a peer, and
+ * not itself from a share) becomes n buffers out[0..n-1] naming the same
+ * memory, with b's length; each is released (or PUT, which moves it) on
+ * its own, and the block goes back to its pool when the last is released.
+ * b is no longer the caller's. n == 0 releases b. Over shm every PUT of
+ * one of them lends the same block, so n readers of one host read one
+ * copy (the broadcast channel, api/ferry/channel.h, is built on it). The
+ * memory is the same: write it before sharing. Returns 0; -EINVAL (NULL,
+ * a buffer that is not live, a peer's buffer, or one already shared;
+ * logged); -ENOMEM when the pool has not n buffer handles free (b is then
+ * untouched). Any thread that holds b.
+ */
+FERRY_API int ferry_buf_share(struct ferry_buf *b, uint32_t n, struct ferry_buf **out);
+
+/*
+ * Memory types. Every buffer and every registered region has one. CUDA
+ * device memory is the application's own, registered as a region
+ * (mem FERRY_MEM_CUDA, device its ordinal, addr a device pointer of that
+ * device: cudaMalloc'd, or managed memory); its segments go where an
+ * iovec does in PUT, PUBLISH, GET and FETCH (not in streams:
+ * -EOPNOTSUPP). ferry loads the CUDA runtime (libcudart) at run time, so
+ * one build runs with and without a GPU: FERRY_FEATURE_CUDA is set when
+ * it loaded and sees a device. Without it, registering device memory is
+ * -ENODEV (logged, and the engine's health says why under "cuda"). ferry
+ * gives no device buffers: ferry_buf_alloc_params with FERRY_MEM_CUDA is
+ * -EOPNOTSUPP. FERRY_CUDA_RUNTIME=<path> names the runtime library to
+ * load, FERRY_CUDA_RUNTIME=none turns CUDA off.
  */
 enum ferry_mem_type {
 	FERRY_MEM_HOST = 0,
@@ -476,13 +504,15 @@ struct ferry_region_params {
 	size_t size;               /* sizeof(struct ferry_region_params) */
 	void *addr;                /* start of the memory */
 	size_t len;                /* its bytes (> 0) */
-	enum ferry_mem_type mem;   /* FERRY_MEM_HOST */
+	enum ferry_mem_type mem;   /* FERRY_MEM_HOST or FERRY_MEM_CUDA */
 	int device;                /* FERRY_MEM_CUDA: which device */
 };
 #define FERRY_REGION_PARAMS_INIT { .size = sizeof(struct ferry_region_params) }
 
 /*
- * Register a region. Returns 0 and *out; -EINVAL (NULL, an empty region);
+ * Register a region. Returns 0 and *out; -EINVAL (NULL, an empty region;
+ * device memory that the runtime does not know as memory of that device);
+ * -ENODEV for CUDA device memory without a CUDA runtime or device;
  * -EOPNOTSUPP for a memory type this build cannot move; -ENOMEM; or the
  * error of a transport that could not register it (logged). Any thread.
  */
@@ -654,7 +684,7 @@ enum ferry_op {
  */
 struct ferry_sqe {
 	uint8_t opcode;   /* enum ferry_op */
-	uint8_t resv0;
+	uint8_t cuda_wait_kind; /* PUT of device memory: FERRY_CUDA_WAIT_* (ferry_sqe_set_cuda_wait) */
 	uint16_t key_len; /* strlen(key) */
 	uint32_t flags;   /* FERRY_SQE_* */
 	uint64_t user_data;
@@ -669,7 +699,7 @@ struct ferry_sqe {
 	struct ferry_buf *buf;    /* PUT of a pool buffer (zero copy) */
 	uint64_t cancel_user_data; /* CANCEL: whose op */
 	const char *reason;       /* STREAM_ABORT: why (text, may be NULL) */
-	uint64_t resv2;
+	uint64_t cuda_wait;       /* PUT of device memory: the cudaEvent_t / cudaStream_t to wait for */
 	char key[FERRY_KEY_MAX];
 };
 
@@ -834,6 +864,25 @@ FERRY_INLINE void ferry_prep_put_segs(struct ferry_sqe *sqe, struct ferry_peer *
 {
 	ferry_prep_put(sqe, to, key, (const struct iovec *)(const void *)segs, nsegs, user_data);
 	sqe->flags |= FERRY_SQE_SEGS;
+}
+
+/*
+ * A PUT (or PUBLISH) of segments that hold CUDA device memory: ferry's own
+ * CUDA stream copies them out, without the caller synchronizing anything,
+ * and the PUT goes on when the copy is done; kind FERRY_CUDA_WAIT_EVENT
+ * (handle: a cudaEvent_t) or FERRY_CUDA_WAIT_STREAM (a cudaStream_t) names
+ * work of the caller's (the producer's compute) that must finish first:
+ * ferry's copy waits for it on the GPU (cudaStreamWaitEvent), never on the
+ * CPU. The event or stream must stay valid until the CQE. On a PUT of no
+ * device memory it is -EINVAL. The queue's thread only (it writes the entry).
+ */
+#define FERRY_CUDA_WAIT_NONE 0
+#define FERRY_CUDA_WAIT_EVENT 1
+#define FERRY_CUDA_WAIT_STREAM 2
+FERRY_INLINE void ferry_sqe_set_cuda_wait(struct ferry_sqe *sqe, int kind, void *handle)
+{
+	sqe->cuda_wait_kind = (uint8_t)kind;
+	sqe->cuda_wait = (uint64_t)(uintptr_t)handle;
 }
 
 /* GET into segments (see ferry_prep_put_segs). The queue's thread only (it writes the entry). */

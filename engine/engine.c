@@ -345,6 +345,11 @@ const char *ferry_engine_name(const struct ferry_engine *e)
 	return e ? e->name : NULL;
 }
 
+const char *ferry_engine_ns(const struct ferry_engine *e)
+{
+	return e ? e->ns : NULL;
+}
+
 /* ------------------------------------------------------------------ */
 /* Peers                                                               */
 /* ------------------------------------------------------------------ */
@@ -531,6 +536,11 @@ int ferry_buf_release(struct ferry_buf *b)
 		return -EINVAL;
 	}
 	return pool_free(b);
+}
+
+int ferry_buf_share(struct ferry_buf *b, uint32_t n, struct ferry_buf **out)
+{
+	return pool_share(b, n, out);
 }
 
 /* ------------------------------------------------------------------ */

@@ -36,6 +36,7 @@
 	X(ENOSYS, "not implemented")                                                    \
 	X(EBADMSG, "malformed message")                                                 \
 	X(EOPNOTSUPP, "operation not supported")                                        \
+	X(ENODEV, "no such device: no CUDA runtime or GPU (health says why)")           \
 	X(EMSGSIZE, "payload larger than the destination buffer")                       \
 	X(EPROTO, "protocol error")                                                     \
 	X(EPROTONOSUPPORT, "transport or protocol not supported (not built, or another " \

@@ -168,6 +168,12 @@ enum op_state {
 	OP_OVERFLOW, /* completed, waiting for room in its CQ */
 	OP_QUEUED,   /* STREAM_PUT waiting for credit (stream.c) */
 	OP_STREAMING, /* STREAM_GET / STREAM_ACCEPT between two CQEs (stream.c) */
+	/*
+	 * A copy of device memory under way in the memory domain (device_put,
+	 * device_get): not pending (no CANCEL, deadline or destroy ends it: the
+	 * copy ends by itself and the domain then ends or continues the op).
+	 */
+	OP_DEVICE,
 };
 
 
@@ -211,6 +217,7 @@ static inline bool op_state_pending(uint8_t state)
  */
 #define OP_F_WAIT_PEER (1u << 28)
 #define OP_F_PINNED (1u << 29) /* its segments' regions are pinned (memory_unpin at the end) */
+#define OP_F_DEVICE (1u << 30) /* some of its segments are device memory (the memory domain copies) */
 
 struct key_entry;
 

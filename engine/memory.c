@@ -16,21 +16,36 @@
  * handles are kept here, per transport, and found again for an op
  * (ferry__buf_reg, ferry__region_reg).
  *
- * Host memory is the only type this build moves: CUDA device memory is
- * refused with -EOPNOTSUPP until its memory domain is built.
+ * CUDA device memory is the memory domain's (TRANSPORT_CAP_MEM_CUDA:
+ * backends/cuda): a device region is vetted by its mem_register (-ENODEV
+ * when the CUDA runtime or a device is missing), and an op whose segments
+ * hold device memory (OP_F_DEVICE) has its copies made there
+ * (memory_device_put / memory_device_get). ferry gives no device buffers
+ * (ferry_buf_alloc_params: -EOPNOTSUPP): device memory is the
+ * application's, registered as regions.
  */
 #include <errno.h>
 #include <stdlib.h>
 
 #include "internal.h"
 
-static int mem_supported(const char *what, enum ferry_mem_type mem)
+/* The running memory domain of device memory, or NULL (a registry without one). */
+static struct backend *device_domain(struct ferry_engine *e)
+{
+	for (unsigned i = 0; i < e->nbackends; i++)
+		if ((e->backends[i].ops->caps & TRANSPORT_CAP_MEM_CUDA) && e->backends[i].data)
+			return &e->backends[i];
+	return NULL;
+}
+
+static int mem_supported(struct ferry_engine *e, const char *what, enum ferry_mem_type mem)
 {
 	if (mem == FERRY_MEM_HOST)
 		return 0;
+	if (mem == FERRY_MEM_CUDA && device_domain(e))
+		return 0; /* its mem_register vets it (runtime, device, pointer) */
 	if (mem == FERRY_MEM_CUDA)
-		log_error("%s: CUDA device memory: this build has no CUDA memory domain "
-			  "(FERRY_FEATURE_CUDA is not set)", what);
+		log_error("%s: CUDA device memory: this engine has no CUDA memory domain", what);
 	else
 		log_error("%s: unknown memory type %d", what, (int)mem);
 	return mem == FERRY_MEM_CUDA ? -EOPNOTSUPP : -EINVAL;
@@ -57,8 +72,13 @@ int ferry_buf_alloc_params(struct ferry_engine *e, const struct ferry_buf_params
 		log_error("ferry_buf_alloc_params: unknown flags 0x%x", prm.flags);
 		return -EINVAL;
 	}
-	if ((rc = mem_supported("ferry_buf_alloc_params", prm.mem)))
+	if ((rc = mem_supported(e, "ferry_buf_alloc_params", prm.mem)))
 		return rc;
+	if (prm.mem == FERRY_MEM_CUDA) {
+		log_error("ferry_buf_alloc_params: ferry gives no device buffers: register device "
+			  "memory of your own as a region (ferry_region_register)");
+		return -EOPNOTSUPP;
+	}
 	return ferry_buf_alloc(e, prm.len, out);
 }
 
@@ -127,7 +147,7 @@ int ferry_region_register(struct ferry_engine *e, const struct ferry_region_para
 		log_error("ferry_region_register: %s region", !prm.addr ? "NULL" : "empty or wrapping");
 		return -EINVAL;
 	}
-	if ((rc = mem_supported("ferry_region_register", prm.mem)))
+	if ((rc = mem_supported(e, "ferry_region_register", prm.mem)))
 		return rc;
 	r = calloc(1, sizeof(*r));
 	if (!r)
@@ -209,7 +229,7 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	const struct ferry_seg *seg = (const struct ferry_seg *)sqe->iov;
 	uint32_t i;
 	size_t region_len = 0; /* read under the lock: the region may go after it */
-	int why = 0, rc;
+	int why = 0, rc, device = 0;
 
 	/*
 	 * Under the lock a release and a pin cannot pass each other. A region
@@ -230,6 +250,7 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe)
 			break;
 		}
 		atomic_fetch_add(&seg[i].region->pins, 1);
+		device |= r->mem == FERRY_MEM_CUDA;
 	}
 	pthread_mutex_unlock(&e->lock);
 	/* Logged after the lock: a log sink may call what takes it. */
@@ -241,10 +262,30 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		log_error("op %llx: segment %u: %llu bytes at %llu of a %zu-byte region",
 			  (unsigned long long)sqe->user_data, i, (unsigned long long)seg[i].len,
 			  (unsigned long long)seg[i].offset, region_len);
-	rc = why ? -EINVAL : 0;
-	if (rc)
+	rc = why ? -EINVAL : device;
+	if (rc < 0)
 		memory_unpin(seg, i); /* the ones pinned before the bad one */
 	return rc;
+}
+
+int memory_device_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	struct backend *b = device_domain(e);
+
+	if (!b || !b->ops->device_put)
+		return -EOPNOTSUPP; /* not reached: its regions could not be registered */
+	return b->ops->device_put(e, b, op, sqe);
+}
+
+int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len)
+{
+	struct backend *b = device_domain(e);
+
+	if (!b || !b->ops->device_get)
+		return -EOPNOTSUPP;
+	if (op->heap_idx != UINT32_MAX)
+		timer_del(&e->timers, op); /* the data is here: the copy ends it, not its deadline */
+	return b->ops->device_get(e, b, op, buf, len);
 }
 
 int memory_transport_up(struct ferry_engine *e, struct backend *b)

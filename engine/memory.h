@@ -6,9 +6,9 @@
  * scattering into a GET's destination whether they are an iovec or segments
  * of registered regions (FERRY_SQE_SEGS), the registered regions
  * themselves (engine/memory.c: ferry_region_register / release, pins while
- * an op names them), and the memory types of buffers. A later memory domain
- * (CUDA) adds its type here and a copy for it; every copy site already
- * calls through these helpers.
+ * an op names them), and the memory types of buffers. Device memory never
+ * goes through these copies: an op with device segments (OP_F_DEVICE) has
+ * its copies made by the memory domain (memory_device_put / _get).
  */
 #ifndef FERRY_MEMORY_H
 #define FERRY_MEMORY_H
@@ -141,11 +141,19 @@ static inline void segs_scatter(const struct ferry_seg *seg, uint32_t n, const v
 
 /*
  * An SQE's segments (FERRY_SQE_SEGS): each of a live region of e, within
- * it, of a memory type this build moves. 0, or -EINVAL / -EOPNOTSUPP
- * (logged). On 0 every region named is pinned (memory_unpin at the op's
- * end).
+ * it. 0 (host memory only) or 1 (some segment is CUDA device memory: the
+ * memory domain must copy it), or -EINVAL (logged). On >= 0 every region
+ * named is pinned (memory_unpin at the op's end).
  */
 int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe);
+/*
+ * An op with device segments (OP_F_DEVICE), handed to the memory domain
+ * (struct backend_ops device_put / device_get, which say what 0 means);
+ * -EOPNOTSUPP without one. memory_device_get drops the GET's deadline
+ * first (the data is here; the copy ends it). Reactor only.
+ */
+int memory_device_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
+int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
 /*

@@ -225,6 +225,13 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 			op_complete(e, op, -EMSGSIZE, len, NULL);
 			return false;
 		}
+		if (unlikely(op->flags & OP_F_DEVICE)) {
+			int rc = memory_device_get(e, op, buf, len); /* it completes the op */
+
+			if (rc)
+				op_complete(e, op, rc, 0, NULL); /* the data stays for another GET */
+			return rc == 0;
+		}
 		op_scatter(op, buf->data, len);
 		STAT_ADD(e->stats.copies, 1);
 		pool_free(buf);
@@ -317,7 +324,7 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 		return false;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
 	if (!ke || !(op = ke->waiters) || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) ||
-	    !op->iovcnt ||
+	    !op->iovcnt || (op->flags & OP_F_DEVICE) ||
 	    len > op->len)
 		return false; /* no GET, a zero-copy one, or one that is too small */
 	STAT_ADD(e->stats.deliveries, 1);
@@ -547,9 +554,19 @@ static int op_pin(struct ferry_engine *e, struct op *op, const struct ferry_sqe 
 
 	if (likely(!(sqe->flags & FERRY_SQE_SEGS)))
 		return 0;
-	if ((rc = memory_check_pin(e, sqe)))
+	if ((rc = memory_check_pin(e, sqe)) < 0)
 		return rc;
 	op->flags |= OP_F_PINNED;
+	if (unlikely(rc)) {
+		if (op->opcode != FERRY_OP_PUT && op->opcode != FERRY_OP_PUBLISH &&
+		    op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) {
+			log_error("op %llx: %s of CUDA device memory is not supported (PUT, PUBLISH, "
+				  "GET and FETCH are)", (unsigned long long)op->user_data,
+				  op->opcode == FERRY_OP_STREAM_PUT ? "STREAM_PUT" : "this op");
+			return -EOPNOTSUPP; /* op_complete unpins */
+		}
+		op->flags |= OP_F_DEVICE;
+	}
 	return 0;
 }
 
@@ -576,12 +593,67 @@ int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *s
 	return 0;
 }
 
+/* A PUT whose data is in op->buf (or its iovec) goes to its transport, deadline timeout_ns. */
+static void put_send(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
+{
+	int rc;
+
+	if (unlikely(op->opcode == FERRY_OP_PUBLISH)) {
+		if (e->dir)
+			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
+		else
+			op_complete(e, op, -EOPNOTSUPP, 0, NULL);
+		return;
+	}
+	op->state = OP_AWAY;
+	op->interval = timeout_ns; /* FERRY_SQE_WAIT_PEER: its deadline while it waits */
+	rc = reactor_send(e, op);
+	if (rc) {
+		op->state = OP_FREE;
+		op_complete(e, op, rc, 0, NULL);
+		return;
+	}
+	if (op->state == OP_AWAY && op->heap_idx == NO_SLOT)
+		op_arm_deadline(e, op, timeout_ns);
+}
+
+void reactor_put_staged(struct ferry_engine *e, struct op *op, int res)
+{
+	op->state = OP_FREE;
+	if (res)
+		op_complete(e, op, res, 0, NULL);
+	else
+		put_send(e, op, op->interval);
+}
+
+/* A PUT of device segments: the memory domain copies them into the pool first. */
+static void put_device(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	int rc;
+
+	op->key_len = sqe->key_len;
+	memcpy(op->key, sqe->key, sqe->key_len + 1u);
+	op->interval = sqe->timeout_ns; /* its deadline runs once the data is staged */
+	if ((rc = memory_device_put(e, op, sqe)))
+		op_complete(e, op, rc, 0, NULL);
+}
+
 static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
 {
 	int rc;
 
 	if (op_take_put(e, op, sqe))
 		return;
+	if (unlikely(op->flags & OP_F_DEVICE)) {
+		put_device(e, op, sqe);
+		return;
+	}
+	if (unlikely(sqe->cuda_wait_kind)) {
+		log_error("op %llx: a CUDA wait on a PUT of no device memory",
+			  (unsigned long long)op->user_data);
+		op_complete(e, op, -EINVAL, 0, NULL);
+		return;
+	}
 	if (!sqe->buf && op->opcode != FERRY_OP_PUBLISH && op->peer->backend &&
 	    op->peer->backend->ops->iov_put_max &&
 	    (op->len = sqe_payload_len(sqe)) <= op->peer->backend->ops->iov_put_max) {
@@ -593,23 +665,7 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	}
 	op->key_len = sqe->key_len;
 	memcpy(op->key, sqe->key, sqe->key_len + 1u);
-	if (unlikely(op->opcode == FERRY_OP_PUBLISH)) {
-		if (e->dir)
-			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
-		else
-			op_complete(e, op, -EOPNOTSUPP, 0, NULL);
-		return;
-	}
-	op->state = OP_AWAY;
-	op->interval = sqe->timeout_ns; /* FERRY_SQE_WAIT_PEER: its deadline while it waits */
-	rc = reactor_send(e, op);
-	if (rc) {
-		op->state = OP_FREE;
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	if (op->state == OP_AWAY && op->heap_idx == NO_SLOT)
-		op_arm_deadline(e, op, sqe->timeout_ns);
+	put_send(e, op, sqe->timeout_ns);
 }
 
 /* A LOOKUP GET parked (or NOWAIT): the directory service asks its holder. */
@@ -650,12 +706,26 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			return;
 		}
 		uint32_t wflags = ke->wflags;
+		struct ferry_peer *src = ke->from;
 
 		ke->buf = NULL;
 		ke->present = false;
 		STAT_ADD(e->keys.present, (uint32_t)-1);
 		keytable_put(&e->keys, ke);
-		give_to_get(e, op, buf, len, wflags);
+		if (unlikely(!give_to_get(e, op, buf, len, wflags))) {
+			/* Not taken (a device copy that could not start): it stays under its key. */
+			if ((ke = keytable_get(&e->keys, fullkey, (size_t)n, h))) {
+				ke->buf = buf;
+				ke->len = len;
+				ke->from = src;
+				ke->wflags = wflags;
+				ke->present = true;
+				STAT_ADD(e->keys.present, 1);
+			} else {
+				pool_free(buf);
+			}
+			return;
+		}
 		if (wflags & WIRE_F_CHUNK)
 			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
 		return;

@@ -12,11 +12,13 @@ extern const struct backend_ops ferry__ctl_backend;
 extern const struct backend_ops ferry__tcp_backend;
 extern const struct backend_ops ferry__loop_backend;
 extern const struct backend_ops ferry__shm_backend;
+extern const struct backend_ops ferry__cuda_backend;
 
 const struct backend_ops *const ferry__transports[] = {
 	&ferry__ctl_backend,  /* rank 0: holds a PUT while its peer's handshake runs */
 	&ferry__tcp_backend,  /* rank 10: a peer given an address goes there, always */
 	&ferry__loop_backend, /* rank 20: an engine of this process */
 	&ferry__shm_backend,  /* rank 30: an engine of this host */
+	&ferry__cuda_backend, /* rank 90: a service, the memory domain of CUDA device memory */
 	NULL,
 };

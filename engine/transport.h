@@ -57,6 +57,12 @@ enum transport_cap {
 	TRANSPORT_CAP_ONE_SIDED = 1u << 4,    /* the receiver reads the sender's memory */
 	TRANSPORT_CAP_HOLDS = 1u << 5,        /* holds PUTs while a peer is being reached */
 	TRANSPORT_CAP_MEM_HOST = 1u << 8,     /* moves host memory */
+	/*
+	 * The memory domain of CUDA device memory (backends/cuda: a service,
+	 * it carries no PUT): it vets device regions (mem_register) and copies
+	 * device memory for the engine (device_put, device_get).
+	 */
+	TRANSPORT_CAP_MEM_CUDA = 1u << 9,
 };
 
 /*
@@ -184,6 +190,22 @@ struct backend_ops {
 	int (*mem_register)(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			    enum ferry_mem_type mem, int device, void **handle);
 	void (*mem_deregister)(struct ferry_engine *e, struct backend *b, void *handle);
+	/*
+	 * Optional, for the memory domain (TRANSPORT_CAP_MEM_CUDA), reactor
+	 * only. device_put: a PUT or PUBLISH whose segments hold device memory
+	 * (OP_F_DEVICE): copy them, after the caller's wait the SQE names
+	 * (ferry_sqe_set_cuda_wait), into a pool buffer of ours (op->buf,
+	 * op->len), without waiting; 0: op is OP_DEVICE until it calls
+	 * reactor_put_staged(e, op, res); a negative errno: nothing is under
+	 * way (the engine completes the op). device_get: a GET into device
+	 * segments takes buf (len bytes, fits): copy it there, then give buf
+	 * back and complete op; 0: op is OP_DEVICE until then; a negative
+	 * errno: nothing was done, buf is still the caller's.
+	 */
+	int (*device_put)(struct ferry_engine *e, struct backend *b, struct op *op,
+			  const struct ferry_sqe *sqe);
+	int (*device_get)(struct ferry_engine *e, struct backend *b, struct op *op,
+			  struct ferry_buf *buf, uint64_t len);
 };
 
 struct backend {
@@ -268,6 +290,12 @@ int reactor_send(struct ferry_engine *e, struct op *op);
  * fail with res. Progress side only.
  */
 void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res);
+/*
+ * The memory domain's device_put is done (res 0: op->buf holds the data):
+ * the PUT goes on as any other (to its transport, with its deadline); on
+ * an error it completes with it. Reactor only.
+ */
+void reactor_put_staged(struct ferry_engine *e, struct op *op, int res);
 /* The transport finished a PUT (res 0 or negative errno). */
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
 /* Ring the engine's doorbell if its progress side sleeps. Any thread. */

@@ -3,8 +3,11 @@
  * ferry_features (the optional parts it was built with).
  *
  * FERRY_HAVE_RDMA_TRANSPORT is defined by the build once backends/rdma/
- * is compiled in; libibverbs alone is not enough.
+ * is compiled in; libibverbs alone is not enough. FERRY_FEATURE_CUDA is
+ * the machine's, not the build's: the CUDA runtime loaded (engine/cuda_rt.h,
+ * on this first call) and sees a device.
  */
+#include "cuda_rt.h"
 #include "ferry.h"
 
 int ferry_version(void)
@@ -25,5 +28,7 @@ uint32_t ferry_features(void)
 #if defined(FERRY_HAVE_RDMA) && defined(FERRY_HAVE_RDMA_TRANSPORT)
 	f |= FERRY_FEATURE_RDMA;
 #endif
+	if (cuda_rt_get(NULL)) /* loaded at run time: a device is there */
+		f |= FERRY_FEATURE_CUDA;
 	return f;
 }

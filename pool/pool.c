@@ -972,6 +972,7 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 	b->flags = 0;
 	b->release_fn = NULL;
 	b->release_ctx = NULL;
+	b->share_root = NULL;
 	atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
 	*out = b;
 	return 0;
@@ -997,6 +998,7 @@ int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offse
 	b->len = len;
 	b->cap = len;
 	b->flags = POOL_BUF_F_FOREIGN;
+	b->share_root = NULL;
 	b->release_fn = fn;
 	b->release_ctx = ctx;
 	atomic_fetch_add_explicit(&pool->refs, 1, memory_order_relaxed);
@@ -1055,11 +1057,67 @@ int pool_free(struct ferry_buf *buf)
 		buf->release_fn(buf, buf->release_ctx); /* it calls pool_wrap_done */
 		return 0;
 	}
+	if (buf->share_root) {
+		struct ferry_buf *root = buf->share_root;
+
+		buf->share_root = NULL;
+		buf_push(p, buf->index);
+		if (atomic_fetch_sub_explicit(&root->share_refs, 1, memory_order_acq_rel) != 1)
+			return 0;
+		buf = root; /* the last handle: the block goes back */
+		atomic_store_explicit(&buf->state, POOL_BUF_FREE, memory_order_release);
+	}
 	err = block_free(p, buf->offset);
 	buf_push(p, buf->index);
 	if (!err)
 		pool_put(p);
 	return err;
+}
+
+int pool_share(struct ferry_buf *buf, uint32_t n, struct ferry_buf **out)
+{
+	struct pool *p;
+	bool aligned;
+	uint32_t i, idx;
+
+	if (!buf || (n && !out)) {
+		log_error("pool_share: NULL %s", buf ? "out" : "buffer");
+		return -EINVAL;
+	}
+	p = registry_lookup(buf, &aligned);
+	if (!p || !aligned || atomic_load_explicit(&buf->state, memory_order_acquire) != POOL_BUF_LIVE ||
+	    (buf->flags & POOL_BUF_F_FOREIGN) || buf->share_root) {
+		log_error("pool_share: %p is not a live unshared block of a pool", (void *)buf);
+		return -EINVAL;
+	}
+	if (n == 0)
+		return pool_free(buf);
+	for (i = 0; i < n; i++) {
+		idx = take_handle(p);
+		if (idx == POOL_NONE) {
+			while (i-- > 0)
+				buf_push(p, out[i]->index);
+			return -ENOMEM;
+		}
+		out[i] = &p->bufs[idx];
+	}
+	atomic_store_explicit(&buf->share_refs, n, memory_order_relaxed);
+	atomic_store_explicit(&buf->state, POOL_BUF_ROOT, memory_order_release);
+	for (i = 0; i < n; i++) {
+		struct ferry_buf *b = out[i];
+
+		b->pool = p;
+		b->data = buf->data;
+		b->offset = buf->offset;
+		b->len = buf->len;
+		b->cap = buf->cap;
+		b->flags = 0;
+		b->release_fn = NULL;
+		b->release_ctx = NULL;
+		b->share_root = buf;
+		atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
+	}
+	return 0;
 }
 
 int pool_block_alloc(struct pool *pool, size_t len, uint64_t *offset, uint64_t *cap)
@@ -1323,17 +1381,19 @@ out:
 
 static int check_handles(struct pool *p, uint64_t blocks)
 {
-	uint64_t top = atomic_load(&p->buf_top), live = 0, spare = 0;
+	uint64_t top = atomic_load(&p->buf_top), live = 0, spare = 0, shared = 0;
 	uint32_t i;
 	int err = 0;
 
 	for (i = 0; i < p->max_bufs; i++) {
 		uint32_t st = atomic_load(&p->bufs[i].state);
 
-		CHECK(st == POOL_BUF_FREE || st == POOL_BUF_LIVE,
+		CHECK(st == POOL_BUF_FREE || st == POOL_BUF_LIVE || st == POOL_BUF_ROOT,
 		      "handle %u: state %#x", i, st);
 		CHECK(p->bufs[i].index == i, "handle %u: wrong index", i);
-		live += st == POOL_BUF_LIVE;
+		/* A shared block counts once: by its root. */
+		live += st == POOL_BUF_ROOT || (st == POOL_BUF_LIVE && !p->bufs[i].share_root);
+		shared += st == POOL_BUF_LIVE && p->bufs[i].share_root;
 	}
 	for (i = (uint32_t)top; i != POOL_NONE; i = p->bufs[i].next_free) {
 		CHECK(i < p->max_bufs && spare < p->max_bufs, "handle free list runs away");
@@ -1341,7 +1401,7 @@ static int check_handles(struct pool *p, uint64_t blocks)
 		      "handle %u: live but on the free list", i);
 		spare++;
 	}
-	CHECK(live + spare == p->max_bufs && live <= blocks,
+	CHECK(live + shared + spare == p->max_bufs && live <= blocks,
 	      "%llu live + %llu spare handles of %u, %llu blocks",
 	      (unsigned long long)live, (unsigned long long)spare, p->max_bufs,
 	      (unsigned long long)blocks);

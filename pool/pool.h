@@ -86,12 +86,19 @@ struct ferry_buf {
 	void *release_ctx;
 	uint64_t remote_cookie;      /* foreign handles: the owner's name for it */
 	struct ferry_buf *_Atomic release_next; /* foreign handles: release queue link */
+	struct ferry_buf *share_root;  /* one of several handles of one block (pool_share):
+					the root that holds the block; else NULL */
+	_Atomic uint32_t share_refs;   /* a share root: live shared handles */
 };
 
 /* The handle names memory that is not this pool's (see pool_wrap). */
 #define POOL_BUF_F_FOREIGN (1u << 0)
-
-enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe };
+/*
+ * A share root (POOL_BUF_ROOT) is the hidden handle that holds a shared
+ * block while shared handles are live; it is neither free nor a buffer
+ * anyone may free.
+ */
+enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe, POOL_BUF_ROOT = 0x5007 };
 
 /* Create a pool. Returns 0 and *out, or -EINVAL/-ENOMEM/-errno of memfd. */
 int pool_create(const struct pool_params *p, struct pool **out);
@@ -130,6 +137,18 @@ int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offse
 void pool_wrap_done(struct ferry_buf *buf);
 /* Drop a live foreign handle without running its hook (nobody saw it). */
 void pool_wrap_cancel(struct ferry_buf *buf);
+
+/*
+ * Share a block: buf (a live block of this pool, not a foreign handle, not
+ * already shared) becomes n handles of the same memory, out[0..n-1], each
+ * freed on its own with pool_free; the block goes back to the pool when
+ * the last of them is freed. buf itself is no longer the caller's (its
+ * handle becomes the hidden root). n == 0 frees buf. Each handle has buf's
+ * data and length. Returns 0, -EINVAL (logged: a handle that is not a live
+ * own unshared block, NULL out with n > 0), -ENOMEM when the descriptor
+ * table has not n free handles (buf is then untouched). Any thread.
+ */
+int pool_share(struct ferry_buf *buf, uint32_t n, struct ferry_buf **out);
 
 /*
  * The lower level the handles sit on, exposed for transports that return

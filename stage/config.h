@@ -112,7 +112,7 @@ struct stage_edge {
 	char *host;                /* host: address of the receiving side (tcp/rdma) */
 	uint32_t port;             /* zmq_port / port: control endpoint port */
 	uint64_t memory_pool_size; /* bytes of the registered pool the stage wants */
-	char *memory_pool_device;  /* "cpu" (others are refused at open) */
+	char *memory_pool_device;  /* "cpu", or "cuda[:N]" (a host pool, pinned for CUDA's DMA) */
 	char *device_name;         /* RDMA device(s) */
 	uint64_t eager_max;        /* shm_threshold_bytes: tcp sends smaller ones eagerly */
 	uint32_t get_timeout_ms;   /* get_sub_timeout_ms: bound of a GET on this edge */

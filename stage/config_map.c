@@ -337,6 +337,13 @@ static void take_extra(struct loader *L, struct stage_edge *e, enum kind kind, y
 				x->honoured = true;
 				x->note = "host memory";
 				e->memory_pool_device = dup_or_oom(L, s);
+			} else if (!strncmp(s, "cuda", 4) && (!s[4] || s[4] == ':')) {
+				/* What it means here: device tensors go through PUT/GET, staged. */
+				x->honoured = true;
+				x->note = "the pool stays host memory, pinned for CUDA's DMA when device "
+					  "memory is registered; device tensors go through PUT/GET as "
+					  "CUDA regions";
+				e->memory_pool_device = dup_or_oom(L, s);
 			} else {
 				x->note = "device memory pools are not supported yet: host memory";
 				config_warn(L, v, p, "edge %s->%s: %s pools are not supported yet: "

@@ -82,6 +82,11 @@ static void t_rundir_remove(void)
 
 __attribute__((constructor)) static void t_private_rundir(void)
 {
+	/*
+	 * No test depends on the machine's GPU: CUDA is off unless a test names
+	 * a runtime (the double in tests/cuda_double/, or the real one).
+	 */
+	setenv("FERRY_CUDA_RUNTIME", "none", 0);
 	if (getenv("FERRY_RUNTIME_DIR"))
 		return;
 	snprintf(t_rundir, sizeof(t_rundir), "/tmp/ferry-t-XXXXXX");

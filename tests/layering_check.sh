@@ -4,7 +4,8 @@
 #             their headers, and calls none of their functions; only
 #             engine/registry.c lists the transports' tables;
 #   stage/    includes only the public headers (api/) and its own (the
-#             build compiles it with nothing else on its include path too).
+#             build compiles it with nothing else on its include path too);
+#   channel/  the same.
 set -uo pipefail
 src=$1
 rc=0
@@ -20,15 +21,18 @@ for f in "$src"/engine/*.[ch]; do
 		rc=1
 	fi
 done
-for f in "$src"/stage/*.[ch]; do
-	while read -r inc; do
-		h=${inc#*\"}
-		h=${h%\"*}
-		if [[ $h != ferry.h && $h != ferry/* && ! -f $src/stage/$h ]]; then
-			echo "layering_check: $f includes \"$h\", which is neither public nor the stage layer's" >&2
-			rc=1
-		fi
-	done < <(grep -E '^#include "' "$f")
+for layer in stage channel; do
+	for f in "$src"/$layer/*.[ch]; do
+		[[ -e $f ]] || continue
+		while read -r inc; do
+			h=${inc#*\"}
+			h=${h%\"*}
+			if [[ $h != ferry.h && $h != ferry/* && ! -f $src/$layer/$h ]]; then
+				echo "layering_check: $f includes \"$h\", which is neither public nor the $layer layer's" >&2
+				rc=1
+			fi
+		done < <(grep -E '^#include "' "$f")
+	done
 done
-((rc == 0)) && echo "layering_check: engine/ names no transport; stage/ sees only api/ and itself"
+((rc == 0)) && echo "layering_check: engine/ names no transport; stage/ and channel/ see only api/ and themselves"
 exit $rc

@@ -1080,6 +1080,63 @@ static void test_wrap_foreign(void **state)
 	assert_int_equal(pool_wrap(NULL, outside, 1, 0, wrap_release, &ctx, &w), -EINVAL);
 }
 
+/*
+ * Shared blocks: n handles of one block, each freed on its own; the block
+ * goes back with the last (large and small blocks alike); a short table
+ * refuses the share and leaves the buffer as it was.
+ */
+static void test_share(void **state)
+{
+	struct pool *p = mkpool(1 * MiB, 8);
+	struct ferry_buf *b, *s[5], *x;
+	size_t sizes[] = { 100, 8192 };
+	unsigned k;
+	int i;
+
+	(void)state;
+	for (k = 0; k < 2; k++) {
+		assert_int_equal(pool_alloc(p, sizes[k], &b), 0);
+		memset(b->data, 0x5a, sizes[k]);
+		assert_int_equal(pool_share(b, 4, s), 0);
+		assert_int_equal(stats(p).blocks_in_use, 1);
+		for (i = 0; i < 4; i++) {
+			assert_ptr_equal(s[i]->data, b->data);
+			assert_int_equal(s[i]->len, sizes[k]);
+			assert_ptr_equal(s[i]->share_root, b);
+		}
+		assert_int_equal(pool_free(b), -EINVAL); /* the root is nobody's */
+		assert_int_equal(pool_share(s[0], 2, &s[4]), -EINVAL); /* shared already */
+		assert_int_equal(pool_check(p), 0);
+		for (i = 0; i < 3; i++) {
+			assert_int_equal(pool_free(s[i]), 0);
+			assert_int_equal(stats(p).blocks_in_use, 1); /* still held */
+		}
+		assert_int_equal(pool_free(s[1]), -EINVAL); /* a double free of one handle */
+		assert_int_equal(pool_free(s[3]), 0);
+		assert_int_equal(stats(p).blocks_in_use, 0); /* the last one gave it back */
+		assert_int_equal(pool_check(p), 0);
+	}
+	/* 8 handles: 1 block + 7 shares fit, 8 shares do not (b stays as it was). */
+	assert_int_equal(pool_alloc(p, 64, &b), 0);
+	{
+		struct ferry_buf *many[8];
+
+		assert_int_equal(pool_share(b, 8, many), -ENOMEM);
+		assert_int_equal(atomic_load(&b->state), POOL_BUF_LIVE);
+		assert_int_equal(pool_check(p), 0);
+		assert_int_equal(pool_share(b, 7, many), 0);
+		assert_int_equal(pool_alloc(p, 64, &x), -ENOMEM);
+		for (i = 0; i < 7; i++)
+			assert_int_equal(pool_free(many[i]), 0);
+	}
+	assert_int_equal(pool_alloc(p, 64, &b), 0);
+	assert_int_equal(pool_share(b, 0, s), 0); /* n == 0 frees it */
+	assert_int_equal(stats(p).blocks_in_use, 0);
+	assert_int_equal(pool_share(NULL, 1, s), -EINVAL);
+	assert_int_equal(pool_check(p), 0);
+	assert_int_equal(pool_release_owner(p), 0);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -1097,6 +1154,7 @@ int main(void)
 		T(test_stats_fragmentation),
 		T(test_descriptor_exhaustion),
 		T(test_wrap_foreign),
+		T(test_share),
 	};
 
 	return cmocka_run_group_tests_name("pool", tests, NULL, NULL);

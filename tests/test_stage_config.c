@@ -207,6 +207,8 @@ static void test_stage_config_deploy(void **state)
 		assert_int_equal(e->transport, STAGE_TRANSPORT_TCP);
 	assert_int_equal(e->eager_max, 4096);
 	assert_true(extra_of(e, "shm_threshold_bytes")->honoured);
+	assert_true(extra_of(e, "memory_pool_device")->honoured); /* a host pool, pinned for CUDA */
+	assert_string_equal(e->memory_pool_device, "cuda:0");
 	assert_int_equal(e->window_size, 16);
 
 	e = stage_graph_edge(g, "2", "3"); /* listed in edges, no connector */

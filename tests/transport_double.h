@@ -18,6 +18,7 @@ extern const struct backend_ops ferry__ctl_backend;
 extern const struct backend_ops ferry__tcp_backend;
 extern const struct backend_ops ferry__loop_backend;
 extern const struct backend_ops ferry__shm_backend;
+extern const struct backend_ops ferry__cuda_backend;
 
 static inline int td_init(struct ferry_engine *e, struct backend *b)
 {
@@ -82,7 +83,7 @@ static void td_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t c, int
 #define TD_REGISTRY(...)                                                                       \
 	const struct backend_ops *const ferry__transports[] = {                                \
 		&ferry__ctl_backend, &ferry__tcp_backend, &ferry__loop_backend,                \
-		&ferry__shm_backend, __VA_ARGS__, NULL,                                        \
+		&ferry__shm_backend, &ferry__cuda_backend, __VA_ARGS__, NULL,                                        \
 	}
 
 #endif

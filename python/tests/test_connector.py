@@ -362,7 +362,8 @@ def test_register_with_upstreams_factory(monkeypatch):
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     monkeypatch.setitem(sys.modules, factory.__name__, factory)
     assert pc.register() is True and pc.register() is True
-    assert list(OmniConnectorFactory._registry) == ["FerryConnector"]
+    assert list(OmniConnectorFactory._registry) == ["FerryConnector", "RayConnector",
+                                                    "FerryRayConnector"]
     conn = OmniConnectorFactory._registry["FerryConnector"]({"stage_id": 3,
                                                               "namespace": "py-reg-test"})
     assert isinstance(conn, FerryConnector) and conn.stage_id == 3

@@ -42,9 +42,10 @@ from ._ferry import (  # noqa: F401  (the public names)
     strerror,
 )
 from . import aio as _aio
+from .channel import MessageQueue, Handle  # noqa: E402,F401
 
 __all__ = [
-    "Engine", "Stage", "Peer", "Buffer", "StreamIter", "FerryError",
+    "Engine", "Stage", "Peer", "Buffer", "StreamIter", "FerryError", "MessageQueue",
     "version", "features", "strerror",
 ]
 

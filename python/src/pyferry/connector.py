@@ -124,7 +124,10 @@ _engines_lock = threading.Lock()
 _engines = {}  # (ns, name) -> [Engine, settings, refcount]
 
 
-def _acquire_engine(ns, name, settings):
+def _acquire_engine(ns, name, settings, kwargs):
+    """The process's engine (ns, name), made with Engine(name, ns=ns,
+    **kwargs) when it is not open yet; settings (comparable, printable: no
+    secret in it) must match those of an engine already open."""
     from . import Engine
     with _engines_lock:
         ent = _engines.get((ns, name))
@@ -136,8 +139,7 @@ def _acquire_engine(ns, name, settings):
                     f"a stage the same transport, listen and pool_size")
             ent[2] += 1
             return ent[0]
-        listen, pool_size = settings
-        eng = Engine(name, ns=ns, pool_size=pool_size, listen=listen)
+        eng = Engine(name, ns=ns, **kwargs)
         _engines[(ns, name)] = [eng, settings, 1]
         return eng
 
@@ -245,6 +247,11 @@ class FerryConnector(_Base):
         self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
                          "put_failures": 0, "get_errors": 0}
         self._closed = False
+        self._open_own_engine()
+
+    def _open_own_engine(self):
+        """Make the configured stage's engine now, so a bad config fails at
+        construction (a subclass may defer or skip it)."""
         if self.stage_id not in (None, -1):
             self._engine(_stage_str(self.stage_id, "stage_id"))
 
@@ -265,6 +272,17 @@ class FerryConnector(_Base):
             return f"tcp://{self._host}:0"
         return None
 
+    def _engine_settings(self, stage):
+        """(settings, Engine kwargs) of this process's engine of a stage:
+        connectors sharing an engine must agree on settings (a subclass
+        changes how its engines listen)."""
+        listen = self._listen_for(stage)
+        return (listen, self._pool_size), {"pool_size": self._pool_size, "listen": listen}
+
+    def _engine_opened(self, stage, eng):
+        """Called once this connector holds its engine of a stage (outside
+        the lock; a subclass publishes it)."""
+
     def _engine(self, stage):
         eng = self._engine_of.get(stage)
         if eng is not None:
@@ -275,10 +293,14 @@ class FerryConnector(_Base):
             eng = self._engine_of.get(stage)
             if eng is None:
                 name = self._engine_name(stage)
-                eng = _acquire_engine(self.namespace, name,
-                                      (self._listen_for(stage), self._pool_size))
+                eng = _acquire_engine(self.namespace, name, *self._engine_settings(stage))
                 self._held.append(name)
                 self._engine_of[stage] = eng
+                opened = True
+            else:
+                opened = False
+        if opened:
+            self._engine_opened(stage, eng)
         return eng
 
     def _peer(self, stage, peer_stage):
@@ -287,16 +309,32 @@ class FerryConnector(_Base):
             return p
         eng = self._engine(stage)
         p = eng.peer(self._engine_name(peer_stage))
-        addr = None
-        if self.transport != "shm":
-            addr = self._peer_addrs.get(peer_stage)
-            if addr is None and self._base_port is not None and peer_stage.isdigit():
-                port = int(self._base_port) + int(peer_stage) + 16 * self.rank
-                addr = f"tcp://{self._hosts.get(peer_stage, self._host)}:{port}"
+        addr = self._peer_address(stage, peer_stage)
         if addr is not None:
             p.connect(addr)
         self._peer_of[(stage, peer_stage)] = p
         return p
+
+    def _recv_peer(self, stage, peer_stage):
+        """The Peer this process's engine of stage receives from peer_stage
+        through (a GET names its sender)."""
+        return self._peer(stage, peer_stage)
+
+    def _peer_address(self, stage, peer_stage):
+        """The address to connect this process's engine of stage to peer
+        stage peer_stage at ("tcp://..." or "ferry://..."), or None: found by
+        name (shm), or it calls us."""
+        if self.transport == "shm":
+            return None
+        addr = self._peer_addrs.get(peer_stage)
+        if addr is None and self._base_port is not None and peer_stage.isdigit():
+            port = int(self._base_port) + int(peer_stage) + 16 * self.rank
+            addr = f"tcp://{self._hosts.get(peer_stage, self._host)}:{port}"
+        return addr
+
+    def _put_failed(self, src, dst, error):
+        """Called when a put from src to dst could not be delivered (a
+        subclass forgets what it knew of dst)."""
 
     def engine(self, stage=None):
         """The pyferry Engine of a stage of this process (default: stage_id)."""
@@ -317,7 +355,8 @@ class FerryConnector(_Base):
             self._send(eng, self._peer(src, dst), key, parts)
         except Exception as e:
             self._metrics["put_failures"] += 1
-            logger.error("FerryConnector put %s (%s -> %s) failed: %s", key, src, dst, e)
+            logger.error("%s put %s (%s -> %s) failed: %s", type(self).__name__, key, src, dst, e)
+            self._put_failed(src, dst, e)
             return False, 0, None
         self._metrics["puts"] += 1
         self._metrics["bytes_transferred"] += size
@@ -361,7 +400,7 @@ class FerryConnector(_Base):
         from . import FerryWouldBlockError, FerryTimeoutError
         eng = self._engine(dst)
         try:
-            buf = eng.get(self._peer(dst, src), key, nowait=nowait, timeout=timeout)
+            buf = eng.get(self._recv_peer(dst, src), key, nowait=nowait, timeout=timeout)
         except (FerryWouldBlockError, FerryTimeoutError):
             return None
         except Exception as e:
@@ -453,6 +492,11 @@ def _create(config):
     return FerryConnector(config)
 
 
+def _create_ray(config):
+    from .ray_connector import RayConnector
+    return RayConnector(config)
+
+
 def register():
     """Add FerryConnector to vLLM-Omni's OmniConnectorFactory (the plugin
     entry points call this). Returns True when it is registered (now or
@@ -462,10 +506,15 @@ def register():
     except Exception as e:
         logger.debug("pyferry.connector.register: vllm_omni not importable (%s)", e)
         return False
-    if NAME in OmniConnectorFactory.list_registered_connectors():
-        return True
-    try:
-        OmniConnectorFactory.register_connector(NAME, _create)
-    except ValueError:  # registered meanwhile by another thread
-        pass
+    # RayConnector (pyferry.ray_connector) too: Ray is imported only when a
+    # stage makes one. "FerryRayConnector" names it where another
+    # RayConnector holds that name.
+    for name, create in ((NAME, _create), ("RayConnector", _create_ray),
+                         ("FerryRayConnector", _create_ray)):
+        if name in OmniConnectorFactory.list_registered_connectors():
+            continue
+        try:
+            OmniConnectorFactory.register_connector(name, create)
+        except ValueError:  # registered meanwhile by another thread
+            pass
     return True

@@ -913,6 +913,118 @@ static PyObject *engine_async_queue(pyf_engine *self, PyObject *noargs)
 
 #define KW (METH_VARARGS | METH_KEYWORDS)
 #define KWFN(f) ((PyCFunction)(void (*)(void))(f))
+/*
+ * put_device / get_device: CUDA device memory (ptr on device) as one
+ * segment of a region registered for the op and released after it
+ * (ferry_region_register vets the pointer: -EINVAL when it is not that
+ * device's memory, -ENODEV without a CUDA runtime or device).
+ */
+static int device_region(pyf_engine *self, unsigned long long ptr, unsigned long long len,
+			 int device, struct ferry_region **r)
+{
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	int rc;
+
+	rp.addr = (void *)(uintptr_t)ptr;
+	rp.len = len ? (size_t)len : 1;
+	rp.mem = FERRY_MEM_CUDA;
+	rp.device = device;
+	if ((rc = ferry_region_register(self->e, &rp, r)) < 0) {
+		pyf_raise(rc, "ferry_region_register (CUDA device memory)");
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *engine_put_device(pyf_engine *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "peer", "key", "ptr", "length", "device", "stream", "event",
+				  "timeout", "replace", "wait_peer", NULL };
+	PyObject *peer_o, *timeout_o = Py_None;
+	const char *key;
+	unsigned long long ptr, len, stream = 0, event = 0;
+	int device = 0, replace = 0, wait_peer = 0, rc;
+	struct ferry_peer *peer;
+	struct ferry_region *r = NULL;
+	struct ferry_seg seg;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct ferry_cq *cq;
+	struct ferry_cqe cqe;
+	uint64_t tns;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$KKOpp", kwlist, &peer_o, &key, &ptr, &len,
+					 &device, &stream, &event, &timeout_o, &replace, &wait_peer))
+		return NULL;
+	if (pyf_engine_check(self) || pyf_timeout_ns(timeout_o, &tns) ||
+	    pyf_peer_arg(self, peer_o, &peer) || !(cq = pyf_thread_cq(self)) ||
+	    device_region(self, ptr, len, device, &r))
+		return NULL;
+	seg.region = r;
+	seg.offset = 0;
+	seg.len = len;
+	if (!(sqe = pyf_sqe(self, &sq))) {
+		ferry_region_release(&r);
+		return NULL;
+	}
+	ferry_prep_put_segs(sqe, peer, key, &seg, 1, 0);
+	ferry_sqe_set_flags(sqe, (replace ? FERRY_SQE_REPLACE : 0) |
+				 (wait_peer ? FERRY_SQE_WAIT_PEER : 0));
+	if (event)
+		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_EVENT, (void *)(uintptr_t)event);
+	else if (stream)
+		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_STREAM, (void *)(uintptr_t)stream);
+	rc = run_op(self, sq, sqe, cq, tns, &cqe);
+	ferry_region_release(&r); /* the op is over (its CQE came, or the wait gave up: cancelled) */
+	if (rc)
+		return NULL;
+	if (cqe.res < 0)
+		return op_error(&cqe, "put_device", key);
+	return PyLong_FromUnsignedLongLong(cqe.len);
+}
+
+static PyObject *engine_get_device(pyf_engine *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "peer", "key", "ptr", "capacity", "device", "timeout", NULL };
+	PyObject *peer_o, *timeout_o = Py_None;
+	const char *key;
+	unsigned long long ptr, cap;
+	int device = 0, rc;
+	struct ferry_peer *peer;
+	struct ferry_region *r = NULL;
+	struct ferry_seg seg;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct ferry_cq *cq;
+	struct ferry_cqe cqe;
+	uint64_t tns;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$O", kwlist, &peer_o, &key, &ptr, &cap,
+					 &device, &timeout_o))
+		return NULL;
+	if (pyf_engine_check(self) || pyf_timeout_ns(timeout_o, &tns) ||
+	    pyf_peer_arg(self, peer_o, &peer) || !(cq = pyf_thread_cq(self)) ||
+	    device_region(self, ptr, cap, device, &r))
+		return NULL;
+	seg.region = r;
+	seg.offset = 0;
+	seg.len = cap;
+	if (!(sqe = pyf_sqe(self, &sq))) {
+		ferry_region_release(&r);
+		return NULL;
+	}
+	ferry_prep_get_segs(sqe, peer, key, &seg, 1, 0);
+	rc = run_op(self, sq, sqe, cq, tns, &cqe);
+	ferry_region_release(&r);
+	if (rc)
+		return NULL;
+	if (cqe.res < 0) {
+		drop_cqe(&cqe);
+		return op_error(&cqe, "get_device", key);
+	}
+	return PyLong_FromUnsignedLongLong(cqe.len);
+}
+
 static PyMethodDef engine_methods[] = {
 	{ "close", (PyCFunction)engine_close, METH_NOARGS,
 	  "Destroy the engine (idempotent; ops in flight end with ECANCELED; Buffers held "
@@ -936,6 +1048,13 @@ static PyMethodDef engine_methods[] = {
 	{ "get", KWFN(engine_get), KW,
 	  "get(peer, key, *, timeout=None, nowait=False, into=None) -> Buffer (zero copy), "
 	  "or the byte count when into= (a writable buffer) is given." },
+	{ "put_device", KWFN(engine_put_device), KW,
+	  "put_device(peer, key, ptr, length, device=0, *, stream=0, event=0, timeout=None, "
+	  "replace=False, wait_peer=False) -> bytes sent. CUDA device memory at ptr; stream / "
+	  "event: the caller's cudaStream_t / cudaEvent_t (as int) whose work comes first." },
+	{ "get_device", KWFN(engine_get_device), KW,
+	  "get_device(peer, key, ptr, capacity, device=0, *, timeout=None) -> bytes received "
+	  "into CUDA device memory at ptr." },
 	{ "put_chunk", KWFN(engine_put_chunk), KW,
 	  "put_chunk(peer, stream, data, *, end=False, timeout=None, wait_peer=False) -> "
 	  "the chunk's index." },

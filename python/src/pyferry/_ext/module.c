@@ -327,7 +327,8 @@ PyMODINIT_FUNC PyInit__ferry(void)
 	if (add_type(m, &pyf_engine_type, "Engine") || add_type(m, &pyf_peer_type, "Peer") ||
 	    add_type(m, &pyf_buffer_type, "Buffer") ||
 	    add_type(m, &pyf_stream_type, "StreamIter") ||
-	    add_type(m, &pyf_aq_type, "AsyncQueue") || add_type(m, &pyf_stage_type, "Stage"))
+	    add_type(m, &pyf_aq_type, "AsyncQueue") || add_type(m, &pyf_stage_type, "Stage") ||
+	    add_type(m, &pyf_chanw_type, "ChanWriter") || add_type(m, &pyf_chanr_type, "ChanReader"))
 		goto fail;
 	if (PyModule_AddIntConstant(m, "PROGRESS_THREAD", FERRY_PROGRESS_THREAD) ||
 	    PyModule_AddIntConstant(m, "PROGRESS_MANUAL", FERRY_PROGRESS_MANUAL) ||

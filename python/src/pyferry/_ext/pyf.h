@@ -64,6 +64,8 @@ extern PyTypeObject pyf_buffer_type;
 extern PyTypeObject pyf_stream_type;
 extern PyTypeObject pyf_aq_type;
 extern PyTypeObject pyf_stage_type;
+extern PyTypeObject pyf_chanw_type;
+extern PyTypeObject pyf_chanr_type;
 /* The class Stage.engine objects are made of (pyferry.Engine once imported). */
 extern PyTypeObject *pyf_engine_class;
 

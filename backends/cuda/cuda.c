@@ -1,0 +1,707 @@
+/*
+ * backends/cuda/cuda.c - the memory domain of CUDA device memory.
+ *
+ * Owns: a service in the registry (it carries no PUT, resolves no peer)
+ * with TRANSPORT_CAP_MEM_CUDA, through which the engine handles device
+ * memory: it vets device regions (mem_register: the runtime is there, and
+ * knows the pointer as memory of that device; -ENODEV without a runtime or
+ * a device, logged), pins the engine's pool for DMA (cudaHostRegister, on
+ * the first device region), and makes every copy of device memory ferry
+ * makes (device_put: device segments into a pool buffer that the PUT then
+ * carries, through any transport; device_get: a received buffer into a
+ * GET's device segments).
+ *
+ * Every copy runs on ferry's own stream of the device (non-blocking,
+ * created on the first use), cut into pieces of CUDA_PIECE bytes; a copy
+ * after the caller's wait (ferry_sqe_set_cuda_wait) waits on the GPU
+ * (cudaStreamWaitEvent). Each job (one op's copies) ends with an event
+ * recorded behind its pieces and a host function (cudaLaunchHostFunc) that
+ * rings the engine's doorbell: while the reactor spins it sees the job end
+ * by cudaEventQuery (has_work, progress); while it sleeps the host function
+ * wakes it. No thread of ours, no synchronize on the reactor's rounds (the
+ * streams are synchronized only at teardown, before the pool is unpinned).
+ * Jobs come from a fixed table (CUDA_JOBS, events made once per slot): no
+ * allocation per op; with every job in flight an op waits, in order, for one
+ * to end (linked through the op itself).
+ *
+ * The runtime is loaded on the first device region (engine/cuda_rt.h), not
+ * at engine creation: an engine that never sees device memory never loads
+ * libcudart. Health: "cuda" says whether it is available and why not.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_rt.h"
+#include "internal.h"
+
+#define CUDA_JOBS 256
+#define CUDA_PIECE (8ull << 20)
+#define CUDA_MAX_DEV 16
+
+enum job_kind { JOB_PUT = 1, JOB_GET = 2 };
+
+struct cuda_job {
+	struct op *op;
+	uint32_t gen;            /* op->gen when it began */
+	uint8_t kind;            /* enum job_kind */
+	uint8_t dev;             /* the device whose stream it runs on */
+	int res;                 /* an error met while issuing (the job still ends by its event) */
+	struct ferry_buf *buf;   /* JOB_GET: the received block, held until the copy is done */
+	uint64_t len;
+	cuda_event_t done;       /* recorded behind the job's copies */
+	cuda_event_t wait;       /* FERRY_CUDA_WAIT_STREAM: recorded on the caller's stream */
+	struct cuda_job *next;
+};
+
+struct cuda_svc {
+	struct ferry_engine *e;
+	struct backend *b;
+	const struct cuda_rt *_Atomic rt; /* set once a device region found the runtime */
+	pthread_mutex_t lock;    /* loading the runtime, pinning the pool */
+	void *pool_addr;         /* the pool, to pin */
+	size_t pool_len;
+	_Atomic int pool_pinned;
+	int cur_dev;             /* the device current on the reactor's thread (-1: unknown) */
+	cuda_stream_t stream[CUDA_MAX_DEV];
+	struct cuda_job jobs[CUDA_JOBS];
+	struct cuda_job *free;
+	struct cuda_job *busy, *busy_tail; /* in the order issued */
+	struct op *wait_head, *wait_tail;  /* ops waiting for a free job, in order */
+	_Atomic uint32_t inflight, waiting;
+	_Atomic uint32_t regions;
+	stat_t puts, gets, bytes_d2h, bytes_h2d, errors;
+	_Atomic uint64_t callbacks;
+};
+
+/* A device region's registration: what the runtime said of it. */
+struct cuda_reg {
+	int device;
+	int type;
+};
+
+/* The host function behind each job: ring the doorbell if the reactor sleeps. Any thread. */
+static void cuda_ring(void *arg)
+{
+	struct cuda_svc *s = arg;
+
+	atomic_fetch_add_explicit(&s->callbacks, 1, memory_order_relaxed);
+	reactor_wake(s->e);
+}
+
+static int cuda_init(struct ferry_engine *e, struct backend *b)
+{
+	struct cuda_svc *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return -ENOMEM;
+	s->e = e;
+	s->b = b;
+	s->cur_dev = -1;
+	pthread_mutex_init(&s->lock, NULL);
+	for (unsigned i = 0; i < CUDA_JOBS; i++) {
+		s->jobs[i].next = s->free;
+		s->free = &s->jobs[i];
+	}
+	b->data = s;
+	return 0;
+}
+
+/* The runtime, loaded by the first device region (any thread), or NULL and why. */
+static const struct cuda_rt *svc_runtime(struct cuda_svc *s, const char **why)
+{
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	cuda_err_t err;
+
+	if (rt)
+		return rt;
+	if (!(rt = cuda_rt_get(why)))
+		return NULL;
+	pthread_mutex_lock(&s->lock);
+	if (!atomic_load(&s->pool_pinned) && s->pool_addr) {
+		/* DMA from pinned memory: the pool is registered once, for all devices. */
+		err = rt->HostRegister(s->pool_addr, s->pool_len, CUDA_HOST_REGISTER_PORTABLE);
+		if (err == CUDA_OK)
+			atomic_store(&s->pool_pinned, 1);
+		else
+			log_warn("cuda: engine %s: the pool (%zu bytes) could not be pinned: %s "
+				 "(copies go through pageable memory)", s->e->name, s->pool_len,
+				 cuda_rt_strerror(err));
+		rt->GetLastError();
+	}
+	atomic_store(&s->rt, rt);
+	pthread_mutex_unlock(&s->lock);
+	return rt;
+}
+
+static int cuda_mem_register(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
+			     enum ferry_mem_type mem, int device, void **handle)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt;
+	struct cuda_ptr_attr a, z;
+	struct cuda_reg *r;
+	const char *why = "";
+	cuda_err_t err;
+
+	*handle = NULL;
+	if (mem == FERRY_MEM_HOST) {
+		if (addr == pool_base(e->pool) && !s->pool_addr) {
+			s->pool_addr = addr; /* pinned when device memory first appears */
+			s->pool_len = len;
+		}
+		return 0;
+	}
+	if (mem != FERRY_MEM_CUDA)
+		return 0;
+	if (!(rt = svc_runtime(s, &why))) {
+		log_error("cuda: engine %s: CUDA device memory is not available: %s", e->name, why);
+		return -ENODEV;
+	}
+	if (device < 0 || device >= rt->devices || device >= CUDA_MAX_DEV) {
+		log_error("cuda: engine %s: device %d does not exist (%d device(s))", e->name, device,
+			  rt->devices);
+		return -EINVAL;
+	}
+	memset(&a, 0, sizeof(a));
+	memset(&z, 0, sizeof(z));
+	err = rt->PointerGetAttributes(&a, addr);
+	if (err == CUDA_OK)
+		err = rt->PointerGetAttributes(&z, (const char *)addr + len - 1);
+	if (err != CUDA_OK || (a.type != CUDA_MEM_TYPE_DEVICE && a.type != CUDA_MEM_TYPE_MANAGED) ||
+	    a.device != device || z.type != a.type || z.device != a.device) {
+		rt->GetLastError();
+		log_error("cuda: engine %s: %zu bytes at %p are not memory of CUDA device %d (%s)",
+			  e->name, len, addr, device,
+			  err != CUDA_OK ? cuda_rt_strerror(err)
+					 : a.type != CUDA_MEM_TYPE_DEVICE && a.type != CUDA_MEM_TYPE_MANAGED
+						   ? "not device memory"
+						   : "another device's, or not all of it");
+		return -EINVAL;
+	}
+	if (!(r = malloc(sizeof(*r))))
+		return -ENOMEM;
+	r->device = device;
+	r->type = a.type;
+	atomic_fetch_add(&s->regions, 1);
+	*handle = r;
+	return 0;
+}
+
+static void cuda_mem_deregister(struct ferry_engine *e, struct backend *b, void *handle)
+{
+	struct cuda_svc *s = b->data;
+
+	(void)e;
+	atomic_fetch_sub(&s->regions, 1);
+	free(handle);
+}
+
+/* Ferry's stream of device dev, made current on this thread; NULL on an error (logged). */
+static cuda_stream_t svc_stream(struct cuda_svc *s, const struct cuda_rt *rt, int dev)
+{
+	cuda_err_t err;
+
+	if (s->cur_dev != dev) {
+		if ((err = rt->SetDevice(dev)) != CUDA_OK) {
+			log_error("cuda: engine %s: cudaSetDevice(%d): %s", s->e->name, dev,
+				  cuda_rt_strerror(err));
+			return NULL;
+		}
+		s->cur_dev = dev;
+	}
+	if (!s->stream[dev] &&
+	    (err = rt->StreamCreateWithFlags(&s->stream[dev], CUDA_STREAM_NON_BLOCKING)) != CUDA_OK) {
+		log_error("cuda: engine %s: no stream on device %d: %s", s->e->name, dev,
+			  cuda_rt_strerror(err));
+		s->stream[dev] = NULL;
+		return NULL;
+	}
+	return s->stream[dev];
+}
+
+/* A free job, its event made: 0, -EAGAIN (all CUDA_JOBS in flight) or -EIO. */
+static int job_take(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job **out)
+{
+	struct cuda_job *j = s->free;
+	cuda_err_t err;
+
+	if (!j)
+		return -EAGAIN;
+	if (!j->done && (err = rt->EventCreateWithFlags(&j->done, CUDA_EVENT_DISABLE_TIMING))) {
+		log_error("cuda: engine %s: no event: %s", s->e->name, cuda_rt_strerror(err));
+		j->done = NULL;
+		return -EIO;
+	}
+	s->free = j->next;
+	j->next = NULL;
+	j->res = 0;
+	j->buf = NULL;
+	*out = j;
+	return 0;
+}
+
+static void job_give_back(struct cuda_svc *s, struct cuda_job *j)
+{
+	j->op = NULL;
+	j->next = s->free;
+	s->free = j;
+}
+
+/* The first device segment's device: the stream the job runs on. */
+static int op_device(const struct op *op)
+{
+	for (uint32_t i = 0; i < op->iovcnt; i++)
+		if (op->segs[i].region->mem == FERRY_MEM_CUDA)
+			return op->segs[i].region->device;
+	return 0;
+}
+
+/* Queue len bytes, src to dst, in pieces (*queued: one was). 0 or the runtime's error. */
+static cuda_err_t copy_pieces(const struct cuda_rt *rt, cuda_stream_t st, char *dst,
+			      const char *src, uint64_t len, bool *queued)
+{
+	cuda_err_t err = CUDA_OK;
+
+	while (len && err == CUDA_OK) {
+		uint64_t n = len < CUDA_PIECE ? len : CUDA_PIECE;
+
+		if ((err = rt->MemcpyAsync(dst, src, n, CUDA_MEMCPY_DEFAULT, st)) == CUDA_OK)
+			*queued = true;
+		dst += n;
+		src += n;
+		len -= n;
+	}
+	return err;
+}
+
+/*
+ * The job's copies are queued (err: the first error met; some may be):
+ * its event and host function behind them, and it joins the busy list.
+ * Returns 0: it ends by its event (with err, if any, as its result);
+ * or the error when nothing was queued. An event that cannot be recorded
+ * behind queued copies leaves one way to know they are done: the stream
+ * is synchronized (an error path only).
+ */
+static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t st,
+		     struct cuda_job *j, cuda_err_t err, bool queued)
+{
+	cuda_err_t e2;
+
+	if (err != CUDA_OK) {
+		log_error("cuda: engine %s: op %llx: a device copy could not be queued: %s",
+			  s->e->name, (unsigned long long)j->op->user_data, cuda_rt_strerror(err));
+		rt->GetLastError();
+		STAT_ADD(s->errors, 1);
+		if (!queued)
+			return -EIO;
+		j->res = -EIO;
+	}
+	if ((e2 = rt->EventRecord(j->done, st)) != CUDA_OK) {
+		log_error("cuda: engine %s: op %llx: cudaEventRecord: %s", s->e->name,
+			  (unsigned long long)j->op->user_data, cuda_rt_strerror(e2));
+		rt->GetLastError();
+		STAT_ADD(s->errors, 1);
+		if (queued)
+			rt->StreamSynchronize(st); /* the copies must not outlive their memory */
+		return -EIO;
+	}
+	if ((e2 = rt->LaunchHostFunc(st, cuda_ring, s)) != CUDA_OK) {
+		/* It still ends: the reactor sees the event while it spins (and wakes on its ticks). */
+		log_limited(FERRY__LOG_WARN, "cuda: engine %s: cudaLaunchHostFunc: %s", s->e->name,
+			    cuda_rt_strerror(e2));
+		rt->GetLastError();
+	}
+	j->op->state = OP_DEVICE;
+	j->gen = j->op->gen;
+	if (s->busy_tail)
+		s->busy_tail->next = j;
+	else
+		s->busy = j;
+	s->busy_tail = j;
+	atomic_fetch_add(&s->inflight, 1);
+	return 0;
+}
+
+/*
+ * A PUT's copies into a pool block, after the caller's wait (kind, handle),
+ * on job j: 0 (it runs), or the error (j given back; nothing runs; op->buf,
+ * if taken, is freed with the op).
+ */
+static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
+		     struct op *op, unsigned kind, uint64_t handle)
+{
+	cuda_stream_t st = svc_stream(s, rt, op_device(op));
+	cuda_err_t err = CUDA_OK;
+	uint64_t total = segs_total(op->segs, op->iovcnt), at = 0;
+	bool queued = false;
+	int rc;
+
+	if (!st) {
+		job_give_back(s, j);
+		return -EIO;
+	}
+	if ((rc = pool_alloc(s->e->pool, total, &op->buf))) {
+		log_info("op %llx: pool exhausted for %llu bytes of device memory",
+			 (unsigned long long)op->user_data, (unsigned long long)total);
+		job_give_back(s, j);
+		return rc;
+	}
+	j->op = op;
+	j->kind = JOB_PUT;
+	j->dev = (uint8_t)op_device(op);
+	j->len = total;
+	if (kind == FERRY_CUDA_WAIT_STREAM) {
+		/* The caller's stream's work so far, as an event ferry's stream waits for. */
+		if (!j->wait)
+			err = rt->EventCreateWithFlags(&j->wait, CUDA_EVENT_DISABLE_TIMING);
+		if (err == CUDA_OK)
+			err = rt->EventRecord(j->wait, (cuda_stream_t)(uintptr_t)handle);
+		if (err == CUDA_OK)
+			err = rt->StreamWaitEvent(st, j->wait, 0);
+	} else if (kind == FERRY_CUDA_WAIT_EVENT) {
+		err = rt->StreamWaitEvent(st, (cuda_event_t)(uintptr_t)handle, 0);
+	}
+	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK; i++) {
+		const struct ferry_seg *g = &op->segs[i];
+
+		err = copy_pieces(rt, st, (char *)op->buf->data + at,
+				  (const char *)g->region->addr + g->offset, g->len, &queued);
+		at += g->len;
+	}
+	op->len = total;
+	if ((rc = job_issue(s, rt, st, j, err, queued))) {
+		job_give_back(s, j);
+		return rc;
+	}
+	STAT_ADD(s->puts, 1);
+	STAT_ADD(s->bytes_d2h, total);
+	return 0;
+}
+
+/* A GET's copies of buf (len bytes) into its segments, on job j: 0, or the error (j given back). */
+static int get_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
+		     struct op *op, struct ferry_buf *buf, uint64_t len)
+{
+	cuda_stream_t st = svc_stream(s, rt, op_device(op));
+	const char *src = buf->data;
+	cuda_err_t err = CUDA_OK;
+	uint64_t left = len;
+	bool queued = false;
+	int rc;
+
+	if (!st) {
+		job_give_back(s, j);
+		return -EIO;
+	}
+	j->op = op;
+	j->kind = JOB_GET;
+	j->dev = (uint8_t)op_device(op);
+	j->len = len;
+	for (uint32_t i = 0; i < op->iovcnt && left && err == CUDA_OK; i++) {
+		const struct ferry_seg *g = &op->segs[i];
+		uint64_t n = g->len < left ? g->len : left;
+
+		err = copy_pieces(rt, st, (char *)g->region->addr + g->offset, src, n, &queued);
+		src += n;
+		left -= n;
+	}
+	if ((rc = job_issue(s, rt, st, j, err, queued))) {
+		job_give_back(s, j);
+		return rc;
+	}
+	j->buf = buf; /* ours until the copy is done */
+	STAT_ADD(s->gets, 1);
+	STAT_ADD(s->bytes_h2d, len);
+	return 0;
+}
+
+/*
+ * Every job in flight: the op waits in order for one to end (OP_DEVICE; a
+ * PUT keeps its wait in chunk / wish_seq, unused by PUTs, a GET its block in
+ * buf and its length in len).
+ */
+static void op_wait_for_job(struct cuda_svc *s, struct op *op)
+{
+	op->state = OP_DEVICE;
+	op_list_append(&s->wait_head, &s->wait_tail, op);
+	atomic_fetch_add(&s->waiting, 1);
+}
+
+static bool op_is_put(const struct op *op)
+{
+	return op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_PUBLISH;
+}
+
+/* Jobs free again: the ops that waited for one start, in order (or end, on an error). */
+static void svc_start_waiting(struct cuda_svc *s)
+{
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+
+	while (s->free && s->wait_head) {
+		struct op *op = s->wait_head;
+		struct cuda_job *j = NULL;
+		int rc;
+
+		op_list_remove(&s->wait_head, &s->wait_tail, op);
+		atomic_fetch_sub(&s->waiting, 1);
+		rc = job_take(s, rt, &j);
+		if (op_is_put(op)) {
+			if (!rc)
+				rc = put_issue(s, rt, j, op, op->chunk, op->wish_seq);
+			if (rc)
+				reactor_put_staged(s->e, op, rc);
+		} else {
+			struct ferry_buf *buf = op->buf;
+
+			op->buf = NULL;
+			if (!rc)
+				rc = get_issue(s, rt, j, op, buf, op->len);
+			if (rc) {
+				pool_free(buf); /* taken when it waited: this GET's data is lost */
+				op->state = OP_FREE;
+				op_complete(s->e, op, rc, 0, NULL);
+			}
+		}
+	}
+}
+
+static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op *op,
+			   const struct ferry_sqe *sqe)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	struct cuda_job *j = NULL;
+	int rc;
+
+	(void)e;
+	if (!rt)
+		return -ENODEV; /* not reached: no device region without the runtime */
+	if (sqe->cuda_wait_kind > FERRY_CUDA_WAIT_STREAM ||
+	    (sqe->cuda_wait_kind == FERRY_CUDA_WAIT_EVENT && !sqe->cuda_wait)) {
+		log_error("op %llx: CUDA wait of kind %u on %#llx", (unsigned long long)op->user_data,
+			  sqe->cuda_wait_kind, (unsigned long long)sqe->cuda_wait);
+		return -EINVAL;
+	}
+	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		op->chunk = sqe->cuda_wait_kind;
+		op->wish_seq = sqe->cuda_wait;
+		op_wait_for_job(s, op);
+		return 0;
+	}
+	return rc ? rc : put_issue(s, rt, j, op, sqe->cuda_wait_kind, sqe->cuda_wait);
+}
+
+static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op *op,
+			   struct ferry_buf *buf, uint64_t len)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	struct cuda_job *j = NULL;
+	int rc;
+
+	(void)e;
+	if (!rt)
+		return -ENODEV;
+	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		op->buf = buf;
+		op->len = len; /* its capacity was checked: from now on what came */
+		op_wait_for_job(s, op);
+		return 0;
+	}
+	return rc ? rc : get_issue(s, rt, j, op, buf, len);
+}
+
+/* A job whose event says it is done (res: its result): the op goes on, or ends. */
+static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
+{
+	struct op *op = j->op;
+	struct ferry_buf *buf = j->buf;
+	uint64_t len = j->len;
+	enum job_kind kind = j->kind;
+
+	atomic_fetch_sub(&s->inflight, 1);
+	job_give_back(s, j);
+	svc_start_waiting(s); /* before this op goes on: the ones waiting keep their order */
+	if (op->state != OP_DEVICE || op->gen != j->gen) {
+		log_error("cuda: engine %s: a device copy ended for an op that moved on", s->e->name);
+		if (buf)
+			pool_free(buf);
+		return;
+	}
+	if (kind == JOB_PUT) {
+		reactor_put_staged(s->e, op, res);
+		return;
+	}
+	pool_free(buf); /* back to its owner (a peer's block: the peer's pool) */
+	op->state = OP_FREE;
+	op_complete(s->e, op, res, res ? 0 : len, NULL);
+}
+
+/* The result of a job whose event completed, or 1 while it runs. */
+static int job_poll(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j)
+{
+	cuda_err_t err = rt->EventQuery(j->done);
+
+	if (err == CUDA_ERR_NOT_READY)
+		return 1;
+	if (err != CUDA_OK) {
+		log_error("cuda: engine %s: op %llx: its device copy failed: %s", s->e->name,
+			  (unsigned long long)j->op->user_data, cuda_rt_strerror(err));
+		rt->GetLastError();
+		STAT_ADD(s->errors, 1);
+		return -EIO;
+	}
+	return j->res;
+}
+
+static int cuda_progress(struct ferry_engine *e, struct backend *b)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	struct cuda_job *j, *next, *prev = NULL;
+	uint32_t blocked = 0; /* devices whose stream has a job still running */
+	int n = 0, res;
+
+	(void)e;
+	if (!s->busy)
+		return 0;
+	for (j = s->busy; j; j = next) {
+		next = j->next;
+		/*
+		 * Behind a running job of its stream a job is not asked: it may have
+		 * ended between the two queries, and jobs of a stream end in order.
+		 */
+		if ((blocked & (1u << j->dev)) || (res = job_poll(s, rt, j)) == 1) {
+			blocked |= 1u << j->dev;
+			prev = j;
+			continue;
+		}
+		if (prev)
+			prev->next = next;
+		else
+			s->busy = next;
+		if (s->busy_tail == j)
+			s->busy_tail = prev;
+		job_end(s, j, res); /* may issue new jobs: they join behind the tail */
+		n++;
+	}
+	return n;
+}
+
+static bool cuda_has_work(struct ferry_engine *e, struct backend *b)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt;
+
+	(void)e;
+	if (!s || !s->busy)
+		return false;
+	rt = atomic_load(&s->rt);
+	for (struct cuda_job *j = s->busy; j; j = j->next)
+		if (rt->EventQuery(j->done) != CUDA_ERR_NOT_READY)
+			return true;
+	return false;
+}
+
+/* Before a sleep: every job has its host function queued; one more look. */
+static bool cuda_prepare_sleep(struct ferry_engine *e, struct backend *b)
+{
+	return cuda_has_work(e, b);
+}
+
+/*
+ * Teardown: the streams are synchronized (the pool and the ops' memory
+ * must outlive every copy), every job ends as its copy did (a staged PUT
+ * with -ECONNRESET: the engine is going), the pool is unpinned.
+ */
+static void cuda_fini(struct ferry_engine *e, struct backend *b)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+
+	(void)e;
+	while (s->wait_head) { /* never started: they end here */
+		struct op *op = s->wait_head;
+
+		op_list_remove(&s->wait_head, &s->wait_tail, op);
+		if (op_is_put(op)) {
+			reactor_put_staged(s->e, op, -ECONNRESET);
+		} else {
+			pool_free(op->buf);
+			op->buf = NULL;
+			op->state = OP_FREE;
+			op_complete(s->e, op, -ECONNRESET, 0, NULL);
+		}
+	}
+	if (rt) {
+		for (int d = 0; d < CUDA_MAX_DEV; d++)
+			if (s->stream[d])
+				rt->StreamSynchronize(s->stream[d]);
+		while (s->busy) {
+			struct cuda_job *j = s->busy;
+			int res = job_poll(s, rt, j);
+
+			s->busy = j->next;
+			if (j->kind == JOB_PUT && res == 0)
+				res = -ECONNRESET;
+			job_end(s, j, res);
+		}
+		s->busy_tail = NULL;
+		for (unsigned i = 0; i < CUDA_JOBS; i++) {
+			if (s->jobs[i].done)
+				rt->EventDestroy(s->jobs[i].done);
+			if (s->jobs[i].wait)
+				rt->EventDestroy(s->jobs[i].wait);
+		}
+		for (int d = 0; d < CUDA_MAX_DEV; d++)
+			if (s->stream[d])
+				rt->StreamDestroy(s->stream[d]);
+		if (atomic_load(&s->pool_pinned))
+			rt->HostUnregister(s->pool_addr);
+		rt->GetLastError();
+	}
+	pthread_mutex_destroy(&s->lock);
+	free(s);
+	b->data = NULL;
+}
+
+static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+
+	(void)e;
+	/* Not loaded yet is said as such: health never loads the runtime. */
+	return snprintf(buf, len,
+			",\"cuda\":{\"available\":%s,\"why\":\"%s\",\"devices\":%d,"
+			"\"pool_pinned\":%s,\"regions\":%u,\"in_flight\":%u,\"waiting\":%u,\"puts\":%llu,"
+			"\"gets\":%llu,\"bytes_d2h\":%llu,\"bytes_h2d\":%llu,\"callbacks\":%llu,"
+			"\"errors\":%llu}",
+			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
+			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
+			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
+			(unsigned long long)STAT_GET(s->puts), (unsigned long long)STAT_GET(s->gets),
+			(unsigned long long)STAT_GET(s->bytes_d2h),
+			(unsigned long long)STAT_GET(s->bytes_h2d),
+			(unsigned long long)atomic_load(&s->callbacks),
+			(unsigned long long)STAT_GET(s->errors));
+}
+
+const struct backend_ops ferry__cuda_backend = {
+	.name = "cuda",
+	.rank = 90,
+	.caps = TRANSPORT_CAP_MEM_CUDA,
+	.init = cuda_init,
+	.fini = cuda_fini,
+	.progress = cuda_progress,
+	.has_work = cuda_has_work,
+	.prepare_sleep = cuda_prepare_sleep,
+	.health = cuda_health,
+	.mem_register = cuda_mem_register,
+	.mem_deregister = cuda_mem_deregister,
+	.device_put = cuda_device_put,
+	.device_get = cuda_device_get,
+};

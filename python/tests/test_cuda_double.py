@@ -1,0 +1,156 @@
+"""pyferry.cuda driven through a TEST DOUBLE of the CUDA runtime
+(tests/cuda_double/cudart_double.c, compiled here: host memory behind
+"device" pointers, completions from its own threads). It tests the
+binding's logic (the array interface read, put_device/get_device, the
+caller's stream first, the refusals), NOT a GPU. Each case runs in a child
+process: ferry loads its CUDA runtime once per process."""
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pyferry
+import pyferry.cuda as fc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def double(tmp_path_factory):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler for the CUDA runtime double")
+    out = tmp_path_factory.mktemp("cudadouble") / "libcudart_double.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-pthread",
+                    "-I", str(ROOT / "engine"), "-o", str(out),
+                    str(ROOT / "tests/cuda_double/cudart_double.c")], check=True, timeout=120)
+    return str(out)
+
+
+PRELUDE = textwrap.dedent("""
+    import ctypes, errno, sys, pyferry, pyferry.cuda as fc
+    dbl = ctypes.CDLL(sys.argv[1])
+    dbl.cudadouble_malloc.restype = ctypes.c_void_p
+    dbl.cudadouble_malloc.argtypes = [ctypes.c_int, ctypes.c_size_t]
+    class Dev:                      # a CUDA array as CuPy or torch show one
+        def __init__(self, n, dev=0):
+            self.n, self.ptr = n, dbl.cudadouble_malloc(dev, n)
+            self.device = type("D", (), {"index": dev})()
+            self.__cuda_array_interface__ = {"data": (self.ptr, False), "shape": (n,),
+                                             "typestr": "|u1", "version": 3}
+        def fill(self, b): ctypes.memmove(self.ptr, b, len(b))
+        def bytes(self, n=None): return ctypes.string_at(self.ptr, self.n if n is None else n)
+""")
+
+
+def run(double, ns, body):
+    code = PRELUDE + textwrap.dedent(body)
+    env = dict(os.environ, FERRY_CUDA_RUNTIME=double, NS=ns)
+    p = subprocess.run([sys.executable, "-c", code, double], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p.stdout
+
+
+def test_double_put_get_device(double, ns):
+    out = run(double, ns, """
+        import os
+        assert fc.available()
+        a = pyferry.Engine("a", ns=os.environ["NS"], pool_size=8 << 20)
+        b = pyferry.Engine("b", ns=os.environ["NS"], pool_size=8 << 20)
+        src, dst = Dev(3 << 20), Dev(4 << 20)
+        data = bytes((i * 7 + (i >> 9)) & 255 for i in range(3 << 20))
+        src.fill(data)
+        assert fc.put_tensor(a, "b", "kv", src) == 3 << 20
+        assert fc.get_into(b, "a", "kv", dst, timeout=5) == 3 << 20
+        assert dst.bytes(3 << 20) == data
+        # device -> host: a plain get of a device PUT
+        fc.put_tensor(a, "b", "k2", src)
+        with b.get("a", "k2", timeout=5) as buf:
+            assert bytes(memoryview(buf)) == data
+        # host -> device
+        a.put("b", "k3", b"host bytes")
+        assert fc.get_into(b, "a", "k3", dst, timeout=5) == 10
+        assert dst.bytes(10) == b"host bytes"
+        # too small a destination
+        fc.put_tensor(a, "b", "k4", src)
+        small = Dev(100)
+        try:
+            fc.get_into(b, "a", "k4", small, timeout=5)
+            raise SystemExit("no EMSGSIZE")
+        except pyferry.FerryError as e:
+            assert e.errno == errno.EMSGSIZE, e
+        h = a.health()
+        print("cuda-puts", h["cuda"]["puts"])
+        a.close(); b.close()
+    """)
+    assert "cuda-puts 3" in out
+
+
+def test_double_caller_stream_first(double, ns):
+    run(double, ns, """
+        import os, threading, time
+        dbl.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        dbl.cudadouble_gate.argtypes = [ctypes.c_void_p]
+        dbl.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                        ctypes.c_int, ctypes.c_void_p]
+        a = pyferry.Engine("a", ns=os.environ["NS"], pool_size=8 << 20)
+        b = pyferry.Engine("b", ns=os.environ["NS"], pool_size=8 << 20)
+        src, dst = Dev(4096), Dev(4096)
+        src.fill(b"old" * 1000)
+        st = ctypes.c_void_p()
+        assert dbl.cudaStreamCreateWithFlags(ctypes.byref(st), 1) == 0
+        fresh = ctypes.create_string_buffer(b"new" * 1365, 4096)
+        dbl.cudadouble_gate_close()
+        dbl.cudadouble_gate(st)                            # the producer's long kernel
+        dbl.cudaMemcpyAsync(src.ptr, fresh, 4096, 4, st)   # ... writes the tensor
+        threading.Timer(0.2, dbl.cudadouble_gate_open).start()
+        t0 = time.monotonic()
+        fc.put_tensor(a, "b", "t", src, stream=st.value)
+        assert time.monotonic() - t0 >= 0.15
+        fc.get_into(b, "a", "t", dst, timeout=5)
+        assert dst.bytes() == fresh.raw
+        a.close(); b.close()
+    """)
+
+
+def test_double_refusals(double, ns):
+    run(double, ns, """
+        import os
+        a = pyferry.Engine("a", ns=os.environ["NS"], pool_size=8 << 20)
+        host = ctypes.create_string_buffer(64)
+        try:
+            a.put_device("b", "k", ctypes.addressof(host), 64)
+            raise SystemExit("host memory taken for device memory")
+        except pyferry.FerryError as e:
+            assert e.errno == errno.EINVAL, e
+        try:
+            fc.device_memory(b"bytes")
+            raise SystemExit("bytes taken for device memory")
+        except TypeError:
+            pass
+        a.close()
+    """)
+
+
+def test_no_cuda_runtime(ns, monkeypatch):
+    """Without a runtime (FERRY_CUDA_RUNTIME=none): unavailable, ENODEV, the rest unchanged."""
+    code = textwrap.dedent("""
+        import errno, os, pyferry, pyferry.cuda as fc
+        assert not fc.available()
+        a = pyferry.Engine("a", ns=os.environ["NS"], pool_size=1 << 20)
+        try:
+            a.put_device("b", "k", 4096, 64)
+            raise SystemExit("no ENODEV")
+        except pyferry.FerryError as e:
+            assert e.errno == errno.ENODEV, e
+        a.close()
+    """)
+    env = dict(os.environ, FERRY_CUDA_RUNTIME="none", NS=ns)
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr

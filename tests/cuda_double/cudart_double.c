@@ -1,0 +1,573 @@
+/*
+ * tests/cuda_double/cudart_double.c - a TEST DOUBLE of the CUDA runtime
+ * (libferry_cudart_double.so), never a GPU result.
+ *
+ * Owns: the few cuda* entry points ferry loads (engine/cuda_rt.h), written
+ * here over host memory, so that the tests drive ferry's CUDA memory
+ * domain (staging, events, host callbacks, the caller's wait) on a machine
+ * without a GPU. "Device memory" is host memory that cudadouble_malloc
+ * handed out and PointerGetAttributes knows as a device's; every stream is
+ * a thread of this library that runs its queue in order (copies, event
+ * records, waits on events, host functions), so completions arrive
+ * asynchronously, from another thread, as on a GPU. A test steers it
+ * through the cudadouble_* functions: devices seen, a gate that holds a
+ * stream (the caller's "kernel"), a delay per copy, errors injected into
+ * the next calls of an entry point or into a stream's next copy, counters.
+ * Loaded by ferry through FERRY_CUDA_RUNTIME=<this file>.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_rt.h"
+
+#define API __attribute__((visibility("default")))
+#define ERR_INVALID_VALUE 1
+#define ERR_INVALID_DEVICE 101
+#define MAX_ALLOCS 64
+
+enum task_kind { T_COPY, T_RECORD, T_WAIT, T_HOSTFN, T_GATE };
+
+struct dev_event {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	uint64_t recorded, completed;
+	int error; /* of the work before its last completed record */
+};
+
+struct task {
+	enum task_kind kind;
+	void *dst;
+	const void *src;
+	size_t n;
+	struct dev_event *ev;
+	uint64_t seq;
+	cuda_host_fn fn;
+	void *arg;
+	struct task *next;
+};
+
+struct dev_stream {
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct task *head, *tail;
+	int busy, stop;
+	int error;      /* an injected asynchronous error: the next event record carries it */
+};
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_gate_cond = PTHREAD_COND_INITIALIZER;
+static int g_gate_closed;
+static int g_devices = -1;
+static int g_cur_dev;
+static unsigned g_copy_delay_us;
+static int g_fail_next_copy; /* inject: the next copy to run, on any stream, fails with this */
+static struct {
+	char *base;
+	size_t len;
+	int dev;
+} g_alloc[MAX_ALLOCS];
+static struct {
+	char fn[48];
+	int err;
+	int skip; /* calls to let through first */
+	int count;
+} g_fail[8];
+static uint64_t g_copies, g_copy_bytes, g_max_piece, g_hostfns, g_waits, g_syncs, g_queries,
+	g_pinned, g_streams;
+static struct dev_stream *g_default;
+
+/* An error injected into this call of fn, or 0. */
+static int injected(const char *fn)
+{
+	int err = 0;
+
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < 8; i++) {
+		if (!g_fail[i].count || strcmp(g_fail[i].fn, fn))
+			continue;
+		if (g_fail[i].skip) {
+			g_fail[i].skip--;
+			continue;
+		}
+		g_fail[i].count--;
+		err = g_fail[i].err;
+		break;
+	}
+	pthread_mutex_unlock(&g_lock);
+	return err;
+}
+
+static void *stream_main(void *arg)
+{
+	struct dev_stream *s = arg;
+
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		struct task *t;
+
+		while (!s->head && !s->stop)
+			pthread_cond_wait(&s->cond, &s->lock);
+		if (!s->head)
+			break;
+		t = s->head;
+		s->head = t->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->busy = 1;
+		pthread_mutex_unlock(&s->lock);
+		switch (t->kind) {
+		case T_COPY: {
+			int fail;
+
+			if (g_copy_delay_us)
+				usleep(g_copy_delay_us);
+			pthread_mutex_lock(&g_lock);
+			fail = g_fail_next_copy;
+			g_fail_next_copy = 0;
+			pthread_mutex_unlock(&g_lock);
+			if (fail)
+				s->error = fail;
+			else
+				memmove(t->dst, t->src, t->n);
+			break;
+		}
+		case T_RECORD:
+			pthread_mutex_lock(&t->ev->lock);
+			t->ev->completed = t->seq;
+			t->ev->error = s->error;
+			s->error = 0; /* carried by this record only (not sticky) */
+			pthread_cond_broadcast(&t->ev->cond);
+			pthread_mutex_unlock(&t->ev->lock);
+			break;
+		case T_WAIT:
+			pthread_mutex_lock(&t->ev->lock);
+			while (t->ev->completed < t->seq)
+				pthread_cond_wait(&t->ev->cond, &t->ev->lock);
+			pthread_mutex_unlock(&t->ev->lock);
+			break;
+		case T_HOSTFN:
+			t->fn(t->arg);
+			break;
+		case T_GATE:
+			pthread_mutex_lock(&g_lock);
+			while (g_gate_closed)
+				pthread_cond_wait(&g_gate_cond, &g_lock);
+			pthread_mutex_unlock(&g_lock);
+			break;
+		}
+		free(t);
+		pthread_mutex_lock(&s->lock);
+		s->busy = 0;
+		pthread_cond_broadcast(&s->cond);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+static struct dev_stream *stream_new(void)
+{
+	struct dev_stream *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_cond_init(&s->cond, NULL);
+	if (pthread_create(&s->thread, NULL, stream_main, s)) {
+		free(s);
+		return NULL;
+	}
+	pthread_mutex_lock(&g_lock);
+	g_streams++;
+	pthread_mutex_unlock(&g_lock);
+	return s;
+}
+
+static struct dev_stream *stream_of(cuda_stream_t st)
+{
+	if (st)
+		return st;
+	pthread_mutex_lock(&g_lock);
+	if (!g_default)
+		g_default = stream_new();
+	pthread_mutex_unlock(&g_lock);
+	return g_default;
+}
+
+static int enqueue(cuda_stream_t st, struct task *proto)
+{
+	struct dev_stream *s = stream_of(st);
+	struct task *t = malloc(sizeof(*t));
+
+	if (!s || !t) {
+		free(t);
+		return 2; /* cudaErrorMemoryAllocation */
+	}
+	*t = *proto;
+	t->next = NULL;
+	pthread_mutex_lock(&s->lock);
+	if (s->tail)
+		s->tail->next = t;
+	else
+		s->head = t;
+	s->tail = t;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+/* ---- the runtime's entry points --------------------------------------- */
+
+API cuda_err_t cudaGetDeviceCount(int *n)
+{
+	int err = injected("cudaGetDeviceCount");
+
+	if (g_devices < 0) {
+		const char *env = getenv("FERRY_CUDA_DOUBLE_DEVICES");
+
+		g_devices = env ? atoi(env) : 2;
+	}
+	*n = err ? 0 : g_devices;
+	return err ? err : g_devices ? 0 : CUDA_ERR_NO_DEVICE;
+}
+
+API cuda_err_t cudaSetDevice(int dev)
+{
+	int err = injected("cudaSetDevice");
+
+	if (err)
+		return err;
+	if (dev < 0 || dev >= g_devices)
+		return ERR_INVALID_DEVICE;
+	g_cur_dev = dev;
+	return 0;
+}
+
+API cuda_err_t cudaStreamCreateWithFlags(cuda_stream_t *st, unsigned flags)
+{
+	int err = injected("cudaStreamCreateWithFlags");
+
+	(void)flags;
+	if (err)
+		return err;
+	*st = stream_new();
+	return *st ? 0 : 2;
+}
+
+API cuda_err_t cudaStreamSynchronize(cuda_stream_t st)
+{
+	struct dev_stream *s = stream_of(st);
+
+	pthread_mutex_lock(&g_lock);
+	g_syncs++;
+	pthread_mutex_unlock(&g_lock);
+	pthread_mutex_lock(&s->lock);
+	while (s->head || s->busy)
+		pthread_cond_wait(&s->cond, &s->lock);
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+API cuda_err_t cudaStreamDestroy(cuda_stream_t st)
+{
+	struct dev_stream *s = st;
+
+	if (!s)
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&s->lock);
+	s->stop = 1; /* its queue is run out first */
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	pthread_join(s->thread, NULL);
+	pthread_mutex_destroy(&s->lock);
+	pthread_cond_destroy(&s->cond);
+	free(s);
+	pthread_mutex_lock(&g_lock);
+	g_streams--;
+	pthread_mutex_unlock(&g_lock);
+	return 0;
+}
+
+API cuda_err_t cudaEventCreateWithFlags(cuda_event_t *ev, unsigned flags)
+{
+	struct dev_event *e;
+	int err = injected("cudaEventCreateWithFlags");
+
+	(void)flags;
+	if (err)
+		return err;
+	if (!(e = calloc(1, sizeof(*e))))
+		return 2;
+	pthread_mutex_init(&e->lock, NULL);
+	pthread_cond_init(&e->cond, NULL);
+	*ev = e;
+	return 0;
+}
+
+API cuda_err_t cudaEventDestroy(cuda_event_t ev)
+{
+	struct dev_event *e = ev;
+
+	pthread_mutex_destroy(&e->lock);
+	pthread_cond_destroy(&e->cond);
+	free(e);
+	return 0;
+}
+
+API cuda_err_t cudaEventRecord(cuda_event_t ev, cuda_stream_t st)
+{
+	struct dev_event *e = ev;
+	struct task t = { .kind = T_RECORD, .ev = e };
+	int err = injected("cudaEventRecord");
+
+	if (err)
+		return err;
+	pthread_mutex_lock(&e->lock);
+	t.seq = ++e->recorded;
+	pthread_mutex_unlock(&e->lock);
+	return enqueue(st, &t);
+}
+
+API cuda_err_t cudaEventQuery(cuda_event_t ev)
+{
+	struct dev_event *e = ev;
+	int r;
+
+	pthread_mutex_lock(&g_lock);
+	g_queries++;
+	pthread_mutex_unlock(&g_lock);
+	pthread_mutex_lock(&e->lock);
+	r = e->completed < e->recorded ? CUDA_ERR_NOT_READY : e->error;
+	pthread_mutex_unlock(&e->lock);
+	return r;
+}
+
+API cuda_err_t cudaStreamWaitEvent(cuda_stream_t st, cuda_event_t ev, unsigned flags)
+{
+	struct dev_event *e = ev;
+	struct task t = { .kind = T_WAIT, .ev = e };
+	int err = injected("cudaStreamWaitEvent");
+
+	(void)flags;
+	if (err)
+		return err;
+	pthread_mutex_lock(&e->lock);
+	t.seq = e->recorded; /* the work recorded so far, as CUDA does */
+	pthread_mutex_unlock(&e->lock);
+	pthread_mutex_lock(&g_lock);
+	g_waits++;
+	pthread_mutex_unlock(&g_lock);
+	return enqueue(st, &t);
+}
+
+API cuda_err_t cudaMemcpyAsync(void *dst, const void *src, size_t n, int kind, cuda_stream_t st)
+{
+	struct task t = { .kind = T_COPY, .dst = dst, .src = src, .n = n };
+	int err = injected("cudaMemcpyAsync");
+
+	if (err)
+		return err;
+	if (kind != CUDA_MEMCPY_DEFAULT || (n && (!dst || !src)))
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&g_lock);
+	g_copies++;
+	g_copy_bytes += n;
+	if (n > g_max_piece)
+		g_max_piece = n;
+	pthread_mutex_unlock(&g_lock);
+	return enqueue(st, &t);
+}
+
+API cuda_err_t cudaLaunchHostFunc(cuda_stream_t st, cuda_host_fn fn, void *arg)
+{
+	struct task t = { .kind = T_HOSTFN, .fn = fn, .arg = arg };
+	int err = injected("cudaLaunchHostFunc");
+
+	if (err)
+		return err;
+	pthread_mutex_lock(&g_lock);
+	g_hostfns++;
+	pthread_mutex_unlock(&g_lock);
+	return enqueue(st, &t);
+}
+
+API cuda_err_t cudaHostRegister(void *p, size_t n, unsigned flags)
+{
+	int err = injected("cudaHostRegister");
+
+	(void)p, (void)flags;
+	if (err)
+		return err;
+	pthread_mutex_lock(&g_lock);
+	g_pinned += n;
+	pthread_mutex_unlock(&g_lock);
+	return 0;
+}
+
+API cuda_err_t cudaHostUnregister(void *p)
+{
+	(void)p;
+	pthread_mutex_lock(&g_lock);
+	g_pinned = 0;
+	pthread_mutex_unlock(&g_lock);
+	return 0;
+}
+
+API cuda_err_t cudaPointerGetAttributes(struct cuda_ptr_attr *a, const void *p)
+{
+	const char *c = p;
+
+	memset(a, 0, sizeof(*a));
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < MAX_ALLOCS; i++) {
+		if (g_alloc[i].base && c >= g_alloc[i].base && c < g_alloc[i].base + g_alloc[i].len) {
+			a->type = CUDA_MEM_TYPE_DEVICE;
+			a->device = g_alloc[i].dev;
+			a->device_ptr = (void *)c;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g_lock);
+	if (!a->type)
+		a->host_ptr = (void *)c; /* unregistered host memory (type 0) */
+	return 0;
+}
+
+API cuda_err_t cudaGetLastError(void)
+{
+	return 0;
+}
+
+API const char *cudaGetErrorString(cuda_err_t err)
+{
+	static __thread char buf[64];
+
+	snprintf(buf, sizeof(buf), "cuda double error %d", err);
+	return buf;
+}
+
+/* ---- the test's controls ---------------------------------------------- */
+
+/* "Device memory" of device dev: n bytes of host memory (NULL when the table is full). */
+API void *cudadouble_malloc(int dev, size_t n)
+{
+	void *p = NULL;
+
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < MAX_ALLOCS; i++) {
+		if (!g_alloc[i].base) {
+			p = malloc(n ? n : 1);
+			g_alloc[i].base = p;
+			g_alloc[i].len = n;
+			g_alloc[i].dev = dev;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g_lock);
+	return p;
+}
+
+API void cudadouble_free(void *p)
+{
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < MAX_ALLOCS; i++)
+		if (g_alloc[i].base == p)
+			g_alloc[i].base = NULL;
+	pthread_mutex_unlock(&g_lock);
+	free(p);
+}
+
+API void cudadouble_set_devices(int n)
+{
+	g_devices = n;
+}
+
+API void cudadouble_set_copy_delay_us(unsigned us)
+{
+	g_copy_delay_us = us;
+}
+
+/* The next count calls of fn (after skip that pass) return err. */
+API void cudadouble_fail(const char *fn, int err, int skip, int count)
+{
+	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < 8; i++) {
+		if (!g_fail[i].count) {
+			snprintf(g_fail[i].fn, sizeof(g_fail[i].fn), "%s", fn);
+			g_fail[i].err = err;
+			g_fail[i].skip = skip;
+			g_fail[i].count = count;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&g_lock);
+}
+
+/*
+ * The next copy to run, on any stream, fails on the "device" with err
+ * (asynchronously: its stream's next event record carries err).
+ */
+API void cudadouble_fail_next_copy(cuda_stream_t st, int err)
+{
+	(void)st;
+	pthread_mutex_lock(&g_lock);
+	g_fail_next_copy = err;
+	pthread_mutex_unlock(&g_lock);
+}
+
+/* The gate: closed, a gate task holds its stream (a caller's long kernel) until opened. */
+API void cudadouble_gate_close(void)
+{
+	pthread_mutex_lock(&g_lock);
+	g_gate_closed = 1;
+	pthread_mutex_unlock(&g_lock);
+}
+
+API void cudadouble_gate_open(void)
+{
+	pthread_mutex_lock(&g_lock);
+	g_gate_closed = 0;
+	pthread_cond_broadcast(&g_gate_cond);
+	pthread_mutex_unlock(&g_lock);
+}
+
+API cuda_err_t cudadouble_gate(cuda_stream_t st)
+{
+	struct task t = { .kind = T_GATE };
+
+	return enqueue(st, &t);
+}
+
+/* A counter: copies, copy_bytes, max_piece, hostfns, waits, syncs, queries, pinned, streams. */
+API uint64_t cudadouble_stat(const char *name)
+{
+	uint64_t v = UINT64_MAX;
+
+	pthread_mutex_lock(&g_lock);
+	if (!strcmp(name, "copies"))
+		v = g_copies;
+	else if (!strcmp(name, "copy_bytes"))
+		v = g_copy_bytes;
+	else if (!strcmp(name, "max_piece"))
+		v = g_max_piece;
+	else if (!strcmp(name, "hostfns"))
+		v = g_hostfns;
+	else if (!strcmp(name, "waits"))
+		v = g_waits;
+	else if (!strcmp(name, "syncs"))
+		v = g_syncs;
+	else if (!strcmp(name, "queries"))
+		v = g_queries;
+	else if (!strcmp(name, "pinned"))
+		v = g_pinned;
+	else if (!strcmp(name, "streams"))
+		v = g_streams;
+	pthread_mutex_unlock(&g_lock);
+	return v;
+}

@@ -1,0 +1,738 @@
+/*
+ * tests/test_cuda_double.c - ferry's CUDA memory domain (backends/cuda)
+ * driven through a TEST DOUBLE of the CUDA runtime
+ * (tests/cuda_double/cudart_double.c: host memory behind "device"
+ * pointers, every stream a thread of its own, completions delivered
+ * asynchronously, errors injected). These cases test ferry's logic:
+ * staging device segments into the pool and out of it, pieces, the
+ * events the reactor polls, the host function that wakes a sleeping
+ * reactor, the caller's stream or event that must finish first, every
+ * error path, teardown with copies in flight. NONE OF THIS IS A GPU
+ * RESULT: tests/gpu/run.sh is the check on a GPU.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include "helpers.h"
+
+#ifndef FERRY_CUDA_DOUBLE
+#error "the build names the double's library (FERRY_CUDA_DOUBLE)"
+#endif
+
+static void *dbl;
+static void *(*d_malloc)(int dev, size_t n);
+static void (*d_free)(void *p);
+static void (*d_fail)(const char *fn, int err, int skip, int count);
+static void (*d_fail_next_copy)(void *st, int err);
+static void (*d_delay)(unsigned us);
+static void (*d_gate_close)(void);
+static void (*d_gate_open)(void);
+static int (*d_gate)(void *st);
+static uint64_t (*d_stat)(const char *name);
+static int (*d_stream_create)(void **st, unsigned flags);
+static int (*d_stream_destroy)(void *st);
+static int (*d_event_create)(void **ev, unsigned flags);
+static int (*d_event_destroy)(void *ev);
+static int (*d_event_record)(void *ev, void *st);
+static int (*d_memcpy_async)(void *dst, const void *src, size_t n, int kind, void *st);
+
+#define SYM(v, name) assert_non_null((*(void **)&(v) = dlsym(dbl, name)))
+
+/* Each case runs in a process of its own: the double is loaded here, as ferry loads it. */
+static int setup(void **state)
+{
+	(void)state;
+	setenv("FERRY_CUDA_RUNTIME", FERRY_CUDA_DOUBLE, 1);
+	dbl = dlopen(FERRY_CUDA_DOUBLE, RTLD_NOW | RTLD_LOCAL);
+	assert_non_null(dbl);
+	SYM(d_malloc, "cudadouble_malloc");
+	SYM(d_free, "cudadouble_free");
+	SYM(d_fail, "cudadouble_fail");
+	SYM(d_fail_next_copy, "cudadouble_fail_next_copy");
+	SYM(d_delay, "cudadouble_set_copy_delay_us");
+	SYM(d_gate_close, "cudadouble_gate_close");
+	SYM(d_gate_open, "cudadouble_gate_open");
+	SYM(d_gate, "cudadouble_gate");
+	SYM(d_stat, "cudadouble_stat");
+	SYM(d_stream_create, "cudaStreamCreateWithFlags");
+	SYM(d_stream_destroy, "cudaStreamDestroy");
+	SYM(d_event_create, "cudaEventCreateWithFlags");
+	SYM(d_event_destroy, "cudaEventDestroy");
+	SYM(d_event_record, "cudaEventRecord");
+	SYM(d_memcpy_async, "cudaMemcpyAsync");
+	return 0;
+}
+
+static struct ferry_region *dev_reg(struct ferry_engine *e, void *p, size_t len, int dev)
+{
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_region *r = NULL;
+
+	rp.addr = p;
+	rp.len = len;
+	rp.mem = FERRY_MEM_CUDA;
+	rp.device = dev;
+	assert_int_equal(ferry_region_register(e, &rp, &r), 0);
+	return r;
+}
+
+static void pattern(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(seed * 29 + i * 13 + (i >> 12));
+}
+
+/* An SQE, waiting (bounded) while the ring is full: the reactor drains it. */
+static struct ferry_sqe *sqe_wait(struct ferry_engine *e)
+{
+	struct ferry_sq *sq = NULL;
+	struct ferry_sqe *sqe;
+	int64_t end = t_now() + 5 * SEC;
+
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	while (!(sqe = ferry_sq_get_sqe(sq)) && t_now() < end)
+		usleep(1000);
+	assert_non_null(sqe);
+	return sqe;
+}
+
+/* Wait (5 s at most: a loaded machine) until the cuda part of e's health says name = want. */
+static void cuda_health_is(struct ferry_engine *e, const char *name, long long want)
+{
+	int64_t end = t_now() + 5 * SEC;
+	long long v;
+
+	while ((v = t_health_num(e, "\"cuda\":{", name)) != want && t_now() < end)
+		usleep(2000);
+	if (v != want)
+		fail_msg("health cuda.%s is %lld, want %lld", name, v, want);
+}
+
+static void put_segs(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+		     const struct ferry_seg *s, unsigned n, uint64_t ud, int wait_kind, void *wait)
+{
+	struct ferry_sqe *sqe = sqe_wait(e);
+
+	ferry_prep_put_segs(sqe, to, key, s, n, ud);
+	if (wait_kind)
+		ferry_sqe_set_cuda_wait(sqe, wait_kind, wait);
+	t_submit(e);
+}
+
+static void get_segs(struct ferry_engine *e, struct ferry_peer *from, const char *key,
+		     const struct ferry_seg *s, unsigned n, uint64_t ud)
+{
+	struct ferry_sqe *sqe = sqe_wait(e);
+
+	ferry_prep_get_segs(sqe, from, key, s, n, ud);
+	t_submit(e);
+}
+
+/* Device (two devices) and host segments put, got into device segments: pieces, pinning, health. */
+static void test_double_device_to_device(void **state)
+{
+	struct ferry_engine *a = t_engine("da", FERRY_PROGRESS_THREAD, 64u << 20);
+	struct ferry_engine *b = t_engine("db", FERRY_PROGRESS_THREAD, 64u << 20);
+	struct ferry_peer *to = t_peer(a, "db"), *from = t_peer(b, "da");
+	const size_t big = 20u << 20, small = 12345;
+	uint8_t *d0 = d_malloc(0, big), *d1 = d_malloc(1, small), *dst = d_malloc(1, big + small + 2000);
+	static uint8_t host[777];
+	struct ferry_region_params hp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_region *r0, *r1, *rh = NULL, *rd;
+	struct ferry_cqe c;
+
+	(void)state;
+	pattern(d0, big, 1);
+	pattern(d1, small, 2);
+	pattern(host, sizeof(host), 3);
+	r0 = dev_reg(a, d0, big, 0);
+	r1 = dev_reg(a, d1, small, 1);
+	hp.addr = host;
+	hp.len = sizeof(host);
+	assert_int_equal(ferry_region_register(a, &hp, &rh), 0);
+	rd = dev_reg(b, dst, big + small + 2000, 1);
+	/* The pool was pinned when the first device region came. */
+	assert_true(d_stat("pinned") >= (64u << 20));
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "regions"), 2);
+
+	struct ferry_seg src[3] = { { r0, 0, big }, { rh, 0, sizeof(host) }, { r1, 0, small } };
+	struct ferry_seg out[2] = { { rd, 0, 1000 }, { rd, 1064, big + small + sizeof(host) - 1000 } };
+	uint64_t total = big + small + sizeof(host);
+
+	memset(dst, 0xee, big + small + 2000);
+	put_segs(a, to, "kv", src, 3, 1, 0, NULL);
+	t_expect(a, NULL, 1, 0, &c);
+	assert_int_equal(c.len, total);
+	get_segs(b, from, "kv", out, 2, 2);
+	t_expect(b, NULL, 2, 0, &c);
+	assert_int_equal(c.len, total);
+	assert_memory_equal(dst, d0, 1000);
+	assert_memory_equal(dst + 1064, d0 + 1000, big - 1000);
+	assert_memory_equal(dst + 1064 + big - 1000, host, sizeof(host));
+	assert_memory_equal(dst + 1064 + big - 1000 + sizeof(host), d1, small);
+	assert_int_equal(dst[1000], 0xee); /* the gap between the segments is left alone */
+	/* Cut into pieces of at most 8 MiB; each job's end reached through an event and host fn. */
+	assert_true(d_stat("max_piece") <= (8u << 20));
+	assert_true(d_stat("copies") >= 3 + 1 + 1 + 2);
+	assert_true(d_stat("hostfns") >= 2);
+	assert_int_equal(d_stat("syncs"), 0); /* never a synchronize while running */
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "puts"), 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "bytes_d2h"), total);
+	assert_int_equal(t_health_num(b, "\"cuda\":{", "gets"), 1);
+	assert_int_equal(t_health_num(b, "\"cuda\":{", "bytes_h2d"), total);
+	assert_int_equal(t_health_num(a, "\"pool\":{", "bytes_in_use"), 0);
+	assert_int_equal(t_health_num(b, "\"pool\":{", "bytes_in_use"), 0);
+	assert_int_equal(ferry_engine_destroy(a), 0);
+	assert_int_equal(ferry_engine_destroy(b), 0);
+	d_free(d0);
+	d_free(d1);
+	d_free(dst);
+}
+
+/* A device PUT got zero copy (a host buffer); a host PUT into a GET of device memory, both ways. */
+static void test_double_device_and_host(void **state)
+{
+	struct ferry_engine *a = t_engine("ha", FERRY_PROGRESS_THREAD, 8u << 20);
+	struct ferry_engine *b = t_engine("hb", FERRY_PROGRESS_THREAD, 8u << 20);
+	struct ferry_peer *to = t_peer(a, "hb"), *from = t_peer(b, "ha");
+	uint8_t *d = d_malloc(0, 100000), *dst = d_malloc(0, 100000);
+	static uint8_t host[5000];
+	struct ferry_region *r = dev_reg(a, d, 100000, 0), *rd = dev_reg(b, dst, 100000, 0);
+	struct ferry_seg s = { r, 500, 60000 }, o = { rd, 0, 100000 };
+	struct ferry_cqe c;
+
+	(void)state;
+	pattern(d, 100000, 4);
+	pattern(host, sizeof(host), 5);
+	put_segs(a, to, "z", &s, 1, 1, 0, NULL);
+	t_expect(a, NULL, 1, 0, NULL);
+	t_get(b, from, "z", NULL, 0, 2, 0, 0);
+	t_expect(b, NULL, 2, 0, &c);
+	assert_true(c.flags & FERRY_CQE_F_BUF);
+	assert_int_equal(c.len, 60000);
+	assert_memory_equal(ferry_buf_data(c.buf), d + 500, 60000);
+	ferry_buf_release(c.buf);
+	/* The GET into device memory waits first: the arrival is not copied in place by the host. */
+	get_segs(b, from, "h", &o, 1, 3);
+	t_expect_none(b, NULL, 30);
+	t_put(a, to, "h", host, sizeof(host), 4, 0);
+	t_expect(a, NULL, 4, 0, NULL);
+	t_expect(b, NULL, 3, 0, &c);
+	assert_int_equal(c.len, sizeof(host));
+	assert_memory_equal(dst, host, sizeof(host));
+	/* ... and the data there before the GET. */
+	memset(dst, 0, 100000);
+	t_put(a, to, "h2", host + 1, 4000, 5, 0);
+	t_expect(a, NULL, 5, 0, NULL);
+	get_segs(b, from, "h2", &o, 1, 6);
+	t_expect(b, NULL, 6, 0, &c);
+	assert_memory_equal(dst, host + 1, 4000);
+	/* Too small a device destination: -EMSGSIZE, the data stays for a larger GET. */
+	t_put(a, to, "big", host, sizeof(host), 7, 0);
+	t_expect(a, NULL, 7, 0, NULL);
+	o.len = 100;
+	get_segs(b, from, "big", &o, 1, 8);
+	t_expect(b, NULL, 8, -EMSGSIZE, &c);
+	assert_int_equal(c.len, sizeof(host));
+	o.len = 100000;
+	get_segs(b, from, "big", &o, 1, 9);
+	t_expect(b, NULL, 9, 0, NULL);
+	assert_memory_equal(dst, host, sizeof(host));
+	/* Every byte into device memory went through the domain's copies, none through memcpy. */
+	assert_int_equal(t_health_num(b, "\"cuda\":{", "gets"), 3);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
+/*
+ * The caller's stream (kind STREAM) or event (kind EVENT) must finish
+ * before the PUT copies: its "kernel" (a gate) then writes the tensor.
+ * Without ferry's wait the PUT would copy the old bytes, and at once.
+ */
+static void caller_wait(int kind)
+{
+	struct ferry_engine *a = t_engine("wa", FERRY_PROGRESS_THREAD, 8u << 20);
+	struct ferry_engine *b = t_engine("wb", FERRY_PROGRESS_THREAD, 8u << 20);
+	struct ferry_peer *to = t_peer(a, "wb"), *from = t_peer(b, "wa");
+	uint8_t *d = d_malloc(0, 65536);
+	static uint8_t fresh[65536], got[65536];
+	struct ferry_region *r = dev_reg(a, d, 65536, 0);
+	struct ferry_seg s = { r, 0, 65536 };
+	void *st = NULL, *ev = NULL;
+
+	pattern(d, 65536, 6);     /* what is there before the producer's work */
+	pattern(fresh, 65536, 7); /* what its work writes */
+	assert_int_equal(d_stream_create(&st, 1), 0);
+	d_gate_close();
+	assert_int_equal(d_gate(st), 0);
+	assert_int_equal(d_memcpy_async(d, fresh, sizeof(fresh), 4, st), 0);
+	if (kind == FERRY_CUDA_WAIT_EVENT) {
+		assert_int_equal(d_event_create(&ev, 2), 0);
+		assert_int_equal(d_event_record(ev, st), 0);
+	}
+	put_segs(a, to, "t", &s, 1, 1, kind, kind == FERRY_CUDA_WAIT_EVENT ? ev : st);
+	cuda_health_is(a, "in_flight", 1); /* taken, and waiting on the GPU for the producer */
+	t_expect_none(a, NULL, 150);       /* the producer's work has not run */
+	assert_true(d_stat("waits") >= 1);
+	d_gate_open();
+	t_expect(a, NULL, 1, 0, NULL);
+	t_get(b, from, "t", t_iov_of(got, sizeof(got)), 1, 2, 0, 0);
+	t_expect(b, NULL, 2, 0, NULL);
+	assert_memory_equal(got, fresh, sizeof(fresh));
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	if (ev)
+		d_event_destroy(ev);
+	d_stream_destroy(st);
+	d_free(d);
+}
+
+static void test_double_caller_stream_first(void **state)
+{
+	(void)state;
+	caller_wait(FERRY_CUDA_WAIT_STREAM);
+}
+
+static void test_double_caller_event_first(void **state)
+{
+	(void)state;
+	caller_wait(FERRY_CUDA_WAIT_EVENT);
+}
+
+/*
+ * A reactor that sleeps (no deadline, nothing else to do) is woken by the
+ * host function behind the copy (the doorbell), not by a poll.
+ */
+static void test_double_sleeping_reactor_woken(void **state)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *a = NULL, *b;
+	struct ferry_peer *to, *from;
+	uint8_t *d;
+	struct ferry_region *r;
+	struct ferry_cqe c;
+	static uint8_t got[4096];
+	int64_t t0;
+
+	(void)state;
+	p.name = "sa";
+	p.ns = "test";
+	p.progress = FERRY_PROGRESS_THREAD;
+	p.pool_size = 4u << 20;
+	p.spin_ns = 1000; /* sleeps at once */
+	assert_int_equal(ferry_engine_create(&p, &a), 0);
+	b = t_engine("sb", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "sb");
+	from = t_peer(b, "sa");
+	d = d_malloc(0, 4096);
+	pattern(d, 4096, 8);
+	r = dev_reg(a, d, 4096, 0);
+	struct ferry_seg s = { r, 0, 4096 };
+
+	d_delay(300000); /* each copy takes 300 ms: the reactor is long asleep when it ends */
+	t0 = t_now();
+	put_segs(a, to, "s", &s, 1, 1, 0, NULL);
+	t_expect(a, NULL, 1, 0, &c);
+	assert_true(t_now() - t0 >= 250 * MS);
+	assert_true(t_health_num(a, "\"cuda\":{", "callbacks") >= 1);
+	d_delay(0);
+	t_get(b, from, "s", t_iov_of(got, sizeof(got)), 1, 2, 0, 0);
+	t_expect(b, NULL, 2, 0, NULL);
+	assert_memory_equal(got, d, 4096);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+}
+
+/* Injected errors: at issue (synchronous) and on the "device" (asynchronous), PUT and GET. */
+static void test_double_injected_errors(void **state)
+{
+	struct ferry_engine *a = t_engine("ea", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_engine *b = t_engine("eb", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *to = t_peer(a, "eb"), *from = t_peer(b, "ea");
+	uint8_t *d = d_malloc(0, 10000), *dst = d_malloc(0, 10000);
+	struct ferry_region *r = dev_reg(a, d, 10000, 0), *rd = dev_reg(b, dst, 10000, 0);
+	struct ferry_seg s = { r, 0, 10000 }, o = { rd, 0, 10000 };
+	static uint8_t host[10000];
+	uint64_t syncs;
+
+	(void)state;
+	pattern(d, 10000, 9);
+	t_log_capture(FERRY_LOG_ERROR);
+	/* The copy cannot be queued: -EIO, logged, the pool block back. */
+	d_fail("cudaMemcpyAsync", 700, 0, 1);
+	put_segs(a, to, "e1", &s, 1, 1, 0, NULL);
+	t_expect(a, NULL, 1, -EIO, NULL);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "device copy could not be queued", NULL));
+	assert_int_equal(t_health_num(a, "\"pool\":{", "bytes_in_use"), 0);
+	/* The copy fails on the device: the PUT ends with -EIO when its event says so. */
+	d_fail_next_copy(NULL, 719);
+	put_segs(a, to, "e2", &s, 1, 2, 0, NULL);
+	t_expect(a, NULL, 2, -EIO, NULL);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "device copy failed", "cuda double error 719"));
+	/* The event cannot be recorded behind queued copies: synchronized once, -EIO. */
+	syncs = d_stat("syncs");
+	d_fail("cudaEventRecord", 1, 0, 1);
+	put_segs(a, to, "e3", &s, 1, 3, 0, NULL);
+	t_expect(a, NULL, 3, -EIO, NULL);
+	assert_int_equal(d_stat("syncs"), syncs + 1);
+	assert_true(t_health_num(a, "\"cuda\":{", "errors") >= 3);
+	/* Nothing left behind: the next PUT goes through. */
+	put_segs(a, to, "ok", &s, 1, 4, 0, NULL);
+	t_expect(a, NULL, 4, 0, NULL);
+	/* A GET's copy fails on the device: -EIO, the block given back. */
+	t_put(a, to, "g", host, sizeof(host), 5, 0);
+	t_expect(a, NULL, 5, 0, NULL);
+	d_fail_next_copy(NULL, 700);
+	get_segs(b, from, "g", &o, 1, 6);
+	t_expect(b, NULL, 6, -EIO, NULL);
+	assert_int_equal(t_health_num(b, "\"pool\":{", "bytes_in_use"), 0);
+	/* A GET whose copy cannot be queued: -EIO, and the data stays for the next GET. */
+	t_put(a, to, "g2", host, sizeof(host), 7, 0);
+	t_expect(a, NULL, 7, 0, NULL);
+	d_fail("cudaMemcpyAsync", 1, 0, 1);
+	get_segs(b, from, "g2", &o, 1, 8);
+	t_expect(b, NULL, 8, -EIO, NULL);
+	get_segs(b, from, "g2", &o, 1, 9);
+	t_expect(b, NULL, 9, 0, NULL);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
+/* What is refused, each with its errno and a log line. */
+static void test_double_refusals(void **state)
+{
+	struct ferry_engine *a = t_engine("ra", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *to = t_peer(a, "rb");
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_region *r = NULL, *rd;
+	uint8_t *d = d_malloc(1, 4096);
+	static uint8_t host[4096];
+	struct ferry_sqe *sqe;
+
+	(void)state;
+	t_log_capture(FERRY_LOG_ERROR);
+	rp.mem = FERRY_MEM_CUDA;
+	rp.addr = host; /* host memory called device memory */
+	rp.len = sizeof(host);
+	assert_int_equal(ferry_region_register(a, &rp, &r), -EINVAL);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "not memory of CUDA device", "not device memory"));
+	rp.addr = d; /* device 1's memory called device 0's */
+	assert_int_equal(ferry_region_register(a, &rp, &r), -EINVAL);
+	rp.len = 4097; /* beyond the allocation */
+	rp.device = 1;
+	assert_int_equal(ferry_region_register(a, &rp, &r), -EINVAL);
+	rp.len = 4096;
+	rp.device = 7; /* no such device */
+	assert_int_equal(ferry_region_register(a, &rp, &r), -EINVAL);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "device 7 does not exist", NULL));
+	assert_null(r);
+	rd = dev_reg(a, d, 4096, 1);
+	struct ferry_seg s = { rd, 0, 4096 };
+	/* Streams of device memory are not built: -EOPNOTSUPP, the region unpinned. */
+	sqe = t_sqe(a);
+	ferry_prep_stream_put_segs(sqe, to, "st", &s, 1, 1);
+	t_submit(a);
+	t_expect(a, NULL, 1, -EOPNOTSUPP, NULL);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "STREAM_PUT of CUDA device memory", NULL));
+	/* A CUDA wait on a PUT of host memory; an unknown kind. */
+	sqe = t_sqe(a);
+	ferry_prep_put(sqe, to, "h", t_iov_of(host, 10), 1, 2);
+	ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_EVENT, host);
+	t_submit(a);
+	t_expect(a, NULL, 2, -EINVAL, NULL);
+	put_segs(a, to, "k", &s, 1, 3, 9, host);
+	t_expect(a, NULL, 3, -EINVAL, NULL);
+	put_segs(a, to, "k", &s, 1, 4, FERRY_CUDA_WAIT_EVENT, NULL);
+	t_expect(a, NULL, 4, -EINVAL, NULL);
+	/* ferry gives no device buffers. */
+	struct ferry_buf_params bp = FERRY_BUF_PARAMS_INIT;
+	struct ferry_buf *buf = NULL;
+
+	bp.mem = FERRY_MEM_CUDA;
+	bp.len = 10;
+	assert_int_equal(ferry_buf_alloc_params(a, &bp, &buf), -EOPNOTSUPP);
+	assert_int_equal(ferry_region_release(&rd), 0); /* unpinned after every refusal */
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "regions"), 0);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	ferry_engine_destroy(a);
+	d_free(d);
+}
+
+/* The runtime loads and sees no device: device memory refused, everything else unchanged. */
+static void test_double_no_device(void **state)
+{
+	struct ferry_engine *a, *b;
+	struct ferry_peer *to, *from;
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_region *r = NULL;
+	static char h[65536];
+	static uint8_t got[100];
+
+	(void)state;
+	setenv("FERRY_CUDA_DOUBLE_DEVICES", "0", 1);
+	t_log_capture(FERRY_LOG_INFO);
+	a = t_engine("na", FERRY_PROGRESS_THREAD, 4u << 20);
+	b = t_engine("nb", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "nb");
+	from = t_peer(b, "na");
+	rp.mem = FERRY_MEM_CUDA;
+	rp.addr = got;
+	rp.len = 100;
+	assert_int_equal(ferry_region_register(a, &rp, &r), -ENODEV);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "CUDA device memory is not available", "no device"));
+	assert_false(ferry_features() & FERRY_FEATURE_CUDA);
+	assert_true(ferry_engine_health(a, h, sizeof(h)) < (int)sizeof(h));
+	assert_non_null(strstr(h, "\"cuda\":{\"available\":false,\"why\":\"the CUDA runtime"));
+	assert_non_null(strstr(h, "sees no device"));
+	t_put(a, to, "k", "hello", 5, 1, 0);
+	t_expect(a, NULL, 1, 0, NULL);
+	t_get(b, from, "k", t_iov_of(got, sizeof(got)), 1, 2, 0, 0);
+	t_expect(b, NULL, 2, 0, NULL);
+	assert_memory_equal(got, "hello", 5);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	unsetenv("FERRY_CUDA_DOUBLE_DEVICES");
+}
+
+static void *open_gate_later(void *arg)
+{
+	(void)arg;
+	usleep(200000);
+	d_gate_open();
+	return NULL;
+}
+
+/* Destroy with a device copy in flight: the teardown waits for it, nothing leaks or hangs. */
+static void test_double_destroy_in_flight(void **state)
+{
+	struct ferry_engine *a = t_engine("ia", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *to = t_peer(a, "ib");
+	uint8_t *d = d_malloc(0, 1 << 20);
+	struct ferry_region *r = dev_reg(a, d, 1 << 20, 0);
+	struct ferry_seg s = { r, 0, 1 << 20 };
+	void *st = NULL;
+	pthread_t t;
+
+	(void)state;
+	assert_int_equal(d_stream_create(&st, 1), 0);
+	d_gate_close();
+	assert_int_equal(d_gate(st), 0);
+	put_segs(a, to, "x", &s, 1, 1, FERRY_CUDA_WAIT_STREAM, st);
+	cuda_health_is(a, "in_flight", 1);
+	t_expect_none(a, NULL, 50);
+	assert_int_equal(pthread_create(&t, NULL, open_gate_later, NULL), 0);
+	assert_int_equal(ferry_engine_destroy(a), 0);
+	pthread_join(t, NULL);
+	assert_true(d_stat("syncs") >= 1); /* at teardown only */
+	d_stream_destroy(st);
+	d_free(d);
+}
+
+/* 0 bytes of device memory; 64 device PUTs in flight at once, each taken intact. */
+static void test_double_empty_and_many(void **state)
+{
+	struct ferry_engine *a = t_engine("ma", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_engine *b = t_engine("mb", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_peer *to = t_peer(a, "mb"), *from = t_peer(b, "ma");
+	uint8_t *d = d_malloc(0, 64 * 4096), *dst = d_malloc(0, 4096);
+	struct ferry_region *r = dev_reg(a, d, 64 * 4096, 0), *rd = dev_reg(b, dst, 4096, 0);
+	struct ferry_seg s[64], o = { rd, 0, 4096 }, none = { r, 0, 0 };
+	struct ferry_cqe c;
+	char key[16];
+
+	(void)state;
+	pattern(d, 64 * 4096, 12);
+	put_segs(a, to, "empty", &none, 1, 1, 0, NULL);
+	t_expect(a, NULL, 1, 0, &c);
+	assert_int_equal(c.len, 0);
+	get_segs(b, from, "empty", &o, 1, 2);
+	t_expect(b, NULL, 2, 0, &c);
+	assert_int_equal(c.len, 0);
+	d_delay(2000); /* the copies overlap the submissions */
+	for (unsigned i = 0; i < 64; i++) {
+		s[i] = (struct ferry_seg){ r, i * 4096ull, 4096 };
+		snprintf(key, sizeof(key), "m%u", i);
+		put_segs(a, to, key, &s[i], 1, 100 + i, 0, NULL);
+	}
+	for (unsigned i = 0; i < 64; i++)
+		t_expect(a, NULL, 100 + i, 0, NULL); /* in order: one stream, jobs end in order */
+	d_delay(0);
+	for (unsigned i = 0; i < 64; i++) {
+		snprintf(key, sizeof(key), "m%u", i);
+		get_segs(b, from, key, &o, 1, 200 + i);
+		t_expect(b, NULL, 200 + i, 0, NULL);
+		assert_memory_equal(dst, d + i * 4096ull, 4096);
+	}
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "in_flight"), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
+/* More device PUTs and GETs than jobs (256): the rest wait in order, none fails. */
+static void test_double_more_than_jobs(void **state)
+{
+	struct ferry_engine *a = t_engine("ja", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_engine *b = t_engine("jb", FERRY_PROGRESS_THREAD, 16u << 20);
+	struct ferry_peer *to = t_peer(a, "jb"), *from = t_peer(b, "ja");
+	const unsigned n = 300;
+	uint8_t *d = d_malloc(0, n * 512), *dst = d_malloc(0, n * 512);
+	struct ferry_region *r = dev_reg(a, d, n * 512, 0), *rd = dev_reg(b, dst, n * 512, 0);
+	static struct ferry_seg s[300], o[300];
+	void *st = NULL;
+	char key[16];
+
+	(void)state;
+	pattern(d, n * 512, 13);
+	/* Every PUT waits for the producer's gated stream: all 300 are in the domain at once. */
+	assert_int_equal(d_stream_create(&st, 1), 0);
+	d_gate_close();
+	assert_int_equal(d_gate(st), 0);
+	for (unsigned i = 0; i < n; i++) {
+		s[i] = (struct ferry_seg){ r, i * 512ull, 512 };
+		snprintf(key, sizeof(key), "j%u", i);
+		put_segs(a, to, key, &s[i], 1, 1000 + i, FERRY_CUDA_WAIT_STREAM, st);
+	}
+	cuda_health_is(a, "waiting", n - 256);
+	cuda_health_is(a, "in_flight", 256);
+	t_expect_none(a, NULL, 50);
+	d_gate_open();
+	for (unsigned i = 0; i < n; i++)
+		t_expect(a, NULL, 1000 + i, 0, NULL);
+	/* And 300 GETs into device memory at once (the data is there: each starts its copy). */
+	for (unsigned i = 0; i < n; i++) {
+		o[i] = (struct ferry_seg){ rd, i * 512ull, 512 };
+		snprintf(key, sizeof(key), "j%u", i);
+		get_segs(b, from, key, &o[i], 1, 2000 + i);
+	}
+	for (unsigned i = 0; i < n; i++)
+		t_expect(b, NULL, 2000 + i, 0, NULL);
+	assert_memory_equal(dst, d, n * 512);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "waiting"), 0);
+	assert_int_equal(t_health_num(b, "\"cuda\":{", "gets"), n);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_stream_destroy(st);
+	d_free(d);
+	d_free(dst);
+}
+
+/* Progress driven by the caller (FERRY_PROGRESS_MANUAL): the same copies, ended by its waits. */
+static void test_double_manual_progress(void **state)
+{
+	struct ferry_engine *a = t_engine("pa", FERRY_PROGRESS_MANUAL, 4u << 20);
+	struct ferry_engine *b = t_engine("pb", FERRY_PROGRESS_MANUAL, 4u << 20);
+	struct ferry_peer *to = t_peer(a, "pb"), *from = t_peer(b, "pa");
+	uint8_t *d = d_malloc(0, 50000), *dst = d_malloc(0, 50000);
+	struct ferry_region *r = dev_reg(a, d, 50000, 0), *rd = dev_reg(b, dst, 50000, 0);
+	struct ferry_seg s = { r, 0, 50000 }, o = { rd, 0, 50000 };
+	struct ferry_cqe c;
+
+	(void)state;
+	pattern(d, 50000, 14);
+	d_delay(100000); /* 100 ms a copy: several waits of the caller pass before it ends */
+	get_segs(b, from, "m", &o, 1, 2);
+	put_segs(a, to, "m", &s, 1, 1, 0, NULL);
+	t_expect(a, b, 1, 0, &c);
+	assert_int_equal(c.len, 50000);
+	t_expect(b, a, 2, 0, &c);
+	assert_int_equal(c.len, 50000);
+	assert_memory_equal(dst, d, 50000);
+	d_delay(0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
+}
+
+/* Two processes over shm: a GET into device memory that waits, a device PUT back. */
+static struct t_gate shm_ready;
+
+static int shm_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("xb", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *from = t_peer(b, "xa");
+	uint8_t *dst = d_malloc(0, 300000);
+	static uint8_t want[200000];
+	struct ferry_region *rd = dev_reg(b, dst, 300000, 0);
+	struct ferry_seg o = { rd, 1000, 299000 }, back = { rd, 1000, 200000 };
+	struct ferry_cqe c;
+	struct ferry_sqe *sqe;
+
+	(void)arg;
+	pattern(want, sizeof(want), 11);
+	sqe = t_sqe(b);
+	ferry_prep_get_segs(sqe, from, "in", &o, 1, 1);
+	ferry_sqe_set_timeout(sqe, 20 * SEC);
+	t_submit(b);
+	t_expect_none(b, NULL, 50);
+	t_gate_open(&shm_ready); /* the GET waits: the data arrives after it */
+	t_expect(b, NULL, 1, 0, &c);
+	if (c.len != sizeof(want) || memcmp(dst + 1000, want, sizeof(want)))
+		return 2;
+	if (t_health_num(b, "\"cuda\":{", "gets") != 1)
+		return 3; /* taken into device memory by the domain's copy, not in place by memcpy */
+	sqe = t_sqe(b);
+	ferry_prep_put_segs(sqe, from, "out", &back, 1, 2);
+	t_submit(b);
+	t_expect(b, NULL, 2, 0, NULL);
+	ferry_engine_destroy(b);
+	d_free(dst);
+	return 0;
+}
+
+static void test_double_two_processes_shm(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	static uint8_t data[200000], got[200000];
+	pid_t pid;
+
+	(void)state;
+	pattern(data, sizeof(data), 11);
+	t_gate_init(&shm_ready);
+	pid = t_fork(shm_child, NULL); /* before any stream thread of the double exists here */
+	a = t_engine("xa", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "xb");
+	assert_int_equal(t_gate_wait(&shm_ready, 20000), 0);
+	t_put(a, to, "in", data, sizeof(data), 1, FERRY_SQE_WAIT_PEER);
+	t_expect(a, NULL, 1, 0, NULL);
+	t_get(a, to, "out", t_iov_of(got, sizeof(got)), 1, 2, 0, 20 * SEC);
+	t_expect(a, NULL, 2, 0, NULL);
+	assert_memory_equal(got, data, sizeof(got));
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	t_gate_close(&shm_ready);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_double_device_to_device),
+		cmocka_unit_test(test_double_device_and_host),
+		cmocka_unit_test(test_double_caller_stream_first),
+		cmocka_unit_test(test_double_caller_event_first),
+		cmocka_unit_test(test_double_sleeping_reactor_woken),
+		cmocka_unit_test(test_double_injected_errors),
+		cmocka_unit_test(test_double_refusals),
+		cmocka_unit_test(test_double_no_device),
+		cmocka_unit_test(test_double_destroy_in_flight),
+		cmocka_unit_test(test_double_two_processes_shm),
+		cmocka_unit_test(test_double_empty_and_many),
+		cmocka_unit_test(test_double_more_than_jobs),
+		cmocka_unit_test(test_double_manual_progress),
+	};
+
+	signal(SIGPIPE, SIG_IGN);
+	printf("test_cuda_double: a TEST DOUBLE of the CUDA runtime (%s), not a GPU\n",
+	       FERRY_CUDA_DOUBLE);
+	return t_run_group_apart(tests, setup, NULL);
+}
