@@ -229,6 +229,14 @@ struct ferry_engine_params {
 	uint32_t handshake_ms;     /* tcp and control: a handshake not done in this long is
 				    * dropped, at both ends, and a caller that has proved
 				    * nothing by then is hung up on (0 = 3000) */
+	/* Added with the rdma transport (size-versioned). */
+	const char *rdma_listen;   /* rdma endpoint "rdma://ADDRESS:PORT" (an address of an
+				    * RDMA device's interface; port 0 = rdma_cm picks, see
+				    * ferry_engine_addresses); NULL = accept no rdma
+				    * connections (calling out still works). Creation fails
+				    * with -EADDRNOTAVAIL when this machine has no RDMA
+				    * device, -EPROTONOSUPPORT when the build has no rdma
+				    * transport (FERRY_FEATURE_RDMA). */
 };
 
 /* Do not fault the pool in at creation (tests with huge pools only). */

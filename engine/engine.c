@@ -91,6 +91,13 @@ static int take_params(const struct ferry_engine_params *in, struct ferry_engine
 			  "edges");
 		return -EOPNOTSUPP;
 	}
+#ifndef FERRY_HAVE_RDMA_TRANSPORT
+	if (p->rdma_listen) {
+		log_error("ferry_engine_create: rdma_listen %s: this build has no rdma transport "
+			  "(libibverbs and librdmacm were not found)", p->rdma_listen);
+		return -EPROTONOSUPPORT;
+	}
+#endif
 	if ((unsigned)p->progress >= FERRY_PROGRESS__MAX) {
 		log_error("ferry_engine_create: unknown progress mode %d", (int)p->progress);
 		return -EINVAL;

@@ -69,7 +69,12 @@ struct cf_transport {
 	enum ferry_progress_mode progress; /* of both engines (a case may make one MANUAL) */
 	/* Engine parameters: prev is the address the end had before a restart, or NULL. */
 	void (*params)(struct ferry_engine_params *p, const char *prev);
-	/* Make peer handle p reach the end whose ferry_engine_address is addr ("" if none). */
+	/*
+	 * The address a peer is given to reach engine e, into buf like
+	 * snprintf (NULL: ferry_engine_address, its tcp address).
+	 */
+	int (*address)(struct ferry_engine *e, char *buf, size_t len);
+	/* Make peer handle p reach the end whose address (above) is addr ("" if none). */
 	int (*link)(struct ferry_peer *p, const char *addr);
 	/* Make peer handle p (of a name nobody holds) a peer that nobody answers. */
 	int (*ghost)(struct ferry_peer *p);
@@ -955,7 +960,8 @@ static inline void cf_ag_create(struct cf_agent *a, const struct cf_msg *m, stru
 		return;
 	}
 	a->addr[0] = '\0';
-	if (ferry_engine_address(a->e, a->addr, sizeof(a->addr)) < 0)
+	if ((cf_t->address ? cf_t->address : ferry_engine_address)(a->e, a->addr,
+								   sizeof(a->addr)) < 0)
 		a->addr[0] = '\0';
 	snprintf(rep->text, sizeof(rep->text), "%s", a->addr);
 }
@@ -1212,7 +1218,7 @@ struct cf_end {
 	int sock;              /* remote: our side of the socketpair */
 	pid_t pid;
 	struct cf_agent *ag;   /* in this process */
-	char addr[CF_ADDR_MAX]; /* its tcp address, "" if none */
+	char addr[CF_ADDR_MAX]; /* its address (cf_transport.address), "" if none */
 	char addr_before[CF_ADDR_MAX]; /* the address of the incarnation before */
 };
 

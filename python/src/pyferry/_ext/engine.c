@@ -9,7 +9,8 @@
  * thread's own (struct pyf_tctx, made at its first blocking call), so two
  * Python threads never take each other's completions. The wait releases
  * the GIL; it wakes every 50 ms to let the main thread see a signal
- * (KeyboardInterrupt), which cancels the op.
+ * (KeyboardInterrupt), which cancels the op, and to see Engine.cancel from
+ * another thread (struct pyf_waiter), which does the same.
  */
 #include "pyf.h"
 
@@ -152,30 +153,42 @@ int pyf_cancel_drain(pyf_engine *self, struct ferry_cq *cq, uint64_t ud)
 
 int pyf_wait(pyf_engine *self, struct ferry_cq *cq, uint64_t ud, struct ferry_cqe *out)
 {
-	int n;
+	struct pyf_waiter w = { self->waiters, PyThread_get_thread_ident(), 0 };
+	struct pyf_waiter **pp;
+	int n, rc = 0;
 
 	self->busy++;
+	self->waiters = &w;
 	for (;;) {
 		n = wait_one(cq, out, PYF_WAIT_SLICE_NS);
 		if (n < 0) {
-			self->busy--;
 			pyf_raise(n, "ferry_cq_wait");
-			return -1;
+			rc = -1;
+			break;
 		}
-		if (n == 1) {
-			if (out->user_data == ud)
-				break;
+		if (n == 1 && out->user_data == ud)
+			break;
+		if (n == 1)
 			drop_cqe(out); /* a stale cancel's, or of an op given up */
-			continue;
-		}
-		if (PyErr_CheckSignals() < 0) {
+		if (w.cancel) { /* Engine.cancel, from another thread */
 			pyf_cancel_drain(self, cq, ud);
-			self->busy--;
-			return -1;
+			pyf_raise(-ECANCELED, "cancelled by Engine.cancel");
+			rc = -1;
+			break;
+		}
+		if (n == 0 && PyErr_CheckSignals() < 0) {
+			pyf_cancel_drain(self, cq, ud);
+			rc = -1;
+			break;
 		}
 	}
+	for (pp = &self->waiters; *pp; pp = &(*pp)->next)
+		if (*pp == &w) {
+			*pp = w.next;
+			break;
+		}
 	self->busy--;
-	return 0;
+	return rc;
 }
 
 /* Submit sqe (cq, deadline, user_data set here) and wait for its CQE. */
@@ -885,6 +898,47 @@ static PyObject *engine_nop(pyf_engine *self, PyObject *noargs)
 	Py_RETURN_NONE;
 }
 
+/* Engine.cancel(thread=None): flag the waits in progress (of that thread,
+ * or all); each cancels its op and raises FerryCancelledError. */
+static PyObject *engine_cancel(pyf_engine *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "thread", NULL };
+	PyObject *th = Py_None, *ident = NULL;
+	unsigned long id = 0;
+	long n = 0;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O", kwlist, &th))
+		return NULL;
+	if (th != Py_None) {
+		if (PyLong_Check(th)) {
+			id = PyLong_AsUnsignedLong(th);
+		} else {
+			/* a threading.Thread: its ident (None before it started) */
+			if (!(ident = PyObject_GetAttrString(th, "ident"))) {
+				PyErr_Clear();
+				PyErr_SetString(PyExc_TypeError,
+						"cancel: thread must be a threading.Thread, an ident "
+						"(int) or None");
+				return NULL;
+			}
+			if (ident == Py_None) {
+				Py_DECREF(ident);
+				return PyLong_FromLong(0);
+			}
+			id = PyLong_AsUnsignedLong(ident);
+			Py_DECREF(ident);
+		}
+		if (id == (unsigned long)-1 && PyErr_Occurred())
+			return NULL;
+	}
+	for (struct pyf_waiter *w = self->waiters; w; w = w->next)
+		if (th == Py_None || w->thread == id) {
+			w->cancel = 1;
+			n++;
+		}
+	return PyLong_FromLong(n);
+}
+
 static PyObject *engine_thread_cqs(pyf_engine *self, PyObject *noargs)
 {
 	long n = 0;
@@ -1036,6 +1090,10 @@ static PyMethodDef engine_methods[] = {
 	{ "addresses", (PyCFunction)engine_addresses, METH_NOARGS,
 	  "Every URI it can be reached at (for Engine.connect on a peer)." },
 	{ "peer", (PyCFunction)engine_peer, METH_O, "The Peer of an engine name." },
+	{ "cancel", KWFN(engine_cancel), KW,
+	  "cancel(thread=None) -> how many: cancel the blocking calls waiting on this engine "
+	  "now (of one thread: a threading.Thread or its ident; None: all). Each cancels its "
+	  "ferry op and raises FerryCancelledError within 50 ms." },
 	{ "connect", (PyCFunction)engine_connect, METH_VARARGS,
 	  "connect(name, uri): the Peer of that name, reached at uri "
 	  "('ferry://HOST:PORT' or 'tcp://HOST:PORT')." },

@@ -31,6 +31,16 @@ struct pyf_tctx {
 	struct ferry_cq *cq;
 };
 
+/* A thread waiting in pyf_wait for an op of an engine: on that thread's
+ * stack, listed in pyf_engine.waiters while it waits. Engine.cancel (another
+ * thread) sets cancel; the waiter sees it within a wait slice (50 ms) and
+ * cancels its op. Changed and read only under the GIL. */
+struct pyf_waiter {
+	struct pyf_waiter *next;
+	unsigned long thread;     /* threading.get_ident() of the waiting thread */
+	int cancel;
+};
+
 typedef struct {
 	PyObject_HEAD
 	struct ferry_engine *e;
@@ -39,6 +49,7 @@ typedef struct {
 	uint64_t next_ud;         /* user_data of the next op (GIL-protected) */
 	long busy;                /* blocking calls in flight (GIL released) */
 	struct pyf_tctx *tctx;    /* per-thread CQs */
+	struct pyf_waiter *waiters; /* threads in pyf_wait now (GIL-protected) */
 	PyObject *weakrefs;
 } pyf_engine;
 

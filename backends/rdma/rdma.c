@@ -1,0 +1,649 @@
+/*
+ * backends/rdma/rdma.c - the rdma transport: engines on other hosts over
+ * RDMA reliable-connected queue pairs (libibverbs), set up through rdma_cm
+ * (librdmacm). Built only when both libraries are found; an engine on a
+ * machine without an RDMA device has the transport but it reaches nobody
+ * (resolve says -EHOSTUNREACH, so tcp carries the peer), and its health
+ * says why.
+ *
+ * Owns (this file): the transport's table, the devices (each opened once
+ * per engine: a protection domain, one completion queue for every QP of
+ * the device, its completion channel), the memory hooks (the pool and every
+ * registered region get one memory region per device, once, never per
+ * transfer), the reactor's wait on verbs, the round, health and addresses.
+ *
+ * Waiting on verbs: the reactor has one wait, its io_uring. Each device's
+ * completion channel fd and the rdma_cm event channel fd are non-blocking
+ * and watched there by a multishot poll tagged for this transport; a
+ * completion queue is always armed (ibv_req_notify_cq), so a completion
+ * while the reactor sleeps wakes it like a socket would. on_cqe only notes
+ * which fd spoke; progress drains that channel, arms its CQ again and then
+ * polls the CQ until it is empty. progress polls every CQ on each call, so
+ * while the reactor spins completions are seen without any wake-up.
+ *
+ * Data path and wire (rdma_data.c): eager SENDs into receives posted in
+ * advance, with credits; larger PUTs announced ({address, rkey, length}
+ * segments of the sender's registered pool block) and pulled by the
+ * receiver with RDMA READ into its own pool; RESULT releases the block.
+ * Connections and trust (rdma_conn.c): a QP is of no use to a peer until
+ * it proved the cluster secret; only a caller's QP ever allows remote reads,
+ * and only once the callee proved the secret to it.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include "netaddr.h"
+#include "rdma_int.h"
+
+enum { K_EC = 1, K_CH = 2 };
+
+/* ------------------------------------------------------------------ */
+/* Devices                                                            */
+/* ------------------------------------------------------------------ */
+
+static int set_nonblock(int fd)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
+}
+
+/* Watch fd from the reactor's ring (a multishot poll tagged cookie). */
+static bool arm_fd(struct rdma_state *st, int fd, uint64_t cookie)
+{
+	struct ferry_engine *e = st->engine;
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+
+	if (!sqe) {
+		io_uring_submit(&e->ring);
+		sqe = io_uring_get_sqe(&e->ring);
+	}
+	if (!sqe) {
+		log_error("rdma: engine %s: the reactor's io_uring is full", e->name);
+		return false;
+	}
+	io_uring_prep_poll_multishot(sqe, fd, POLLIN);
+	io_uring_sqe_set_data64(sqe, backend_tag(st->b, cookie));
+	io_uring_submit(&e->ring);
+	return true;
+}
+
+static void mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_mem *m)
+{
+	if (m->mr[d->idx])
+		return;
+	m->mr[d->idx] = ibv_reg_mr(d->pd, m->addr, m->len,
+				   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+	if (!m->mr[d->idx])
+		log_error("rdma: engine %s: ibv_reg_mr of %zu bytes on %s: %s", st->engine->name,
+			  m->len, d->name, strerror(errno));
+}
+
+static void dev_close(struct rdma_dev *d)
+{
+	if (d->cq)
+		ibv_destroy_cq(d->cq);
+	if (d->ch)
+		ibv_destroy_comp_channel(d->ch);
+	if (d->pd)
+		ibv_dealloc_pd(d->pd);
+	memset(d, 0, sizeof(*d));
+}
+
+/* The device of ctx, opened on first use: PD, channel, CQ, every registration. */
+int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev **out)
+{
+	struct ibv_device_attr attr;
+	struct rdma_dev *d;
+
+	for (unsigned i = 0; i < st->ndevs; i++) {
+		if (st->devs[i].ctx == ctx) {
+			*out = &st->devs[i];
+			return 0;
+		}
+	}
+	if (st->ndevs == RDMA_MAX_DEV)
+		return -ENOSPC;
+	d = &st->devs[st->ndevs];
+	memset(d, 0, sizeof(*d));
+	d->ctx = ctx;
+	d->idx = st->ndevs;
+	snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(ctx->device));
+	if (ibv_query_device(ctx, &attr) || !(d->pd = ibv_alloc_pd(ctx)) ||
+	    !(d->ch = ibv_create_comp_channel(ctx)) ||
+	    !(d->cq = ibv_create_cq(ctx, RDMA_CQ_DEPTH < attr.max_cqe ? RDMA_CQ_DEPTH : attr.max_cqe,
+				    NULL, d->ch, 0)) ||
+	    set_nonblock(d->ch->fd) || ibv_req_notify_cq(d->cq, 0)) {
+		int rc = errno ? -errno : -EIO;
+
+		log_error("rdma: engine %s: cannot open device %s: %s", st->engine->name, d->name,
+			  ferry_strerror(rc));
+		dev_close(d);
+		return rc;
+	}
+	d->max_sge = (uint32_t)attr.max_sge;
+	d->max_rd = (uint32_t)(attr.max_qp_rd_atom < attr.max_qp_init_rd_atom ?
+				       attr.max_qp_rd_atom : attr.max_qp_init_rd_atom);
+	d->notify_armed = true;
+	st->ndevs++;
+	d->poll_armed = arm_fd(st, d->ch->fd, K_CH | ((uint64_t)d->idx << 8));
+	pthread_mutex_lock(&st->mem_lock);
+	for (struct rdma_mem *m = st->mems; m; m = m->next)
+		mem_reg_on(st, d, m);
+	pthread_mutex_unlock(&st->mem_lock);
+	*out = d;
+	return 0;
+}
+
+/* The local key of buf's bytes on d (and the remote key): 0 when not registered there. */
+uint32_t rdma_lkey(struct rdma_state *st, struct rdma_dev *d, const struct ferry_buf *buf,
+		   uint32_t *rkey)
+{
+	uint64_t off;
+	struct rdma_mem *m = ferry__buf_reg(st->engine, st->b, buf, &off);
+
+	if (!m || !m->mr[d->idx])
+		return 0;
+	if (rkey)
+		*rkey = m->mr[d->idx]->rkey;
+	return m->mr[d->idx]->lkey;
+}
+
+static bool sysfs_has_device(void)
+{
+	const char *dir = getenv("FERRY_RDMA_SYSFS");
+	struct dirent *ent;
+	bool found = false;
+	DIR *D = opendir(dir && *dir ? dir : "/sys/class/infiniband");
+
+	if (!D)
+		return false;
+	while (!found && (ent = readdir(D)))
+		found = ent->d_name[0] != '.';
+	closedir(D);
+	return found;
+}
+
+/* Look for devices and open them all; no device is no error (st->why says it). */
+static int probe(struct rdma_state *st)
+{
+	int n = 0;
+
+	if (!sysfs_has_device()) {
+		snprintf(st->why, sizeof(st->why), "no RDMA device (/sys/class/infiniband is empty)");
+		return 0;
+	}
+	st->ec = rdma_create_event_channel();
+	if (!st->ec) {
+		snprintf(st->why, sizeof(st->why), "rdma_create_event_channel: %s",
+			 strerror(errno));
+		return 0;
+	}
+	if (set_nonblock(st->ec->fd)) {
+		snprintf(st->why, sizeof(st->why), "rdma_cm channel: %s", strerror(errno));
+		rdma_destroy_event_channel(st->ec);
+		st->ec = NULL;
+		return 0;
+	}
+	st->dev_list = rdma_get_devices(&n);
+	if (!st->dev_list || n <= 0) {
+		snprintf(st->why, sizeof(st->why), "rdma_get_devices found none");
+		if (st->dev_list)
+			rdma_free_devices(st->dev_list);
+		st->dev_list = NULL;
+		rdma_destroy_event_channel(st->ec);
+		st->ec = NULL;
+		return 0;
+	}
+	st->nsys_devs = (unsigned)n;
+	for (int i = 0; i < n; i++) {
+		struct rdma_dev *d;
+
+		rdma_dev_for(st, st->dev_list[i], &d);
+	}
+	if (!st->ndevs) {
+		snprintf(st->why, sizeof(st->why), "no RDMA device could be opened");
+		return 0;
+	}
+	st->ec_armed = arm_fd(st, st->ec->fd, K_EC);
+	return 0;
+}
+
+/* "rdma://IPV4:PORT" (or [IPV6]) into ss. 0 or -EINVAL (logged). */
+int rdma_parse_uri(const char *uri, struct sockaddr_storage *ss)
+{
+	char text[NETADDR_MAX];
+	socklen_t len;
+
+	if (!uri || strncmp(uri, "rdma://", 7) != 0 || strlen(uri) + 1 > sizeof(text)) {
+		log_error("rdma: \"%s\" is not rdma://HOST:PORT", uri ? uri : "(null)");
+		return -EINVAL;
+	}
+	snprintf(text, sizeof(text), "tcp://%s", uri + 7);
+	return netaddr_parse(text, true, ss, &len);
+}
+
+/* ------------------------------------------------------------------ */
+/* The memory hooks                                                   */
+/* ------------------------------------------------------------------ */
+
+static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
+			     enum ferry_mem_type mem, int device, void **handle)
+{
+	struct rdma_state *st = b->data;
+	struct rdma_mem *m;
+
+	(void)e;
+	(void)device;
+	*handle = NULL;
+	if (mem != FERRY_MEM_HOST)
+		return 0; /* not ours to move: it goes as unregistered memory */
+	if (!st->ndevs)
+		return 0; /* no device: nothing to register with */
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->addr = addr;
+	m->len = len;
+	pthread_mutex_lock(&st->mem_lock);
+	for (unsigned i = 0; i < st->ndevs; i++)
+		mem_reg_on(st, &st->devs[i], m);
+	m->next = st->mems;
+	st->mems = m;
+	pthread_mutex_unlock(&st->mem_lock);
+	for (unsigned i = 0; i < st->ndevs; i++) {
+		if (!m->mr[i]) {
+			void *h = m;
+
+			b->ops->mem_deregister(e, b, h);
+			return -ENOMEM;
+		}
+	}
+	*handle = m;
+	return 0;
+}
+
+static void rdma_mem_deregister(struct ferry_engine *e, struct backend *b, void *handle)
+{
+	struct rdma_state *st = b->data;
+	struct rdma_mem *m = handle;
+
+	(void)e;
+	if (!m)
+		return;
+	pthread_mutex_lock(&st->mem_lock);
+	for (struct rdma_mem **pp = &st->mems; *pp; pp = &(*pp)->next) {
+		if (*pp == m) {
+			*pp = m->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&st->mem_lock);
+	for (unsigned i = 0; i < RDMA_MAX_DEV; i++)
+		if (m->mr[i])
+			ibv_dereg_mr(m->mr[i]);
+	free(m);
+}
+
+/* ------------------------------------------------------------------ */
+/* The round                                                          */
+/* ------------------------------------------------------------------ */
+
+static int poll_dev(struct rdma_state *st, struct rdma_dev *d)
+{
+	struct ibv_wc wc[32];
+	int n, total = 0;
+
+	if (d->event) {
+		struct ibv_cq *cq;
+		void *ctx;
+		unsigned got = 0;
+
+		d->event = false;
+		while (ibv_get_cq_event(d->ch, &cq, &ctx) == 0)
+			got++;
+		if (got)
+			ibv_ack_cq_events(d->cq, got);
+		d->notify_armed = false;
+	}
+	if (!d->notify_armed && ibv_req_notify_cq(d->cq, 0) == 0)
+		d->notify_armed = true;
+	do {
+		n = ibv_poll_cq(d->cq, 32, wc);
+		for (int i = 0; i < n; i++)
+			rdma_on_wc(st, &wc[i]);
+		total += n > 0 ? n : 0;
+	} while (n == 32);
+	return total;
+}
+
+static int rdma_progress(struct ferry_engine *e, struct backend *b)
+{
+	struct rdma_state *st = b->data;
+	int n = 0;
+
+	(void)e;
+	if (!st->ndevs)
+		return 0;
+	if (st->ec_event) {
+		st->ec_event = false;
+		rdma_cm_events(st);
+		n++;
+	}
+	for (unsigned i = 0; i < st->ndevs; i++)
+		n += poll_dev(st, &st->devs[i]);
+	if (st->conn_list && reactor_now(e) >= st->next_check) {
+		st->next_check = reactor_now(e) + 10000000ull;
+		rdma_check_time(st);
+	}
+	if (st->ndead)
+		rdma_sweep(st);
+	return n;
+}
+
+/*
+ * Work now: a channel spoke, something waits to be posted, or work requests
+ * are out (their completions are polled while the reactor spins; when it
+ * sleeps, the armed CQ wakes it).
+ */
+static bool rdma_has_work(struct ferry_engine *e, struct backend *b)
+{
+	struct rdma_state *st = b->data;
+
+	(void)e;
+	if (!st->ndevs)
+		return false;
+	if (st->ec_event || st->ndead)
+		return true;
+	for (unsigned i = 0; i < st->ndevs; i++)
+		if (st->devs[i].event)
+			return true;
+	return false;
+}
+
+/* Before the sleep: one last look at each CQ (armed: what comes after wakes us). */
+static bool rdma_prepare_sleep(struct ferry_engine *e, struct backend *b)
+{
+	struct rdma_state *st = b->data;
+	int n = 0;
+
+	if (!st->ndevs)
+		return false;
+	for (unsigned i = 0; i < st->ndevs; i++)
+		n += poll_dev(st, &st->devs[i]);
+	return n > 0 || rdma_has_work(e, b);
+}
+
+static void rdma_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cookie, int res,
+			uint32_t flags)
+{
+	struct rdma_state *st = b->data;
+	unsigned kind = cookie & 0xff, idx = (unsigned)(cookie >> 8) & 0xff;
+
+	(void)e;
+	if (!st)
+		return;
+	if (kind == K_EC) {
+		st->ec_event = true;
+		if (!(flags & IORING_CQE_F_MORE) || res < 0)
+			st->ec_armed = st->ec && arm_fd(st, st->ec->fd, K_EC);
+	} else if (kind == K_CH && idx < st->ndevs) {
+		struct rdma_dev *d = &st->devs[idx];
+
+		d->event = true;
+		if (!(flags & IORING_CQE_F_MORE) || res < 0)
+			d->poll_armed = d->ch && arm_fd(st, d->ch->fd, cookie);
+	}
+}
+
+/* ------------------------------------------------------------------ */
+/* The backend                                                        */
+/* ------------------------------------------------------------------ */
+
+static int rdma_resolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	struct rdma_state *st = b->data;
+	char address[PEER_ADDR_MAX];
+	struct rdma_conn *c = NULL;
+	int rc;
+
+	(void)e;
+	if (!st->ndevs || !ferry__peer_addr_get(peer, "rdma", address, sizeof(address)))
+		return -EHOSTUNREACH; /* no device here, or no rdma address: tcp may reach it */
+	for (struct rdma_conn *x = st->conn_list; x; x = x->next) {
+		if (x->caller && x->state != RC_DEAD && strcmp(x->peer_name, peer->name) == 0) {
+			c = x;
+			break;
+		}
+	}
+	if (!c) {
+		rc = rdma_conn_call(st, peer, &c);
+		if (rc)
+			return -ENETUNREACH; /* its address is rdma's: nobody else carries it */
+	}
+	c->refs++;
+	peer->transport = c;
+	return 0;
+}
+
+static void rdma_unresolve(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer)
+{
+	(void)e;
+	if (peer->transport)
+		rdma_conn_unref(b->data, peer->transport);
+	peer->transport = NULL;
+}
+
+static void rdma_forget(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	/* The message finishes on its own; a late result fails its generation check. */
+	(void)e;
+	(void)b;
+	(void)op;
+}
+
+static void tables_free(struct rdma_state *st)
+{
+	free(st->msgs);
+	free(st->rxs);
+	st->msgs = NULL;
+	st->rxs = NULL;
+}
+
+static void rdma_fini(struct ferry_engine *e, struct backend *b);
+
+static int rdma_init(struct ferry_engine *e, struct backend *b)
+{
+	const struct ferry_engine_params *p = e->create_params;
+	struct rdma_state *st = calloc(1, sizeof(*st));
+	uint64_t hb, to;
+	int rc;
+
+	if (!st)
+		return -ENOMEM;
+	st->engine = e;
+	st->b = b;
+	b->data = st;
+	pthread_mutex_init(&st->mem_lock, NULL);
+	if (p && p->size > offsetof(struct ferry_engine_params, rdma_listen) && p->rdma_listen) {
+		struct sockaddr_storage ss;
+
+		if (strlen(p->rdma_listen) >= sizeof(st->listen_text) ||
+		    rdma_parse_uri(p->rdma_listen, &ss)) {
+			log_error("ferry_engine_create: rdma_listen \"%s\" is not rdma://ADDRESS:PORT",
+				  p->rdma_listen);
+			rc = -EINVAL;
+			goto fail;
+		}
+		snprintf(st->listen_text, sizeof(st->listen_text), "%s", p->rdma_listen);
+	}
+	rc = sec_engine_params(p, &st->secret, &hb, &to);
+	if (rc)
+		goto fail;
+	st->hs_ns = p && p->handshake_ms ? (uint64_t)p->handshake_ms * 1000000ull : RDMA_HS_NS;
+	st->nmsgs = 2 * e->max_ops;
+	st->nrxs = 2 * e->max_ops;
+	st->msgs = calloc(st->nmsgs, sizeof(*st->msgs));
+	st->rxs = calloc(st->nrxs, sizeof(*st->rxs));
+	if (!st->msgs || !st->rxs) {
+		rc = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = st->nmsgs; i-- > 0;) {
+		st->msgs[i].id = i;
+		st->msgs[i].next = st->free_msgs;
+		st->free_msgs = &st->msgs[i];
+	}
+	for (uint32_t i = st->nrxs; i-- > 0;) {
+		st->rxs[i].next = st->free_rxs;
+		st->free_rxs = &st->rxs[i];
+	}
+	probe(st);
+	if (st->listen_text[0]) {
+		if (!st->ndevs) {
+			log_error("ferry_engine_create: rdma_listen %s: %s", st->listen_text, st->why);
+			rc = -EADDRNOTAVAIL;
+			goto fail;
+		}
+		if ((rc = rdma_listen_start(st)))
+			goto fail;
+	}
+	return 0;
+fail:
+	rdma_fini(e, b);
+	return rc;
+}
+
+static void rdma_fini(struct ferry_engine *e, struct backend *b)
+{
+	struct rdma_state *st = b->data;
+
+	if (!st)
+		return;
+	if (st->listen_id) {
+		rdma_destroy_id(st->listen_id);
+		st->listen_id = NULL;
+	}
+	for (struct rdma_conn *c = st->conn_list; c; c = c->next)
+		rdma_conn_fail(st, c, -ECANCELED, NULL);
+	/* The flushed work requests of every dead QP come back before its buffers go. */
+	for (int tries = 0; tries < 200 && st->ndead; tries++) {
+		for (unsigned i = 0; i < st->ndevs; i++) {
+			st->devs[i].event = true;
+			poll_dev(st, &st->devs[i]);
+		}
+		rdma_sweep(st);
+		if (st->ndead)
+			usleep(1000);
+	}
+	reactor_unresolve_all(e, b);
+	if (st->ndead)
+		log_warn("rdma: engine %s: %u connections did not drain", e->name, st->ndead);
+	/* Registrations the engine did not give back (it gives them all back first). */
+	while (st->mems)
+		rdma_mem_deregister(e, b, st->mems);
+	for (unsigned i = 0; i < st->ndevs; i++)
+		dev_close(&st->devs[i]);
+	if (st->dev_list)
+		rdma_free_devices(st->dev_list);
+	if (st->ec)
+		rdma_destroy_event_channel(st->ec);
+	tables_free(st);
+	pthread_mutex_destroy(&st->mem_lock);
+	free(st);
+	b->data = NULL;
+}
+
+/* The control plane declared `name` dead: its connections go too. */
+static void rdma_peer_event(struct ferry_engine *e, struct backend *b, const char *name,
+			    enum peer_event ev, int res)
+{
+	struct rdma_state *st = b->data;
+
+	(void)e;
+	if (ev != PEER_DEAD)
+		return;
+	for (struct rdma_conn *c = st->conn_list; c; c = c->next)
+		if (c->state != RC_DEAD && strcmp(c->peer_name, name) == 0)
+			rdma_conn_fail(st, c, res, "the control channel declared it dead");
+}
+
+static int rdma_tr_connect(struct ferry_engine *e, struct backend *b, struct ferry_peer *peer,
+			const char *uri)
+{
+	struct rdma_state *st = b->data;
+	struct sockaddr_storage ss;
+	int rc;
+
+	(void)e;
+	if ((rc = rdma_parse_uri(uri, &ss)))
+		return rc;
+	if (!sec_peer_allowed(&st->secret, (struct sockaddr *)&ss)) {
+		log_error("ferry_peer_connect_uri: %s for %s is not a loopback address and engine "
+			  "%s has no cluster secret", uri, peer->name, st->engine->name);
+		return -EACCES;
+	}
+	return ferry__peer_addr_set(peer, uri);
+}
+
+static int rdma_address(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct rdma_state *st = b->data;
+
+	(void)e;
+	return st->bound[0] ? snprintf(buf, len, "%s", st->bound) : 0;
+}
+
+static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct rdma_state *st = b->data;
+	char devs[RDMA_MAX_DEV * 66 + 4] = "";
+	size_t o = 0;
+
+	(void)e;
+	if (!st->ndevs)
+		return snprintf(buf, len, ",\"rdma\":{\"devices\":[],\"why\":\"%s\"}", st->why);
+	for (unsigned i = 0; i < st->ndevs && o < sizeof(devs); i++)
+		o += (size_t)snprintf(devs + o, sizeof(devs) - o, "%s\"%s\"", i ? "," : "",
+				      st->devs[i].name);
+	return snprintf(buf, len,
+			",\"rdma\":{\"devices\":[%s],\"address\":\"%s\",\"connections_ready\":%u,"
+			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
+			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu}",
+			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
+			atomic_load_explicit(&st->h_other, memory_order_relaxed),
+			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
+			atomic_load_explicit(&st->h_malformed, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_reads, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_read_bytes,
+								 memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_eager, memory_order_relaxed));
+}
+
+const struct backend_ops ferry__rdma_backend = {
+	.name = "rdma",
+	.rank = 5,
+	.caps = TRANSPORT_CAP_REMOTE | TRANSPORT_CAP_SAME_HOST | TRANSPORT_CAP_ONE_SIDED |
+		TRANSPORT_CAP_MEM_HOST,
+	.init = rdma_init,
+	.fini = rdma_fini,
+	.resolve = rdma_resolve,
+	.unresolve = rdma_unresolve,
+	.put = rdma_put,
+	.iov_put_max = RDMA_INLINE_MAX,
+	.progress = rdma_progress,
+	.has_work = rdma_has_work,
+	.prepare_sleep = rdma_prepare_sleep,
+	.forget = rdma_forget,
+	.on_cqe = rdma_on_cqe,
+	.health = rdma_health,
+	.scheme = "rdma",
+	.connect = rdma_tr_connect,
+	.address = rdma_address,
+	.peer_event = rdma_peer_event,
+	.mem_register = rdma_mem_register,
+	.mem_deregister = rdma_mem_deregister,
+};

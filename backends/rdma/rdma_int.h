@@ -1,0 +1,331 @@
+/*
+ * backends/rdma/rdma_int.h - what the pieces of the rdma transport share
+ * (private to backends/rdma/ and its tests).
+ *
+ * Owns: the transport's limits, the wire format of its messages, the types
+ * (devices, memory registrations, connections, outgoing messages, incoming
+ * PUTs, the transport's state) and the functions each file offers the
+ * others. The transport itself is described in rdma.c's header comment.
+ *
+ *   rdma.c       the table, devices, the memory hooks, the reactor's wait
+ *                on the completion channels and the rdma_cm channel, the
+ *                round, health, addresses
+ *   rdma_conn.c  connections: rdma_cm events, the authenticated handshake,
+ *                faults and teardown
+ *   rdma_data.c  the data path: PUTs out (eager SEND, announcements),
+ *                messages in (validation, RDMA READ, ordered delivery),
+ *                RESULTs, credits
+ */
+#ifndef FERRY_RDMA_INT_H
+#define FERRY_RDMA_INT_H
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+
+#include "internal.h"
+#include "memory.h"
+#include "security.h"
+
+#define RDMA_MAX_DEV 8        /* devices of one engine */
+#define RDMA_MAX_CONNS 256    /* connections of one engine */
+#define RDMA_PREAUTH_MAX 32   /* callees that proved nothing yet, at once */
+#define RDMA_SLOT 8192u       /* one message buffer (send or receive) */
+#define RDMA_RECVS 64u        /* receives posted per connection: the peer's credits */
+#define RDMA_SENDS 96u        /* send buffers per connection */
+#define RDMA_READS_MAX 8u     /* RDMA READs in flight per connection */
+#define RDMA_READ_PIECE (256u << 10) /* one READ moves at most this much */
+#define RDMA_SQ_DEPTH (RDMA_SENDS + RDMA_READS_MAX + 8u)
+#define RDMA_CQ_DEPTH 4096
+#define RDMA_EAGER_MAX 4096u  /* payloads up to this go inside the SEND */
+#define RDMA_INLINE_MAX 256u  /* iovec PUTs up to this are copied into the message */
+#define RDMA_MAX_SEG 64u      /* segments of one announcement */
+#define RDMA_HS_NS 3000000000ull /* a handshake not done by then is dropped (params.handshake_ms) */
+#define RDMA_CONNECT_MS 2000  /* rdma_resolve_addr / _route */
+
+/* ------------------------------------------------------------------ */
+/* Wire: every message is a header, then its type's body              */
+/* ------------------------------------------------------------------ */
+
+#define RDMA_MAGIC 0xfe
+#define RDMA_CM_MAGIC 0x4652444du /* "FRDM": rdma_cm private data of a connect */
+#define RDMA_VERSION 1
+
+enum {
+	RM_HELLO = 1, /* caller: key = its name, body = its nonce */
+	RM_PROOF,     /* callee: body = its nonce, its proof */
+	RM_AUTH,      /* caller: body = its proof */
+	RM_EAGER,     /* key, then len bytes of data */
+	RM_ANNOUNCE,  /* key, then nseg segments (struct rdma_seg_wire) of len bytes in all */
+	RM_RESULT,    /* id, gen: which PUT; res: its result; the sender may free its block */
+	RM_CREDIT,    /* only the credits */
+	RM__MAX
+};
+
+struct rdma_hdr {
+	uint8_t magic;
+	uint8_t type;
+	uint8_t flags;    /* a PUT's wire flags (rdma_wire_flags) */
+	uint8_t nseg;     /* ANNOUNCE */
+	uint16_t key_len; /* EAGER, ANNOUNCE, HELLO: bytes of key after the header */
+	uint16_t credits; /* receives the sender posted again since its last message */
+	uint32_t id, gen; /* EAGER, ANNOUNCE, RESULT: the sender's message */
+	int32_t res;      /* RESULT */
+	uint32_t rsvd;    /* 0 */
+	uint64_t len;     /* EAGER, ANNOUNCE: payload bytes */
+};
+
+struct rdma_seg_wire {
+	uint64_t addr;
+	uint32_t rkey;
+	uint32_t rsvd;
+	uint64_t len;
+};
+
+struct rdma_cm_pdata {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t rsvd;
+};
+
+_Static_assert(sizeof(struct rdma_hdr) == 32, "rdma_hdr is 32 bytes on the wire");
+_Static_assert(RDMA_SLOT >= sizeof(struct rdma_hdr) + FERRY_KEY_MAX + RDMA_EAGER_MAX,
+	       "an eager message fits a slot");
+_Static_assert(RDMA_SLOT >= sizeof(struct rdma_hdr) + FERRY_KEY_MAX +
+				    RDMA_MAX_SEG * sizeof(struct rdma_seg_wire),
+	       "an announcement fits a slot");
+
+/* A PUT's WIRE_F_* flags <-> the byte on the wire. */
+static const uint32_t rdma_flag_bits[] = { WIRE_F_REPLACE, WIRE_F_CHUNK, WIRE_F_END,
+					   WIRE_F_ABORT,   WIRE_F_CREDIT, WIRE_F_WANT,
+					   WIRE_F_RELCREDIT };
+
+static inline uint8_t rdma_wire_byte(uint32_t f)
+{
+	uint8_t b = 0;
+
+	for (unsigned i = 0; i < sizeof(rdma_flag_bits) / sizeof(rdma_flag_bits[0]); i++)
+		if (f & rdma_flag_bits[i])
+			b |= (uint8_t)(1u << i);
+	return b;
+}
+
+static inline uint32_t rdma_wire_flags(uint8_t b)
+{
+	uint32_t f = 0;
+
+	for (unsigned i = 0; i < sizeof(rdma_flag_bits) / sizeof(rdma_flag_bits[0]); i++)
+		if (b & (1u << i))
+			f |= rdma_flag_bits[i];
+	return f;
+}
+
+/* ------------------------------------------------------------------ */
+/* Types                                                              */
+/* ------------------------------------------------------------------ */
+
+/* wr_id: connection slot and generation, kind, index. */
+enum { WR_RECV = 1, WR_SEND = 2, WR_READ = 3 };
+
+static inline uint64_t rdma_wr_id(uint32_t slot, uint32_t gen, unsigned kind, uint32_t idx)
+{
+	return ((uint64_t)gen << 32) | ((uint64_t)slot << 20) | ((uint64_t)kind << 16) | idx;
+}
+
+/* A device this engine opened: its protection domain, completion queue and channel. */
+struct rdma_dev {
+	struct ibv_context *ctx;
+	struct ibv_pd *pd;
+	struct ibv_comp_channel *ch;
+	struct ibv_cq *cq;
+	unsigned idx;
+	bool poll_armed;   /* the reactor's ring polls ch->fd */
+	bool notify_armed; /* ibv_req_notify_cq asked for the next completion */
+	bool event;        /* the channel signalled: drain it */
+	uint32_t max_sge, max_rd;
+	char name[64];
+};
+
+/* One memory registration (the pool, a region): its MR on each device. */
+struct rdma_mem {
+	void *addr;
+	size_t len;
+	struct ibv_mr *mr[RDMA_MAX_DEV];
+	struct rdma_mem *next;
+};
+
+enum {
+	RC_RESOLVING = 1, /* caller: address, then route */
+	RC_CONNECTING,    /* caller: rdma_connect sent */
+	RC_ACCEPTING,     /* callee: rdma_accept sent */
+	RC_WAIT_PROOF,    /* caller: HELLO sent */
+	RC_WAIT_HELLO,    /* callee: established */
+	RC_WAIT_AUTH,     /* callee: PROOF sent */
+	RC_READY,
+	RC_DEAD,
+};
+
+/* An outgoing PUT. */
+struct rdma_msg {
+	struct op *op;
+	uint32_t op_gen;
+	uint32_t id, gen;
+	bool live;
+	bool posted;       /* its SEND went on the QP */
+	bool send_done;    /* ... and completed */
+	bool resulted;
+	struct rdma_conn *c;
+	struct ferry_buf *buf; /* its data (announced, or NULL: copied into its SEND) */
+	const struct iovec *iov; /* an inline PUT's data until it is posted */
+	uint32_t iovcnt;
+	uint64_t len;
+	uint32_t flags;
+	uint16_t key_len;
+	char key[FERRY_KEY_MAX];
+	struct rdma_msg *next; /* the connection's queue to post, or the free list */
+	struct rdma_msg *lnext, *lprev; /* the connection's messages */
+};
+
+enum { RX_FREE = 0, RX_READING, RX_READY, RX_ANSWER };
+
+/* An incoming PUT, from its arrival until its RESULT is posted. */
+struct rdma_rx {
+	uint8_t state;
+	int res;
+	struct rdma_conn *c;
+	uint32_t id, gen;    /* the sender's message */
+	struct ferry_buf *buf;
+	uint64_t len;
+	uint32_t reads_left; /* READs posted or to post */
+	uint32_t nseg, seg_next;
+	uint64_t seg_off;    /* into the current segment */
+	uint64_t dst_off;    /* into buf */
+	struct rdma_seg_wire segs[RDMA_MAX_SEG];
+	uint32_t flags;
+	uint16_t key_len;
+	char key[FERRY_KEY_MAX];
+	struct rdma_rx *next; /* the connection's in-order queue, or the free list */
+};
+
+struct rdma_conn {
+	struct rdma_state *st;
+	struct rdma_cm_id *id;
+	struct rdma_dev *dev;
+	uint32_t slot, gen;
+	uint8_t state;
+	bool caller;
+	bool qp_made;
+	bool established;
+	uint64_t dead_ns;    /* when it died (its QP is destroyed once drained) */
+	int refs;            /* the table, each peer resolved to it */
+	int fail_res;        /* why it died, for PUTs still waiting */
+	uint64_t hs_deadline;
+	char peer_name[FERRY_NAME_MAX];
+	struct sockaddr_storage peer_sa;
+	uint8_t nonce_me[SEC_NONCE_BYTES], nonce_peer[SEC_NONCE_BYTES];
+	/* Buffers: RDMA_RECVS receive slots, then RDMA_SENDS send slots. */
+	uint8_t *slab;
+	struct ibv_mr *slab_mr;
+	uint32_t send_free[RDMA_SENDS];
+	uint32_t nsend_free;
+	uint32_t wr_out;     /* work requests posted, not completed (sends, READs) */
+	uint32_t recv_out;   /* receives posted */
+	uint32_t credits;    /* messages we may still send: the peer's posted receives */
+	uint32_t owed;       /* receives posted again, not yet told to the peer */
+	uint32_t reads_out;
+	/* Outgoing PUTs: those to post, in order; every live one. */
+	struct rdma_msg *q_head, *q_tail;
+	struct rdma_msg *msgs;
+	/* Incoming PUTs in arrival order: delivered, then answered, from the head. */
+	struct rdma_rx *rx_head, *rx_tail;
+	struct rdma_conn *next; /* the state's list */
+};
+
+struct rdma_state {
+	struct ferry_engine *engine;
+	struct backend *b;
+	bool probed;            /* devices looked for */
+	char why[160];          /* no rdma here: why (health) */
+	struct rdma_event_channel *ec;
+	bool ec_armed;
+	struct rdma_cm_id *listen_id;
+	char listen_text[PEER_ADDR_MAX];
+	char bound[PEER_ADDR_MAX];
+	struct sec_secret secret;
+	uint64_t hs_ns;         /* a handshake's bound (params.handshake_ms, 0: RDMA_HS_NS) */
+	struct rdma_dev devs[RDMA_MAX_DEV];
+	unsigned ndevs;
+	unsigned nsys_devs;     /* devices the system has (rdma_get_devices) */
+	struct ibv_context **dev_list;
+	/* Registrations: the memory hooks may run on any thread. */
+	pthread_mutex_t mem_lock;
+	struct rdma_mem *mems;
+	/* Tables. */
+	struct rdma_conn *conns[RDMA_MAX_CONNS];
+	struct rdma_conn *conn_list;
+	uint32_t next_gen;
+	struct rdma_msg *msgs;
+	uint32_t nmsgs;
+	struct rdma_msg *free_msgs;
+	struct rdma_rx *rxs;
+	uint32_t nrxs;
+	struct rdma_rx *free_rxs;
+	uint32_t ndead;
+	uint32_t npreauth;      /* callees not READY yet */
+	bool ec_event;          /* the rdma_cm channel spoke */
+	uint64_t next_check;    /* when handshake deadlines are looked at next */
+	/* Health (any thread reads). */
+	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
+	_Atomic uint64_t h_reads, h_read_bytes, h_eager;
+};
+
+/* ------------------------------------------------------------------ */
+/* What each piece offers the others                                  */
+/* ------------------------------------------------------------------ */
+
+/* rdma.c */
+int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev **out);
+uint32_t rdma_lkey(struct rdma_state *st, struct rdma_dev *d, const struct ferry_buf *buf,
+		   uint32_t *rkey);
+int rdma_parse_uri(const char *uri, struct sockaddr_storage *ss);
+
+/* rdma_conn.c */
+void rdma_cm_events(struct rdma_state *st);
+int rdma_conn_call(struct rdma_state *st, struct ferry_peer *peer, struct rdma_conn **out);
+void rdma_conn_fail(struct rdma_state *st, struct rdma_conn *c, int res, const char *why);
+void rdma_conn_unref(struct rdma_state *st, struct rdma_conn *c);
+void rdma_sweep(struct rdma_state *st);
+void rdma_check_time(struct rdma_state *st);
+int rdma_listen_start(struct rdma_state *st);
+/* A handshake message arrived (the connection is not READY yet). */
+void rdma_hs_message(struct rdma_state *st, struct rdma_conn *c, const struct rdma_hdr *h,
+		     const uint8_t *body, uint32_t body_len);
+int rdma_send_ctl(struct rdma_state *st, struct rdma_conn *c, uint8_t type, const void *key,
+		  uint16_t key_len, const void *body, uint32_t body_len);
+
+/* rdma_data.c */
+int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op);
+void rdma_on_wc(struct rdma_state *st, const struct ibv_wc *wc);
+void rdma_post_recvs(struct rdma_state *st, struct rdma_conn *c);
+void rdma_conn_pump(struct rdma_state *st, struct rdma_conn *c);
+void rdma_conn_drop_data(struct rdma_state *st, struct rdma_conn *c, int res);
+/* Post one message buffer: 0, or -EAGAIN (no slot, no credit), -EIO. */
+int rdma_post_msg(struct rdma_state *st, struct rdma_conn *c, struct rdma_hdr *h,
+		  const void *key, uint16_t key_len, const void *body, uint32_t body_len,
+		  const struct iovec *iov, uint32_t iovcnt, bool reserve);
+
+static inline struct rdma_conn *rdma_conn_of(struct rdma_state *st, uint64_t wr_id)
+{
+	uint32_t slot = (uint32_t)(wr_id >> 20) & 0xfffu, gen = (uint32_t)(wr_id >> 32);
+	struct rdma_conn *c = slot < RDMA_MAX_CONNS ? st->conns[slot] : NULL;
+
+	return c && c->gen == gen ? c : NULL;
+}
+
+#endif

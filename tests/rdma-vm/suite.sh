@@ -1,0 +1,41 @@
+#!/bin/bash
+# tests/rdma-vm/suite.sh BUILD_DIR [PROGRAM...] - inside ferry's RDMA test
+# guest (vm.sh run): run each RDMA test program of BUILD_DIR/tests (by
+# default tests/rdma-vm/tests.list), each bounded by FERRY_RDMA_TEST_TIMEOUT
+# seconds (300), its output kept in /tmp/ferry-rdma/NAME.log and shown when
+# it fails; print "rdma guest: N passed, M failed, K skipped"; exit 0 only
+# when none failed. A program that skips (77) inside the guest is a
+# failure: here it has everything it needs.
+set -u
+[ "$(cat /proc/sys/kernel/hostname)" = ferry-rdma-vm ] ||
+	{ echo "suite.sh runs inside ferry's RDMA guest (tests/rdma-vm/vm.sh run)" >&2; exit 2; }
+here=$(cd "$(dirname "$0")" && pwd)
+build=$1
+shift
+progs=("$@")
+if ((${#progs[@]} == 0)); then
+	while read -r p; do
+		[[ -n $p && $p != \#* ]] && progs+=("$p")
+	done <"$here/tests.list"
+fi
+mkdir -p /tmp/ferry-rdma
+# TCG emulates the guest: as slow as valgrind, so the tests take its sizes and bounds.
+export FERRY_TEST_SLOW=1
+pass=0 fail=0 skip=0
+for p in "${progs[@]}"; do
+	t0=$(date +%s)
+	timeout -k 5 "${FERRY_RDMA_TEST_TIMEOUT:-300}" "$build/tests/$p" >"/tmp/ferry-rdma/$p.log" 2>&1
+	rc=$?
+	dt=$(($(date +%s) - t0))
+	cases=$(grep -E 'case\(s\) run apart' "/tmp/ferry-rdma/$p.log" | tail -n 1 | sed 's/^.*: //')
+	if ((rc == 0)); then
+		pass=$((pass + 1))
+		echo "rdma guest: PASS $p (${dt}s; $cases)"
+	else
+		fail=$((fail + 1))
+		echo "rdma guest: FAIL $p (exit $rc, ${dt}s; $cases)"
+		grep -E 'FAILED|ERROR|error:|rdma:' "/tmp/ferry-rdma/$p.log" | head -n 60
+	fi
+done
+echo "rdma guest: $pass passed, $fail failed, $skip skipped"
+((fail == 0))

@@ -1,0 +1,618 @@
+/*
+ * tests/test_rdma.c - what the rdma transport does beyond the conformance
+ * suite, on real verbs: it runs in ferry's RDMA test guest (tests/rdma-vm/:
+ * two Soft-RoCE devices joined by a veth pair, $RDMA_IP0 on rxe0,
+ * $RDMA_IP1 on rxe1) and skips (77) anywhere else.
+ *
+ * Engines "a" (on RDMA_IP1) and "b" (on RDMA_IP0) of this process, so every
+ * byte crosses the wire: eager and announced PUTs of every size class
+ * (the health counters say which path each took), a vectored PUT of 56
+ * segments of a registered region, a burst of PUTs far larger than the
+ * receives posted (credits), a malformed announcement (the sender is
+ * disconnected, a third engine notices nothing), a peer without the cluster
+ * secret (refused; no op of it ever reaches b), a caller that forges its
+ * AUTH (refused by the callee), a peer killed and started
+ * again at its address (PUTs fail with -ECONNRESET, then go again), and no
+ * memory region or connection left behind.
+ */
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "helpers.h"
+
+#ifdef FERRY_HAVE_RDMA_TRANSPORT
+#include "rdma_int.h"
+
+#define SECRET "rdma-test-secret"
+#define NSP "rdmatest"
+#define MIB (1024ull * 1024ull)
+
+static char ip0[64], ip1[64];
+
+static struct ferry_engine *mk(const char *name, const char *ip, const char *secret,
+			       enum ferry_progress_mode mode, size_t pool, const char *at)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+	char listen[96];
+	int rc;
+
+	if (at)
+		snprintf(listen, sizeof(listen), "%s", at);
+	else
+		snprintf(listen, sizeof(listen), "rdma://%s:0", ip);
+	p.name = name;
+	p.ns = NSP;
+	p.pool_size = pool ? pool : 32 * MIB;
+	p.progress = mode;
+	p.spin_ns = 20000;
+	p.rdma_listen = listen;
+	p.secret = secret;
+	p.handshake_ms = t_handshake_ms(); /* the emulated guest may be slow */
+	rc = ferry_engine_create(&p, &e);
+	if (rc)
+		fail_msg("engine %s: %s", name, ferry_strerror(rc));
+	return e;
+}
+
+static void addr_of(struct ferry_engine *e, char *out, size_t len)
+{
+	char all[512];
+	const char *s;
+
+	assert_true(ferry_engine_addresses(e, all, sizeof(all)) > 0);
+	s = strstr(all, "rdma://");
+	assert_non_null(s);
+	snprintf(out, len, "%.*s", (int)strcspn(s, " "), s);
+}
+
+static struct ferry_peer *peer_at(struct ferry_engine *e, const char *name, struct ferry_engine *at)
+{
+	char a[128];
+	struct ferry_peer *p = t_peer(e, name);
+
+	addr_of(at, a, sizeof(a));
+	assert_int_equal(ferry_peer_connect_uri(p, a), 0);
+	return p;
+}
+
+static long long rh(struct ferry_engine *e, const char *name)
+{
+	return t_health_num(e, "\"rdma\":{", name);
+}
+
+static void pattern(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(i * 131u + seed * 7u + (i >> 11));
+}
+
+static bool pattern_ok(const uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		if (p[i] != (uint8_t)(i * 131u + seed * 7u + (i >> 11)))
+			return false;
+	return true;
+}
+
+/* PUT n bytes from a to b under key and GET them there into fresh memory. */
+static void put_get(struct ferry_engine *a, struct ferry_peer *to_b, struct ferry_engine *b,
+		    struct ferry_peer *from_a, const char *key, size_t n, unsigned seed)
+{
+	uint8_t *src = malloc(n + 1), *dst = malloc(n + 17);
+	struct iovec iov;
+	struct ferry_buf *buf;
+	struct ferry_sqe *sqe;
+
+	assert_non_null(src);
+	assert_non_null(dst);
+	pattern(src, n, seed);
+	memset(dst, 0xa5, n + 17);
+	/* From a pool buffer: the big ones are announced straight from it. */
+	assert_int_equal(ferry_buf_alloc(a, n, &buf), 0);
+	memcpy(ferry_buf_data(buf), src, n);
+	sqe = t_sqe(a);
+	ferry_prep_put_buf(sqe, to_b, key, buf, seed);
+	t_submit(a);
+	t_expect(a, NULL, seed, 0, NULL);
+	iov.iov_base = dst;
+	iov.iov_len = n;
+	t_get(b, from_a, key, &iov, 1, seed + 1, 0, 10 * SEC);
+	{
+		struct ferry_cqe c;
+
+		t_expect(b, NULL, seed + 1, 0, &c);
+		assert_int_equal(c.len, n);
+	}
+	if (!pattern_ok(dst, n, seed))
+		fail_msg("%zu bytes of %s arrived changed", n, key);
+	for (size_t i = n; i < n + 17; i++)
+		assert_int_equal(dst[i], 0xa5);
+	free(src);
+	free(dst);
+}
+
+/* Eager and announced PUTs of every size class; the counters say which path each took. */
+static void test_sizes(void **state)
+{
+	static const size_t sizes[] = { 0, 1, 255, 256, 257, 4095, 4096, 4097, 65536,
+					MIB + 3, 8 * MIB };
+	struct ferry_engine *a, *b;
+	struct ferry_peer *ab, *ba;
+	char key[32];
+
+	(void)state;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	for (unsigned i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		long long reads = rh(b, "reads"), eager = rh(a, "eager");
+
+		snprintf(key, sizeof(key), "k%u", i);
+		put_get(a, ab, b, ba, key, sizes[i], i + 1);
+		if (sizes[i] <= RDMA_EAGER_MAX) {
+			assert_int_equal(rh(a, "eager"), eager + 1);
+			assert_int_equal(rh(b, "reads"), reads);
+		} else {
+			assert_int_equal(rh(a, "eager"), eager);
+			assert_true(rh(b, "reads") >= reads + (long long)((sizes[i] + RDMA_READ_PIECE - 1) /
+									  RDMA_READ_PIECE));
+		}
+	}
+	assert_int_equal(rh(b, "malformed"), 0);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	assert_int_equal(rh(b, "connections_ready"), 1);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
+static void test_vectored_56(void **state)
+{
+	enum { LAYERS = 56 };
+	const size_t layer = 64 * 1024 + 24;
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_engine *a, *b;
+	struct ferry_peer *ab, *ba;
+	struct ferry_region *r;
+	struct ferry_seg segs[LAYERS];
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	struct iovec iov;
+	uint8_t *mem, *dst;
+
+	(void)state;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	mem = malloc(LAYERS * layer * 2);
+	dst = malloc(LAYERS * layer);
+	assert_non_null(mem);
+	assert_non_null(dst);
+	rp.addr = mem;
+	rp.len = LAYERS * layer * 2;
+	assert_int_equal(ferry_region_register(a, &rp, &r), 0);
+	/* Every other layer-sized piece of the region, in reverse order. */
+	for (unsigned i = 0; i < LAYERS; i++) {
+		segs[i].region = r;
+		segs[i].offset = (uint64_t)(LAYERS - 1 - i) * 2 * layer;
+		segs[i].len = layer;
+		pattern(mem + segs[i].offset, layer, 100 + i);
+	}
+	sqe = t_sqe(a);
+	ferry_prep_put_segs(sqe, ab, "kv", segs, LAYERS, 1);
+	t_submit(a);
+	t_expect(a, NULL, 1, 0, NULL);
+	iov.iov_base = dst;
+	iov.iov_len = LAYERS * layer;
+	t_get(b, ba, "kv", &iov, 1, 2, 0, 10 * SEC);
+	t_expect(b, NULL, 2, 0, &c);
+	assert_int_equal(c.len, LAYERS * layer);
+	for (unsigned i = 0; i < LAYERS; i++)
+		if (!pattern_ok(dst + i * layer, layer, 100 + i))
+			fail_msg("layer %u arrived changed", i);
+	assert_true(rh(b, "reads") >= 1);
+	assert_int_equal(ferry_region_release(&r), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	free(mem);
+	free(dst);
+}
+
+/* An SQE of e's queue, waiting (bounded) while the reactor has not drained it yet. */
+static struct ferry_sqe *sqe_wait(struct ferry_engine *e)
+{
+	struct ferry_sq *sq = NULL;
+	struct ferry_sqe *sqe;
+	int64_t end = t_now() + 10 * SEC;
+
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	while (!(sqe = ferry_sq_get_sqe(sq)) && t_now() < end) {
+		ferry_sq_submit(sq);
+		usleep(1000);
+	}
+	assert_non_null(sqe);
+	return sqe;
+}
+
+/*
+ * Many more PUTs at once than receives are posted (RDMA_RECVS): credits
+ * hold the sender back, nothing is lost, every one arrives, in order (the
+ * same key with REPLACE would hide a reordering, so each has its own key
+ * and the GETs wait first).
+ */
+static void test_credits(void **state)
+{
+	enum { N = 5 * RDMA_RECVS };
+	struct ferry_engine *a, *b;
+	struct ferry_peer *ab, *ba;
+	static uint32_t vals[N], got[N];
+	struct iovec iov[N];
+	struct ferry_sqe *sqe;
+	char key[32];
+	int ok = 0;
+
+	(void)state;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	put_get(a, ab, b, ba, "warm", 8, 1); /* connected */
+	for (unsigned i = 0; i < N; i++) {
+		snprintf(key, sizeof(key), "c%u", i);
+		iov[i].iov_base = &got[i];
+		iov[i].iov_len = sizeof(got[i]);
+		sqe = sqe_wait(b);
+		ferry_prep_get(sqe, ba, key, &iov[i], 1, 1000 + i);
+		ferry_sqe_set_timeout(sqe, 30 * SEC);
+		t_submit(b);
+	}
+	for (unsigned i = 0; i < N; i++) {
+		sqe = sqe_wait(a);
+		vals[i] = 0xc0de0000u + i;
+		snprintf(key, sizeof(key), "c%u", i);
+		ferry_prep_put(sqe, ab, key, t_iov_of(&vals[i], sizeof(vals[i])), 1, 5000 + i);
+		if ((i + 1) % 64 == 0 || i == N - 1)
+			t_submit(a);
+	}
+	for (unsigned i = 0; i < N; i++) {
+		struct ferry_cqe c;
+
+		assert_true(t_wait_cqe(a, NULL, &c, 30 * SEC));
+		assert_int_equal(c.res, 0);
+	}
+	for (unsigned i = 0; i < N; i++) {
+		struct ferry_cqe c;
+
+		assert_true(t_wait_cqe(b, NULL, &c, 30 * SEC));
+		assert_int_equal(c.res, 0);
+		/* Delivered in the order sent: the GETs complete in that order too. */
+		assert_int_equal(c.user_data, 1000 + i);
+		ok += got[i] == 0xc0de0000u + i;
+	}
+	assert_int_equal(ok, N);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
+/* Drive a MANUAL engine until cond or 10 s pass. */
+#define DRIVE_UNTIL(e, cond)                                                       \
+	do {                                                                       \
+		int64_t end_ = t_now() + 10 * SEC;                                 \
+		while (!(cond) && t_now() < end_) {                                \
+			ferry_progress(e);                                         \
+			usleep(500);                                               \
+		}                                                                  \
+		assert_true(cond);                                                 \
+	} while (0)
+
+static struct rdma_state *state_of(struct ferry_engine *e)
+{
+	extern const struct backend_ops ferry__rdma_backend;
+	struct backend *bk = ferry__backend_of(e, &ferry__rdma_backend);
+
+	assert_non_null(bk);
+	return bk->data;
+}
+
+static struct rdma_conn *ready_caller(struct rdma_state *st)
+{
+	for (struct rdma_conn *c = st->conn_list; c; c = c->next)
+		if (c->caller && c->state == RC_READY)
+			return c;
+	return NULL;
+}
+
+/*
+ * A sender (the MANUAL engine m, driven by this thread, so that it can post
+ * on its own connection) announces segments that do not add up to the
+ * length: b disconnects it and counts it, and engine a, talking to b all
+ * along, notices nothing.
+ */
+static void test_malformed_announce(void **state)
+{
+	struct ferry_engine *a, *b, *m;
+	struct ferry_peer *ab, *ba, *mb;
+	struct rdma_state *ms;
+	struct rdma_conn *c;
+	struct rdma_seg_wire seg[2];
+	struct rdma_hdr h;
+	uint32_t v = 7;
+
+	(void)state;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	m = mk("m", ip1, SECRET, FERRY_PROGRESS_MANUAL, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	mb = peer_at(m, "b", b);
+	put_get(a, ab, b, ba, "before", 100000, 3);
+	t_put(m, mb, "hello", &v, sizeof(v), 1, 0);
+	{
+		struct ferry_cqe cq;
+
+		assert_true(t_wait_cqe(m, NULL, &cq, 10 * SEC));
+		assert_int_equal(cq.res, 0);
+	}
+	ms = state_of(m);
+	c = ready_caller(ms);
+	assert_non_null(c);
+	memset(&h, 0, sizeof(h));
+	memset(seg, 0, sizeof(seg));
+	h.type = RM_ANNOUNCE;
+	h.nseg = 2;
+	h.len = 1u << 20;
+	seg[0].len = 4096;
+	seg[1].len = 4096; /* 8 KiB announced as 1 MiB */
+	assert_int_equal(rdma_post_msg(ms, c, &h, "bad", 3, seg, sizeof(seg), NULL, 0, true), 0);
+	{
+		int64_t end = t_now() + 10 * SEC;
+
+		while (rh(b, "malformed") < 1 && t_now() < end) {
+			ferry_progress(m);
+			usleep(1000);
+		}
+	}
+	assert_int_equal(rh(b, "malformed"), 1);
+	DRIVE_UNTIL(m, rh(m, "connections_ready") == 0);
+	assert_true(t_log_seen(FERRY_LOG_WARN, "malformed", "bad segment") ||
+		    t_log_seen(FERRY_LOG_WARN, "malformed", "add up"));
+	/* a goes on as before. */
+	put_get(a, ab, b, ba, "after", 300000, 4);
+	put_get(a, ab, b, ba, "after2", 10, 5);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	ferry_engine_destroy(m);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
+/* An engine with another secret is refused: its PUT fails, b never sees its key. */
+static void test_wrong_secret(void **state)
+{
+	struct ferry_engine *a, *b, *x;
+	struct ferry_peer *ab, *ba, *xb;
+	struct ferry_cqe c;
+	uint32_t v = 9, got = 0;
+	struct iovec iov = { &got, sizeof(got) };
+
+	(void)state;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	x = mk("x", ip1, "not-the-secret", FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	xb = peer_at(x, "b", b);
+	t_put(x, xb, "intruder", &v, sizeof(v), 1, 0);
+	assert_true(t_wait_cqe(x, NULL, &c, 10 * SEC));
+	assert_true(c.res == -EACCES || c.res == -ECONNRESET);
+	assert_true(rh(x, "peers_refused") >= 1); /* b did not prove x's secret to x */
+	t_get(b, t_peer(b, "x"), "intruder", &iov, 1, 2, FERRY_SQE_NOWAIT, 0);
+	t_expect(b, NULL, 2, -EAGAIN, NULL);
+	put_get(a, ab, b, ba, "fine", 70000, 6);
+	ferry_engine_destroy(x);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
+/*
+ * A caller that sends an AUTH it cannot have computed (no secret: 32 bytes
+ * of garbage, right after its HELLO, before it even reads b's PROOF) is
+ * refused by b, and never becomes a connection of b.
+ */
+static void test_forged_auth(void **state)
+{
+	struct ferry_engine *b, *x;
+	struct ferry_peer *xb;
+	struct rdma_state *xs;
+	struct rdma_conn *c = NULL;
+	uint8_t junk[SEC_MAC_BYTES];
+	uint32_t v = 1;
+	int64_t end;
+
+	(void)state;
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	x = mk("x", ip1, "not-the-secret", FERRY_PROGRESS_MANUAL, 0, NULL);
+	xb = peer_at(x, "b", b);
+	t_put(x, xb, "intruder", &v, sizeof(v), 1, 0);
+	xs = state_of(x);
+	end = t_now() + 10 * SEC;
+	while (t_now() < end) {
+		ferry_progress(x);
+		c = xs->conn_list;
+		if (c && c->state == RC_WAIT_PROOF)
+			break;
+		usleep(200);
+	}
+	assert_non_null(c);
+	assert_int_equal(c->state, RC_WAIT_PROOF); /* HELLO sent, b's PROOF not read */
+	memset(junk, 0x5a, sizeof(junk));
+	assert_int_equal(rdma_send_ctl(xs, c, RM_AUTH, NULL, 0, junk, sizeof(junk)), 0);
+	/* x is not driven from here on: b alone decides. */
+	end = t_now() + 10 * SEC;
+	while (rh(b, "peers_refused") < 1 && t_now() < end)
+		usleep(10000);
+	assert_int_equal(rh(b, "peers_refused"), 1);
+	assert_int_equal(rh(b, "connections_ready"), 0);
+	assert_true(t_log_seen(FERRY_LOG_WARN, "refused", "did not prove the cluster secret"));
+	ferry_engine_destroy(x);
+	ferry_engine_destroy(b);
+}
+
+/*
+ * The far engine b is a child: killed, started again at its address; a's
+ * PUTs go again. Both children are forked before this process has an
+ * engine (a child of a process that opened RDMA devices inherits librdmacm's
+ * device contexts, which it cannot use), and each makes its engine when
+ * told: "go" and the address to listen at ("" for any port) on one pipe,
+ * its address back on the other.
+ */
+struct child {
+	pid_t pid;
+	int to, from;
+};
+
+static int child_b(int in, int out)
+{
+	struct ferry_engine *b;
+	char at[128], addr[128];
+
+	if (t_read(in, at, sizeof(at)) != (ssize_t)sizeof(at))
+		_exit(0); /* not needed */
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, at[0] ? at : NULL);
+	addr_of(b, addr, sizeof(addr));
+	if (t_write(out, addr, sizeof(addr)) != (ssize_t)sizeof(addr))
+		_exit(3);
+	for (;;)
+		pause();
+}
+
+static struct child fork_b(void)
+{
+	int down[2], up[2];
+	struct child ch;
+
+	assert_int_equal(pipe(down), 0);
+	assert_int_equal(pipe(up), 0);
+	ch.pid = fork();
+	assert_true(ch.pid >= 0);
+	if (ch.pid == 0) {
+		close(down[1]);
+		close(up[0]);
+		_exit(child_b(down[0], up[1]));
+	}
+	close(down[0]);
+	close(up[1]);
+	ch.to = down[1];
+	ch.from = up[0];
+	return ch;
+}
+
+static void start_b(struct child *ch, const char *at, char *addr)
+{
+	char msg[128] = "";
+
+	if (at)
+		snprintf(msg, sizeof(msg), "%s", at);
+	assert_int_equal(t_write(ch->to, msg, sizeof(msg)), sizeof(msg));
+	assert_int_equal(t_read(ch->from, addr, 128), 128);
+}
+
+static void test_kill_reconnect(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *ab;
+	struct ferry_cqe c;
+	char addr[128], again[128];
+	uint32_t v = 1;
+	struct child b1 = fork_b(), b2 = fork_b();
+	int st;
+	bool ok = false;
+
+	(void)state;
+	start_b(&b1, NULL, addr);
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = t_peer(a, "b");
+	assert_int_equal(ferry_peer_connect_uri(ab, addr), 0);
+	t_put(a, ab, "one", &v, sizeof(v), 1, 0);
+	t_expect(a, NULL, 1, 0, NULL);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	kill(b1.pid, SIGKILL);
+	assert_int_equal(t_waitpid(b1.pid, &st, 0), b1.pid);
+	/* The peer's death reaches us (the kernel disconnects its QP). */
+	{
+		int64_t end = t_now() + 10 * SEC;
+
+		while (rh(a, "connections_ready") != 0 && t_now() < end)
+			usleep(10000);
+	}
+	assert_int_equal(rh(a, "connections_ready"), 0);
+	/* A PUT now fails: nobody listens there. */
+	t_put(a, ab, "gone", &v, sizeof(v), 2, 0);
+	assert_true(t_wait_cqe(a, NULL, &c, 10 * SEC));
+	assert_int_equal(c.user_data, 2);
+	assert_true(c.res == -EHOSTUNREACH || c.res == -ECONNRESET);
+	start_b(&b2, addr, again);
+	assert_string_equal(addr, again);
+	/* The next PUT calls again. */
+	for (int i = 0; i < 20 && !ok; i++) {
+		t_put(a, ab, "two", &v, sizeof(v), 10 + i, FERRY_SQE_REPLACE);
+		assert_true(t_wait_cqe(a, NULL, &c, 10 * SEC));
+		ok = c.res == 0;
+		if (!ok) {
+			fprintf(stderr, "after the restart: PUT %d: %s\n", i, ferry_strerror(c.res));
+			usleep(50000);
+		}
+	}
+	assert_true(ok);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	kill(b2.pid, SIGKILL);
+	t_waitpid(b2.pid, &st, 0);
+	close(b1.to);
+	close(b1.from);
+	close(b2.to);
+	close(b2.from);
+	ferry_engine_destroy(a);
+}
+
+/* Without RDMA_IP0/1 (not in the guest), every case skips. */
+static int setup(void **state)
+{
+	(void)state;
+	t_log_capture(FERRY_LOG_INFO);
+	return 0;
+}
+
+int main(void)
+{
+	static const struct CMUnitTest cases[] = {
+		cmocka_unit_test_setup(test_sizes, setup),
+		cmocka_unit_test_setup(test_vectored_56, setup),
+		cmocka_unit_test_setup(test_credits, setup),
+		cmocka_unit_test_setup(test_malformed_announce, setup),
+		cmocka_unit_test_setup(test_wrong_secret, setup),
+		cmocka_unit_test_setup(test_forged_auth, setup),
+		cmocka_unit_test_setup(test_kill_reconnect, setup),
+	};
+	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
+
+	if (!a || !z) {
+		printf("test_rdma: SKIP (not in the RDMA test guest: RDMA_IP0/RDMA_IP1 unset, "
+		       "tests/rdma-vm)\n");
+		return 77;
+	}
+	snprintf(ip0, sizeof(ip0), "%s", a);
+	snprintf(ip1, sizeof(ip1), "%s", z);
+	return t_run_cases_apart("test_rdma", cases, sizeof(cases) / sizeof(cases[0]), NULL, NULL);
+}
+
+#else
+
+int main(void)
+{
+	printf("test_rdma: SKIP (this build has no rdma transport: libibverbs-dev, "
+	       "librdmacm-dev)\n");
+	return 77;
+}
+
+#endif
