@@ -189,6 +189,7 @@ static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 	b->ops = ops;
 	b->index = (uint8_t)e->nbackends;
 	b->data = NULL;
+	atomic_init(&b->quiet, false);
 	rc = ops->init(e, b);
 	if (rc)
 		return rc;
@@ -197,6 +198,16 @@ static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 		return rc;
 	}
 	e->nbackends++;
+	e->round_progress[e->nround_progress].fn = ops->progress;
+	e->round_progress[e->nround_progress++].b = b;
+	if (ops->round_end) {
+		e->round_end[e->nround_end].fn = ops->round_end;
+		e->round_end[e->nround_end++].b = b;
+	}
+	if (ops->sqs_drained) {
+		e->round_drained[e->nround_drained].fn = ops->sqs_drained;
+		e->round_drained[e->nround_drained++].b = b;
+	}
 	return 0;
 }
 

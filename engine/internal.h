@@ -590,6 +590,21 @@ struct ferry_engine {
 
 	struct backend backends[ENGINE_MAX_BACKENDS];
 	unsigned nbackends;
+	/*
+	 * The round's hook lists, made as transports are added (add_backend):
+	 * each entry a transport's hook and the transport, only for those that
+	 * have it, in the order of backends[]. A round walks these and nothing
+	 * else (no NULL tests, no ops table loads).
+	 */
+	struct {
+		int (*fn)(struct ferry_engine *e, struct backend *b);
+		struct backend *b;
+	} round_progress[ENGINE_MAX_BACKENDS], round_end[ENGINE_MAX_BACKENDS];
+	struct {
+		void (*fn)(struct ferry_engine *e, struct backend *b);
+		struct backend *b;
+	} round_drained[ENGINE_MAX_BACKENDS];
+	uint8_t nround_progress, nround_end, nround_drained;
 	/* The creation parameters, valid only while backends init (NULL after). */
 	const struct ferry_engine_params *create_params;
 
@@ -632,6 +647,17 @@ static inline uint64_t reactor_now(struct ferry_engine *e)
 int reactor_run_once(struct ferry_engine *e);
 /* True when a round would find work. */
 bool reactor_has_work(struct ferry_engine *e);
+/* Is transport b quiet (transport.h: its round hooks are skipped)? */
+static inline bool backend_quiet(struct backend *b)
+{
+	return atomic_load_explicit(&b->quiet, memory_order_relaxed);
+}
+/* The reactor is about to call another hook of b: its round hooks run again. */
+static inline void backend_busy(struct backend *b)
+{
+	if (atomic_load_explicit(&b->quiet, memory_order_relaxed))
+		atomic_store_explicit(&b->quiet, false, memory_order_relaxed);
+}
 /* Sleep in the io_uring wait until the doorbell, the next deadline, or
  * timeout_ns (< 0 = none). Caller holds progress_busy. */
 void reactor_sleep(struct ferry_engine *e, int64_t timeout_ns);

@@ -30,6 +30,7 @@
 
 #include "internal.h"
 #include "reactor_int.h"
+#include "stream_int.h" /* stream_round_due */
 
 #define MAX_IOV 1024
 
@@ -133,8 +134,10 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	else if (unlikely(op->flags & OP_F_WAIT_PEER))
 		reactor_peer_wait_remove(op);
 	else if (op->state == OP_AWAY && op->peer && op->peer->backend &&
-		 op->peer->backend->ops->forget)
+		 op->peer->backend->ops->forget) {
+		backend_busy(op->peer->backend);
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
+	}
 	if (unlikely(op->flags & OP_F_PINNED)) {
 		memory_unpin(op->segs, op->iovcnt); /* its regions may go now */
 		op->flags &= ~OP_F_PINNED;
@@ -460,8 +463,10 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
 	struct backend *b = peer->backend;
 
 	if (b) {
-		if (b->ops->unresolve)
+		if (b->ops->unresolve) {
+			backend_busy(b);
 			b->ops->unresolve(e, b, peer);
+		}
 		peer->backend = NULL;
 		peer->transport = NULL;
 	}
@@ -479,7 +484,8 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 		for (unsigned i = 0; i < e->nbackends; i++) {
 			struct backend *b = &e->backends[i];
 
-			if (!b->ops->reaching || !b->data || !(rc = b->ops->reaching(e, b, peer)))
+			if (!b->ops->reaching || !b->data ||
+			    (backend_busy(b), !(rc = b->ops->reaching(e, b, peer))))
 				continue;
 			if (rc < 0)
 				return rc;
@@ -491,6 +497,7 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 		for (unsigned i = 0; i < e->nbackends && rc == -EHOSTUNREACH; i++) {
 			if (!e->backends[i].ops->resolve)
 				continue; /* a service (the control plane): it carries no PUT */
+			backend_busy(&e->backends[i]);
 			rc = e->backends[i].ops->resolve(e, &e->backends[i], peer);
 			if (rc == 0)
 				peer->backend = &e->backends[i];
@@ -505,6 +512,7 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 			return -EHOSTUNREACH;
 		}
 	}
+	backend_busy(peer->backend);
 	rc = peer->backend->ops->put(e, peer->backend, op);
 	if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
 		reactor_unresolve(e, peer); /* ask again next time: it may be back */
@@ -989,9 +997,11 @@ void reactor_reap_ring(struct ferry_engine *e)
 		if (bi) {
 			struct backend *b = &e->backends[bi - 1];
 
-			if (bi <= e->nbackends && b->ops->on_cqe)
+			if (bi <= e->nbackends && b->ops->on_cqe) {
+				backend_busy(b);
 				b->ops->on_cqe(e, b, cqe->user_data & ((1ull << 56) - 1), cqe->res,
 					       cqe->flags);
+			}
 		} else if (cqe->user_data == TAG_DOORBELL)
 			e->doorbell_armed = false;
 		else if (cqe->user_data == TAG_TIMEOUT)
@@ -1029,21 +1039,23 @@ int reactor_run_once(struct ferry_engine *e)
 	 */
 	drained = drain_sqs(e, &n);
 	if (n)
-		for (unsigned i = 0; i < e->nbackends; i++)
-			if (e->backends[i].ops->sqs_drained)
-				e->backends[i].ops->sqs_drained(e, &e->backends[i]);
-	for (unsigned i = 0; i < e->nbackends; i++)
-		n += e->backends[i].ops->progress(e, &e->backends[i]);
-	n += stream_round(e);
+		for (unsigned i = 0; i < e->nround_drained; i++)
+			if (!backend_quiet(e->round_drained[i].b))
+				e->round_drained[i].fn(e, e->round_drained[i].b);
+	for (unsigned i = 0; i < e->nround_progress; i++)
+		if (!backend_quiet(e->round_progress[i].b))
+			n += e->round_progress[i].fn(e, e->round_progress[i].b);
+	if (stream_round_due(e))
+		n += stream_round(e);
 	if (unlikely(e->retry_at) && reactor_now(e) >= e->retry_at)
 		n += reactor_retry_peers(e);
 	while (e->timers.n && (op = timer_pop_expired(&e->timers, reactor_now(e)))) {
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
 	}
-	for (unsigned i = 0; i < e->nbackends; i++)
-		if (e->backends[i].ops->round_end)
-			n += e->backends[i].ops->round_end(e, &e->backends[i]);
+	for (unsigned i = 0; i < e->nround_end; i++)
+		if (!backend_quiet(e->round_end[i].b))
+			n += e->round_end[i].fn(e, e->round_end[i].b);
 	cq_flush_wakeups(e);
 	if (atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
 		cq_reap_dead(e, drained);

@@ -109,8 +109,10 @@ void ferry__peer_event(struct ferry_engine *e, const struct backend *from, const
 	for (unsigned i = 0; i < e->nbackends; i++) {
 		struct backend *b = &e->backends[i];
 
-		if (b != from && b->data && b->ops->peer_event)
+		if (b != from && b->data && b->ops->peer_event) {
+			backend_busy(b);
 			b->ops->peer_event(e, b, name, ev, res);
+		}
 	}
 }
 

@@ -82,7 +82,7 @@ bool reactor_has_work(struct ferry_engine *e)
 			return true;
 	}
 	for (unsigned i = 0; i < e->nbackends; i++)
-		if (e->backends[i].ops->has_work(e, &e->backends[i]))
+		if (!backend_quiet(&e->backends[i]) && e->backends[i].ops->has_work(e, &e->backends[i]))
 			return true;
 	if (cq_overflow_can_move(e)) /* only worth a round if a consumer made room */
 		return true;
@@ -229,6 +229,14 @@ int reactor_arm_manual(struct ferry_engine *e)
 		return -EBUSY;
 	}
 	return 0;
+}
+
+void ferry__backend_wake(struct ferry_engine *e, struct backend *b)
+{
+	atomic_thread_fence(memory_order_seq_cst); /* what the caller wrote, then quiet */
+	if (atomic_load_explicit(&b->quiet, memory_order_relaxed))
+		atomic_store_explicit(&b->quiet, false, memory_order_seq_cst);
+	reactor_wake(e);
 }
 
 void reactor_wake(struct ferry_engine *e)

@@ -5,8 +5,9 @@
  * Owns: the stream record, the release sink and the stream table, the
  * small helpers every stream file uses (static inline: they are on the
  * chunk path), and the calls from the chunk path (stream.c) to its cold
- * parts (stream_end.c, stream_accept.c) and back. Everything here runs on
- * the progress side, except the release hook (see stream.c).
+ * parts (stream_end.c, stream_accept.c) and back, and stream_round_due,
+ * the one thing the reactor reads here. Everything here runs on the
+ * progress side, except the release hook (see stream.c).
  */
 #ifndef FERRY_STREAM_INT_H
 #define FERRY_STREAM_INT_H
@@ -107,6 +108,20 @@ struct stream_table {
 	 */
 	uint64_t hint_put, hint_get;
 };
+
+/*
+ * Has stream_round anything to do this round: credit to re-pump, releases
+ * to take, credits to scan, stalled records? The reactor asks before it
+ * calls it (reactor.c includes this header for it alone), so a round with
+ * no stream work costs a few loads, not a call.
+ */
+static inline bool stream_round_due(const struct ferry_engine *e)
+{
+	const struct stream_table *t = e->streams;
+
+	return t->peer_credit_freed || t->dirty || t->stalled ||
+	       atomic_load_explicit(&t->sink->releases, memory_order_relaxed);
+}
 
 static inline uint64_t rec_id(const struct stream *r)
 {

@@ -19,6 +19,7 @@
 #ifndef FERRY_TRANSPORT_H
 #define FERRY_TRANSPORT_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -221,7 +222,38 @@ struct backend {
 	const struct backend_ops *ops;
 	void *data;
 	uint8_t index;
+	/*
+	 * Optional, the transport's "nothing to do here": while it is set, a
+	 * round calls none of the transport's progress, sqs_drained and
+	 * round_end, and reactor_has_work does not ask its has_work (a round
+	 * then costs nothing for a transport that carries nothing). Only the
+	 * transport sets it (progress side, from its own hooks), when those
+	 * hooks would do nothing until it is called for something else. It is
+	 * cleared again (the hooks run from the next round on):
+	 *   - by the reactor, before it calls any other hook of the transport
+	 *     (put, forget, on_cqe, resolve, unresolve, reaching, peer_event);
+	 *   - by ferry__backend_wake(), which any thread calls after it changed
+	 *     what those hooks look at (a release, a connect queued from the
+	 *     application's thread): the transport calls it from its own
+	 *     any-thread entry points.
+	 * A transport that sets quiet makes it race-free: set it, then look
+	 * once more at what other threads write (they write, then wake), and
+	 * clear it if something came. A transport that never sets it (the
+	 * default) has its hooks run every round.
+	 */
+	_Atomic bool quiet;
 };
+
+/*
+ * Any thread: b's round hooks run again (its quiet is cleared), and the
+ * engine's progress side is woken if it sleeps.
+ */
+void ferry__backend_wake(struct ferry_engine *e, struct backend *b);
+/* Progress side, a transport in its own hook: nothing to do until called (see quiet). */
+static inline void ferry__backend_quiet(struct backend *b)
+{
+	atomic_store_explicit(&b->quiet, true, memory_order_seq_cst);
+}
 
 #define ENGINE_MAX_BACKENDS 8
 

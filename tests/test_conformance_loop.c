@@ -10,8 +10,11 @@ static const struct cf_transport cf_loop = {
 	.name = "loop",
 	.far_is_process = false,
 	.progress = FERRY_PROGRESS_THREAD,
-	/* The pool buffer is handed over as is: the receiver's pool is never needed. */
-	.inline_max = 0,
+	/*
+	 * A pool buffer is handed over as is; an iovec of at most 256 B travels
+	 * in its message (into a waiting GET's iovec, else a receiver's block).
+	 */
+	.inline_max = 256,
 	.lends_blocks = true,
 	.rx_full = { CF_RX_TAKES, CF_RX_TAKES, CF_RX_TAKES },
 };
@@ -20,7 +23,7 @@ static const struct cf_transport cf_loop_manual = {
 	.name = "loop",
 	.far_is_process = false,
 	.progress = FERRY_PROGRESS_MANUAL,
-	.inline_max = 0,
+	.inline_max = 256,
 	.lends_blocks = true,
 	.rx_full = { CF_RX_TAKES, CF_RX_TAKES, CF_RX_TAKES },
 };

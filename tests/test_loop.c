@@ -199,6 +199,57 @@ static void test_puts_away_at_silent_peer(void **state)
 	ferry_engine_destroy(b);
 }
 
+/*
+ * A PUT of a small iovec travels in its message: it takes no block of the
+ * sender's pool (here every block of it is the application's), lands in a
+ * GET's iovec that waits, or in a block of the receiver's pool for a GET
+ * that comes later (zero copy or into an iovec).
+ */
+static void test_small_iovec_put_takes_no_block(void **state)
+{
+	struct pair p = mkpair(state, 1u << 20);
+	static struct ferry_buf *held[65536];
+	unsigned nheld = 0;
+	char src[64], dst[64];
+	struct iovec out = { dst, sizeof(dst) };
+	struct ferry_cqe c;
+
+	t_put(p.a, p.to_b, "first", "x", 1, 19, 0); /* the peer is resolved */
+	t_expect(p.a, p.b, 19, 0, NULL);
+	while (nheld < 65536 && ferry_buf_alloc(p.a, 64, &held[nheld]) == 0)
+		nheld++;
+	assert_true(nheld > 0 && nheld < 65536);
+	fill(src, sizeof(src), 7);
+	/* a GET waits: the data goes from the message into its iovec */
+	memset(dst, 0, sizeof(dst));
+	ferry_prep_get(t_sqe(p.b), p.from_a, "waits", &out, 1, 20);
+	t_submit(p.b);
+	t_put(p.a, p.to_b, "waits", src, sizeof(src), 21, 0);
+	t_expect(p.a, p.b, 21, 0, NULL);
+	t_expect(p.b, p.a, 20, 0, &c);
+	assert_int_equal(c.len, sizeof(src));
+	check(dst, sizeof(dst), 7);
+	/* no GET yet: it waits in the receiver's pool, for an iovec or zero copy */
+	t_put(p.a, p.to_b, "later", src, sizeof(src), 22, 0);
+	t_expect(p.a, p.b, 22, 0, NULL);
+	t_put(p.a, p.to_b, "later.zc", src, 17, 23, 0);
+	t_expect(p.a, p.b, 23, 0, NULL);
+	memset(dst, 0, sizeof(dst));
+	ferry_prep_get(t_sqe(p.b), p.from_a, "later", &out, 1, 24);
+	t_submit(p.b);
+	t_expect(p.b, p.a, 24, 0, &c);
+	assert_int_equal(c.len, sizeof(src));
+	check(dst, sizeof(dst), 7);
+	t_get(p.b, p.from_a, "later.zc", NULL, 0, 25, 0, 0);
+	t_expect(p.b, p.a, 25, 0, &c);
+	assert_int_equal(c.len, 17);
+	check(ferry_buf_data(c.buf), 17, 7);
+	assert_int_equal(ferry_buf_release(c.buf), 0);
+	while (nheld)
+		assert_int_equal(ferry_buf_release(held[--nheld]), 0);
+	rmpair(&p);
+}
+
 #define BOTH(t)                                             \
 	cmocka_unit_test_prestate(t, &MANUAL),              \
 	cmocka_unit_test_prestate(t, &THREAD)
@@ -210,6 +261,7 @@ int main(void)
 		BOTH(test_key_scope),
 		BOTH(test_waiters_fifo),
 		BOTH(test_buffer_outlives_owner),
+		BOTH(test_small_iovec_put_takes_no_block),
 		cmocka_unit_test(test_puts_away_at_silent_peer),
 	};
 

@@ -8,8 +8,12 @@
  * A PUT becomes a message taken from the sender's own preallocated set: it
  * travels to the destination's inbox, the destination's reactor hands it to
  * its key table (reactor_deliver), writes the result into it and sends it
- * home, where the sender's reactor completes the op. Data never moves: the
- * message carries the pool buffer, whose memory both engines can read.
+ * home, where the sender's reactor completes the op. A pool buffer's data
+ * never moves: the message carries the buffer, whose memory both engines
+ * can read. A PUT of an iovec of at most LOOP_INLINE_MAX bytes takes no pool
+ * block: its data is copied into the message (iov_put_max), and from there
+ * into a waiting GET's iovec (reactor_deliver_copy), or into a block of the
+ * destination's pool when none waits.
  *
  * Lifetimes: an endpoint is reference counted (its engine, every peer
  * handle resolved to it, every message away from home). Sending into an
@@ -35,6 +39,9 @@
 
 enum { MSG_PUT = 1, MSG_RESULT = 2, MSG_GONE = 3 /* home's engine went; malloc'd */ };
 
+/* A PUT of an iovec up to this size travels in its message (iov_put_max). */
+#define LOOP_INLINE_MAX 256u
+
 struct loop_ep;
 
 struct loop_msg {
@@ -48,8 +55,10 @@ struct loop_msg {
 	struct ferry_buf *buf;
 	uint64_t len;
 	uint16_t key_len;
+	bool inl; /* the data is in data[] (buf is NULL) */
 	char key[FERRY_KEY_MAX];
 	struct loop_msg *free_next;
+	unsigned char data[LOOP_INLINE_MAX];
 };
 
 struct loop_ep {
@@ -287,6 +296,9 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->flags = op->flags & WIRE_F__ALL;
 	m->buf = op->buf;
 	m->len = op->len;
+	m->inl = !op->buf; /* an iovec of at most iov_put_max bytes */
+	if (m->inl)
+		op_gather(op, m->data, op->len);
 	m->key_len = op->key_len;
 	memcpy(m->key, op->key, op->key_len + 1u);
 	ep_ref(self); /* the message holds its home */
@@ -301,14 +313,43 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	return 0;
 }
 
+/*
+ * A PUT whose data is in its message: into a waiting GET's iovec, or into a
+ * block of our pool (a full pool refuses it with -ENOBUFS). Returns its res.
+ */
+static int take_inline(struct ferry_engine *e, struct loop_msg *m, const char *fullkey, size_t n)
+{
+	struct ferry_buf *buf;
+	int rc;
+
+	if (reactor_deliver_copy(e, fullkey, n, m->data, m->len, m->flags))
+		return 0;
+	if (pool_alloc(e->pool, m->len, &buf)) {
+		log_limited(FERRY__LOG_WARN, "loop: engine %s: pool full, refusing a %llu-byte PUT "
+			    "from %s", e->name, (unsigned long long)m->len, m->home->name);
+		return -ENOBUFS;
+	}
+	ferry__payload_copy(buf->data, m->data, m->len);
+	rc = reactor_deliver(e, NULL, fullkey, n, buf, m->len, m->flags);
+	if (rc)
+		pool_free(buf);
+	return rc;
+}
+
 /* A message of another engine asks us to take a PUT. */
 static void take_put(struct ferry_engine *e, struct loop_ep *self, struct loop_msg *m)
 {
 	char fullkey[FULLKEY_MAX];
 	int n = keytable_compose(fullkey, m->key, m->key_len, m->home->name, e->name);
-	int rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, m->buf, m->len, m->flags);
+	int rc;
 
-	if (rc)
+	if (n < 0)
+		rc = n;
+	else if (m->inl)
+		rc = take_inline(e, m, fullkey, (size_t)n);
+	else
+		rc = reactor_deliver(e, NULL, fullkey, (size_t)n, m->buf, m->len, m->flags);
+	if (rc && m->buf)
 		pool_free(m->buf); /* refused: the data dies here */
 	m->buf = NULL;
 	m->res = rc;
@@ -441,7 +482,8 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 	/* Nothing enters the inbox any more: answer what is in it. */
 	while ((m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT && m->home != self) {
-			pool_free(m->buf);
+			if (m->buf)
+				pool_free(m->buf);
 			m->buf = NULL;
 			m->res = -ECONNRESET;
 			m->kind = MSG_RESULT;
@@ -473,6 +515,7 @@ const struct backend_ops ferry__loop_backend = {
 	.resolve = loop_resolve,
 	.unresolve = loop_unresolve,
 	.put = loop_put,
+	.iov_put_max = LOOP_INLINE_MAX,
 	.progress = loop_progress,
 	.has_work = loop_has_work,
 	/* forget: nothing to do, a late result fails its generation check */

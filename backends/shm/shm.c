@@ -390,7 +390,7 @@ static void release_hook(struct ferry_buf *buf, void *ctx)
 	} while (!atomic_compare_exchange_weak_explicit(&st->releases, &head, buf,
 							memory_order_release,
 							memory_order_relaxed));
-	reactor_wake(st->engine);
+	ferry__backend_wake(st->engine, st->b); /* flush_releases runs in a round */
 	atomic_fetch_sub(&c->users, 1);
 }
 
@@ -722,6 +722,17 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 			shm_conn_reap(st, c); /* moves the last one here */
 		else
 			i++;
+	}
+	if (!st->nlive && !(st->nhalf_open | st->nconnecting)) {
+		/*
+		 * Nothing to look at until a connection is made (resolve, put,
+		 * or the listener's completion: each runs after the reactor
+		 * cleared quiet) or a buffer is released (its hook wakes us):
+		 * skip the rounds (transport.h, quiet), then look once more.
+		 */
+		ferry__backend_quiet(b);
+		if (atomic_load(&st->releases))
+			backend_busy(b);
 	}
 	return n;
 }
