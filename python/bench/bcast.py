@@ -25,9 +25,11 @@ An implementation that cannot run here is reported as skipped, with why.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import struct
 import subprocess
+import tempfile
 import sys
 import time
 
@@ -52,9 +54,14 @@ def reader_main(impl, handle, n_total, rank):
             sent, idx = STAMP.unpack_from(data, 0)
             times.append((idx, t))
         close()
-        print(json.dumps({"times": times}), flush=True)
+        out = {"times": times}
     except Exception as e:  # reported by the writer
-        print(json.dumps({"error": repr(e)}), flush=True)
+        out = {"error": repr(e)}
+    # The result goes through a file named by the writer, not the pipe: a
+    # line of 100 KB on stdout came back cut in two once (8 readers).
+    with open(os.environ["BCAST_RESULT_DIR"] + f"/r{rank}.json", "w") as f:
+        json.dump(out, f)
+    print("done", flush=True)
 
 
 def open_reader(impl, handle, rank):
@@ -142,6 +149,8 @@ def run_one(impl, n, size, msgs, gap_us, a):
                                              a.connect_ip or "127.0.0.1")
     total = 2 * msgs
     env = dict(os.environ)
+    resdir = tempfile.mkdtemp(prefix="bcast-")
+    env["BCAST_RESULT_DIR"] = resdir
     if a.remote:
         env["PYFERRY_MQ_IP"] = a.reader_ip or a.connect_ip or "127.0.0.1"
     prefix = ["ip", "netns", "exec", a.reader_netns] if a.reader_netns else []
@@ -170,7 +179,15 @@ def run_one(impl, n, size, msgs, gap_us, a):
         STAMP.pack_into(payload, 0, t, i)
         sent[i] = t
         send(bytes(payload))
-    results = [json.loads(p.stdout.readline() or '{"error": "no result"}') for p in procs]
+    results = []
+    for r, p in enumerate(procs):
+        p.stdout.readline()
+        try:
+            with open(f"{resdir}/r{r}.json") as f:
+                results.append(json.load(f))
+        except (OSError, ValueError) as e:
+            results.append({"error": f"no result from reader {r}: {e}"})
+    shutil.rmtree(resdir, ignore_errors=True)
     for p in procs:
         p.wait(timeout=60)
     close()

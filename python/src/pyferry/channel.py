@@ -73,7 +73,10 @@ class MessageQueue:
             kw = {}
             if self.n_remote_reader > 0 or connect_ip:
                 kw["control"] = f"tcp://{connect_ip or '127.0.0.1'}:0"
-            pool = pool_size or max(64 << 20, max_chunk_bytes * (max_chunks + 2))
+            # twice the window: blocks still held by readers releasing late
+            # and the page allocator's fragmentation (a memfd: pages untouched
+            # cost nothing)
+            pool = pool_size or max(64 << 20, 2 * max_chunk_bytes * (max_chunks + 2))
             engine = Engine(_engine_name("w"), ns=ns, pool_size=pool, **kw)
         self._engine = engine
         window = max_outstanding if max_outstanding is not None else max_chunks
