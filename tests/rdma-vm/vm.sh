@@ -129,6 +129,19 @@ run_guest() {
 		esac
 	done
 	(($#)) || die "run: no command"
+	# The guest's /tmp, /run and /dev/shm are its own tmpfs: a checkout (or
+	# a working folder) under one of them would be invisible there, so it
+	# is shared (a clean clone made by mktemp -d, as CI does).
+	local top
+	top=$(cd "$HERE/../.." && pwd -P)
+	for s in "$top" "$(pwd -P)"; do
+		case $s in
+		/tmp/* | /run/* | /dev/shm/*) ;;
+		*) continue ;;
+		esac
+		[[ $s == "$top" || $s != "$top"/* ]] || continue # inside the checkout
+		[[ " ${shares[*]} " == *" $s "* ]] || shares+=("$s")
+	done
 	s=$(why_not)
 	[[ -z $s ]] || die "cannot run the guest: $s"
 	kver=$(cat "$CACHE/kver")
