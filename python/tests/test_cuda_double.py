@@ -25,7 +25,7 @@ def double(tmp_path_factory):
     if not cc:
         pytest.skip("no C compiler for the CUDA runtime double")
     out = tmp_path_factory.mktemp("cudadouble") / "libcudart_double.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-pthread",
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-fvisibility=hidden", "-pthread", "-D_GNU_SOURCE",
                     "-I", str(ROOT / "engine"), "-o", str(out),
                     str(ROOT / "tests/cuda_double/cudart_double.c")], check=True, timeout=120)
     return str(out)
