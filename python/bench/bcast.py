@@ -45,8 +45,12 @@ def now():
 def reader_main(impl, handle, n_total, rank):
     """A reader process: prints "ready", then one JSON line of (index, time)."""
     try:
-        recv, close = open_reader(impl, handle, rank)
+        recv, close, wait = open_reader(impl, handle, rank)
+        # "ready" once attached, before the reader's own barrier: vLLM's
+        # reader-side wait_until_ready returns only after the writer's has
+        # run, so the writer must not wait for more than the attach.
         print("ready", flush=True)
+        wait()
         times = []
         for _ in range(n_total):
             data = recv()
@@ -68,12 +72,11 @@ def open_reader(impl, handle, rank):
     if impl == "ferry":
         import pyferry
         mq = pyferry.MessageQueue.create_from_handle(handle.encode(), rank)
-        mq.wait_until_ready(timeout=60)
 
         def recv():
             with mq.dequeue_bytes(timeout=60) as b:
                 return bytes(memoryview(b)[:STAMP.size])
-        return recv, mq.close
+        return recv, mq.close, lambda: mq.wait_until_ready(timeout=60)
     if impl == "zmq":
         import zmq
         ctx = zmq.Context()
@@ -85,16 +88,15 @@ def open_reader(impl, handle, rank):
         def recv():
             m = s.recv(copy=False)
             return m.buffer
-        return recv, lambda: (s.close(0), ctx.term())
+        return recv, lambda: (s.close(0), ctx.term()), lambda: None
     if impl == "vllm":
         import pickle
         from vllm.distributed.device_communicators.shm_broadcast import MessageQueue
         mq = MessageQueue.create_from_handle(pickle.loads(bytes.fromhex(handle)), rank)
-        mq.wait_until_ready()
 
         def recv():
             return mq.dequeue(timeout=60)
-        return recv, lambda: None
+        return recv, lambda: None, mq.wait_until_ready
     raise ValueError(impl)
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 import types
 
+import msgpack
 import numpy as np
 import pytest
 
@@ -315,6 +316,65 @@ def test_bad_input_raises_clear_errors(stages, ns):
     c.engine().peer("stage0.rank0")
     p.engine().put("stage1.rank0", "junk", b"not a frame", timeout=5)
     assert c.get("0", "1", "junk") is None and c.health()["get_errors"] == 1
+
+
+class _Received(bytearray):
+    """A received buffer as _payload.decode takes it (buffer, len, release)."""
+    released = False
+
+    def release(self):
+        self.released = True
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 12, 63, 64, 65, 250, 251, 252, 255, 256, 4096,
+                               65000])
+def test_small_bytes_frames_are_the_general_encoders(n, monkeypatch):
+    """The small-bytes path (written from a cached prefix, read by prefix)
+    gives the frame the general encoder gives, byte for byte, and reads back
+    what it wrote; the general decoder reads it too."""
+    data = bytes((i * 7 + n) & 0xFF for i in range(n))
+    fast, fast_size = _payload.encode(data, 1 << 20)
+    general, general_size = _payload.Encoder(1 << 20).encode(data)
+    assert fast == general and fast_size == general_size
+    buf = _Received(fast[0])
+    got, size = _payload.decode(buf)
+    assert isinstance(got, RawPayload) and bytes(got) == data and size == fast_size
+    assert buf.released  # an inline payload is a private copy: the buffer goes back
+    monkeypatch.setattr(_payload, "_decode_small_raw", lambda whole, size: None)
+    got, _ = _payload.decode(_Received(fast[0]))
+    assert bytes(got) == data
+
+
+def test_frames_near_the_small_bytes_form_go_to_the_general_decoder():
+    """Frames that look like the small-bytes form but are not it (a table
+    entry, a cut header, a wrong ext type) are not taken by its reader."""
+    frame = bytearray(_payload.encode(b"x" * 64, 1 << 20)[0][0])
+    ok = _payload._decode_small_raw(memoryview(bytes(frame)), len(frame))
+    assert ok == b"x" * 64
+    wrong_type = bytearray(frame)
+    wrong_type[11] = _payload.EXT_NDARRAY  # the ext's type byte (ext 8: c7, length, type)
+    assert _payload._decode_small_raw(memoryview(bytes(wrong_type)), len(frame)) is None
+    with pytest.raises(_payload.FrameError):
+        _payload.decode(_Received(wrong_type))
+    cut = bytes(frame[:40])  # the header says more than there is
+    assert _payload._decode_small_raw(memoryview(cut), len(cut)) is None
+    with pytest.raises(_payload.FrameError):
+        _payload.decode(_Received(cut))
+    # hostile headers the general decoder meets: FrameError, never another error
+    def frame_of(root):
+        header = b"\x92" + msgpack.packb(root, use_bin_type=True) + msgpack.packb([])
+        return _Received(b"FYC1" + len(header).to_bytes(4, "little") + header)
+    for root in (msgpack.ExtType(_payload.EXT_NDARRAY, msgpack.packb(["zz", [1], None, b"x"])),
+                 msgpack.ExtType(_payload.EXT_NDARRAY, msgpack.packb([None])),
+                 msgpack.ExtType(_payload.EXT_RAW, msgpack.packb(5)),
+                 msgpack.ExtType(_payload.EXT_RAW, msgpack.packb([7])),
+                 msgpack.ExtType(_payload.EXT_TENSOR, msgpack.packb(["float32", [9], None, b"x"]))):
+        with pytest.raises(_payload.FrameError):
+            _payload.decode(frame_of(root))
+    # a segment-carrying frame (its table is not empty) is the general one's
+    seg_parts, _ = _payload.encode(b"y" * 128, 64)
+    seg = b"".join(bytes(x) for x in seg_parts)
+    assert _payload._decode_small_raw(memoryview(seg), len(seg)) is None
 
 
 def test_the_methods_of_upstreams_base(stages):

@@ -35,6 +35,7 @@ the root kind). With copy=True every segment is copied out and the buffer
 is released before decode returns.
 """
 import dataclasses
+import functools
 import struct
 import sys
 import warnings
@@ -186,8 +187,61 @@ def _struct_map(obj, fields):
     return out
 
 
+def _bin_header(n):
+    """msgpack's bin header for n bytes (the form msgpack.packb writes)."""
+    if n < 0x100:
+        return b"\xc4" + n.to_bytes(1, "big")
+    if n < 0x10000:
+        return b"\xc5" + n.to_bytes(2, "big")
+    return b"\xc6" + n.to_bytes(4, "big")
+
+
+_FIXEXT = {1: 0xD4, 2: 0xD5, 4: 0xD6, 8: 0xD7, 16: 0xD8}
+
+
+def _ext_header(code, n):
+    """msgpack's ext header for n bytes of type code (as msgpack.packb)."""
+    fixed = _FIXEXT.get(n)
+    if fixed is not None:
+        return bytes((fixed, code))
+    if n < 0x100:
+        return bytes((0xC7, n, code))
+    if n < 0x10000:
+        return b"\xc8" + n.to_bytes(2, "big") + bytes((code,))
+    return b"\xc9" + n.to_bytes(4, "big") + bytes((code,))
+
+
+# The inline RAW root's header around its bytes: [ExtType(RAW, [None, bin]), []].
+_INLINE_BODY = b"\x92\xc0"   # msgpack [None, ...
+_EMPTY_TABLE = b"\x90"        # msgpack []
+
+
+@functools.lru_cache(maxsize=512)
+def _small_raw_frame(n):
+    """(prefix, suffix, size) of the frame of an n-byte inline bytes root:
+    prefix + the bytes + suffix is byte for byte what Encoder writes."""
+    body_len = 2 + len(_bin_header(n)) + n
+    header_len = 1 + len(_ext_header(EXT_RAW, body_len)) + body_len + 1
+    head_len = 8 + header_len
+    data_start = -(-head_len // ALIGN) * ALIGN
+    prefix = b"".join((_PREFIX.pack(MAGIC, header_len), b"\x92",
+                       _ext_header(EXT_RAW, body_len), _INLINE_BODY, _bin_header(n)))
+    return prefix, _EMPTY_TABLE + _ZEROS[:data_start - head_len], data_start
+
+
+def _encode_small_raw(data):
+    """The frame of a bytes root carried inline (shorter than the segment
+    threshold), written directly from a cached prefix and suffix, without
+    Encoder's packers (the 64 B path's cost: see docs/benchmarks.md)."""
+    prefix, suffix, size = _small_raw_frame(len(data))
+    return [b"".join((prefix, data, suffix))], size
+
+
 def encode(obj, min_segment):
     """(parts, size): the parts of one vectored PUT carrying obj."""
+    t = type(obj)
+    if t is bytes and len(obj) < min_segment and len(obj) < 0xFF00:
+        return _encode_small_raw(obj)
     return Encoder(min_segment).encode(obj)
 
 
@@ -308,6 +362,9 @@ def decode(buf, copy=False):
     whole = memoryview(buf)
     state = None
     try:
+        small = _decode_small_raw(whole, size)
+        if small is not None:  # the inline bytes root: a private copy
+            return RawPayload(None, small), size
         if size < 8:
             raise FrameError(f"a {size}-byte payload is no FerryConnector frame")
         magic, hlen = _PREFIX.unpack_from(whole, 0)
@@ -319,7 +376,13 @@ def decode(buf, copy=False):
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise FrameError(f"bad FerryConnector header: {e}") from None
         state = _Decode(whole, -(-(8 + hlen) // ALIGN) * ALIGN, table, copy)
-        root = state.fill(root, True)
+        try:
+            root = state.fill(root, True)
+        except FrameError:
+            raise
+        except (ValueError, TypeError, AttributeError, IndexError) as e:
+            # a dtype, shape or segment the header names wrongly
+            raise FrameError(f"bad FerryConnector payload: {type(e).__name__}: {e}") from None
         if type(root) is _RootRaw:
             root = RawPayload(buf if root.view else None, root.mem)
     finally:
@@ -327,6 +390,29 @@ def decode(buf, copy=False):
         if state is None or not state.views:
             buf.release()
     return root, size
+
+
+def _decode_small_raw(whole, size):
+    """The bytes of a frame that is exactly what _encode_small_raw writes
+    (an inline bytes root, no segments), or None for any other frame (the
+    general decoder then takes it, and rejects what is malformed). The
+    header's length fixes the payload's to one of four (the ext and bin
+    headers' sizes), each checked against its cached prefix."""
+    if size < 16:
+        return None
+    head = bytes(whole[:24])  # (comparing bytes: a memoryview's == is slow)
+    if head[:4] != MAGIC:
+        return None
+    end = 8 + int.from_bytes(head[4:8], "little")  # the header's end
+    if end > size or whole[end - 1] != 0x90:
+        return None
+    for n in range(end - 16, end - 20, -1):  # end = n + 12 + ext (2-4) + bin (2-3)
+        if 0 <= n < 0xFF00:
+            prefix = _small_raw_frame(n)[0]
+            p = len(prefix)
+            if p + n + 1 == end and head.startswith(prefix):
+                return bytes(whole[p:p + n])
+    return None
 
 
 class _Seg:
@@ -347,8 +433,14 @@ class _RootRaw:
 def _ext(code, data):
     body = msgpack.unpackb(data, raw=False)
     if code == EXT_RAW:
+        if (type(body) is not list or not 1 <= len(body) <= 2 or
+                (body[0] is None) != (len(body) == 2)):
+            raise FrameError("a malformed bytes value in a FerryConnector header")
         return _Seg(code, body[0], inline=body[1] if body[0] is None else None)
     if code in (EXT_NDARRAY, EXT_TENSOR):
+        if (type(body) is not list or len(body) != 4 or type(body[0]) is not str or
+                type(body[1]) is not list):
+            raise FrameError("a malformed array value in a FerryConnector header")
         return _Seg(code, body[2], body[0], body[1], body[3])
     raise FrameError(f"unknown ext type {code} in a FerryConnector header")
 
