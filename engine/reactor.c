@@ -400,6 +400,14 @@ void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int r
 	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
 }
 
+void reactor_put_held(struct ferry_engine *e, struct op *op, uint32_t gen)
+{
+	if (op->gen != gen || op->state != OP_AWAY)
+		return; /* completed meanwhile: a stale answer */
+	timer_del(&e->timers, op);
+	op->flags |= OP_F_HELD;
+}
+
 /* ------------------------------------------------------------------ */
 /* Dispatch                                                            */
 /* ------------------------------------------------------------------ */
@@ -770,6 +778,14 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 
 		if (t == op || t->user_data != target || (t->flags & OP_F_INTERNAL))
 			continue; /* the engine's own ops are not the application's to cancel */
+		if (unlikely(t->state == OP_AWAY && (t->flags & OP_F_HELD))) {
+			/* Its receiver may be reading our memory now: it ends at its RELEASE. */
+			log_info("CANCEL %llx: PUT %llx is being read by its receiver (CUDA IPC): "
+				 "too late to stop it", (unsigned long long)op->user_data,
+				 (unsigned long long)target);
+			res = -EALREADY;
+			break;
+		}
 		if (op_state_pending(t->state)) {
 			op_complete(e, t, -ECANCELED, 0, NULL);
 			res = 0;

@@ -121,6 +121,17 @@ static void put_segs(struct ferry_engine *e, struct ferry_peer *to, const char *
 	t_submit(e);
 }
 
+/* A PUT of one segment (it must outlive the op) with a deadline. */
+static void put_seg_timeout(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+			    const struct ferry_seg *s, uint64_t ud, uint64_t timeout_ns)
+{
+	struct ferry_sqe *sqe = sqe_wait(e);
+
+	ferry_prep_put_segs(sqe, to, key, s, 1, ud);
+	ferry_sqe_set_timeout(sqe, timeout_ns);
+	t_submit(e);
+}
+
 static void get_segs(struct ferry_engine *e, struct ferry_peer *from, const char *key,
 		     const struct ferry_seg *s, unsigned n, uint64_t ud)
 {
@@ -890,16 +901,25 @@ static void test_double_ipc_peer_killed(void **state)
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
 	{
 		static struct ferry_seg s;
-		struct ferry_sqe *sqe = sqe_wait(a);
 
 		s = (struct ferry_seg){ rs, 0, 100000 };
-		ferry_prep_put_segs(sqe, to, "kept", &s, 1, 1);
-		ferry_sqe_set_timeout(sqe, 30 * SEC);
+		put_seg_timeout(a, to, "kept", &s, 1, 1 * SEC);
+	}
+	/*
+	 * Stored there, never read: our memory is still named by it, so the PUT
+	 * stays open past its deadline (1 s: the receiver's RESULT stops it), and
+	 * a CANCEL cannot end it.
+	 */
+	cuda_health_is(a, "ipc_puts", 1);
+	t_expect_none(a, NULL, 1500);
+	{
+		struct ferry_sqe *sqe = sqe_wait(a);
+
+		ferry_prep_cancel(sqe, 1, 2);
 		t_submit(a);
 	}
-	/* Stored there, never read: our memory is still named by it, the PUT stays open. */
-	cuda_health_is(a, "ipc_puts", 1);
-	t_expect_none(a, NULL, 300);
+	t_expect(a, NULL, 2, -EALREADY, NULL);
+	t_expect_none(a, NULL, 50);
 	kill(pid, SIGKILL);
 	assert_int_equal(t_reap(pid), 128 + SIGKILL);
 	t_expect(a, NULL, 1, -ECONNRESET, NULL);
@@ -907,6 +927,89 @@ static void test_double_ipc_peer_killed(void **state)
 	ferry_engine_destroy(a);
 	d_free(src);
 	t_gate_close(&ipc_ready);
+}
+
+/*
+ * The receiver's copy from our device memory takes longer (the double holds
+ * it 1.2 s) than the PUT's deadline (400 ms): the PUT ends with 0 after the
+ * copy, never with -ETIMEDOUT while the receiver reads our memory.
+ */
+static int ipc_slow_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("lb", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *from = t_peer(b, "la");
+	uint8_t *dst = d_malloc(0, 100000);
+	static uint8_t want[100000];
+	struct ferry_region *rd = dev_reg(b, dst, 100000, 0);
+	static struct ferry_seg o;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	int64_t end;
+
+	(void)arg;
+	o = (struct ferry_seg){ rd, 0, 100000 };
+	d_delay(1200000);
+	sqe = t_sqe(b);
+	ferry_prep_get_segs(sqe, from, "slow", &o, 1, 1);
+	ferry_sqe_set_timeout(sqe, 30 * SEC);
+	t_submit(b);
+	t_gate_open(&ipc_ready);
+	/* The copy is under way: the sender may try to cancel its PUT now. */
+	end = t_now() + 10 * SEC;
+	while (t_health_num(b, "\"cuda\":{", "in_flight") != 1 && t_now() < end)
+		usleep(1000);
+	t_gate_open(&ipc_done);
+	t_expect(b, NULL, 1, 0, &c);
+	pattern(want, sizeof(want), 15);
+	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+		return child_failed(__LINE__, 2);
+	t_gate_open(&ipc_ready);
+	ferry_engine_destroy(b);
+	d_free(dst);
+	return 0;
+}
+
+static void test_double_ipc_copy_past_deadline(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	uint8_t *src;
+	struct ferry_region *rs;
+	static struct ferry_seg s;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	int64_t t0;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_done);
+	pid = t_fork(ipc_slow_child, NULL);
+	a = t_engine("la", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "lb");
+	src = d_malloc(0, 100000);
+	pattern(src, 100000, 15);
+	rs = dev_reg(a, src, 100000, 0);
+	s = (struct ferry_seg){ rs, 0, 100000 };
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	t0 = t_now();
+	put_seg_timeout(a, to, "slow", &s, 1, 400 * MS);
+	assert_int_equal(t_gate_wait(&ipc_done, 20000), 0);
+	usleep(50000);
+	sqe = sqe_wait(a);
+	ferry_prep_cancel(sqe, 1, 2); /* the receiver reads our memory: too late */
+	t_submit(a);
+	t_expect(a, NULL, 2, -EALREADY, NULL);
+	t_expect(a, NULL, 1, 0, &c);
+	assert_int_equal(c.len, 100000);
+	assert_true(t_now() - t0 >= 1000 * MS); /* after the receiver's copy */
+	assert_int_equal(t_health_num(a, "\"ops\":{", "timeouts"), 0);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	d_free(src);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_done);
 }
 
 /* Fallbacks: a runtime without IPC stages; a handle that cannot be opened fails that GET once. */
@@ -1022,6 +1125,7 @@ int main(void)
 		cmocka_unit_test(test_double_manual_progress),
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_peer_killed),
+		cmocka_unit_test(test_double_ipc_copy_past_deadline),
 		cmocka_unit_test(test_double_ipc_fallbacks),
 	};
 

@@ -451,8 +451,15 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 		if (!lent_here || d->res > 0 || d->res < -4095)
 			return false;
 		c->puts_taken++;
-		if (d->res == 0 && st->lent_ipc[idx])
-			return true; /* IPC: it ends at the RELEASE (the copy from our memory is done) */
+		if (d->res == 0 && st->lent_ipc[idx]) {
+			/*
+			 * IPC: the receiver holds the descriptor and may copy from our
+			 * memory from now on: no deadline, it ends at the RELEASE.
+			 */
+			if (oi < e->max_ops)
+				reactor_put_held(e, &e->ops[oi], (uint32_t)d->op_cookie);
+			return true;
+		}
 		if (d->res < 0)
 			free_lent(st, idx); /* refused: the block is ours again */
 		if (oi < e->max_ops)
