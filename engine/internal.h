@@ -497,6 +497,14 @@ void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
  * its deadline stops. A stale op is left alone. Reactor only.
  */
 void reactor_put_held(struct ferry_engine *e, struct op *op, uint32_t gen);
+/*
+ * The receiver gave back the descriptor of the AWAY CUDA IPC PUT op
+ * (generation gen) unread, asking for the data again (it cannot open the
+ * handles): op is staged through the pool by the memory domain and sent
+ * again as a plain PUT, with a fresh deadline; an error completes it. A
+ * stale op is left alone. Reactor only.
+ */
+void reactor_put_restage(struct ferry_engine *e, struct op *op, uint32_t gen);
 /* Check a PUT-like SQE and take its buffer: 0, or the op was completed. */
 int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 /* Can a multishot op take one more CQE (flagged MORE) now? */

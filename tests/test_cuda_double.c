@@ -728,7 +728,7 @@ static void test_double_two_processes_shm(void **state)
 
 /* ---- CUDA IPC between processes (the double's handles map a memfd across them) ---- */
 
-static struct t_gate ipc_ready, ipc_done;
+static struct t_gate ipc_ready, ipc_ready2, ipc_done;
 
 /* A child's check failed: said on stderr (the parent sees only the status). */
 static int child_failed(int line, int rc)
@@ -1012,7 +1012,10 @@ static void test_double_ipc_copy_past_deadline(void **state)
 	t_gate_close(&ipc_done);
 }
 
-/* Fallbacks: a runtime without IPC stages; a handle that cannot be opened fails that GET once. */
+/*
+ * Fallbacks: a runtime without IPC stages; a handle that does not open at the
+ * receiver is sent again staged (the GET waiting, or the descriptor stored first).
+ */
 static int ipc_fallback_child(void *arg)
 {
 	struct ferry_engine *b = t_engine("fb", FERRY_PROGRESS_THREAD, 4u << 20);
@@ -1035,20 +1038,48 @@ static int ipc_fallback_child(void *arg)
 	if (t_health_num(b, "\"cuda\":{", "gets") != 1 ||
 	    t_health_num(b, "\"cuda\":{", "ipc_gets") != 0)
 		return child_failed(__LINE__, 3);
-	/* "ipc": the first open fails here (-EIO, the data stays), the next GET takes it. */
+	/*
+	 * "ipc": the handle does not open here (the GET waits when the
+	 * descriptor comes): the descriptor goes back asking for the data, the
+	 * sender stages it through its pool, the same GET takes it.
+	 */
+	t_log_capture(FERRY_LOG_WARN);
 	d_fail("cudaIpcOpenMemHandle", 999, 0, 1);
-	t_gate_open(&ipc_done);
 	get_segs(b, from, "ipc", &o, 1, 2);
-	t_expect(b, NULL, 2, -EIO, NULL);
-	memset(dst, 0, 100000);
-	get_segs(b, from, "ipc", &o, 1, 3);
-	t_expect(b, NULL, 3, 0, &c);
+	t_gate_open(&ipc_done);
+	t_expect(b, NULL, 2, 0, &c);
 	pattern(want, sizeof(want), 7);
 	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
 		return child_failed(__LINE__, 4);
+	if (t_health_num(b, "\"cuda\":{", "ipc_resends") != 1 ||
+	    t_health_num(b, "\"cuda\":{", "gets") != 2 || /* staged, into device memory */
+	    t_health_num(b, "\"cuda\":{", "ipc_gets") != 0 ||
+	    t_health_num(b, "\"cuda\":{", "ipc_opens") != 0 ||
+	    !t_log_seen(FERRY_LOG_WARN, "does not open here", "asked again, staged"))
+		return child_failed(__LINE__, 5);
+	/* "ipc2": the descriptor is stored before the GET comes; the open fails again. */
+	memset(dst, 0, 100000);
+	if (t_gate_wait(&ipc_ready2, 20000))
+		return child_failed(__LINE__, 6);
+	d_fail("cudaIpcOpenMemHandle", 998, 0, 1);
+	get_segs(b, from, "ipc2", &o, 1, 3);
+	t_expect(b, NULL, 3, 0, &c);
+	pattern(want, sizeof(want), 8);
+	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+		return child_failed(__LINE__, 7);
+	if (t_health_num(b, "\"cuda\":{", "ipc_resends") != 2 ||
+	    t_health_num(b, "\"cuda\":{", "gets") != 3)
+		return child_failed(__LINE__, 8);
+	/* "ipc3": the handle opens: by IPC, as before. */
+	get_segs(b, from, "ipc3", &o, 1, 4);
+	t_expect(b, NULL, 4, 0, &c);
+	pattern(want, sizeof(want), 9);
+	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+		return child_failed(__LINE__, 9);
 	if (t_health_num(b, "\"cuda\":{", "ipc_gets") != 1 ||
 	    t_health_num(b, "\"cuda\":{", "ipc_opens") != 1)
-		return child_failed(__LINE__, 5);
+		return child_failed(__LINE__, 10);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 	t_gate_open(&ipc_ready);
 	/* Gone right after the GET: the release queued before its CQE still reaches the sender. */
 	ferry_engine_destroy(b);
@@ -1060,12 +1091,13 @@ static void test_double_ipc_fallbacks(void **state)
 {
 	struct ferry_engine *a;
 	struct ferry_peer *to;
-	uint8_t *s1, *s2;
-	struct ferry_region *r1, *r2;
+	uint8_t *s1, *s2, *s3;
+	struct ferry_region *r1, *r2, *r3;
 	pid_t pid;
 
 	(void)state;
 	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_ready2);
 	t_gate_init(&ipc_done);
 	pid = t_fork(ipc_fallback_child, NULL);
 	a = t_engine("fa", FERRY_PROGRESS_THREAD, 4u << 20);
@@ -1078,7 +1110,9 @@ static void test_double_ipc_fallbacks(void **state)
 	r1 = dev_reg(a, s1, 100000, 0);
 	d_set_ipc(1);
 	r2 = dev_reg(a, s2, 100000, 0);
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_regions"), 1);
+	s3 = d_malloc(0, 300000);
+	r3 = dev_reg(a, s3, 300000, 0);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_regions"), 2);
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
 	{
 		static struct ferry_seg s;
@@ -1091,19 +1125,37 @@ static void test_double_ipc_fallbacks(void **state)
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 0);
 	assert_int_equal(t_gate_wait(&ipc_done, 20000), 0);
 	{
-		static struct ferry_seg s;
+		static struct ferry_seg s[3];
 
-		s = (struct ferry_seg){ r2, 0, 100000 };
-		put_segs(a, to, "ipc", &s, 1, 2, 0, NULL);
-		t_expect(a, NULL, 2, 0, NULL); /* after the second GET's copy */
+		pattern(s3, 300000, 8);
+		pattern(s3 + 100000, 100000, 9);
+		s[0] = (struct ferry_seg){ r2, 0, 100000 };
+		put_segs(a, to, "ipc", &s[0], 1, 2, 0, NULL);
+		t_expect(a, NULL, 2, 0, NULL); /* sent again staged, then taken */
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 1);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 2);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "puts"), 2);
+		s[1] = (struct ferry_seg){ r3, 0, 100000 };
+		put_seg_timeout(a, to, "ipc2", &s[1], 3, 20 * SEC);
+		cuda_health_is(a, "ipc_puts", 2);
+		t_expect_none(a, NULL, 100); /* stored there, not read yet */
+		t_gate_open(&ipc_ready2);
+		t_expect(a, NULL, 3, 0, NULL);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 2);
+		s[2] = (struct ferry_seg){ r3, 100000, 100000 };
+		put_segs(a, to, "ipc3", &s[2], 1, 4, 0, NULL);
+		t_expect(a, NULL, 4, 0, NULL);
 	}
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 3);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 2);
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
 	assert_int_equal(t_reap(pid), 0);
 	ferry_engine_destroy(a);
 	d_free(s1);
 	d_free(s2);
+	d_free(s3);
 	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_ready2);
 	t_gate_close(&ipc_done);
 }
 
