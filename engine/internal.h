@@ -226,6 +226,14 @@ static inline bool op_state_pending(uint8_t state)
 #define OP_F_WAIT_PEER (1u << 28)
 #define OP_F_PINNED (1u << 29) /* its segments' regions are pinned (memory_unpin at the end) */
 #define OP_F_DEVICE (1u << 30) /* some of its segments are device memory (the memory domain copies) */
+/*
+ * An AWAY PUT of a CUDA IPC descriptor (WIRE_F_CUDA_IPC) whose receiver
+ * holds the descriptor (its RESULT of 0 came: reactor_put_held): the
+ * receiver may be copying from our device memory, so no deadline and no
+ * CANCEL ends it; its RELEASE does (0), or the loss of the connection
+ * (-ECONNRESET), or the engine's destroy.
+ */
+#define OP_F_HELD (1u << 31)
 
 struct key_entry;
 
@@ -483,6 +491,20 @@ static inline uint64_t sqe_payload_len(const struct ferry_sqe *sqe)
 					     : iov_total(sqe->iov, sqe->iovcnt);
 }
 void op_arm_deadline(struct ferry_engine *e, struct op *op, uint64_t timeout_ns);
+/*
+ * The receiver holds the data of the AWAY PUT op (generation gen) and reads
+ * it in place until it gives it back (a CUDA IPC descriptor: OP_F_HELD):
+ * its deadline stops. A stale op is left alone. Reactor only.
+ */
+void reactor_put_held(struct ferry_engine *e, struct op *op, uint32_t gen);
+/*
+ * The receiver gave back the descriptor of the AWAY CUDA IPC PUT op
+ * (generation gen) unread, asking for the data again (it cannot open the
+ * handles): op is staged through the pool by the memory domain and sent
+ * again as a plain PUT, with a fresh deadline; an error completes it. A
+ * stale op is left alone. Reactor only.
+ */
+void reactor_put_restage(struct ferry_engine *e, struct op *op, uint32_t gen);
 /* Check a PUT-like SQE and take its buffer: 0, or the op was completed. */
 int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 /* Can a multishot op take one more CQE (flagged MORE) now? */

@@ -289,6 +289,15 @@ int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *b
 	return b->ops->device_get(e, b, op, buf, len, wflags);
 }
 
+int memory_device_restage(struct ferry_engine *e, struct op *op)
+{
+	struct backend *b = device_domain(e);
+
+	if (!b || !b->ops->device_restage)
+		return -EOPNOTSUPP; /* not reached: no IPC PUT without the domain */
+	return b->ops->device_restage(e, b, op);
+}
+
 int memory_transport_up(struct ferry_engine *e, struct backend *b)
 {
 	int rc;

@@ -156,6 +156,11 @@ int memory_check_pin(struct ferry_engine *e, const struct ferry_sqe *sqe);
 int memory_device_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe);
 int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len,
 		      uint32_t wflags);
+/*
+ * A CUDA IPC PUT whose receiver asked for the data again (reactor_put_restage):
+ * the domain's device_restage. 0 or a negative errno (-EOPNOTSUPP without one).
+ */
+int memory_device_restage(struct ferry_engine *e, struct op *op);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
 /*

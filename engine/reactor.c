@@ -209,8 +209,35 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
  * On true, ownership of buf has moved (to the caller's CQE, or freed after
  * the copy).
  */
+/*
+ * A GET that was handed a CUDA IPC descriptor it cannot read (its handles
+ * do not open here) waits again under its key, first in line, with what
+ * is left of its deadline: the sender was asked (the descriptor's RELEASE)
+ * to send the data again, staged through its pool.
+ */
+static void repark_get(struct ferry_engine *e, struct op *op, const char *fullkey, size_t n)
+{
+	struct key_entry *ke = keytable_get(&e->keys, fullkey, n, keytable_hash(fullkey, n));
+
+	if (!ke) {
+		op_complete(e, op, -ENOSPC, 0, NULL);
+		return;
+	}
+	op->state = OP_PARKED;
+	op->entry = ke;
+	op->prev = NULL;
+	op->next = ke->waiters;
+	if (ke->waiters)
+		ke->waiters->prev = op;
+	else
+		ke->waiters_tail = op;
+	ke->waiters = op;
+	if (op->deadline && op->heap_idx == NO_SLOT)
+		timer_add(&e->timers, op); /* memory_device_get took it out; a passed one fires next round */
+}
+
 static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len,
-			uint32_t wflags)
+			uint32_t wflags, const char *fullkey, size_t fullkey_len)
 {
 	if (unlikely(wflags & WIRE_F_ABORT)) {
 		/* A plain GET of an aborted stream's chunk: the reason, and an error. */
@@ -223,7 +250,14 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 
 		if (op->iovcnt)
 			rc = memory_device_get(e, op, buf, len, wflags);
-		else
+		if (rc == MEMORY_DEVICE_RESEND) {
+			/* Not readable here: the sender is asked to send it again, staged. */
+			buf->flags |= POOL_BUF_F_RESEND;
+			pool_free(buf);
+			repark_get(e, op, fullkey, fullkey_len);
+			return true;
+		}
+		if (!op->iovcnt)
 			log_info("GET %llx: the data is in another process's CUDA device memory: "
 				 "a GET into an iovec or segments takes it, not one for a buffer",
 				 (unsigned long long)op->user_data);
@@ -305,7 +339,7 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 		op->next = op->prev = NULL;
 		op->entry = NULL;
 		op->state = OP_FREE;
-		if (give_to_get(e, op, buf, len, flags)) {
+		if (give_to_get(e, op, buf, len, flags, fullkey, fullkey_len)) {
 			keytable_put(&e->keys, ke);
 			if (flags & WIRE_F_CHUNK)
 				stream_chunk_taken(e, fullkey, fullkey_len, flags);
@@ -398,6 +432,27 @@ void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int r
 		return; /* completed meanwhile (deadline, cancel): a stale ack */
 	op->state = OP_FREE;
 	op_complete(e, op, res, res < 0 ? 0 : op->len, NULL);
+}
+
+void reactor_put_held(struct ferry_engine *e, struct op *op, uint32_t gen)
+{
+	if (op->gen != gen || op->state != OP_AWAY)
+		return; /* completed meanwhile: a stale answer */
+	timer_del(&e->timers, op);
+	op->flags |= OP_F_HELD;
+}
+
+void reactor_put_restage(struct ferry_engine *e, struct op *op, uint32_t gen)
+{
+	int rc;
+
+	if (op->gen != gen || op->state != OP_AWAY)
+		return; /* completed meanwhile: a stale answer */
+	timer_del(&e->timers, op);
+	op->flags &= ~(OP_F_HELD | WIRE_F_CUDA_IPC);
+	op->state = OP_FREE;
+	if ((rc = memory_device_restage(e, op)))
+		op_complete(e, op, rc, 0, NULL);
 }
 
 /* ------------------------------------------------------------------ */
@@ -726,7 +781,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		ke->present = false;
 		STAT_ADD(e->keys.present, (uint32_t)-1);
 		keytable_put(&e->keys, ke);
-		if (unlikely(!give_to_get(e, op, buf, len, wflags))) {
+		if (unlikely(!give_to_get(e, op, buf, len, wflags, fullkey, (size_t)n))) {
 			/* Not taken (a device copy that could not start): it stays under its key. */
 			if ((ke = keytable_get(&e->keys, fullkey, (size_t)n, h))) {
 				ke->buf = buf;
@@ -770,6 +825,14 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 
 		if (t == op || t->user_data != target || (t->flags & OP_F_INTERNAL))
 			continue; /* the engine's own ops are not the application's to cancel */
+		if (unlikely(t->state == OP_AWAY && (t->flags & OP_F_HELD))) {
+			/* Its receiver may be reading our memory now: it ends at its RELEASE. */
+			log_info("CANCEL %llx: PUT %llx is being read by its receiver (CUDA IPC): "
+				 "too late to stop it", (unsigned long long)op->user_data,
+				 (unsigned long long)target);
+			res = -EALREADY;
+			break;
+		}
 		if (op_state_pending(t->state)) {
 			op_complete(e, t, -ECANCELED, 0, NULL);
 			res = 0;

@@ -210,12 +210,19 @@ struct backend_ops {
 	 * WIRE_F_CUDA_IPC in wflags buf is a CUDA IPC descriptor (len: its
 	 * size) and op any GET into an iovec or segments, host or device: the
 	 * domain checks the real length against op->len and copies from the
-	 * sender's device memory.
+	 * sender's device memory; MEMORY_DEVICE_RESEND: the handles cannot be
+	 * opened here and the sender stages on request, nothing was done, buf
+	 * is still the caller's (the engine gives it back with
+	 * POOL_BUF_F_RESEND and parks op again). device_restage: an IPC PUT
+	 * whose receiver asked for it again (reactor_put_restage; op's
+	 * WIRE_F_CUDA_IPC cleared, its caller's wait already met): stage it as
+	 * device_put would, with the same answers.
 	 */
 	int (*device_put)(struct ferry_engine *e, struct backend *b, struct op *op,
 			  const struct ferry_sqe *sqe);
 	int (*device_get)(struct ferry_engine *e, struct backend *b, struct op *op,
 			  struct ferry_buf *buf, uint64_t len, uint32_t wflags);
+	int (*device_restage)(struct ferry_engine *e, struct backend *b, struct op *op);
 };
 
 struct backend {
@@ -300,6 +307,8 @@ int reactor_send(struct ferry_engine *e, struct op *op);
  * fail with res. Progress side only.
  */
 void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int res);
+/* device_get: the CUDA IPC handles do not open here; ask the sender to stage it. */
+#define MEMORY_DEVICE_RESEND 1
 /*
  * The memory domain's device_put is done (res 0: op->buf holds the data):
  * the PUT goes on as any other (to its transport, with its deadline); on

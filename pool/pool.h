@@ -94,6 +94,12 @@ struct ferry_buf {
 /* The handle names memory that is not this pool's (see pool_wrap). */
 #define POOL_BUF_F_FOREIGN (1u << 0)
 /*
+ * A foreign handle freed with this set asks its owner to send the data
+ * again (shm: its RELEASE says so; a CUDA IPC descriptor the receiver
+ * could not open is then sent staged). Set only just before pool_free.
+ */
+#define POOL_BUF_F_RESEND (1u << 1)
+/*
  * A share root (POOL_BUF_ROOT) is the hidden handle that holds a shared
  * block while shared handles are live; it is neither free nor a buffer
  * anyone may free.

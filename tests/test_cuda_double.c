@@ -78,6 +78,39 @@ static struct ferry_region *dev_reg(struct ferry_engine *e, void *p, size_t len,
 	return r;
 }
 
+/*
+ * Two engines of this process, a and b, each with a device allocation of
+ * device 0 registered (d: src_len bytes at a; dst: dst_len at b), and
+ * their peers of each other (to: a's of b; from: b's of a).
+ */
+struct duo {
+	struct ferry_engine *a, *b;
+	struct ferry_peer *to, *from;
+	uint8_t *d, *dst;
+	struct ferry_region *r, *rd;
+};
+
+static void duo_open(struct duo *p, const char *na, const char *nb, enum ferry_progress_mode mode,
+		     size_t pool, size_t src_len, size_t dst_len)
+{
+	p->a = t_engine(na, mode, pool);
+	p->b = t_engine(nb, mode, pool);
+	p->to = t_peer(p->a, nb);
+	p->from = t_peer(p->b, na);
+	p->d = d_malloc(0, src_len);
+	p->dst = d_malloc(0, dst_len);
+	p->r = dev_reg(p->a, p->d, src_len, 0);
+	p->rd = dev_reg(p->b, p->dst, dst_len, 0);
+}
+
+static void duo_close(struct duo *p)
+{
+	ferry_engine_destroy(p->a);
+	ferry_engine_destroy(p->b);
+	d_free(p->d);
+	d_free(p->dst);
+}
+
 static void pattern(uint8_t *p, size_t n, unsigned seed)
 {
 	for (size_t i = 0; i < n; i++)
@@ -118,6 +151,33 @@ static void put_segs(struct ferry_engine *e, struct ferry_peer *to, const char *
 	ferry_prep_put_segs(sqe, to, key, s, n, ud);
 	if (wait_kind)
 		ferry_sqe_set_cuda_wait(sqe, wait_kind, wait);
+	t_submit(e);
+}
+
+/* How much slower the timings of a case are made (valgrind, FERRY_TEST_SLOW): 5, else 1. */
+static int slow(void)
+{
+	return t_under_valgrind() ? 5 : 1;
+}
+
+/*
+ * The connection to a peer of another process made before a case's
+ * deadlines run: a small host PUT (its key stays there, unread).
+ */
+static void warm(struct ferry_engine *e, struct ferry_peer *to, uint64_t ud)
+{
+	t_put(e, to, "warm", "w", 1, ud, FERRY_SQE_WAIT_PEER);
+	t_expect(e, NULL, ud, 0, NULL);
+}
+
+/* A PUT of one segment (it must outlive the op) with a deadline. */
+static void put_seg_timeout(struct ferry_engine *e, struct ferry_peer *to, const char *key,
+			    const struct ferry_seg *s, uint64_t ud, uint64_t timeout_ns)
+{
+	struct ferry_sqe *sqe = sqe_wait(e);
+
+	ferry_prep_put_segs(sqe, to, key, s, 1, ud);
+	ferry_sqe_set_timeout(sqe, timeout_ns);
 	t_submit(e);
 }
 
@@ -194,58 +254,53 @@ static void test_double_device_to_device(void **state)
 /* A device PUT got zero copy (a host buffer); a host PUT into a GET of device memory, both ways. */
 static void test_double_device_and_host(void **state)
 {
-	struct ferry_engine *a = t_engine("ha", FERRY_PROGRESS_THREAD, 8u << 20);
-	struct ferry_engine *b = t_engine("hb", FERRY_PROGRESS_THREAD, 8u << 20);
-	struct ferry_peer *to = t_peer(a, "hb"), *from = t_peer(b, "ha");
-	uint8_t *d = d_malloc(0, 100000), *dst = d_malloc(0, 100000);
+	struct duo p;
 	static uint8_t host[5000];
-	struct ferry_region *r = dev_reg(a, d, 100000, 0), *rd = dev_reg(b, dst, 100000, 0);
-	struct ferry_seg s = { r, 500, 60000 }, o = { rd, 0, 100000 };
 	struct ferry_cqe c;
 
 	(void)state;
-	pattern(d, 100000, 4);
+	duo_open(&p, "ha", "hb", FERRY_PROGRESS_THREAD, 8u << 20, 100000, 100000);
+	struct ferry_seg s = { p.r, 500, 60000 }, o = { p.rd, 0, 100000 };
+
+	pattern(p.d, 100000, 4);
 	pattern(host, sizeof(host), 5);
-	put_segs(a, to, "z", &s, 1, 1, 0, NULL);
-	t_expect(a, NULL, 1, 0, NULL);
-	t_get(b, from, "z", NULL, 0, 2, 0, 0);
-	t_expect(b, NULL, 2, 0, &c);
+	put_segs(p.a, p.to, "z", &s, 1, 1, 0, NULL);
+	t_expect(p.a, NULL, 1, 0, NULL);
+	t_get(p.b, p.from, "z", NULL, 0, 2, 0, 0);
+	t_expect(p.b, NULL, 2, 0, &c);
 	assert_true(c.flags & FERRY_CQE_F_BUF);
 	assert_int_equal(c.len, 60000);
-	assert_memory_equal(ferry_buf_data(c.buf), d + 500, 60000);
+	assert_memory_equal(ferry_buf_data(c.buf), p.d + 500, 60000);
 	ferry_buf_release(c.buf);
 	/* The GET into device memory waits first: the arrival is not copied in place by the host. */
-	get_segs(b, from, "h", &o, 1, 3);
-	t_expect_none(b, NULL, 30);
-	t_put(a, to, "h", host, sizeof(host), 4, 0);
-	t_expect(a, NULL, 4, 0, NULL);
-	t_expect(b, NULL, 3, 0, &c);
+	get_segs(p.b, p.from, "h", &o, 1, 3);
+	t_expect_none(p.b, NULL, 30);
+	t_put(p.a, p.to, "h", host, sizeof(host), 4, 0);
+	t_expect(p.a, NULL, 4, 0, NULL);
+	t_expect(p.b, NULL, 3, 0, &c);
 	assert_int_equal(c.len, sizeof(host));
-	assert_memory_equal(dst, host, sizeof(host));
+	assert_memory_equal(p.dst, host, sizeof(host));
 	/* ... and the data there before the GET. */
-	memset(dst, 0, 100000);
-	t_put(a, to, "h2", host + 1, 4000, 5, 0);
-	t_expect(a, NULL, 5, 0, NULL);
-	get_segs(b, from, "h2", &o, 1, 6);
-	t_expect(b, NULL, 6, 0, &c);
-	assert_memory_equal(dst, host + 1, 4000);
+	memset(p.dst, 0, 100000);
+	t_put(p.a, p.to, "h2", host + 1, 4000, 5, 0);
+	t_expect(p.a, NULL, 5, 0, NULL);
+	get_segs(p.b, p.from, "h2", &o, 1, 6);
+	t_expect(p.b, NULL, 6, 0, &c);
+	assert_memory_equal(p.dst, host + 1, 4000);
 	/* Too small a device destination: -EMSGSIZE, the data stays for a larger GET. */
-	t_put(a, to, "big", host, sizeof(host), 7, 0);
-	t_expect(a, NULL, 7, 0, NULL);
+	t_put(p.a, p.to, "big", host, sizeof(host), 7, 0);
+	t_expect(p.a, NULL, 7, 0, NULL);
 	o.len = 100;
-	get_segs(b, from, "big", &o, 1, 8);
-	t_expect(b, NULL, 8, -EMSGSIZE, &c);
+	get_segs(p.b, p.from, "big", &o, 1, 8);
+	t_expect(p.b, NULL, 8, -EMSGSIZE, &c);
 	assert_int_equal(c.len, sizeof(host));
 	o.len = 100000;
-	get_segs(b, from, "big", &o, 1, 9);
-	t_expect(b, NULL, 9, 0, NULL);
-	assert_memory_equal(dst, host, sizeof(host));
+	get_segs(p.b, p.from, "big", &o, 1, 9);
+	t_expect(p.b, NULL, 9, 0, NULL);
+	assert_memory_equal(p.dst, host, sizeof(host));
 	/* Every byte into device memory went through the domain's copies, none through memcpy. */
-	assert_int_equal(t_health_num(b, "\"cuda\":{", "gets"), 3);
-	ferry_engine_destroy(a);
-	ferry_engine_destroy(b);
-	d_free(d);
-	d_free(dst);
+	assert_int_equal(t_health_num(p.b, "\"cuda\":{", "gets"), 3);
+	duo_close(&p);
 }
 
 /*
@@ -351,59 +406,54 @@ static void test_double_sleeping_reactor_woken(void **state)
 /* Injected errors: at issue (synchronous) and on the "device" (asynchronous), PUT and GET. */
 static void test_double_injected_errors(void **state)
 {
-	struct ferry_engine *a = t_engine("ea", FERRY_PROGRESS_THREAD, 4u << 20);
-	struct ferry_engine *b = t_engine("eb", FERRY_PROGRESS_THREAD, 4u << 20);
-	struct ferry_peer *to = t_peer(a, "eb"), *from = t_peer(b, "ea");
-	uint8_t *d = d_malloc(0, 10000), *dst = d_malloc(0, 10000);
-	struct ferry_region *r = dev_reg(a, d, 10000, 0), *rd = dev_reg(b, dst, 10000, 0);
-	struct ferry_seg s = { r, 0, 10000 }, o = { rd, 0, 10000 };
+	struct duo p;
 	static uint8_t host[10000];
 	uint64_t syncs;
 
 	(void)state;
-	pattern(d, 10000, 9);
+	duo_open(&p, "ea", "eb", FERRY_PROGRESS_THREAD, 4u << 20, 10000, 10000);
+	struct ferry_seg s = { p.r, 0, 10000 }, o = { p.rd, 0, 10000 };
+
+	pattern(p.d, 10000, 9);
 	t_log_capture(FERRY_LOG_ERROR);
 	/* The copy cannot be queued: -EIO, logged, the pool block back. */
 	d_fail("cudaMemcpyAsync", 700, 0, 1);
-	put_segs(a, to, "e1", &s, 1, 1, 0, NULL);
-	t_expect(a, NULL, 1, -EIO, NULL);
+	put_segs(p.a, p.to, "e1", &s, 1, 1, 0, NULL);
+	t_expect(p.a, NULL, 1, -EIO, NULL);
 	assert_true(t_log_seen(FERRY_LOG_ERROR, "device copy could not be queued", NULL));
-	assert_int_equal(t_health_num(a, "\"pool\":{", "bytes_in_use"), 0);
+	assert_int_equal(t_health_num(p.a, "\"pool\":{", "bytes_in_use"), 0);
 	/* The copy fails on the device: the PUT ends with -EIO when its event says so. */
 	d_fail_next_copy(NULL, 719);
-	put_segs(a, to, "e2", &s, 1, 2, 0, NULL);
-	t_expect(a, NULL, 2, -EIO, NULL);
+	put_segs(p.a, p.to, "e2", &s, 1, 2, 0, NULL);
+	t_expect(p.a, NULL, 2, -EIO, NULL);
 	assert_true(t_log_seen(FERRY_LOG_ERROR, "device copy failed", "cuda double error 719"));
 	/* The event cannot be recorded behind queued copies: synchronized once, -EIO. */
 	syncs = d_stat("syncs");
 	d_fail("cudaEventRecord", 1, 0, 1);
-	put_segs(a, to, "e3", &s, 1, 3, 0, NULL);
-	t_expect(a, NULL, 3, -EIO, NULL);
+	put_segs(p.a, p.to, "e3", &s, 1, 3, 0, NULL);
+	t_expect(p.a, NULL, 3, -EIO, NULL);
 	assert_int_equal(d_stat("syncs"), syncs + 1);
-	assert_true(t_health_num(a, "\"cuda\":{", "errors") >= 3);
+	assert_true(t_health_num(p.a, "\"cuda\":{", "errors") >= 3);
 	/* Nothing left behind: the next PUT goes through. */
-	put_segs(a, to, "ok", &s, 1, 4, 0, NULL);
-	t_expect(a, NULL, 4, 0, NULL);
+	put_segs(p.a, p.to, "ok", &s, 1, 4, 0, NULL);
+	t_expect(p.a, NULL, 4, 0, NULL);
 	/* A GET's copy fails on the device: -EIO, the block given back. */
-	t_put(a, to, "g", host, sizeof(host), 5, 0);
-	t_expect(a, NULL, 5, 0, NULL);
+	t_put(p.a, p.to, "g", host, sizeof(host), 5, 0);
+	t_expect(p.a, NULL, 5, 0, NULL);
 	d_fail_next_copy(NULL, 700);
-	get_segs(b, from, "g", &o, 1, 6);
-	t_expect(b, NULL, 6, -EIO, NULL);
-	assert_int_equal(t_health_num(b, "\"pool\":{", "bytes_in_use"), 0);
+	get_segs(p.b, p.from, "g", &o, 1, 6);
+	t_expect(p.b, NULL, 6, -EIO, NULL);
+	assert_int_equal(t_health_num(p.b, "\"pool\":{", "bytes_in_use"), 0);
 	/* A GET whose copy cannot be queued: -EIO, and the data stays for the next GET. */
-	t_put(a, to, "g2", host, sizeof(host), 7, 0);
-	t_expect(a, NULL, 7, 0, NULL);
+	t_put(p.a, p.to, "g2", host, sizeof(host), 7, 0);
+	t_expect(p.a, NULL, 7, 0, NULL);
 	d_fail("cudaMemcpyAsync", 1, 0, 1);
-	get_segs(b, from, "g2", &o, 1, 8);
-	t_expect(b, NULL, 8, -EIO, NULL);
-	get_segs(b, from, "g2", &o, 1, 9);
-	t_expect(b, NULL, 9, 0, NULL);
+	get_segs(p.b, p.from, "g2", &o, 1, 8);
+	t_expect(p.b, NULL, 8, -EIO, NULL);
+	get_segs(p.b, p.from, "g2", &o, 1, 9);
+	t_expect(p.b, NULL, 9, 0, NULL);
 	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
-	ferry_engine_destroy(a);
-	ferry_engine_destroy(b);
-	d_free(d);
-	d_free(dst);
+	duo_close(&p);
 }
 
 /* What is refused, each with its errno and a log line. */
@@ -540,119 +590,103 @@ static void test_double_destroy_in_flight(void **state)
 /* 0 bytes of device memory; 64 device PUTs in flight at once, each taken intact. */
 static void test_double_empty_and_many(void **state)
 {
-	struct ferry_engine *a = t_engine("ma", FERRY_PROGRESS_THREAD, 16u << 20);
-	struct ferry_engine *b = t_engine("mb", FERRY_PROGRESS_THREAD, 16u << 20);
-	struct ferry_peer *to = t_peer(a, "mb"), *from = t_peer(b, "ma");
-	uint8_t *d = d_malloc(0, 64 * 4096), *dst = d_malloc(0, 4096);
-	struct ferry_region *r = dev_reg(a, d, 64 * 4096, 0), *rd = dev_reg(b, dst, 4096, 0);
-	struct ferry_seg s[64], o = { rd, 0, 4096 }, none = { r, 0, 0 };
+	struct duo p;
 	struct ferry_cqe c;
 	char key[16];
 
 	(void)state;
-	pattern(d, 64 * 4096, 12);
-	put_segs(a, to, "empty", &none, 1, 1, 0, NULL);
-	t_expect(a, NULL, 1, 0, &c);
+	duo_open(&p, "ma", "mb", FERRY_PROGRESS_THREAD, 16u << 20, 64 * 4096, 4096);
+	struct ferry_seg s[64], o = { p.rd, 0, 4096 }, none = { p.r, 0, 0 };
+
+	pattern(p.d, 64 * 4096, 12);
+	put_segs(p.a, p.to, "empty", &none, 1, 1, 0, NULL);
+	t_expect(p.a, NULL, 1, 0, &c);
 	assert_int_equal(c.len, 0);
-	get_segs(b, from, "empty", &o, 1, 2);
-	t_expect(b, NULL, 2, 0, &c);
+	get_segs(p.b, p.from, "empty", &o, 1, 2);
+	t_expect(p.b, NULL, 2, 0, &c);
 	assert_int_equal(c.len, 0);
 	d_delay(2000); /* the copies overlap the submissions */
 	for (unsigned i = 0; i < 64; i++) {
-		s[i] = (struct ferry_seg){ r, i * 4096ull, 4096 };
+		s[i] = (struct ferry_seg){ p.r, i * 4096ull, 4096 };
 		snprintf(key, sizeof(key), "m%u", i);
-		put_segs(a, to, key, &s[i], 1, 100 + i, 0, NULL);
+		put_segs(p.a, p.to, key, &s[i], 1, 100 + i, 0, NULL);
 	}
 	for (unsigned i = 0; i < 64; i++)
-		t_expect(a, NULL, 100 + i, 0, NULL); /* in order: one stream, jobs end in order */
+		t_expect(p.a, NULL, 100 + i, 0, NULL); /* in order: one stream, jobs end in order */
 	d_delay(0);
 	for (unsigned i = 0; i < 64; i++) {
 		snprintf(key, sizeof(key), "m%u", i);
-		get_segs(b, from, key, &o, 1, 200 + i);
-		t_expect(b, NULL, 200 + i, 0, NULL);
-		assert_memory_equal(dst, d + i * 4096ull, 4096);
+		get_segs(p.b, p.from, key, &o, 1, 200 + i);
+		t_expect(p.b, NULL, 200 + i, 0, NULL);
+		assert_memory_equal(p.dst, p.d + i * 4096ull, 4096);
 	}
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "in_flight"), 0);
-	ferry_engine_destroy(a);
-	ferry_engine_destroy(b);
-	d_free(d);
-	d_free(dst);
+	assert_int_equal(t_health_num(p.a, "\"cuda\":{", "in_flight"), 0);
+	duo_close(&p);
 }
 
 /* More device PUTs and GETs than jobs (256): the rest wait in order, none fails. */
 static void test_double_more_than_jobs(void **state)
 {
-	struct ferry_engine *a = t_engine("ja", FERRY_PROGRESS_THREAD, 16u << 20);
-	struct ferry_engine *b = t_engine("jb", FERRY_PROGRESS_THREAD, 16u << 20);
-	struct ferry_peer *to = t_peer(a, "jb"), *from = t_peer(b, "ja");
+	struct duo p;
 	const unsigned n = 300;
-	uint8_t *d = d_malloc(0, n * 512), *dst = d_malloc(0, n * 512);
-	struct ferry_region *r = dev_reg(a, d, n * 512, 0), *rd = dev_reg(b, dst, n * 512, 0);
 	static struct ferry_seg s[300], o[300];
 	void *st = NULL;
 	char key[16];
 
 	(void)state;
-	pattern(d, n * 512, 13);
+	duo_open(&p, "ja", "jb", FERRY_PROGRESS_THREAD, 16u << 20, n * 512, n * 512);
+	pattern(p.d, n * 512, 13);
 	/* Every PUT waits for the producer's gated stream: all 300 are in the domain at once. */
 	assert_int_equal(d_stream_create(&st, 1), 0);
 	d_gate_close();
 	assert_int_equal(d_gate(st), 0);
 	for (unsigned i = 0; i < n; i++) {
-		s[i] = (struct ferry_seg){ r, i * 512ull, 512 };
+		s[i] = (struct ferry_seg){ p.r, i * 512ull, 512 };
 		snprintf(key, sizeof(key), "j%u", i);
-		put_segs(a, to, key, &s[i], 1, 1000 + i, FERRY_CUDA_WAIT_STREAM, st);
+		put_segs(p.a, p.to, key, &s[i], 1, 1000 + i, FERRY_CUDA_WAIT_STREAM, st);
 	}
-	cuda_health_is(a, "waiting", n - 256);
-	cuda_health_is(a, "in_flight", 256);
-	t_expect_none(a, NULL, 50);
+	cuda_health_is(p.a, "waiting", n - 256);
+	cuda_health_is(p.a, "in_flight", 256);
+	t_expect_none(p.a, NULL, 50);
 	d_gate_open();
 	for (unsigned i = 0; i < n; i++)
-		t_expect(a, NULL, 1000 + i, 0, NULL);
+		t_expect(p.a, NULL, 1000 + i, 0, NULL);
 	/* And 300 GETs into device memory at once (the data is there: each starts its copy). */
 	for (unsigned i = 0; i < n; i++) {
-		o[i] = (struct ferry_seg){ rd, i * 512ull, 512 };
+		o[i] = (struct ferry_seg){ p.rd, i * 512ull, 512 };
 		snprintf(key, sizeof(key), "j%u", i);
-		get_segs(b, from, key, &o[i], 1, 2000 + i);
+		get_segs(p.b, p.from, key, &o[i], 1, 2000 + i);
 	}
 	for (unsigned i = 0; i < n; i++)
-		t_expect(b, NULL, 2000 + i, 0, NULL);
-	assert_memory_equal(dst, d, n * 512);
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "waiting"), 0);
-	assert_int_equal(t_health_num(b, "\"cuda\":{", "gets"), n);
-	ferry_engine_destroy(a);
-	ferry_engine_destroy(b);
+		t_expect(p.b, NULL, 2000 + i, 0, NULL);
+	assert_memory_equal(p.dst, p.d, n * 512);
+	assert_int_equal(t_health_num(p.a, "\"cuda\":{", "waiting"), 0);
+	assert_int_equal(t_health_num(p.b, "\"cuda\":{", "gets"), n);
+	duo_close(&p);
 	d_stream_destroy(st);
-	d_free(d);
-	d_free(dst);
 }
 
 /* Progress driven by the caller (FERRY_PROGRESS_MANUAL): the same copies, ended by its waits. */
 static void test_double_manual_progress(void **state)
 {
-	struct ferry_engine *a = t_engine("pa", FERRY_PROGRESS_MANUAL, 4u << 20);
-	struct ferry_engine *b = t_engine("pb", FERRY_PROGRESS_MANUAL, 4u << 20);
-	struct ferry_peer *to = t_peer(a, "pb"), *from = t_peer(b, "pa");
-	uint8_t *d = d_malloc(0, 50000), *dst = d_malloc(0, 50000);
-	struct ferry_region *r = dev_reg(a, d, 50000, 0), *rd = dev_reg(b, dst, 50000, 0);
-	struct ferry_seg s = { r, 0, 50000 }, o = { rd, 0, 50000 };
+	struct duo p;
 	struct ferry_cqe c;
 
 	(void)state;
-	pattern(d, 50000, 14);
+	duo_open(&p, "pa", "pb", FERRY_PROGRESS_MANUAL, 4u << 20, 50000, 50000);
+	struct ferry_seg s = { p.r, 0, 50000 }, o = { p.rd, 0, 50000 };
+
+	pattern(p.d, 50000, 14);
 	d_delay(100000); /* 100 ms a copy: several waits of the caller pass before it ends */
-	get_segs(b, from, "m", &o, 1, 2);
-	put_segs(a, to, "m", &s, 1, 1, 0, NULL);
-	t_expect(a, b, 1, 0, &c);
+	get_segs(p.b, p.from, "m", &o, 1, 2);
+	put_segs(p.a, p.to, "m", &s, 1, 1, 0, NULL);
+	t_expect(p.a, p.b, 1, 0, &c);
 	assert_int_equal(c.len, 50000);
-	t_expect(b, a, 2, 0, &c);
+	t_expect(p.b, p.a, 2, 0, &c);
 	assert_int_equal(c.len, 50000);
-	assert_memory_equal(dst, d, 50000);
+	assert_memory_equal(p.dst, p.d, 50000);
 	d_delay(0);
-	ferry_engine_destroy(a);
-	ferry_engine_destroy(b);
-	d_free(d);
-	d_free(dst);
+	duo_close(&p);
 }
 
 /* Two processes over shm: a GET into device memory that waits, a device PUT back. */
@@ -715,9 +749,35 @@ static void test_double_two_processes_shm(void **state)
 	t_gate_close(&shm_ready);
 }
 
+/*
+ * One engine of this process (4 MiB pool, its own thread) with a device
+ * allocation of device 0 registered (mem: len bytes), and its peer called
+ * peer: one side of a case with two processes.
+ */
+struct one {
+	struct ferry_engine *e;
+	struct ferry_peer *peer;
+	uint8_t *mem;
+	struct ferry_region *reg;
+};
+
+static void one_open(struct one *x, const char *name, const char *peer, size_t len)
+{
+	x->e = t_engine(name, FERRY_PROGRESS_THREAD, 4u << 20);
+	x->peer = t_peer(x->e, peer);
+	x->mem = d_malloc(0, len);
+	x->reg = dev_reg(x->e, x->mem, len, 0);
+}
+
+static void one_close(struct one *x)
+{
+	ferry_engine_destroy(x->e);
+	d_free(x->mem);
+}
+
 /* ---- CUDA IPC between processes (the double's handles map a memfd across them) ---- */
 
-static struct t_gate ipc_ready, ipc_done;
+static struct t_gate ipc_ready, ipc_ready2, ipc_done;
 
 /* A child's check failed: said on stderr (the parent sees only the status). */
 static int child_failed(int line, int rc)
@@ -834,8 +894,18 @@ static void test_double_ipc_device_to_device(void **state)
 		snprintf(key, sizeof(key), "k%u", i);
 		put_segs(a, to, key, &segs[i], 1, 1 + i, 0, NULL);
 	}
+	/*
+	 * Each ends at its RELEASE: in any order (releases that queue in one
+	 * round of the receiver go out together, last first).
+	 */
+	unsigned ended = 0;
+
 	for (unsigned i = 0; i < IPC_N; i++) {
-		t_expect(a, NULL, 1 + i, 0, &c);
+		assert_int_equal(t_wait_cqe(a, NULL, &c, 10 * SEC), 1);
+		assert_int_equal(c.res, 0);
+		assert_true(c.user_data >= 1 && c.user_data <= IPC_N);
+		assert_false(ended & (1u << c.user_data));
+		ended |= 1u << c.user_data;
 		assert_int_equal(c.len, IPC_LEN);
 	}
 	/*
@@ -873,83 +943,189 @@ static int ipc_keep_child(void *arg)
 
 static void test_double_ipc_peer_killed(void **state)
 {
-	struct ferry_engine *a;
-	struct ferry_peer *to;
-	uint8_t *src;
-	struct ferry_region *rs;
+	struct one x;
 	pid_t pid;
 
 	(void)state;
 	t_gate_init(&ipc_ready);
 	pid = t_fork(ipc_keep_child, NULL);
-	a = t_engine("ka", FERRY_PROGRESS_THREAD, 4u << 20);
-	to = t_peer(a, "kb");
-	src = d_malloc(0, 100000);
-	pattern(src, 100000, 5);
-	rs = dev_reg(a, src, 100000, 0);
+	one_open(&x, "ka", "kb", 100000);
+	pattern(x.mem, 100000, 5);
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	warm(x.e, x.peer, 9);
 	{
 		static struct ferry_seg s;
-		struct ferry_sqe *sqe = sqe_wait(a);
 
-		s = (struct ferry_seg){ rs, 0, 100000 };
-		ferry_prep_put_segs(sqe, to, "kept", &s, 1, 1);
-		ferry_sqe_set_timeout(sqe, 30 * SEC);
-		t_submit(a);
+		s = (struct ferry_seg){ x.reg, 0, 100000 };
+		put_seg_timeout(x.e, x.peer, "kept", &s, 1, slow() * 1 * SEC);
 	}
-	/* Stored there, never read: our memory is still named by it, the PUT stays open. */
-	cuda_health_is(a, "ipc_puts", 1);
-	t_expect_none(a, NULL, 300);
+	/*
+	 * Stored there, never read: our memory is still named by it, so the PUT
+	 * stays open past its deadline (1 s: the receiver's RESULT stops it), and
+	 * a CANCEL cannot end it.
+	 */
+	cuda_health_is(x.e, "ipc_puts", 1);
+	t_expect_none(x.e, NULL, slow() * 1500);
+	{
+		struct ferry_sqe *sqe = sqe_wait(x.e);
+
+		ferry_prep_cancel(sqe, 1, 2);
+		t_submit(x.e);
+	}
+	t_expect(x.e, NULL, 2, -EALREADY, NULL);
+	t_expect_none(x.e, NULL, 50);
 	kill(pid, SIGKILL);
 	assert_int_equal(t_reap(pid), 128 + SIGKILL);
-	t_expect(a, NULL, 1, -ECONNRESET, NULL);
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 0);
-	ferry_engine_destroy(a);
-	d_free(src);
+	t_expect(x.e, NULL, 1, -ECONNRESET, NULL);
+	assert_int_equal(t_health_num(x.e, "\"cuda\":{", "staged_puts"), 0);
+	one_close(&x);
 	t_gate_close(&ipc_ready);
 }
 
-/* Fallbacks: a runtime without IPC stages; a handle that cannot be opened fails that GET once. */
+/*
+ * The receiver's copy from our device memory takes longer (the double holds
+ * it 1.2 s; 5 times as long under valgrind) than the PUT's deadline (400 ms;
+ * the same): the PUT ends with 0 after the copy, never with -ETIMEDOUT while
+ * the receiver reads our memory.
+ */
+static int ipc_slow_child(void *arg)
+{
+	struct one x;
+	static uint8_t want[100000];
+	static struct ferry_seg o;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	int64_t end;
+
+	(void)arg;
+	one_open(&x, "lb", "la", 100000);
+	o = (struct ferry_seg){ x.reg, 0, 100000 };
+	d_delay(slow() * 1200000);
+	sqe = t_sqe(x.e);
+	ferry_prep_get_segs(sqe, x.peer, "slow", &o, 1, 1);
+	ferry_sqe_set_timeout(sqe, 30 * SEC);
+	t_submit(x.e);
+	t_gate_open(&ipc_ready);
+	/* The copy is under way: the sender may try to cancel its PUT now. */
+	end = t_now() + 10 * SEC;
+	while (t_health_num(x.e, "\"cuda\":{", "in_flight") != 1 && t_now() < end)
+		usleep(1000);
+	t_gate_open(&ipc_done);
+	t_expect(x.e, NULL, 1, 0, &c);
+	pattern(want, sizeof(want), 15);
+	if (c.len != sizeof(want) || memcmp(x.mem, want, sizeof(want)))
+		return child_failed(__LINE__, 2);
+	t_gate_open(&ipc_ready);
+	one_close(&x);
+	return 0;
+}
+
+static void test_double_ipc_copy_past_deadline(void **state)
+{
+	struct one x;
+	static struct ferry_seg s;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	int64_t t0;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_done);
+	pid = t_fork(ipc_slow_child, NULL);
+	one_open(&x, "la", "lb", 100000);
+	pattern(x.mem, 100000, 15);
+	s = (struct ferry_seg){ x.reg, 0, 100000 };
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	warm(x.e, x.peer, 9);
+	t0 = t_now();
+	put_seg_timeout(x.e, x.peer, "slow", &s, 1, slow() * 400 * MS);
+	assert_int_equal(t_gate_wait(&ipc_done, 20000), 0);
+	usleep(50000);
+	sqe = sqe_wait(x.e);
+	ferry_prep_cancel(sqe, 1, 2); /* the receiver reads our memory: too late */
+	t_submit(x.e);
+	t_expect(x.e, NULL, 2, -EALREADY, NULL);
+	t_expect(x.e, NULL, 1, 0, &c);
+	assert_int_equal(c.len, 100000);
+	assert_true(t_now() - t0 >= slow() * 1000 * MS); /* after the receiver's copy */
+	assert_int_equal(t_health_num(x.e, "\"ops\":{", "timeouts"), 0);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	assert_int_equal(t_reap(pid), 0);
+	one_close(&x);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_done);
+}
+
+/*
+ * Fallbacks: a runtime without IPC stages; a handle that does not open at the
+ * receiver is sent again staged (the GET waiting, or the descriptor stored first).
+ */
 static int ipc_fallback_child(void *arg)
 {
-	struct ferry_engine *b = t_engine("fb", FERRY_PROGRESS_THREAD, 4u << 20);
-	struct ferry_peer *from = t_peer(b, "fa");
-	uint8_t *dst = d_malloc(0, 100000);
+	struct one x;
 	static uint8_t want[100000];
-	struct ferry_region *rd = dev_reg(b, dst, 100000, 0);
 	static struct ferry_seg o;
 	struct ferry_cqe c;
 
 	(void)arg;
-	o = (struct ferry_seg){ rd, 0, 100000 };
+	one_open(&x, "fb", "fa", 100000);
+	o = (struct ferry_seg){ x.reg, 0, 100000 };
 	t_gate_open(&ipc_ready);
 	/* "staged": from a sender whose runtime has no IPC. */
-	get_segs(b, from, "staged", &o, 1, 1);
-	t_expect(b, NULL, 1, 0, &c);
+	get_segs(x.e, x.peer, "staged", &o, 1, 1);
+	t_expect(x.e, NULL, 1, 0, &c);
 	pattern(want, sizeof(want), 6);
-	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+	if (c.len != sizeof(want) || memcmp(x.mem, want, sizeof(want)))
 		return child_failed(__LINE__, 2);
-	if (t_health_num(b, "\"cuda\":{", "gets") != 1 ||
-	    t_health_num(b, "\"cuda\":{", "ipc_gets") != 0)
+	if (t_health_num(x.e, "\"cuda\":{", "gets") != 1 ||
+	    t_health_num(x.e, "\"cuda\":{", "ipc_gets") != 0)
 		return child_failed(__LINE__, 3);
-	/* "ipc": the first open fails here (-EIO, the data stays), the next GET takes it. */
+	/*
+	 * "ipc": the handle does not open here (the GET waits when the
+	 * descriptor comes): the descriptor goes back asking for the data, the
+	 * sender stages it through its pool, the same GET takes it.
+	 */
+	t_log_capture(FERRY_LOG_WARN);
 	d_fail("cudaIpcOpenMemHandle", 999, 0, 1);
+	get_segs(x.e, x.peer, "ipc", &o, 1, 2);
 	t_gate_open(&ipc_done);
-	get_segs(b, from, "ipc", &o, 1, 2);
-	t_expect(b, NULL, 2, -EIO, NULL);
-	memset(dst, 0, 100000);
-	get_segs(b, from, "ipc", &o, 1, 3);
-	t_expect(b, NULL, 3, 0, &c);
+	t_expect(x.e, NULL, 2, 0, &c);
 	pattern(want, sizeof(want), 7);
-	if (c.len != sizeof(want) || memcmp(dst, want, sizeof(want)))
+	if (c.len != sizeof(want) || memcmp(x.mem, want, sizeof(want)))
 		return child_failed(__LINE__, 4);
-	if (t_health_num(b, "\"cuda\":{", "ipc_gets") != 1 ||
-	    t_health_num(b, "\"cuda\":{", "ipc_opens") != 1)
+	if (t_health_num(x.e, "\"cuda\":{", "ipc_resends") != 1 ||
+	    t_health_num(x.e, "\"cuda\":{", "gets") != 2 || /* staged, into device memory */
+	    t_health_num(x.e, "\"cuda\":{", "ipc_gets") != 0 ||
+	    t_health_num(x.e, "\"cuda\":{", "ipc_opens") != 0 ||
+	    !t_log_seen(FERRY_LOG_WARN, "does not open here", "asked again, staged"))
 		return child_failed(__LINE__, 5);
+	/* "ipc2": the descriptor is stored before the GET comes; the open fails again. */
+	memset(x.mem, 0, 100000);
+	if (t_gate_wait(&ipc_ready2, 20000))
+		return child_failed(__LINE__, 6);
+	d_fail("cudaIpcOpenMemHandle", 998, 0, 1);
+	get_segs(x.e, x.peer, "ipc2", &o, 1, 3);
+	t_expect(x.e, NULL, 3, 0, &c);
+	pattern(want, sizeof(want), 8);
+	if (c.len != sizeof(want) || memcmp(x.mem, want, sizeof(want)))
+		return child_failed(__LINE__, 7);
+	if (t_health_num(x.e, "\"cuda\":{", "ipc_resends") != 2 ||
+	    t_health_num(x.e, "\"cuda\":{", "gets") != 3)
+		return child_failed(__LINE__, 8);
+	/* "ipc3": the handle opens: by IPC, as before. */
+	get_segs(x.e, x.peer, "ipc3", &o, 1, 4);
+	t_expect(x.e, NULL, 4, 0, &c);
+	pattern(want, sizeof(want), 9);
+	if (c.len != sizeof(want) || memcmp(x.mem, want, sizeof(want)))
+		return child_failed(__LINE__, 9);
+	if (t_health_num(x.e, "\"cuda\":{", "ipc_gets") != 1 ||
+	    t_health_num(x.e, "\"cuda\":{", "ipc_opens") != 1)
+		return child_failed(__LINE__, 10);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 	t_gate_open(&ipc_ready);
 	/* Gone right after the GET: the release queued before its CQE still reaches the sender. */
-	ferry_engine_destroy(b);
-	d_free(dst);
+	one_close(&x);
 	return 0;
 }
 
@@ -957,12 +1133,13 @@ static void test_double_ipc_fallbacks(void **state)
 {
 	struct ferry_engine *a;
 	struct ferry_peer *to;
-	uint8_t *s1, *s2;
-	struct ferry_region *r1, *r2;
+	uint8_t *s1, *s2, *s3;
+	struct ferry_region *r1, *r2, *r3;
 	pid_t pid;
 
 	(void)state;
 	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_ready2);
 	t_gate_init(&ipc_done);
 	pid = t_fork(ipc_fallback_child, NULL);
 	a = t_engine("fa", FERRY_PROGRESS_THREAD, 4u << 20);
@@ -975,7 +1152,9 @@ static void test_double_ipc_fallbacks(void **state)
 	r1 = dev_reg(a, s1, 100000, 0);
 	d_set_ipc(1);
 	r2 = dev_reg(a, s2, 100000, 0);
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_regions"), 1);
+	s3 = d_malloc(0, 300000);
+	r3 = dev_reg(a, s3, 300000, 0);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_regions"), 2);
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
 	{
 		static struct ferry_seg s;
@@ -988,19 +1167,37 @@ static void test_double_ipc_fallbacks(void **state)
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 0);
 	assert_int_equal(t_gate_wait(&ipc_done, 20000), 0);
 	{
-		static struct ferry_seg s;
+		static struct ferry_seg s[3];
 
-		s = (struct ferry_seg){ r2, 0, 100000 };
-		put_segs(a, to, "ipc", &s, 1, 2, 0, NULL);
-		t_expect(a, NULL, 2, 0, NULL); /* after the second GET's copy */
+		pattern(s3, 300000, 8);
+		pattern(s3 + 100000, 100000, 9);
+		s[0] = (struct ferry_seg){ r2, 0, 100000 };
+		put_segs(a, to, "ipc", &s[0], 1, 2, 0, NULL);
+		t_expect(a, NULL, 2, 0, NULL); /* sent again staged, then taken */
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 1);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 2);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "puts"), 2);
+		s[1] = (struct ferry_seg){ r3, 0, 100000 };
+		put_seg_timeout(a, to, "ipc2", &s[1], 3, 20 * SEC);
+		cuda_health_is(a, "ipc_puts", 2);
+		t_expect_none(a, NULL, 100); /* stored there, not read yet */
+		t_gate_open(&ipc_ready2);
+		t_expect(a, NULL, 3, 0, NULL);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 2);
+		s[2] = (struct ferry_seg){ r3, 100000, 100000 };
+		put_segs(a, to, "ipc3", &s[2], 1, 4, 0, NULL);
+		t_expect(a, NULL, 4, 0, NULL);
 	}
-	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 3);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 2);
 	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
 	assert_int_equal(t_reap(pid), 0);
 	ferry_engine_destroy(a);
 	d_free(s1);
 	d_free(s2);
+	d_free(s3);
 	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_ready2);
 	t_gate_close(&ipc_done);
 }
 
@@ -1022,6 +1219,7 @@ int main(void)
 		cmocka_unit_test(test_double_manual_progress),
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_peer_killed),
+		cmocka_unit_test(test_double_ipc_copy_past_deadline),
 		cmocka_unit_test(test_double_ipc_fallbacks),
 	};
 

@@ -35,6 +35,10 @@
  * sender pid and handle, closed when the sender's connection is lost, when
  * the cache needs the slot, or at teardown) and copies from the sender's
  * device memory on its own stream; the job's end gives the block back.
+ * A handle that does not open here is no error for a sender that says it
+ * restages (IPC_F_RESTAGE): the engine gives the descriptor back asking
+ * for the data (MEMORY_DEVICE_RESEND), and the sender's domain stages that
+ * PUT through the pool (device_restage) and sends it again.
  * Staging stays for everything else (another host, host segments in the
  * PUT, a runtime without IPC or without the driver's address range, a
  * region whose handle could not be had).
@@ -60,6 +64,10 @@
 #define IPC_CACHE 64    /* handles of other processes open at once */
 #define IPC_MAGIC 0x43495046u
 #define IPC_VERSION 1
+/* ipc_desc.flags: the sender sends the data again, staged, when the receiver's RELEASE asks. */
+#define IPC_F_RESTAGE 1u
+/* put_issue's kind for a restaged IPC PUT: no wait (the caller's was met), not a new PUT. */
+#define CUDA_WAIT_RESTAGE 0xffu
 
 /* One segment of an IPC descriptor: where in which allocation of the sender. */
 struct ipc_seg {
@@ -75,7 +83,7 @@ struct ipc_desc {
 	uint16_t version;
 	uint16_t nseg;
 	int32_t pid;
-	uint32_t resv;
+	uint32_t flags;     /* IPC_F_* */
 	uint64_t total;
 	char sender[FERRY_NAME_MAX];
 	struct ipc_seg seg[];
@@ -128,6 +136,8 @@ struct cuda_svc {
 	_Atomic uint32_t regions;
 	stat_t puts, gets, bytes_d2h, bytes_h2d, errors;
 	stat_t ipc_puts, staged_puts, ipc_gets, ipc_bytes, ipc_opens, ipc_closes;
+	stat_t ipc_resends;  /* receiver: descriptors given back unread, the data asked again staged */
+	stat_t ipc_restaged; /* sender: IPC PUTs sent again staged, at their receiver's request */
 	_Atomic uint32_t ipc_regions, ipc_cached;
 	_Atomic uint64_t callbacks;
 	bool ipc_open_warned;
@@ -484,7 +494,8 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 		job_give_back(s, j);
 		return rc;
 	}
-	STAT_ADD(s->puts, 1);
+	if (kind != CUDA_WAIT_RESTAGE)
+		STAT_ADD(s->puts, 1); /* (a restaged one was counted when it went by IPC) */
 	if (ipc) {
 		STAT_ADD(s->ipc_puts, 1);
 	} else {
@@ -654,6 +665,7 @@ static int ipc_describe(struct cuda_svc *s, struct op *op)
 	d->version = IPC_VERSION;
 	d->nseg = (uint16_t)op->iovcnt;
 	d->pid = (int32_t)getpid();
+	d->flags = IPC_F_RESTAGE;
 	snprintf(d->sender, sizeof(d->sender), "%s", s->e->name);
 	for (uint32_t i = 0; i < op->iovcnt; i++) {
 		const struct ferry_seg *g = &op->segs[i];
@@ -759,7 +771,8 @@ static int ipc_slot(struct cuda_svc *s, const struct cuda_rt *rt, const struct i
 		if (!s->ipc_open_warned) {
 			s->ipc_open_warned = true;
 			log_warn("cuda: engine %s: the CUDA IPC handle of %s (pid %d) could not be "
-				 "opened: %s (its GETs fail with -EIO; said once)", s->e->name,
+				 "opened: %s (its data is asked again, staged through its pool; a "
+				 "sender that cannot fails the GET with -EIO; said once)", s->e->name,
 				 d->sender, (int)d->pid, cuda_rt_strerror(err));
 		}
 		rt->GetLastError();
@@ -929,6 +942,33 @@ out:
 	return rc;
 }
 
+/*
+ * A descriptor's handles, opened (or found in the cache) as it reaches its
+ * GET, before the GET takes a job: 0; MEMORY_DEVICE_RESEND when one does
+ * not open here and its sender restages on request (IPC_F_RESTAGE: the
+ * engine gives the descriptor back asking for the data staged, and the GET
+ * waits for it). Anything else is left to ipc_issue, which says it.
+ */
+static int ipc_probe(struct cuda_svc *s, const struct cuda_rt *rt, const struct op *op,
+		     const struct ferry_buf *buf)
+{
+	struct ipc_desc d;
+	struct ipc_seg seg[IPC_SEGS];
+
+	if (ipc_read(s, op, buf, &d, seg) || d.total > op->len || !(d.flags & IPC_F_RESTAGE))
+		return 0;
+	for (unsigned i = 0; i < d.nseg; i++) {
+		if (ipc_slot(s, rt, &d, &seg[i]) != -EIO)
+			continue;
+		STAT_ADD(s->ipc_resends, 1);
+		log_limited(FERRY__LOG_WARN, "cuda: engine %s: GET %llx: the CUDA IPC handle of %s "
+			    "does not open here: its data is asked again, staged through its pool",
+			    s->e->name, (unsigned long long)op->user_data, d.sender);
+		return MEMORY_DEVICE_RESEND;
+	}
+	return 0;
+}
+
 /* A GET of a CUDA IPC descriptor: the runtime is loaded here if it is not yet. */
 static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 {
@@ -943,6 +983,8 @@ static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 			  (unsigned long long)op->user_data, rt ? "the runtime has no CUDA IPC" : why);
 		return rt ? -EOPNOTSUPP : -ENODEV;
 	}
+	if ((rc = ipc_probe(s, rt, op, buf)))
+		return rc;
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
 		op->buf = buf;
 		op->flags |= WIRE_F_CUDA_IPC; /* (a GET's flags never travel) */
@@ -972,6 +1014,33 @@ static int cuda_device_get(struct ferry_engine *e, struct backend *b, struct op 
 		return 0;
 	}
 	return rc ? rc : get_issue(s, rt, j, op, buf, len);
+}
+
+/*
+ * An IPC PUT whose receiver could not open our handles (its RELEASE asked
+ * for the data again): staged now, with no wait (the caller's was met
+ * before the descriptor went), then sent as a plain PUT.
+ */
+static int cuda_device_restage(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	struct cuda_job *j = NULL;
+	int rc;
+
+	if (!rt)
+		return -ENODEV; /* not reached: the PUT's regions found the runtime */
+	STAT_ADD(s->ipc_restaged, 1);
+	log_info("cuda: engine %s: PUT %llx: %s could not open our CUDA IPC handle: sent again, "
+		 "staged through the pool", e->name, (unsigned long long)op->user_data,
+		 op->peer ? op->peer->name : "?");
+	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		op->chunk = CUDA_WAIT_RESTAGE;
+		op->wish_seq = 0;
+		op_wait_for_job(s, op);
+		return 0;
+	}
+	return rc ? rc : put_issue(s, rt, j, op, CUDA_WAIT_RESTAGE, 0);
 }
 
 /* A job whose event says it is done (res: its result): the op goes on, or ends. */
@@ -1174,7 +1243,7 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			"\"gets\":%llu,\"bytes_d2h\":%llu,\"bytes_h2d\":%llu,\"callbacks\":%llu,"
 			"\"errors\":%llu,\"ipc_regions\":%u,\"ipc_puts\":%llu,\"staged_puts\":%llu,"
 			"\"ipc_gets\":%llu,\"ipc_bytes\":%llu,\"ipc_opens\":%llu,\"ipc_closes\":%llu,"
-			"\"ipc_open\":%u}",
+			"\"ipc_open\":%u,\"ipc_resends\":%llu,\"ipc_restaged\":%llu}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
 			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
@@ -1188,7 +1257,9 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)STAT_GET(s->ipc_gets),
 			(unsigned long long)STAT_GET(s->ipc_bytes),
 			(unsigned long long)STAT_GET(s->ipc_opens),
-			(unsigned long long)STAT_GET(s->ipc_closes), atomic_load(&s->ipc_cached));
+			(unsigned long long)STAT_GET(s->ipc_closes), atomic_load(&s->ipc_cached),
+			(unsigned long long)STAT_GET(s->ipc_resends),
+			(unsigned long long)STAT_GET(s->ipc_restaged));
 }
 
 const struct backend_ops ferry__cuda_backend = {
@@ -1206,4 +1277,5 @@ const struct backend_ops ferry__cuda_backend = {
 	.mem_deregister = cuda_mem_deregister,
 	.device_put = cuda_device_put,
 	.device_get = cuda_device_get,
+	.device_restage = cuda_device_restage,
 };

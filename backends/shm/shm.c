@@ -403,7 +403,8 @@ static int flush_releases(struct ferry_engine *e, struct shm_state *st)
 		struct ferry_buf *buf = list;
 		struct shm_conn *c = buf->release_ctx;
 		struct shm_ctrl d = { .type = SHM_C_RELEASE, .buf_cookie = buf->remote_cookie,
-				      .offset = buf->offset };
+				      .offset = buf->offset,
+				      .res = (buf->flags & POOL_BUF_F_RESEND) ? SHM_RELEASE_RESEND : 0 };
 
 		list = atomic_load_explicit(&buf->release_next, memory_order_relaxed);
 		if (!c->dead && !send_ctrl(e, c, &d) && !c->dead) {
@@ -451,8 +452,15 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 		if (!lent_here || d->res > 0 || d->res < -4095)
 			return false;
 		c->puts_taken++;
-		if (d->res == 0 && st->lent_ipc[idx])
-			return true; /* IPC: it ends at the RELEASE (the copy from our memory is done) */
+		if (d->res == 0 && st->lent_ipc[idx]) {
+			/*
+			 * IPC: the receiver holds the descriptor and may copy from our
+			 * memory from now on: no deadline, it ends at the RELEASE.
+			 */
+			if (oi < e->max_ops)
+				reactor_put_held(e, &e->ops[oi], (uint32_t)d->op_cookie);
+			return true;
+		}
 		if (d->res < 0)
 			free_lent(st, idx); /* refused: the block is ours again */
 		if (oi < e->max_ops)
@@ -496,8 +504,14 @@ static bool take_ctrl(struct ferry_engine *e, struct shm_conn *c, const struct s
 		free_lent(st, idx);
 		if (credit)
 			stream_chunk_released(e, credit);
-		if (ipc && ((ipc & ~SHM_LENT_IPC) >> 32) < e->max_ops)
-			reactor_put_done(e, &e->ops[(ipc & ~SHM_LENT_IPC) >> 32], (uint32_t)ipc, 0);
+		if (ipc && ((ipc & ~SHM_LENT_IPC) >> 32) < e->max_ops) {
+			struct op *op = &e->ops[(ipc & ~SHM_LENT_IPC) >> 32];
+
+			if (d->res == SHM_RELEASE_RESEND) /* not read: the receiver asks for it staged */
+				reactor_put_restage(e, op, (uint32_t)ipc);
+			else
+				reactor_put_done(e, op, (uint32_t)ipc, 0);
+		}
 		return true;
 	}
 	default:

@@ -35,6 +35,13 @@
  * SHM_CAP_RESULT_FREE. SHM_C_RESULT_INLINE: the RESULT of an inline PUT
  * (no block to account for).
  */
+/*
+ * The res of a RELEASE: 0, or SHM_RELEASE_RESEND: the block was given back
+ * unread and its data is wanted again (a CUDA IPC descriptor whose handles
+ * the receiver could not open: the sender sends the data staged).
+ */
+#define SHM_RELEASE_RESEND 1
+
 enum {
 	SHM_D_PUT = 1,
 	SHM_C_RESULT = 2,

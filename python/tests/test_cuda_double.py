@@ -154,3 +154,33 @@ def test_no_cuda_runtime(ns, monkeypatch):
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
+
+
+CONNECTOR_RAW = textwrap.dedent("""
+    import os, pyferry.connector as pc
+    c = pc.FerryConnector({"stage_id": 0, "role": "sender", "namespace": os.environ["NS"],
+                           "pool_size": 1 << 20})
+    # what upstream's KV transfer reads (an instance attribute, through getattr)
+    print("raw", getattr(c, "supports_raw_data", None), pc.FerryConnector.supports_raw_data)
+    c.close()
+""")
+
+
+def test_connector_supports_raw_data_with_cuda(double, ns):
+    """With a CUDA runtime that sees a device (the DOUBLE here): upstream may hand device tensors."""
+    out = run(double, ns, CONNECTOR_RAW)
+    assert "raw True False" in out
+
+
+def test_connector_supports_raw_data_without_cuda(double, ns):
+    """The double with no device, and no runtime at all: bytes, not device tensors."""
+    env = dict(os.environ, FERRY_CUDA_RUNTIME=double, FERRY_CUDA_DOUBLE_DEVICES="0", NS=ns)
+    p = subprocess.run([sys.executable, "-c", CONNECTOR_RAW], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "raw False False" in p.stdout
+    env = dict(os.environ, FERRY_CUDA_RUNTIME="none", NS=ns)
+    p = subprocess.run([sys.executable, "-c", CONNECTOR_RAW], env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "raw False False" in p.stdout

@@ -42,6 +42,7 @@ import threading
 import time
 
 from . import _payload
+from . import cuda as _cuda
 from ._payload import RawPayload, FrameError  # noqa: F401  (public)
 
 __all__ = ["FerryConnector", "RawPayload", "register", "NAME"]
@@ -199,7 +200,11 @@ class FerryConnector(_Base):
         equal to it or starting with it and '_', ':', '/', '#').
     """
 
-    supports_raw_data = True  # tensors and bytes travel raw (no OmniSerializer)
+    # Upstream reads it on the instance (getattr(connector, "supports_raw_data")): its KV
+    # transfer then hands over device tensors (to_gpu_tensor) instead of bytes. Set in
+    # __init__ to whether ferry's CUDA runtime loaded and sees a device (pyferry.cuda);
+    # the class says False, what holds before an instance looked.
+    supports_raw_data = False
 
     def __init__(self, config=None):
         self._closed = True  # until the end of __init__ (close() may run via __del__)
@@ -210,6 +215,7 @@ class FerryConnector(_Base):
             raise TypeError(f"FerryConnector: config must be a dict (the connector's extra), "
                             f"not {type(config).__name__}")
         self.config = config
+        self.supports_raw_data = _cuda.available()
         self.stage_id = config.get("stage_id", -1)
         self.role = config.get("role")
         transport = str(config.get("transport", "shm")).lower()
