@@ -2,7 +2,8 @@
  * bench/bench_base.h - the few helpers every ferry benchmark program uses,
  * JSON or not: dying on an error with the benchmark's name, CHECK, an SQE
  * or death, the cheap decimal keys of the timed and counted loops, and
- * whole reads and writes on the pipe between a benchmark's two processes.
+ * a benchmark's second process with two pipes to it, whole reads and writes
+ * on those pipes, and the child's exit status.
  * bench_util.h (statistics, the JSON writer) includes it; a program that
  * needs no more (count_hop, cpu_gb) includes this alone.
  *
@@ -18,6 +19,8 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ferry.h"
@@ -98,6 +101,39 @@ static inline void read_all(int fd, void *p, size_t n)
 		p = (char *)p + r;
 		n -= (size_t)r;
 	}
+}
+
+/*
+ * A child process joined to this one by two pipes: returns the child's pid
+ * here and 0 in the child; on each side *rfd and *wfd are its own ends (the
+ * other side's are closed, so a side that dies is read as EOF). Dies when
+ * it cannot.
+ */
+static inline pid_t fork_pair(int *rfd, int *wfd)
+{
+	int down[2], up[2]; /* parent -> child, child -> parent */
+	pid_t pid;
+
+	if (pipe(down) || pipe(up))
+		die("pipe", -errno);
+	pid = fork();
+	if (pid < 0)
+		die("fork", -errno);
+	close(pid ? down[0] : down[1]);
+	close(pid ? up[1] : up[0]);
+	*rfd = pid ? up[0] : down[0];
+	*wfd = pid ? down[1] : up[1];
+	return pid;
+}
+
+/* 0 when child pid exited with 0, else 1 (waited for, EINTR retried). */
+static inline int child_status(pid_t pid)
+{
+	int st = 0;
+
+	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+		;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }
 
 #endif

@@ -441,30 +441,20 @@ static void hop_side(bool is_a, const char *how, unsigned n, int rfd, int wfd)
 
 static int hop(const char *how, unsigned n)
 {
-	int ab[2], ba[2], st = 0;
+	int rfd, wfd;
 	pid_t pid;
 
 	if (strcmp(how, "shm") && strcmp(how, "shm_zc") && strcmp(how, "tcp")) {
 		fprintf(stderr, "count_hop: hop shm|shm_zc|tcp N\n");
 		return 2;
 	}
-	if (pipe(ab) || pipe(ba))
-		die("pipe", -errno);
-	pid = fork();
-	if (pid < 0)
-		die("fork", -errno);
+	pid = fork_pair(&rfd, &wfd);
 	if (pid == 0) {
-		close(ab[1]);
-		close(ba[0]);
-		hop_side(false, how, n, ab[0], ba[1]);
+		hop_side(false, how, n, rfd, wfd);
 		_exit(0);
 	}
-	close(ab[0]);
-	close(ba[1]);
-	hop_side(true, how, n, ba[0], ab[1]);
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+	hop_side(true, how, n, rfd, wfd);
+	return child_status(pid);
 }
 
 int main(int argc, char **argv)

@@ -158,7 +158,7 @@ int main(int argc, char **argv)
 	const char *how = argc > 1 ? argv[1] : NULL;
 	uint64_t size = argc > 2 ? strtoull(argv[2], NULL, 10) : 4096;
 	unsigned count = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 8;
-	int ab[2], ba[2], st = 0;
+	int rfd, wfd, st;
 	bool tcp;
 	pid_t pid;
 
@@ -172,20 +172,15 @@ int main(int argc, char **argv)
 	tcp = how && !strcmp(how, "tcp");
 	if (!size || count < 2)
 		die("SIZE and COUNT", -EINVAL);
-	if (pipe(ab) || pipe(ba))
-		die("pipe", -errno);
-	pid = fork();
-	if (pid < 0)
-		die("fork", -errno);
+	pid = fork_pair(&rfd, &wfd);
 	if (pid == 0) {
-		side(false, tcp, size, count, ab[0], ba[1], false);
+		side(false, tcp, size, count, rfd, wfd, false);
 		_exit(0);
 	}
 	/* No argument (./run bench): a short check over shm, its figures not printed. */
-	side(true, tcp, size, count, ba[0], ab[1], how != NULL);
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
+	side(true, tcp, size, count, rfd, wfd, how != NULL);
+	st = child_status(pid);
 	if (!how)
 		printf("{}\n");
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+	return st;
 }
