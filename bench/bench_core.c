@@ -86,15 +86,6 @@ static struct ferry_sq *sq_of(struct ferry_engine *e)
 	return sq;
 }
 
-static struct ferry_sqe *sqe_of(struct ferry_sq *sq)
-{
-	struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
-
-	if (!sqe)
-		die("ferry_sq_get_sqe: ring full", -EAGAIN);
-	return sqe;
-}
-
 /* ------------------------------------------------------------------ */
 /* NOP rate                                                            */
 /* ------------------------------------------------------------------ */
@@ -112,7 +103,7 @@ static double nop_run(struct ferry_engine *e, unsigned batch, uint64_t ops)
 		unsigned got = 0;
 
 		for (unsigned i = 0; i < batch; i++)
-			ferry_prep_nop(sqe_of(sq), ud++);
+			ferry_prep_nop(next_sqe(sq), ud++);
 		ferry_sq_submit(sq);
 		while (got < batch) {
 			int n = ferry_cq_poll(cq, cqes, 64);
@@ -276,15 +267,15 @@ static uint64_t transfer(struct pair *p, uint64_t seq, const struct iovec *put_i
 	bool put_done = false, get_done = false;
 
 	snprintf(key, sizeof(key), "k%llu", (unsigned long long)seq);
-	ferry_prep_get(sqe_of(p->sqb), p->from_a, key, get_iov, get_iov ? 1 : 0, UD_GET | seq);
+	ferry_prep_get(next_sqe(p->sqb), p->from_a, key, get_iov, get_iov ? 1 : 0, UD_GET | seq);
 	ferry_sq_submit(p->sqb);
 	if (p->manual)
 		ferry_progress(p->b); /* park the GET */
 	t0 = now_ns();
 	if (put_iov)
-		ferry_prep_put(sqe_of(p->sqa), p->to_b, key, put_iov, 1, UD_PUT | seq);
+		ferry_prep_put(next_sqe(p->sqa), p->to_b, key, put_iov, 1, UD_PUT | seq);
 	else
-		ferry_prep_put_buf(sqe_of(p->sqa), p->to_b, key, put_buf, UD_PUT | seq);
+		ferry_prep_put_buf(next_sqe(p->sqa), p->to_b, key, put_buf, UD_PUT | seq);
 	ferry_sq_submit(p->sqa);
 	while (!put_done || !get_done) {
 		int n;

@@ -97,25 +97,6 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/*
- * The key of ping-pong round i: prefix + decimal i. snprintf costs ~85 ns a
- * key here (two per hop), which is the harness's time, not the transport's.
- */
-static void key_of(char *out, char prefix, uint64_t i)
-{
-	char digits[24];
-	unsigned n = 0;
-
-	do {
-		digits[n++] = (char)('0' + i % 10);
-		i /= 10;
-	} while (i);
-	*out++ = prefix;
-	while (n)
-		*out++ = digits[--n];
-	*out = '\0';
-}
-
 /* ------------------------------------------------------------------ */
 /* The two processes: commands, shared page, pinning                   */
 /* ------------------------------------------------------------------ */

@@ -195,27 +195,6 @@ static void drive_for(struct ferry_engine *e, uint64_t ns)
 		ferry_progress(e);
 }
 
-/*
- * A key "<prefix><n>" in decimal. The timed loops name their keys with this
- * rather than snprintf, which cost ~0.25 us per key on the test machine
- * (two keys per hop: more than half of what the transport itself spends
- * between reading a frame and sending the answer, docs/benchmarks.md).
- */
-static void key_fmt(char *out, char prefix, uint64_t n)
-{
-	char tmp[24];
-	int len = 0;
-
-	do {
-		tmp[len++] = (char)('0' + n % 10);
-		n /= 10;
-	} while (n);
-	*out++ = prefix;
-	while (len)
-		*out++ = tmp[--len];
-	*out = '\0';
-}
-
 /* PUTs the receiver refused for want of pool room or key slots (sent again). */
 static uint64_t refused_total;
 
@@ -232,7 +211,7 @@ static void child_lat(struct ferry_engine *e, struct ferry_peer *a, const struct
 	char key[32];
 
 	CHECK(ferry_sq_get(e, &sq));
-	key_fmt(key, 'p', 0);
+	key_of(key, 'p', 0);
 	ferry_prep_get(sqe_of(e, sq), a, key, NULL, 0, 1ull << 62);
 	ferry_sq_submit(sq);
 	while (done < c->iters) {
@@ -241,11 +220,11 @@ static void child_lat(struct ferry_engine *e, struct ferry_peer *a, const struct
 		next_cqe(e, &q);
 		if (q.user_data != 1ull << 62)
 			continue; /* our PUTs completing */
-		key_fmt(key, 'r', done);
+		key_of(key, 'r', done);
 		ferry_prep_put(sqe_of(e, sq), a, key, &v, 1, 7);
 		done++;
 		if (done < c->iters) {
-			key_fmt(key, 'p', done);
+			key_of(key, 'p', done);
 			ferry_prep_get(sqe_of(e, sq), a, key, NULL, 0, 1ull << 62);
 		}
 		ferry_sq_submit(sq);
@@ -273,7 +252,7 @@ static void child_bw(struct ferry_engine *e, struct ferry_peer *a, const struct 
 		struct ferry_cqe q;
 
 		while (asked < c->iters && asked - got < c->window) {
-			key_fmt(key, 'b', base + asked);
+			key_of(key, 'b', base + asked);
 			ferry_prep_get(sqe_of(e, sq), a, key, NULL, 0, asked);
 			asked++;
 		}
@@ -383,9 +362,9 @@ static void lat_once(struct pair *p, size_t size, uint64_t n, double *p50, doubl
 		struct ferry_cqe q;
 		uint64_t t0 = now_ns();
 
-		key_fmt(key, 'r', i);
+		key_of(key, 'r', i);
 		ferry_prep_get(sqe_of(p->e, p->sq), p->b, key, NULL, 0, 1ull << 62);
-		key_fmt(key, 'p', i);
+		key_of(key, 'p', i);
 		ferry_prep_put(sqe_of(p->e, p->sq), p->b, key, &v, 1, 5);
 		ferry_sq_submit(p->sq);
 		do
@@ -421,7 +400,7 @@ static double bw_once(struct pair *p, size_t size, uint64_t iters, uint64_t wind
 
 			if (ferry_buf_alloc(p->e, size, &b))
 				break;
-			key_fmt(key, 'b', seq + sent);
+			key_of(key, 'b', seq + sent);
 			ferry_prep_put_buf(sqe_of(p->e, p->sq), p->b, key, b, UD_BW | sent);
 			sent++;
 		}
@@ -440,7 +419,7 @@ static double bw_once(struct pair *p, size_t size, uint64_t iters, uint64_t wind
 
 			while (ferry_buf_alloc(p->e, size, &b))
 				ferry_progress(p->e);
-			key_fmt(key, 'b', seq + i);
+			key_of(key, 'b', seq + i);
 			ferry_prep_put_buf(sqe_of(p->e, p->sq), p->b, key, b, UD_BW | i);
 			refused_total++;
 			continue;

@@ -1,7 +1,8 @@
 /*
- * bench/bench_util.h - what every ferry benchmark shares: progress lines,
- * dying on an error, a watchdog, median/min/max of repetitions, percentiles,
- * and the JSON writer (one document, printed once at the end).
+ * bench/bench_util.h - what the ferry benchmarks that write JSON share, beside
+ * bench_base.h (dying on an error, CHECK, keys, pipes), which it includes:
+ * progress lines, a watchdog, median/min/max of repetitions, percentiles, and
+ * the JSON writer (one document, printed once at the end).
  *
  * Header-only on purpose: every benchmark source is its own program. A benchmark
  * sets `who` (its name, shown on stderr) before it prints anything.
@@ -21,9 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_base.h"
 #include "ferry.h"
-
-static const char *who = "bench";
 
 static uint64_t now_ns(void)
 {
@@ -59,13 +59,6 @@ static void progress(const char *fmt, ...)
 	va_end(ap);
 }
 
-static void die(const char *what, int rc) __attribute__((noreturn));
-static void die(const char *what, int rc)
-{
-	fprintf(stderr, "%s: %s: %s (%s)\n", who, what, ferry_strerror(rc), ferry_err_name(rc));
-	exit(1);
-}
-
 static inline void watchdog_fired(int sig)
 {
 	static const char msg[] = ": did not finish in time (watchdog): killed\n";
@@ -86,13 +79,6 @@ static inline void bench_watchdog(unsigned seconds)
 	signal(SIGALRM, watchdog_fired);
 	alarm(seconds);
 }
-
-#define CHECK(call)                                  \
-	do {                                         \
-		int rc_ = (call);                    \
-		if (rc_ < 0)                         \
-			die(#call, rc_);             \
-	} while (0)
 
 static inline void clobber(void *p)
 {

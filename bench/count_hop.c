@@ -55,22 +55,9 @@
 #define CALLGRIND_ZERO_STATS
 #endif
 
+#include "bench_base.h"
 #include "ferry.h"
 #include "internal.h" /* reactor_has_work, e->ring: the uncounted wait */
-
-static void die(const char *what, int rc) __attribute__((noreturn));
-static void die(const char *what, int rc)
-{
-	fprintf(stderr, "count_hop: %s: %s\n", what, ferry_strerror(rc));
-	exit(1);
-}
-
-#define CHECK(call)                          \
-	do {                                 \
-		int rc_ = (call);            \
-		if (rc_ < 0)                 \
-			die(#call, rc_);     \
-	} while (0)
 
 #define UD_PUT (1ull << 62)
 #define UD_GET (1ull << 61)
@@ -113,31 +100,6 @@ static struct ferry_engine *engine(const char *name, const char *listen)
 	return e;
 }
 
-static struct ferry_sqe *sqe_of(struct ferry_sq *sq)
-{
-	struct ferry_sqe *s = ferry_sq_get_sqe(sq);
-
-	if (!s)
-		die("ferry_sq_get_sqe", -ENOSPC);
-	return s;
-}
-
-/* "k123": a cheap key, as bench_shm makes them. */
-static void key_of(char *out, char prefix, uint64_t i)
-{
-	char d[24];
-	unsigned n = 0;
-
-	do {
-		d[n++] = (char)('0' + i % 10);
-		i /= 10;
-	} while (i);
-	*out++ = prefix;
-	while (n)
-		*out++ = d[--n];
-	*out = '\0';
-}
-
 /* --- in-process ------------------------------------------------------ */
 
 static void inproc(unsigned n, int count)
@@ -163,12 +125,12 @@ static void inproc(unsigned n, int count)
 		if (i == warm && count)
 			window_begin();
 		key_of(key, 'k', i);
-		ferry_prep_get(sqe_of(sqb), from_a, key, &out, 1, UD_GET | i);
+		ferry_prep_get(next_sqe(sqb), from_a, key, &out, 1, UD_GET | i);
 		ferry_sq_submit(sqb);
 		ferry_progress(b); /* the GET waits */
 		if (i >= warm)
 			collect(count);
-		ferry_prep_put(sqe_of(sqa), to_b, key, &in, 1, UD_PUT | i);
+		ferry_prep_put(next_sqe(sqa), to_b, key, &in, 1, UD_PUT | i);
 		ferry_sq_submit(sqa);
 		while (!get_done) {
 			k = ferry_cq_poll(cqa, c, 4);
@@ -228,7 +190,7 @@ static void idle(unsigned n)
 
 	CHECK(ferry_peer_open(a, "idle.b", &to_b));
 	CHECK(ferry_sq_get(a, &sqa));
-	ferry_prep_put(sqe_of(sqa), to_b, "warm", &in, 1, 1);
+	ferry_prep_put(next_sqe(sqa), to_b, "warm", &in, 1, 1);
 	ferry_sq_submit(sqa);
 	while (ferry_cq_poll(ferry_cq_default(a), &c, 1) == 0)
 		ferry_progress(b);
@@ -330,9 +292,9 @@ static void put64(struct side *s, const char *key, uint64_t ud, bool warm)
 			ferry_progress(s->e);
 		CHECK(rc);
 		memcpy(ferry_buf_data(b), s->out, 64);
-		ferry_prep_put_buf(sqe = sqe_of(s->sq), s->peer, key, b, ud);
+		ferry_prep_put_buf(sqe = next_sqe(s->sq), s->peer, key, b, ud);
 	} else {
-		ferry_prep_put(sqe = sqe_of(s->sq), s->peer, key, &s->out_iov, 1, ud);
+		ferry_prep_put(sqe = next_sqe(s->sq), s->peer, key, &s->out_iov, 1, ud);
 	}
 	if (warm) {
 		ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
@@ -342,7 +304,7 @@ static void put64(struct side *s, const char *key, uint64_t ud, bool warm)
 
 static void get64(struct side *s, const char *key, uint64_t ud)
 {
-	ferry_prep_get(sqe_of(s->sq), s->peer, key, s->zc ? NULL : &s->in_iov, s->zc ? 0 : 1, ud);
+	ferry_prep_get(next_sqe(s->sq), s->peer, key, s->zc ? NULL : &s->in_iov, s->zc ? 0 : 1, ud);
 }
 
 /* Take the CQEs that came (counted in s->puts, s->gets). */
@@ -406,34 +368,6 @@ static void b_rounds(struct side *s, uint64_t from, uint64_t to, int count)
 	while (s->puts < to)
 		take(s, c, next_cqes(s->e, c, 8));
 	collect(0);
-}
-
-static void write_all(int fd, const void *p, size_t n)
-{
-	while (n) {
-		ssize_t w = write(fd, p, n);
-
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0)
-			die("write (pipe)", -errno);
-		p = (const char *)p + w;
-		n -= (size_t)w;
-	}
-}
-
-static void read_all(int fd, void *p, size_t n)
-{
-	while (n) {
-		ssize_t r = read(fd, p, n);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			die("read (pipe)", r < 0 ? -errno : -EPIPE);
-		p = (char *)p + r;
-		n -= (size_t)r;
-	}
 }
 
 static void pin(int cpu)
@@ -507,30 +441,20 @@ static void hop_side(bool is_a, const char *how, unsigned n, int rfd, int wfd)
 
 static int hop(const char *how, unsigned n)
 {
-	int ab[2], ba[2], st = 0;
+	int rfd, wfd;
 	pid_t pid;
 
 	if (strcmp(how, "shm") && strcmp(how, "shm_zc") && strcmp(how, "tcp")) {
 		fprintf(stderr, "count_hop: hop shm|shm_zc|tcp N\n");
 		return 2;
 	}
-	if (pipe(ab) || pipe(ba))
-		die("pipe", -errno);
-	pid = fork();
-	if (pid < 0)
-		die("fork", -errno);
+	pid = fork_pair(&rfd, &wfd);
 	if (pid == 0) {
-		close(ab[1]);
-		close(ba[0]);
-		hop_side(false, how, n, ab[0], ba[1]);
+		hop_side(false, how, n, rfd, wfd);
 		_exit(0);
 	}
-	close(ab[0]);
-	close(ba[1]);
-	hop_side(true, how, n, ba[0], ab[1]);
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+	hop_side(true, how, n, rfd, wfd);
+	return child_status(pid);
 }
 
 int main(int argc, char **argv)
@@ -538,6 +462,7 @@ int main(int argc, char **argv)
 	const char *mode = argc > 1 ? argv[1] : "";
 	unsigned n;
 
+	who = "count_hop";
 	alarm(1200); /* a hang ends the program (SIGALRM), also under valgrind */
 	ferry_log_set(getenv("COUNT_HOP_LOG") ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR, NULL, NULL);
 	if (!*mode) { /* ./run bench: a short native check */

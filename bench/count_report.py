@@ -16,19 +16,25 @@ import re
 import sys
 
 
+def dump(path):
+    """(window name, Ir) of one callgrind dump; either is None when it says none."""
+    name, ir = None, None
+    with open(path) as f:
+        for line in f:
+            m = re.match(r"desc: Trigger: Client Request: (\S+)", line)
+            if m:
+                name = m.group(1)
+            m = re.match(r"(?:totals|summary): (\d+)", line)
+            if m:
+                ir = int(m.group(1))
+    return name, ir
+
+
 def dumps(folder):
     """{window name: [Ir, ...]} over every file of folder (one per process)."""
     out = {}
     for path in glob.glob(os.path.join(folder, "cg.*")):
-        name, ir = None, None
-        with open(path) as f:
-            for line in f:
-                m = re.match(r"desc: Trigger: Client Request: (\S+)", line)
-                if m:
-                    name = m.group(1)
-                m = re.match(r"(?:totals|summary): (\d+)", line)
-                if m:
-                    ir = int(m.group(1))
+        name, ir = dump(path)
         if name and ir is not None:
             out.setdefault(name, []).append(ir)
     return out
@@ -71,17 +77,10 @@ def ucx_hop(folder, n):
 
 
 def dumps_of(paths):
+    """{window name: Ir} of the dumps of one process."""
     out = {}
     for path in paths:
-        name, ir = None, None
-        with open(path) as f:
-            for line in f:
-                m = re.match(r"desc: Trigger: Client Request: (\S+)", line)
-                if m:
-                    name = m.group(1)
-                m = re.match(r"(?:totals|summary): (\d+)", line)
-                if m:
-                    ir = int(m.group(1))
+        name, ir = dump(path)
         if name and ir is not None:
             out[name] = ir
     return out

@@ -25,24 +25,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_base.h"
 #include "ferry.h"
 
 #define WINDOW 4u
 #define UD_PUT (1ull << 62)
-
-static void die(const char *what, int rc) __attribute__((noreturn));
-static void die(const char *what, int rc)
-{
-	fprintf(stderr, "cpu_gb: %s: %s\n", what, ferry_strerror(rc));
-	exit(1);
-}
-
-#define CHECK(call)                          \
-	do {                                 \
-		int rc_ = (call);            \
-		if (rc_ < 0)                 \
-			die(#call, rc_);     \
-	} while (0)
 
 static double now_s(void)
 {
@@ -59,29 +46,6 @@ static double cpu_s(void)
 	getrusage(RUSAGE_SELF, &u);
 	return (double)u.ru_utime.tv_sec + (double)u.ru_utime.tv_usec / 1e6 +
 	       (double)u.ru_stime.tv_sec + (double)u.ru_stime.tv_usec / 1e6;
-}
-
-static void xfer(int fd, void *p, size_t n, bool out)
-{
-	while (n) {
-		ssize_t r = out ? write(fd, p, n) : read(fd, p, n);
-
-		if (r < 0 && errno == EINTR)
-			continue;
-		if (r <= 0)
-			die(out ? "write (pipe)" : "read (pipe)", r < 0 ? -errno : -EPIPE);
-		p = (char *)p + r;
-		n -= (size_t)r;
-	}
-}
-
-static struct ferry_sqe *sqe_of(struct ferry_sq *sq)
-{
-	struct ferry_sqe *s = ferry_sq_get_sqe(sq);
-
-	if (!s)
-		die("ferry_sq_get_sqe", -ENOSPC);
-	return s;
 }
 
 static struct ferry_cqe wait_one(struct ferry_engine *e)
@@ -118,8 +82,8 @@ static void side(bool is_a, bool tcp, uint64_t size, unsigned count, int rfd, in
 	CHECK(ferry_sq_get(e, &sq));
 	if (tcp && ferry_engine_address(e, addr, sizeof(addr)) < 0)
 		die("ferry_engine_address", -ENOTCONN);
-	xfer(wfd, addr, sizeof(addr), true);
-	xfer(rfd, addr, sizeof(addr), false);
+	write_all(wfd, addr, sizeof(addr));
+	read_all(rfd, addr, sizeof(addr));
 	if (tcp)
 		CHECK(ferry_peer_set_address(peer, addr));
 	t0 = now_s();
@@ -133,7 +97,7 @@ static void side(bool is_a, bool tcp, uint64_t size, unsigned count, int rfd, in
 				CHECK(ferry_buf_alloc(e, size, &b));
 				memset(ferry_buf_data(b), (int)posted, 64); /* the rest as it is */
 				snprintf(key, sizeof(key), "d%u", posted);
-				ferry_prep_put_buf(s = sqe_of(sq), peer, key, b, UD_PUT | posted);
+				ferry_prep_put_buf(s = next_sqe(sq), peer, key, b, UD_PUT | posted);
 				if (!posted) {
 					ferry_sqe_set_flags(s, FERRY_SQE_WAIT_PEER);
 					ferry_sqe_set_timeout(s, 60ull * 1000000000);
@@ -153,7 +117,7 @@ static void side(bool is_a, bool tcp, uint64_t size, unsigned count, int rfd, in
 
 			while (posted < count && posted - done < WINDOW) {
 				snprintf(key, sizeof(key), "d%u", posted);
-				ferry_prep_get(sqe_of(sq), peer, key, NULL, 0, posted);
+				ferry_prep_get(next_sqe(sq), peer, key, NULL, 0, posted);
 				ferry_sq_submit(sq);
 				posted++;
 			}
@@ -172,7 +136,7 @@ static void side(bool is_a, bool tcp, uint64_t size, unsigned count, int rfd, in
 	if (is_a) {
 		double other[2], gb = (double)size * (count - 1) / 1e9;
 
-		xfer(rfd, other, sizeof(other), false);
+		read_all(rfd, other, sizeof(other));
 		if (other[0] > wall)
 			wall = other[0]; /* b's last GET ends the transfer */
 		if (print)
@@ -184,7 +148,7 @@ static void side(bool is_a, bool tcp, uint64_t size, unsigned count, int rfd, in
 	} else {
 		double mine[2] = { wall, cpu };
 
-		xfer(wfd, mine, sizeof(mine), true);
+		write_all(wfd, mine, sizeof(mine));
 	}
 	ferry_engine_destroy(e);
 }
@@ -194,10 +158,11 @@ int main(int argc, char **argv)
 	const char *how = argc > 1 ? argv[1] : NULL;
 	uint64_t size = argc > 2 ? strtoull(argv[2], NULL, 10) : 4096;
 	unsigned count = argc > 3 ? (unsigned)strtoul(argv[3], NULL, 10) : 8;
-	int ab[2], ba[2], st = 0;
+	int rfd, wfd, st;
 	bool tcp;
 	pid_t pid;
 
+	who = "cpu_gb";
 	alarm(600);
 	ferry_log_set(FERRY_LOG_ERROR, NULL, NULL);
 	if (how && strcmp(how, "tcp") && strcmp(how, "shm")) {
@@ -207,20 +172,15 @@ int main(int argc, char **argv)
 	tcp = how && !strcmp(how, "tcp");
 	if (!size || count < 2)
 		die("SIZE and COUNT", -EINVAL);
-	if (pipe(ab) || pipe(ba))
-		die("pipe", -errno);
-	pid = fork();
-	if (pid < 0)
-		die("fork", -errno);
+	pid = fork_pair(&rfd, &wfd);
 	if (pid == 0) {
-		side(false, tcp, size, count, ab[0], ba[1], false);
+		side(false, tcp, size, count, rfd, wfd, false);
 		_exit(0);
 	}
 	/* No argument (./run bench): a short check over shm, its figures not printed. */
-	side(true, tcp, size, count, ba[0], ab[1], how != NULL);
-	while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-		;
+	side(true, tcp, size, count, rfd, wfd, how != NULL);
+	st = child_status(pid);
 	if (!how)
 		printf("{}\n");
-	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+	return st;
 }

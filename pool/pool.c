@@ -944,6 +944,27 @@ static uint32_t take_handle(struct pool *pool)
 	return idx;
 }
 
+/*
+ * A descriptor taken from the free list made live: pointing at [data, data +
+ * cap) of the region (offset off), len bytes in use, no flags or release
+ * callback; share_root is the block it shares (pool_share) or NULL. Published
+ * LIVE last (release), for pool_free's check from another thread.
+ */
+static inline void buf_set_live(struct ferry_buf *b, struct pool *pool, void *data,
+				uint64_t off, uint64_t len, uint64_t cap, struct ferry_buf *share_root)
+{
+	b->pool = pool;
+	b->data = data;
+	b->offset = off;
+	b->len = len;
+	b->cap = cap;
+	b->flags = 0;
+	b->release_fn = NULL;
+	b->release_ctx = NULL;
+	b->share_root = share_root;
+	atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
+}
+
 int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 {
 	struct ferry_buf *b;
@@ -964,16 +985,7 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 		return err;
 	}
 	b = &pool->bufs[idx];
-	b->pool = pool;
-	b->data = pool->base + off;
-	b->offset = off;
-	b->len = len;
-	b->cap = cap;
-	b->flags = 0;
-	b->release_fn = NULL;
-	b->release_ctx = NULL;
-	b->share_root = NULL;
-	atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
+	buf_set_live(b, pool, pool->base + off, off, len, cap, NULL);
 	*out = b;
 	return 0;
 }
@@ -1104,18 +1116,7 @@ int pool_share(struct ferry_buf *buf, uint32_t n, struct ferry_buf **out)
 	atomic_store_explicit(&buf->share_refs, n, memory_order_relaxed);
 	atomic_store_explicit(&buf->state, POOL_BUF_ROOT, memory_order_release);
 	for (i = 0; i < n; i++) {
-		struct ferry_buf *b = out[i];
-
-		b->pool = p;
-		b->data = buf->data;
-		b->offset = buf->offset;
-		b->len = buf->len;
-		b->cap = buf->cap;
-		b->flags = 0;
-		b->release_fn = NULL;
-		b->release_ctx = NULL;
-		b->share_root = buf;
-		atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
+		buf_set_live(out[i], p, buf->data, buf->offset, buf->len, buf->cap, buf);
 	}
 	return 0;
 }

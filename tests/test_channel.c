@@ -34,19 +34,12 @@
 
 #include "ferry.h"
 #include "ferry/channel.h"
+#include "chan_helpers.h"
 #include "helpers.h"
 
 #define FAN_MSGS 400
 
 static char handle_path[256];
-
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
 
 static uint64_t seed;
 static size_t big_max;
@@ -54,7 +47,7 @@ static size_t big_max;
 /* Message k: its size, and its bytes (a word per 8 bytes from k and the seed). */
 static size_t msg_len(uint64_t k)
 {
-	uint64_t r = mix(seed ^ (k * 7919));
+	uint64_t r = t_mix(seed ^ (k * 7919));
 
 	if (r % 16 == 0)
 		return (size_t)((r >> 8) % (big_max + 1));
@@ -63,7 +56,7 @@ static size_t msg_len(uint64_t k)
 
 static void msg_fill(uint64_t k, uint8_t *p, size_t len)
 {
-	uint64_t w = mix(seed + k);
+	uint64_t w = t_mix(seed + k);
 	size_t i;
 
 	for (i = 0; i + 8 <= len; i += 8) {
@@ -76,7 +69,7 @@ static void msg_fill(uint64_t k, uint8_t *p, size_t len)
 
 static int msg_check(uint64_t k, const uint8_t *p, size_t len)
 {
-	uint64_t w = mix(seed + k), v;
+	uint64_t w = t_mix(seed + k), v;
 	size_t i;
 
 	if (len != msg_len(k))
@@ -103,35 +96,9 @@ static unsigned fan_msgs(void)
 static void handle_to_file(struct ferry_chan_writer *w)
 {
 	char h[FERRY_CHAN_HANDLE_MAX];
-	FILE *f;
-	int n = ferry_chan_handle(w, h, sizeof(h));
 
-	assert_true(n > 0 && n < (int)sizeof(h));
+	assert_int_equal(t_chan_handle_to_file(w, handle_path, h, sizeof(h)), 0);
 	assert_non_null(strstr(h, "ferrychan1 "));
-	f = fopen(handle_path, "w");
-	assert_non_null(f);
-	fputs(h, f);
-	fclose(f);
-}
-
-static int handle_from_file(char *h, size_t len, int ms)
-{
-	int64_t end = t_now() + ms * MS;
-
-	while (t_now() < end) {
-		FILE *f = fopen(handle_path, "r");
-
-		if (f) {
-			size_t n = fread(h, 1, len - 1, f);
-
-			fclose(f);
-			h[n] = 0;
-			if (n > 0 && !strchr(h, '\n'))
-				return 0;
-		}
-		usleep(5000);
-	}
-	return -1;
 }
 
 static enum ferry_progress_mode mode = FERRY_PROGRESS_THREAD;
@@ -175,7 +142,7 @@ static int reader_main(void *arg)
 
 	snprintf(name, sizeof(name), "reader%d", a->id);
 	e = engine(name, 0);
-	if (!e || handle_from_file(h, sizeof(h), 20000))
+	if (!e || t_chan_handle_from_file(handle_path, h, sizeof(h), 20000))
 		return 10;
 	if (ferry_chan_open(e, h, NULL, &r))
 		return 11;
@@ -538,7 +505,7 @@ static void test_writer_killed(void **state)
 	big_max = 0;
 	t_gate_init(&wk_written);
 	pid = t_fork(writer_main, NULL);
-	assert_int_equal(handle_from_file(h, sizeof(h), 20000), 0);
+	assert_int_equal(t_chan_handle_from_file(handle_path, h, sizeof(h), 20000), 0);
 	assert_int_equal(ferry_chan_open(e, h, NULL, &r), 0);
 	for (i = 0; i < 10; i++) {
 		n = ferry_chan_dequeue(r, 20 * SEC, &b, &seq);

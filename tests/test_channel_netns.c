@@ -27,6 +27,7 @@
 
 #include "ferry.h"
 #include "ferry/channel.h"
+#include "chan_helpers.h"
 #include "helpers.h"
 #include "netns.h"
 
@@ -37,25 +38,17 @@
 static char ns_a[32], ns_b[32], dir_a[128], dir_b[128], handle_path[160], ip_a[32], ip_b[32];
 static int net, janitor = -1;
 
-static uint64_t mix(uint64_t x)
-{
-	x += 0x9e3779b97f4a7c15ull;
-	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-	return x ^ (x >> 31);
-}
-
 /* Message k: 0..64 KiB, one in 8 up to 1 MiB; its words from k. */
 static size_t msg_len(uint64_t k)
 {
-	uint64_t r = mix(k * 31 + 5);
+	uint64_t r = t_mix(k * 31 + 5);
 
 	return (size_t)((r >> 8) % ((r % 8 == 0 ? (1u << 20) : (64u << 10)) + 1));
 }
 
 static void msg_fill(uint64_t k, uint8_t *p, size_t len)
 {
-	uint64_t w = mix(k);
+	uint64_t w = t_mix(k);
 	size_t i;
 
 	for (i = 0; i < len; i++) {
@@ -67,7 +60,7 @@ static void msg_fill(uint64_t k, uint8_t *p, size_t len)
 
 static int msg_check(uint64_t k, const uint8_t *p, size_t len)
 {
-	uint64_t w = mix(k);
+	uint64_t w = t_mix(k);
 	size_t i;
 
 	if (len != msg_len(k))
@@ -105,26 +98,6 @@ static struct ferry_engine *engine(const char *name, const char *ip, size_t pool
 	return e;
 }
 
-static int handle_from_file(char *h, size_t len)
-{
-	int64_t end = t_now() + 30 * SEC;
-
-	while (t_now() < end) {
-		FILE *f = fopen(handle_path, "r");
-
-		if (f) {
-			size_t n = fread(h, 1, len - 1, f);
-
-			fclose(f);
-			h[n] = 0;
-			if (n > 0 && !strchr(h, '\n'))
-				return 0;
-		}
-		usleep(5000);
-	}
-	return -1;
-}
-
 enum { RD_ALL, RD_FOLLOWER, RD_RELAY };
 
 struct rd {
@@ -151,7 +124,7 @@ static int reader_main(void *arg)
 	setenv("FERRY_RUNTIME_DIR", a->remote ? dir_b : dir_a, 1);
 	snprintf(name, sizeof(name), "%s%d", a->remote ? "far" : "near", a->id);
 	e = engine(name, a->remote ? ip_b : ip_a, 16u << 20);
-	if (!e || handle_from_file(h, sizeof(h)))
+	if (!e || t_chan_handle_from_file(handle_path, h, sizeof(h), 30000))
 		return 21;
 	if (ferry_chan_open(e, h, NULL, &r))
 		return 22;
@@ -206,7 +179,6 @@ static int writer_main(void *arg)
 	struct ferry_engine *e;
 	char h[FERRY_CHAN_HANDLE_MAX];
 	uint8_t *scratch = malloc(1u << 20);
-	FILE *f;
 	unsigned i;
 
 	close(janitor);
@@ -218,12 +190,8 @@ static int writer_main(void *arg)
 	p.max_outstanding = 8;
 	if (!e || !scratch || ferry_chan_create(e, "bus", &p, &w))
 		return 31;
-	ferry_chan_handle(w, h, sizeof(h));
-	f = fopen(handle_path, "w");
-	if (!f)
+	if (t_chan_handle_to_file(w, handle_path, h, sizeof(h)))
 		return 32;
-	fputs(h, f);
-	fclose(f);
 	if (ferry_chan_wait_ready(w, 60 * SEC)) {
 		ferry_chan_stats(w, &st);
 		fprintf(stderr, "writer: %u of %u readers attached\n", st.attached, st.readers);

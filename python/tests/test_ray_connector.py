@@ -5,54 +5,21 @@ modes (ferry: the directory in Ray, the data over ferry's shm; object_store:
 the RFC's design). Faults: a producer killed, a stage restarted, the
 directory actor restarted. Skipped without ray, as non-root (network
 namespaces) or with FERRY_TEST_RAY=0."""
-import os
 import time
 import uuid
 
 import pytest
 
-pytest.importorskip("ray")
-if os.environ.get("FERRY_TEST_RAY", "1") == "0":
-    pytest.skip("FERRY_TEST_RAY=0", allow_module_level=True)
-if os.geteuid() != 0:
-    pytest.skip("needs root (network namespaces)", allow_module_level=True)
+import rayhelpers
 
-from raycluster import Cluster  # noqa: E402
-import raystage  # noqa: E402
+rayhelpers.require_ray()
 
 pytestmark = pytest.mark.timeout(240)
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(nodes=1)
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def stages(cluster):
-    """Stages started by a test, killed after it (whatever happened)."""
-    started = []
-
-    def start(node, config):
-        s = cluster.stage(node, config)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.kill()
-
-
-def conf(actor, stage, **kw):
-    c = {"actor_name": actor, "stage_id": stage, "put_timeout": 20, "sweep_s": 0.5,
-         "pool_size": 32 << 20}
-    c.update(kw)
-    return c
-
-
-def want(kind, size, seed):
-    return raystage.digest(kind, raystage.payload(kind, size, seed))
+cluster = rayhelpers.cluster_fixture(nodes=1)
+stages = rayhelpers.stages
+conf = rayhelpers.conf
+want = rayhelpers.want
 
 
 def test_bad_config_is_refused_before_ray():

@@ -5,53 +5,22 @@ sends the producer to the consumer's control address on the other node, so
 ferry's tcp crosses the veth (its byte counters prove it), with the cluster
 secret from Ray's internal KV. Skipped without ray, as non-root or with
 FERRY_TEST_RAY=0."""
-import os
+import functools
 import time
 import uuid
 
 import pytest
 
-pytest.importorskip("ray")
-if os.environ.get("FERRY_TEST_RAY", "1") == "0":
-    pytest.skip("FERRY_TEST_RAY=0", allow_module_level=True)
-if os.geteuid() != 0:
-    pytest.skip("needs root (network namespaces)", allow_module_level=True)
+import rayhelpers
 
-from raycluster import Cluster  # noqa: E402
-import raystage  # noqa: E402
+rayhelpers.require_ray()
 
 pytestmark = pytest.mark.timeout(300)
 
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = Cluster(nodes=2)
-    yield c
-    c.stop()
-
-
-@pytest.fixture
-def stages(cluster):
-    started = []
-
-    def start(node, config):
-        s = cluster.stage(node, config)
-        started.append(s)
-        return s
-    yield start
-    for s in started:
-        s.kill()
-
-
-def conf(actor, stage, **kw):
-    c = {"actor_name": actor, "stage_id": stage, "put_timeout": 20, "sweep_s": 0.5,
-         "pool_size": 48 << 20}
-    c.update(kw)
-    return c
-
-
-def want(kind, size, seed):
-    return raystage.digest(kind, raystage.payload(kind, size, seed))
+cluster = rayhelpers.cluster_fixture(nodes=2)
+stages = rayhelpers.stages
+conf = functools.partial(rayhelpers.conf, pool_size=48 << 20)
+want = rayhelpers.want
 
 
 def test_cross_node_over_ferry_tcp(cluster, stages):
