@@ -7,6 +7,7 @@ vllm_omni itself is not installed here: register() is checked against a
 stand-in factory with upstream's duplicate-name rule.
 """
 import dataclasses
+import errno
 import subprocess
 import sys
 import threading
@@ -299,8 +300,11 @@ def test_bad_input_raises_clear_errors(stages, ns):
         c.get_with_deadline("0", "1", "k", deadline="soon")
     with pytest.raises(ValueError, match="unknown transport 'udp'"):
         FerryConnector({"stage_id": 0, "namespace": ns, "transport": "udp"})
-    with pytest.raises(NotImplementedError, match="rdma' is not built yet"):
-        FerryConnector({"stage_id": 0, "namespace": ns, "transport": "rdma"})
+    with pytest.raises(TypeError, match="must be a URI or a list of URIs"):
+        FerryConnector({"stage_id": 0, "namespace": ns, "transport": "tcp", "peers": {1: 5}})
+    with pytest.raises(ValueError, match="is not a URI"):
+        FerryConnector({"stage_id": 0, "namespace": ns, "transport": "tcp",
+                        "listen": "127.0.0.1:0"})
     with pytest.raises(TypeError, match="config must be a dict"):
         FerryConnector(["stage_id", 0])
     with pytest.raises(ValueError, match="other settings"):
@@ -438,7 +442,7 @@ from pyferry.connector import FerryConnector
 ns, mode, req = sys.argv[1], sys.argv[2], sys.argv[3]
 extra = {"stage_id": 0, "role": "sender", "namespace": ns, "pool_size": 16 << 20,
          "transport": mode}
-if mode == "tcp":
+if mode != "shm":
     extra["peers"] = {"1": sys.stdin.readline().strip()}
 with FerryConnector(extra) as conn:
     for chunk in range(5):
@@ -447,7 +451,7 @@ with FerryConnector(extra) as conn:
                    "ids": {"prompt": [chunk] * 3}}
         ok, size, meta = conn.put("0", "1", f"{req}_0_{chunk}", payload)
         assert ok, chunk
-    print("sent", flush=True)
+    print("sent", conn.health()["routes"]["0->1"], flush=True)
     sys.stdin.readline()   # keep the pool until the parent is done with its views
 """
 
@@ -485,16 +489,141 @@ def test_two_processes_over_shm(ns):
         finish(proc)
 
 
-def test_two_processes_over_tcp(ns):
+def producer_to_listener(ns, mode, req):
+    """A receiving stage 1 of this process listening on tcp://127.0.0.1:0
+    (transport mode), the PRODUCER child sending to its address: (the
+    /proc/self/maps line of the first chunk's array here, the child's
+    output)."""
     with FerryConnector({"stage_id": 1, "role": "receiver", "namespace": ns,
-                         "transport": "tcp", "listen": "tcp://127.0.0.1:0",
+                         "transport": mode, "listen": "tcp://127.0.0.1:0",
                          "pool_size": 16 << 20}) as conn:
         addr = conn.address()
         assert addr.startswith("tcp://127.0.0.1:")
-        proc = child(PRODUCER, ns, "tcp", "reqT")
+        proc = child(PRODUCER, ns, mode, req)
         proc.send(addr)
-        got = consume(conn, "reqT")
-        assert "memfd:stage1.rank0" in mapping_of(got[0]["codes"]["audio"].ctypes.data)
+        got = consume(conn, req)
+        line = mapping_of(got[0]["codes"]["audio"].ctypes.data)
         del got
         proc.send("done")
-        finish(proc)
+        return line, finish(proc)
+
+
+def test_two_processes_over_tcp(ns):
+    line, out = producer_to_listener(ns, "tcp", "reqT")
+    assert "memfd:stage1.rank0" in line and out.split() == ["sent", "tcp"]
+
+
+# --- transport rdma and auto ---------------------------------------------
+# This host has no RDMA device (the real-verbs case runs in the RDMA guest:
+# tests/rdma-vm/py_connector.py); FERRY_RDMA_SYSFS, which the stage YAML and the
+# rdma transport read as well, makes "no device" certain here.
+
+@pytest.fixture
+def no_rdma(tmp_path, monkeypatch):
+    d = tmp_path / "no-infiniband"
+    d.mkdir()
+    monkeypatch.setenv("FERRY_RDMA_SYSFS", str(d))
+    return d
+
+
+def own_ipv4():
+    """An IPv4 address of this host other than loopback (None: none)."""
+    import socket
+    for fam, _, _, _, sa in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET):
+        if not sa[0].startswith("127."):
+            return sa[0]
+    try:
+        out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        return line.split()[3].split("/")[0]
+    return None
+
+
+def peer_entry(conn, peer_name):
+    eng = next(iter(conn.health()["engines"].values()))
+    return next(p for p in eng["peers"] if p["name"] == peer_name)
+
+
+def test_engine_rdma_listen_is_checked(ns, no_rdma):
+    with pytest.raises(TypeError, match="rdma_listen"):
+        pyferry.Engine("e", ns=ns, rdma_listen=5)
+    with pytest.raises(ValueError, match="rdma_listen must be 'rdma://ADDRESS:PORT'"):
+        pyferry.Engine("e", ns=ns, rdma_listen="tcp://127.0.0.1:0")
+    built = "rdma" in pyferry.features()
+    with pytest.raises(pyferry.FerryError) as ei:
+        pyferry.Engine("e", ns=ns, rdma_listen="rdma://no-port")
+    assert ei.value.errno == (errno.EINVAL if built else errno.EPROTONOSUPPORT), ei.value
+    assert ("rdma://ADDRESS:PORT?" if built else "no rdma transport") in str(ei.value)
+    with pytest.raises(pyferry.FerryError) as ei:
+        pyferry.Engine("e", ns=ns, rdma_listen="rdma://127.0.0.1:0")
+    assert ei.value.errno == (errno.EADDRNOTAVAIL if built else errno.EPROTONOSUPPORT), ei.value
+    assert ("no RDMA device here" if built else "no rdma transport") in str(ei.value)
+    with pyferry.Engine("e", ns=ns, rdma_listen=None) as e:  # None: no rdma listener
+        assert e.addresses() == []
+
+
+def test_transport_rdma_without_a_device_is_tcp_with_a_warning(ns, no_rdma, caplog):
+    with caplog.at_level("WARNING", logger="pyferry.connector"):
+        c = FerryConnector({"stage_id": 1, "role": "receiver", "namespace": ns,
+                            "transport": "rdma", "listen": "rdma://127.0.0.1:0",
+                            "pool_size": 8 << 20})
+    assert "transport rdma but no RDMA device" in caplog.text and "tcp instead" in caplog.text
+    try:
+        addr = c.address()
+        assert addr.startswith("tcp://127.0.0.1:"), addr  # the same HOST:PORT, over tcp
+        assert c.health()["fell_back"] is True and c.health()["rdma"] is False
+        port = addr.rsplit(":", 1)[1]
+        with FerryConnector({"stage_id": 0, "namespace": ns, "transport": "rdma",
+                             "peers": {"1": f"rdma://127.0.0.1:{port}"}}) as p:
+            roundtrip(p, c, "r1", {"a": np.arange(100000)})
+            assert p.health()["routes"] == {"0->1": "tcp"}
+            e = peer_entry(p, "stage1.rank0")
+            assert e["transport"] == "tcp" and e["addresses"] == [addr], e
+    finally:
+        c.close()
+
+
+def test_transport_rdma_with_a_device_that_cannot_be_opened_fails(ns, tmp_path, monkeypatch):
+    d = tmp_path / "infiniband"
+    (d / "rxe0").mkdir(parents=True)  # sysfs says a device; the verbs find none here
+    monkeypatch.setenv("FERRY_RDMA_SYSFS", str(d))
+    if "rdma" not in pyferry.features():
+        with pytest.raises(pyferry.FerryError, match="no rdma transport") as ei:
+            FerryConnector({"stage_id": 0, "namespace": ns, "transport": "rdma"})
+        assert ei.value.errno == errno.EPROTONOSUPPORT
+        return
+    with pytest.raises(pyferry.FerryError, match="no RDMA device here") as ei:
+        FerryConnector({"stage_id": 0, "namespace": ns, "transport": "rdma",
+                        "listen": "rdma://127.0.0.1:0"})
+    assert ei.value.errno == errno.EADDRNOTAVAIL  # not a silent fallback
+    from pyferry import connector
+    assert not connector._engines  # nothing left open
+
+
+def test_transport_auto_on_one_host_is_shm(ns, no_rdma):
+    # the peer's address is on this host: auto takes shm all the same
+    line, out = producer_to_listener(ns, "auto", "reqA")
+    assert line is not None and "memfd:stage0.rank0" in line, line  # the sender's pool
+    assert out.split() == ["sent", "shm"]
+
+
+def test_transport_auto_across_hosts_is_tcp_without_rdma(ns, no_rdma, monkeypatch):
+    ip = own_ipv4()
+    if ip is None:
+        pytest.skip("this host has no address but loopback")
+    monkeypatch.setenv("FERRY_SECRET", "auto-across-hosts-test")  # not loopback: a secret
+    with FerryConnector({"stage_id": 1, "role": "receiver", "namespace": ns,
+                         "transport": "auto", "listen": f"tcp://{ip}:0",
+                         "pool_size": 8 << 20}) as c:
+        addr = c.address()
+        assert addr.startswith(f"tcp://{ip}:") and " " not in addr, addr  # no device: no rdma
+        # the receiver's address set may name rdma; without a device here it is left out
+        with FerryConnector({"stage_id": 0, "namespace": ns, "transport": "auto",
+                             "peers": {"1": [f"rdma://{ip}:4791", addr]}}) as p:
+            roundtrip(p, c, "x1", {"a": np.arange(50000), "b": b"y" * 100})
+            assert p.health()["routes"] == {"0->1": "tcp"}
+            e = peer_entry(p, "stage1.rank0")
+            assert e["transport"] == "tcp" and e["addresses"] == [addr], e

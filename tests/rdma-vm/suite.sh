@@ -5,7 +5,10 @@
 # seconds (300), its output kept in /tmp/ferry-rdma/NAME.log and shown when
 # it fails; print "rdma guest: N passed, M failed, K skipped"; exit 0 only
 # when none failed. A program that skips (77) inside the guest is a
-# failure: here it has everything it needs.
+# failure: here it has everything it needs. An entry NAME.py is a Python
+# script of tests/rdma-vm run with $FERRY_RDMA_PYTHON (by default the
+# checkout's build-py/venv/bin/python, which ./run pytest makes); without a
+# python that imports pyferry it is skipped, and said so.
 set -u
 [ "$(cat /proc/sys/kernel/hostname)" = ferry-rdma-vm ] ||
 	{ echo "suite.sh runs inside ferry's RDMA guest (tests/rdma-vm/vm.sh run)" >&2; exit 2; }
@@ -22,9 +25,19 @@ mkdir -p /tmp/ferry-rdma
 # TCG emulates the guest: as slow as valgrind, so the tests take its sizes and bounds.
 export FERRY_TEST_SLOW=1
 pass=0 fail=0 skip=0
+py=${FERRY_RDMA_PYTHON:-$here/../../build-py/venv/bin/python}
 for p in "${progs[@]}"; do
 	t0=$(date +%s)
-	timeout -k 5 "${FERRY_RDMA_TEST_TIMEOUT:-300}" "$build/tests/$p" >"/tmp/ferry-rdma/$p.log" 2>&1
+	cmd=("$build/tests/$p")
+	if [[ $p == *.py ]]; then
+		if ! "$py" -c 'import pyferry' >/dev/null 2>&1; then
+			skip=$((skip + 1))
+			echo "rdma guest: SKIP $p (no python with pyferry at $py: ./run pytest makes it)"
+			continue
+		fi
+		cmd=("$py" "$here/$p")
+	fi
+	timeout -k 5 "${FERRY_RDMA_TEST_TIMEOUT:-300}" "${cmd[@]}" >"/tmp/ferry-rdma/$p.log" 2>&1
 	rc=$?
 	dt=$(($(date +%s) - t0))
 	cases=$(grep -E 'case\(s\) run apart' "/tmp/ferry-rdma/$p.log" | tail -n 1 | sed 's/^.*: //')
@@ -34,7 +47,11 @@ for p in "${progs[@]}"; do
 	else
 		fail=$((fail + 1))
 		echo "rdma guest: FAIL $p (exit $rc, ${dt}s; $cases)"
-		grep -E 'FAILED|ERROR|error:|rdma:' "/tmp/ferry-rdma/$p.log" | head -n 60
+		if [[ $p == *.py ]]; then
+			tail -n 40 "/tmp/ferry-rdma/$p.log"
+		else
+			grep -E 'FAILED|ERROR|error:|rdma:' "/tmp/ferry-rdma/$p.log" | head -n 60
+		fi
 	fi
 done
 echo "rdma guest: $pass passed, $fail failed, $skip skipped"

@@ -57,7 +57,14 @@ class Engine(_ferry.Engine):
 
     Engine(name, *, ns=None, progress="thread"|"manual", pool_size=0,
            listen=None, control=None, secret=None, max_keys=0, max_bufs=0,
-           max_ops=0, heartbeat_ms=0, peer_timeout_ms=0, prefault=True)
+           max_ops=0, heartbeat_ms=0, peer_timeout_ms=0, prefault=True,
+           rdma_listen=None)
+
+    rdma_listen: "rdma://ADDRESS:PORT" (an address of an RDMA device's
+    interface; port 0: rdma_cm picks, see addresses()). Without an RDMA
+    device creation raises FerryError (errno EADDRNOTAVAIL); in a build
+    without the rdma transport (features() lacks "rdma"), errno
+    EPROTONOSUPPORT; anything but "rdma://..." raises ValueError.
 
     A context manager; close() is idempotent. Blocking calls (put, get,
     put_chunk, stream iteration, nop, cleanup) take timeout= in seconds and

@@ -14,8 +14,12 @@ vllm_omni's connector base only when vllm_omni is installed.
 Config (what upstream's factory hands a connector: the YAML's `extra` dict,
 with `stage_id` and `role` added by upstream for each stage worker):
     transport       "shm" (default: peers found by name on this host),
-                    "tcp" (peers at addresses), "auto" (tcp for a peer with
-                    an address, shm otherwise); "rdma": not built yet
+                    "tcp" (peers at addresses), "rdma" (peers at rdma://
+                    addresses; on a host without an RDMA device: tcp at the
+                    same HOST:PORT, with a warning, as the stage YAML does
+                    for `protocol: rdma`), "auto" (a peer on this host, or
+                    without an address: shm, by name; on another host: rdma
+                    when both ends have an RDMA device, else tcp)
     namespace       ferry namespace of the pipeline (default "vllm-omni")
     rank            this process's rank in its stage (default 0); the peer
                     is the same rank of the other stage
@@ -26,18 +30,33 @@ with `stage_id` and `role` added by upstream for each stage worker):
                     the received memory; false: private copies
     zero_copy_min   bytes from which a field travels as a segment of its own
                     (65536); smaller ones ride in the msgpack header
-    tcp (transport tcp/auto):
-    listen          this process's data address, "tcp://HOST:PORT"
-    peers           {stage_id: "tcp://HOST:PORT"}: the receiving stages' addresses
+    addresses (transport tcp/rdma/auto):
+    listen          this process's data address, "tcp://HOST:PORT" (tcp, auto)
+                    or "rdma://HOST:PORT" (rdma: HOST an address of an RDMA
+                    device's interface); port 0: picked, see address()
+    peers           {stage_id: URI}: the receiving stages' addresses, each
+                    one URI or an address set (a list, or URIs one space
+                    apart, as address() prints them); a peer gets those of
+                    its URIs this end can use (rdma:// only with a device)
     host, base_port the computed scheme instead: stage s, rank r listens on
-                    host:base_port + s + 16*r (hosts: {stage_id: host} per stage)
+                    host:base_port + s + 16*r (hosts: {stage_id: host} per
+                    stage); rdma on the same port (rdma_cm has its own ports)
+    auto across hosts: the receiving engine listens on tcp, and on rdma at
+    the same HOST (and the same port with base_port) when it has a device;
+    its address() is then both ("rdma://H:P tcp://H:P"). A sender with a
+    device uses a peer's rdma address when its address set has one; with
+    host/base_port it assumes the other host is like this one (the stage
+    YAML's rule): where only some hosts have devices, give peers address sets.
+    health() says what each route took ("routes": {"0->1": "shm"|"tcp"|"rdma"}).
 Engines: one per (stage, rank) per process, named "stage<id>.rank<r>" (the
 names of ferry's stage layer: `ferry health -n NS stage1.rank0` finds them),
 shared by every FerryConnector of the process; a put(from, to, ...) goes
 from engine "stage<from>" to peer "stage<to>", a get(from, to, ...) takes at
 "stage<to>" what "stage<from>" sent.
 """
+import errno
 import logging
+import os
 import threading
 import time
 
@@ -49,7 +68,7 @@ __all__ = ["FerryConnector", "RawPayload", "register", "NAME"]
 
 NAME = "FerryConnector"
 DEFAULT_NAMESPACE = "vllm-omni"
-TRANSPORTS = ("shm", "tcp", "auto")
+TRANSPORTS = ("shm", "tcp", "rdma", "auto")
 KEY_MAX = 127  # ferry's keys: FERRY_KEY_MAX - 1 bytes
 
 logger = logging.getLogger("pyferry.connector")
@@ -181,6 +200,47 @@ def _key_str(key, what="key"):
     return key
 
 
+def rdma_device_present():
+    """Whether this machine has an RDMA device: what the stage YAML asks
+    (an entry in /sys/class/infiniband, or in $FERRY_RDMA_SYSFS)."""
+    d = os.environ.get("FERRY_RDMA_SYSFS") or "/sys/class/infiniband"
+    try:
+        return any(not n.startswith(".") for n in os.listdir(d))
+    except OSError:
+        return False
+
+
+def _host_is_local(host):
+    """The stage YAML's test of "this host" (a host named in the config)."""
+    return (not host or host in ("auto", "localhost", "::1", "[::1]")
+            or host.startswith("127."))
+
+
+def _split_uri(uri, what):
+    """(scheme, HOST:PORT, HOST) of "scheme://HOST:PORT"."""
+    if not isinstance(uri, str) or "://" not in uri:
+        raise ValueError(f"FerryConnector: {what} {uri!r} is not a URI (scheme://HOST:PORT)")
+    scheme, rest = uri.split("://", 1)
+    host = rest.rsplit(":", 1)[0] if ":" in rest else rest
+    return scheme.lower(), rest, host.strip("[]")
+
+
+def _uri_list(v, what):
+    """A peer's address set: one URI, URIs one space apart, or a list."""
+    if isinstance(v, str):
+        uris = v.split()
+    elif isinstance(v, (list, tuple)) and all(isinstance(u, str) for u in v):
+        uris = [u for one in v for u in one.split()]
+    else:
+        raise TypeError(f"FerryConnector: {what} must be a URI or a list of URIs, "
+                        f"not {type(v).__name__}")
+    if not uris:
+        raise ValueError(f"FerryConnector: {what} is empty")
+    for u in uris:
+        _split_uri(u, what)
+    return uris
+
+
 class FerryConnector(_Base):
     """vLLM-Omni connector over ferry (see the module's docstring for config).
 
@@ -219,13 +279,17 @@ class FerryConnector(_Base):
         self.stage_id = config.get("stage_id", -1)
         self.role = config.get("role")
         transport = str(config.get("transport", "shm")).lower()
-        if transport == "rdma":
-            raise NotImplementedError(
-                "FerryConnector: transport 'rdma' is not built yet (use shm or tcp)")
         if transport not in TRANSPORTS:
             raise ValueError(f"FerryConnector: unknown transport {transport!r} "
-                             f"(shm, tcp, auto; rdma later)")
+                             f"(shm, tcp, rdma, auto)")
         self.transport = transport
+        self.fell_back = False
+        self._rdma = transport in ("rdma", "auto") and self._rdma_usable(transport)
+        if transport == "rdma" and not self._rdma:
+            self.fell_back = True
+            logger.warning("FerryConnector: transport rdma but no RDMA device "
+                           "(/sys/class/infiniband is empty): tcp instead, at the same "
+                           "HOST:PORT (as the stage YAML does for protocol: rdma)")
         ns = config.get("namespace", DEFAULT_NAMESPACE)
         if not isinstance(ns, str) or not ns:
             raise TypeError("FerryConnector: namespace must be a non-empty str")
@@ -238,18 +302,21 @@ class FerryConnector(_Base):
         peers = config.get("peers") or {}
         if not isinstance(peers, dict):
             raise TypeError("FerryConnector: peers must be a dict {stage_id: 'tcp://HOST:PORT'}")
-        self._peer_addrs = {str(k): str(v) for k, v in peers.items()}
+        self._peer_addrs = {str(k): _uri_list(v, f"peers[{k!r}]") for k, v in peers.items()}
         self._host = str(config.get("host", "127.0.0.1"))
         self._hosts = {str(k): str(v) for k, v in (config.get("hosts") or {}).items()}
         self._base_port = config.get("base_port")
         self._listen = config.get("listen")
-        if transport == "tcp" and not (self._peer_addrs or self._base_port is not None) \
+        if self._listen is not None:
+            _split_uri(self._listen, "listen")
+        if transport in ("tcp", "rdma") and not (self._peer_addrs or self._base_port is not None) \
                 and self.role != "receiver":
             logger.info("FerryConnector: tcp without peers or base_port: this process "
                         "can receive, and sends only to stages of this host by name")
         self._lock = threading.Lock()
         self._engine_of = {}   # stage id -> Engine
         self._peer_of = {}     # (stage id, peer stage id) -> Peer
+        self._routes = {}      # "stage->peer stage" -> "shm" | "tcp" | "rdma"
         self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
                          "put_failures": 0, "get_errors": 0}
         self._closed = False
@@ -266,24 +333,54 @@ class FerryConnector(_Base):
     def _engine_name(self, stage):
         return f"stage{stage}.rank{self.rank}"
 
+    @staticmethod
+    def _rdma_usable(transport):
+        """Whether this end takes rdma: a device here and the transport in
+        the build. A device in a build without it fails transport rdma (as
+        the stage YAML does); auto then takes tcp."""
+        if not rdma_device_present():
+            return False
+        from . import features, FerryError
+        if "rdma" in features():
+            return True
+        if transport == "rdma":
+            raise FerryError(errno.EPROTONOSUPPORT,
+                             "FerryConnector: transport rdma: this machine has an RDMA "
+                             "device but this build of ferry has no rdma transport "
+                             "(libibverbs-dev, librdmacm-dev)")
+        logger.info("FerryConnector: an RDMA device but no rdma transport in this build: "
+                    "tcp across hosts")
+        return False
+
     def _listen_for(self, stage):
+        """(tcp listen URI or None, rdma listen URI or None) of this
+        process's engine of a stage."""
         if self.transport == "shm":
-            return None
+            return None, None
         if self._listen and stage == str(self.stage_id):
-            return str(self._listen)
-        if self._base_port is not None and stage.isdigit():
-            port = int(self._base_port) + int(stage) + 16 * self.rank
-            return f"tcp://{self._hosts.get(stage, self._host)}:{port}"
-        if self.transport == "tcp":
-            return f"tcp://{self._host}:0"
-        return None
+            hp, host = _split_uri(self._listen, "listen")[1:]
+        elif self._base_port is not None and stage.isdigit():
+            host = self._hosts.get(stage, self._host)
+            hp = f"{host}:{int(self._base_port) + int(stage) + 16 * self.rank}"
+        elif self.transport in ("tcp", "rdma"):
+            host, hp = self._host, f"{self._host}:0"
+        else:
+            return None, None
+        if self.transport == "rdma":
+            return (None, f"rdma://{hp}") if self._rdma else (f"tcp://{hp}", None)
+        if self.transport == "auto" and self._rdma and not _host_is_local(host):
+            return f"tcp://{hp}", f"rdma://{hp}"
+        return f"tcp://{hp}", None
 
     def _engine_settings(self, stage):
         """(settings, Engine kwargs) of this process's engine of a stage:
         connectors sharing an engine must agree on settings (a subclass
         changes how its engines listen)."""
-        listen = self._listen_for(stage)
-        return (listen, self._pool_size), {"pool_size": self._pool_size, "listen": listen}
+        listen, rdma = self._listen_for(stage)
+        kw = {"pool_size": self._pool_size, "listen": listen}
+        if rdma:
+            kw["rdma_listen"] = rdma
+        return (listen, rdma, self._pool_size), kw
 
     def _engine_opened(self, stage, eng):
         """Called once this connector holds its engine of a stage (outside
@@ -316,8 +413,14 @@ class FerryConnector(_Base):
         eng = self._engine(stage)
         p = eng.peer(self._engine_name(peer_stage))
         addr = self._peer_address(stage, peer_stage)
-        if addr is not None:
-            p.connect(addr)
+        uris = [] if addr is None else _uri_list(addr, f"the address of stage {peer_stage}")
+        for uri in uris:
+            p.connect(uri)
+        schemes = {u.split("://", 1)[0] for u in uris}
+        self._routes[f"{stage}->{peer_stage}"] = (
+            "rdma" if "rdma" in schemes and self._rdma else
+            "shm" if not uris else "control" if schemes == {"ferry"} else
+            "tcp" if "tcp" in schemes else "/".join(sorted(schemes)))
         self._peer_of[(stage, peer_stage)] = p
         return p
 
@@ -327,16 +430,29 @@ class FerryConnector(_Base):
         return self._peer(stage, peer_stage)
 
     def _peer_address(self, stage, peer_stage):
-        """The address to connect this process's engine of stage to peer
-        stage peer_stage at ("tcp://..." or "ferry://..."), or None: found by
-        name (shm), or it calls us."""
+        """The address(es) to connect this process's engine of stage to peer
+        stage peer_stage at (one URI, "tcp://...", "rdma://..." or
+        "ferry://...", or a list of them), or None: found by name (shm), or
+        it calls us."""
         if self.transport == "shm":
             return None
-        addr = self._peer_addrs.get(peer_stage)
-        if addr is None and self._base_port is not None and peer_stage.isdigit():
+        uris = self._peer_addrs.get(peer_stage)
+        if uris is None and self._base_port is not None and peer_stage.isdigit():
             port = int(self._base_port) + int(peer_stage) + 16 * self.rank
-            addr = f"tcp://{self._hosts.get(peer_stage, self._host)}:{port}"
-        return addr
+            hp = f"{self._hosts.get(peer_stage, self._host)}:{port}"
+            uris = {"tcp": [f"tcp://{hp}"], "rdma": [f"rdma://{hp}"],
+                    "auto": [f"rdma://{hp}", f"tcp://{hp}"]}[self.transport]
+        if uris is None:
+            return None
+        if self.transport == "auto" and all(_host_is_local(_split_uri(u, "peer")[2])
+                                            for u in uris):
+            return None  # on this host: shared memory, by name
+        if self.transport == "rdma" and not self._rdma:  # the fallback: tcp at HOST:PORT
+            uris = [f"tcp://{u.split('://', 1)[1]}" if u.startswith("rdma://") else u
+                    for u in uris]
+        if not self._rdma:
+            uris = [u for u in uris if not u.startswith("rdma://")]
+        return list(dict.fromkeys(uris)) or None
 
     def _put_failed(self, src, dst, error):
         """Called when a put from src to dst could not be delivered (a
@@ -347,8 +463,15 @@ class FerryConnector(_Base):
         return self._engine(_stage_str(self.stage_id if stage is None else stage, "stage"))
 
     def address(self, stage=None):
-        """This process's data address for a stage ("tcp://HOST:PORT"; None on shm)."""
-        return self.engine(stage).address()
+        """This process's data address for a stage, what a sender's peers
+        entry names: "tcp://HOST:PORT", "rdma://HOST:PORT", or both one
+        space apart (auto across hosts with a device); None on shm."""
+        eng = self.engine(stage)
+        if self.transport in ("rdma", "auto") and self._rdma:
+            uris = [u for u in (eng.addresses() or [])
+                    if u.startswith(("rdma://", "tcp://"))]
+            return " ".join(sorted(uris)) or None  # rdma:// before tcp://
+        return eng.address()
 
     # --- the connector calls -------------------------------------------
 
@@ -449,7 +572,8 @@ class FerryConnector(_Base):
             except Exception as e:
                 engines[self._engine_name(stage)] = {"error": str(e)}
         return {"status": "closed" if self._closed else "healthy", "connector": NAME,
-                "transport": self.transport, "namespace": self.namespace,
+                "transport": self.transport, "fell_back": self.fell_back,
+                "rdma": self._rdma, "routes": dict(self._routes), "namespace": self.namespace,
                 "stage_id": self.stage_id, "rank": self.rank, **self._metrics,
                 "engines": engines}
 

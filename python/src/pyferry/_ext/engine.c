@@ -257,9 +257,11 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "name",      "ns",        "progress",  "pool_size",
 				  "listen",    "control",   "secret",    "max_keys",
 				  "max_bufs",  "max_ops",   "heartbeat_ms", "peer_timeout_ms",
-				  "prefault",  NULL };
+				  "prefault",  "rdma_listen", NULL };
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	const char *name, *ns = NULL, *listen = NULL, *control = NULL, *secret = NULL;
+	const char *rdma = NULL;
+	PyObject *rdma_o = Py_None;
 	PyObject *progress = NULL;
 	Py_ssize_t pool_size = 0;
 	unsigned int max_keys = 0, max_bufs = 0, max_ops = 0, hb = 0, pto = 0;
@@ -269,10 +271,32 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Engine.__init__ called twice");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$zOnzzzIIIIIp", kwlist, &name, &ns,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$zOnzzzIIIIIpO", kwlist, &name, &ns,
 					 &progress, &pool_size, &listen, &control, &secret,
-					 &max_keys, &max_bufs, &max_ops, &hb, &pto, &prefault))
+					 &max_keys, &max_bufs, &max_ops, &hb, &pto, &prefault, &rdma_o))
 		return -1;
+	if (rdma_o != Py_None) {
+		Py_ssize_t n;
+
+		if (!PyUnicode_Check(rdma_o)) {
+			PyErr_Format(PyExc_TypeError,
+				     "rdma_listen must be a str ('rdma://ADDRESS:PORT') or None, not %s",
+				     Py_TYPE(rdma_o)->tp_name);
+			return -1;
+		}
+		if (!(rdma = PyUnicode_AsUTF8AndSize(rdma_o, &n)))
+			return -1;
+		if ((size_t)n != strlen(rdma)) {
+			PyErr_SetString(PyExc_ValueError, "rdma_listen has a NUL character");
+			return -1;
+		}
+	}
+	if (rdma && strncmp(rdma, "rdma://", 7) != 0) {
+		PyErr_Format(PyExc_ValueError,
+			     "rdma_listen must be 'rdma://ADDRESS:PORT' (an address of an RDMA "
+			     "device's interface), not '%s'", rdma);
+		return -1;
+	}
 	if (pool_size < 0) {
 		PyErr_SetString(PyExc_ValueError, "pool_size must be >= 0");
 		return -1;
@@ -285,6 +309,7 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 	p.listen = listen;
 	p.control = control;
 	p.secret = secret;
+	p.rdma_listen = rdma;
 	p.max_keys = max_keys;
 	p.max_bufs = max_bufs;
 	p.max_ops = max_ops;
@@ -296,8 +321,21 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 	rc = ferry_engine_create(&p, &self->e);
 	Py_END_ALLOW_THREADS
 	if (rc < 0) {
+		char what[256];
+
 		self->e = NULL;
-		pyf_raise(rc, "ferry_engine_create");
+		if (rdma && rc == -EADDRNOTAVAIL)
+			snprintf(what, sizeof(what), "ferry_engine_create: rdma_listen %.100s: no "
+				 "RDMA device here, or no device has that address", rdma);
+		else if (rdma && rc == -EPROTONOSUPPORT)
+			snprintf(what, sizeof(what), "ferry_engine_create: rdma_listen %.100s: this "
+				 "build has no rdma transport", rdma);
+		else if (rdma && rc == -EINVAL)
+			snprintf(what, sizeof(what), "ferry_engine_create: is rdma_listen %.100s "
+				 "rdma://ADDRESS:PORT?", rdma);
+		else
+			snprintf(what, sizeof(what), "ferry_engine_create");
+		pyf_raise(rc, what);
 		return -1;
 	}
 	return 0;
@@ -973,21 +1011,63 @@ static PyObject *engine_async_queue(pyf_engine *self, PyObject *noargs)
  * (ferry_region_register vets the pointer: -EINVAL when it is not that
  * device's memory, -ENODEV without a CUDA runtime or device).
  */
-static int device_region(pyf_engine *self, unsigned long long ptr, unsigned long long len,
-			 int device, struct ferry_region **r)
+struct device_op {
+	struct ferry_peer *peer;
+	struct ferry_region *r;
+	struct ferry_seg seg;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct ferry_cq *cq;
+	uint64_t tns;
+};
+
+/* The checks, the region and the op's entry (to prep). 0, or -1 with an
+ * exception and nothing held. */
+static int device_op_begin(pyf_engine *self, PyObject *peer_o, PyObject *timeout_o,
+			   unsigned long long ptr, unsigned long long len, int device,
+			   struct device_op *op)
 {
 	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
 	int rc;
 
+	if (pyf_engine_check(self) || pyf_timeout_ns(timeout_o, &op->tns) ||
+	    pyf_peer_arg(self, peer_o, &op->peer) || !(op->cq = pyf_thread_cq(self)))
+		return -1;
 	rp.addr = (void *)(uintptr_t)ptr;
 	rp.len = len ? (size_t)len : 1;
 	rp.mem = FERRY_MEM_CUDA;
 	rp.device = device;
-	if ((rc = ferry_region_register(self->e, &rp, r)) < 0) {
+	if ((rc = ferry_region_register(self->e, &rp, &op->r)) < 0) {
 		pyf_raise(rc, "ferry_region_register (CUDA device memory)");
 		return -1;
 	}
+	op->seg.region = op->r;
+	op->seg.offset = 0;
+	op->seg.len = len;
+	if (!(op->sqe = pyf_sqe(self, &op->sq))) {
+		ferry_region_release(&op->r);
+		return -1;
+	}
 	return 0;
+}
+
+/* Run the prepped op, then release the region (the op is over: its CQE
+ * came, or the wait gave up and cancelled it). The bytes moved, or NULL
+ * with an exception. */
+static PyObject *device_op_run(pyf_engine *self, struct device_op *op, const char *what,
+			       const char *key)
+{
+	struct ferry_cqe cqe;
+	int rc = run_op(self, op->sq, op->sqe, op->cq, op->tns, &cqe);
+
+	ferry_region_release(&op->r);
+	if (rc)
+		return NULL;
+	if (cqe.res < 0) {
+		drop_cqe(&cqe);
+		return op_error(&cqe, what, key);
+	}
+	return PyLong_FromUnsignedLongLong(cqe.len);
 }
 
 static PyObject *engine_put_device(pyf_engine *self, PyObject *args, PyObject *kw)
@@ -997,44 +1077,21 @@ static PyObject *engine_put_device(pyf_engine *self, PyObject *args, PyObject *k
 	PyObject *peer_o, *timeout_o = Py_None;
 	const char *key;
 	unsigned long long ptr, len, stream = 0, event = 0;
-	int device = 0, replace = 0, wait_peer = 0, rc;
-	struct ferry_peer *peer;
-	struct ferry_region *r = NULL;
-	struct ferry_seg seg;
-	struct ferry_sq *sq;
-	struct ferry_sqe *sqe;
-	struct ferry_cq *cq;
-	struct ferry_cqe cqe;
-	uint64_t tns;
+	int device = 0, replace = 0, wait_peer = 0;
+	struct device_op op;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$KKOpp", kwlist, &peer_o, &key, &ptr, &len,
-					 &device, &stream, &event, &timeout_o, &replace, &wait_peer))
+					 &device, &stream, &event, &timeout_o, &replace, &wait_peer) ||
+	    device_op_begin(self, peer_o, timeout_o, ptr, len, device, &op))
 		return NULL;
-	if (pyf_engine_check(self) || pyf_timeout_ns(timeout_o, &tns) ||
-	    pyf_peer_arg(self, peer_o, &peer) || !(cq = pyf_thread_cq(self)) ||
-	    device_region(self, ptr, len, device, &r))
-		return NULL;
-	seg.region = r;
-	seg.offset = 0;
-	seg.len = len;
-	if (!(sqe = pyf_sqe(self, &sq))) {
-		ferry_region_release(&r);
-		return NULL;
-	}
-	ferry_prep_put_segs(sqe, peer, key, &seg, 1, 0);
-	ferry_sqe_set_flags(sqe, (replace ? FERRY_SQE_REPLACE : 0) |
-				 (wait_peer ? FERRY_SQE_WAIT_PEER : 0));
+	ferry_prep_put_segs(op.sqe, op.peer, key, &op.seg, 1, 0);
+	ferry_sqe_set_flags(op.sqe, (replace ? FERRY_SQE_REPLACE : 0) |
+				    (wait_peer ? FERRY_SQE_WAIT_PEER : 0));
 	if (event)
-		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_EVENT, (void *)(uintptr_t)event);
+		ferry_sqe_set_cuda_wait(op.sqe, FERRY_CUDA_WAIT_EVENT, (void *)(uintptr_t)event);
 	else if (stream)
-		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_STREAM, (void *)(uintptr_t)stream);
-	rc = run_op(self, sq, sqe, cq, tns, &cqe);
-	ferry_region_release(&r); /* the op is over (its CQE came, or the wait gave up: cancelled) */
-	if (rc)
-		return NULL;
-	if (cqe.res < 0)
-		return op_error(&cqe, "put_device", key);
-	return PyLong_FromUnsignedLongLong(cqe.len);
+		ferry_sqe_set_cuda_wait(op.sqe, FERRY_CUDA_WAIT_STREAM, (void *)(uintptr_t)stream);
+	return device_op_run(self, &op, "put_device", key);
 }
 
 static PyObject *engine_get_device(pyf_engine *self, PyObject *args, PyObject *kw)
@@ -1043,40 +1100,15 @@ static PyObject *engine_get_device(pyf_engine *self, PyObject *args, PyObject *k
 	PyObject *peer_o, *timeout_o = Py_None;
 	const char *key;
 	unsigned long long ptr, cap;
-	int device = 0, rc;
-	struct ferry_peer *peer;
-	struct ferry_region *r = NULL;
-	struct ferry_seg seg;
-	struct ferry_sq *sq;
-	struct ferry_sqe *sqe;
-	struct ferry_cq *cq;
-	struct ferry_cqe cqe;
-	uint64_t tns;
+	int device = 0;
+	struct device_op op;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$O", kwlist, &peer_o, &key, &ptr, &cap,
-					 &device, &timeout_o))
+					 &device, &timeout_o) ||
+	    device_op_begin(self, peer_o, timeout_o, ptr, cap, device, &op))
 		return NULL;
-	if (pyf_engine_check(self) || pyf_timeout_ns(timeout_o, &tns) ||
-	    pyf_peer_arg(self, peer_o, &peer) || !(cq = pyf_thread_cq(self)) ||
-	    device_region(self, ptr, cap, device, &r))
-		return NULL;
-	seg.region = r;
-	seg.offset = 0;
-	seg.len = cap;
-	if (!(sqe = pyf_sqe(self, &sq))) {
-		ferry_region_release(&r);
-		return NULL;
-	}
-	ferry_prep_get_segs(sqe, peer, key, &seg, 1, 0);
-	rc = run_op(self, sq, sqe, cq, tns, &cqe);
-	ferry_region_release(&r);
-	if (rc)
-		return NULL;
-	if (cqe.res < 0) {
-		drop_cqe(&cqe);
-		return op_error(&cqe, "get_device", key);
-	}
-	return PyLong_FromUnsignedLongLong(cqe.len);
+	ferry_prep_get_segs(op.sqe, op.peer, key, &op.seg, 1, 0);
+	return device_op_run(self, &op, "get_device", key);
 }
 
 static PyMethodDef engine_methods[] = {
@@ -1084,7 +1116,7 @@ static PyMethodDef engine_methods[] = {
 	  "Destroy the engine (idempotent; ops in flight end with ECANCELED; Buffers held "
 	  "stay valid until released)." },
 	{ "address", (PyCFunction)engine_address, METH_NOARGS,
-	  "The tcp data endpoint it listens on, or None." },
+	  "The tcp data endpoint it listens on, or None (addresses() has the rdma one)." },
 	{ "control_address", (PyCFunction)engine_control_address, METH_NOARGS,
 	  "The control endpoint it listens on, or None." },
 	{ "addresses", (PyCFunction)engine_addresses, METH_NOARGS,
