@@ -100,7 +100,7 @@ static int ctl_progress(struct ferry_engine *e, struct backend *b)
 		n += ctl_check_time(st);
 	}
 	if (!st->zctx)
-		return n;
+		goto quiet; /* no channel in use: no socket, no tick */
 	if (st->need_arm) {
 		st->need_arm = false;
 		ctl_sock_arm(st, &st->router, 0);
@@ -113,6 +113,21 @@ static int ctl_progress(struct ferry_engine *e, struct backend *b)
 		arm_tick(st);
 	if (io_uring_sq_ready(&e->ring))
 		io_uring_submit(&e->ring);
+	return n;
+quiet:
+	/*
+	 * The channel is not in use (no ZeroMQ context: no socket, no tick):
+	 * nothing to do until a socket is opened (ctl_sock.c clears quiet with
+	 * any_dirty) or a ferry_peer_connect from any thread (it wakes the
+	 * backend): skip the rounds (transport.h, quiet), then look once more
+	 * at what other threads write. A channel in use runs every round: its
+	 * sockets' polls complete on the reactor's ring on their own time.
+	 */
+	if (!st->any_dirty && !st->tick_due && !st->need_arm) {
+		ferry__backend_quiet(b);
+		if (atomic_load(&st->connects_pending))
+			backend_busy(b);
+	}
 	return n;
 }
 

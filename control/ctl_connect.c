@@ -136,7 +136,7 @@ int ferry_peer_connect(struct ferry_peer *p, const char *control_endpoint)
 	st->nconnects++;
 	atomic_store_explicit(&st->connects_pending, 1, memory_order_release);
 	pthread_mutex_unlock(&st->lock);
-	reactor_wake(p->engine);
+	ferry__backend_wake(p->engine, st->b); /* its rounds run again (quiet) */
 	return 0;
 }
 

@@ -140,6 +140,7 @@ int ctl_sock_open(struct ctl_state *st, struct ctl_sock *s, int type, const char
 	s->dirty = true; /* look once: the edge may have passed already */
 	st->any_dirty = true;
 	st->need_arm = true;
+	backend_busy(st->b); /* ctl_progress looks at it next round (quiet) */
 	return 0;
 }
 
@@ -192,6 +193,7 @@ int ctl_send_msg(struct ctl_state *st, struct ctl_session *s, uint16_t type, uin
 		rc = -errno;
 	sk->dirty = true; /* a send may have taken the edge of ZMQ_FD */
 	st->any_dirty = true;
+	backend_busy(st->b); /* ctl_progress looks at it next round (quiet) */
 	if (rc)
 		log_info("ctl: engine %s: %s to %s not sent: %s", st->e->name, ctl_type_name(type),
 			 s->peer_name[0] ? s->peer_name : "a caller", zmq_strerror(-rc));

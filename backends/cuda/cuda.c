@@ -437,6 +437,7 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
 	else
 		s->busy = j;
 	s->busy_tail = j;
+	backend_busy(s->b); /* cuda_progress polls it from the next round on */
 	atomic_fetch_add(&s->inflight, 1);
 	return 0;
 }
@@ -1092,14 +1093,21 @@ static int job_poll(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_jo
 static int cuda_progress(struct ferry_engine *e, struct backend *b)
 {
 	struct cuda_svc *s = b->data;
-	const struct cuda_rt *rt = atomic_load(&s->rt);
+	const struct cuda_rt *rt;
 	struct cuda_job *j, *next, *prev = NULL;
 	uint32_t blocked = 0; /* devices whose stream has a job still running */
 	int n = 0, res;
 
 	(void)e;
-	if (!s->busy)
+	if (!s->busy) {
+		/*
+		 * No job out: nothing to poll until one is issued, and jobs are
+		 * issued only on the progress side (job_issue clears quiet).
+		 */
+		ferry__backend_quiet(b);
 		return 0;
+	}
+	rt = atomic_load(&s->rt);
 	for (j = s->busy; j; j = next) {
 		next = j->next;
 		/*

@@ -129,6 +129,8 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 				       attr.max_qp_rd_atom : attr.max_qp_init_rd_atom);
 	d->notify_armed = true;
 	st->ndevs++;
+	if (st->b)
+		backend_busy(st->b); /* rdma_progress polls it from the next round on */
 	d->poll_armed = arm_fd(st, d->ch->fd, K_CH | ((uint64_t)d->idx << 8));
 	pthread_mutex_lock(&st->mem_lock);
 	for (struct rdma_mem *m = st->mems; m; m = m->next)
@@ -326,8 +328,11 @@ static int rdma_progress(struct ferry_engine *e, struct backend *b)
 	int n = 0;
 
 	(void)e;
-	if (!st->ndevs)
+	if (!st->ndevs) {
+		/* No device: nothing here ever has work (rdma_dev_for clears quiet). */
+		ferry__backend_quiet(b);
 		return 0;
+	}
 	if (st->ec_event) {
 		st->ec_event = false;
 		rdma_cm_events(st);

@@ -417,6 +417,27 @@ static bool links_alive(struct tcp_state *st)
 	return st->nconns || st->links;
 }
 
+/*
+ * No link, no socket op out on the ring (no listener, no tick), nothing
+ * held: until a PUT or a resolve (the reactor clears quiet before either)
+ * the round hooks would do nothing: skip them (transport.h, quiet). A
+ * socket op out keeps the hooks running: its completion is read from the
+ * ring each round (the ring fd's poll on the reactor's ring needs a
+ * syscall to be posted; a busy round makes none). Everything looked at here
+ * is written on the progress side only.
+ */
+static void tcp_maybe_quiet(struct tcp_state *st, struct backend *b)
+{
+	if (st->inflight || st->wait_mem_head || st->stalled || st->tick_due || st->ndead ||
+	    st->nflush || st->nending || st->nhot || st->tick_armed ||
+	    atomic_load_explicit(&st->h_links_up, memory_order_relaxed) ||
+	    atomic_load_explicit(&st->h_links_other, memory_order_relaxed) ||
+	    io_uring_sq_ready(&st->ring) || io_uring_cq_ready(&st->ring) ||
+	    (IO_URING_READ_ONCE(*st->ring.sq.kflags) & IORING_SQ_CQ_OVERFLOW))
+		return;
+	ferry__backend_quiet(b);
+}
+
 static int tcp_progress(struct ferry_engine *e, struct backend *b)
 {
 	struct tcp_state *st = b->data;
@@ -461,8 +482,10 @@ static int tcp_round_end(struct ferry_engine *e, struct backend *b)
 	int n = 0;
 
 	(void)e;
-	if (!st->ready)
+	if (!st->ready) {
+		ferry__backend_quiet(b); /* no ring: nothing here ever has work */
 		return 0;
+	}
 	if (st->nflush)
 		tcp_flush_all(st, true);
 	if (st->nhot) {
@@ -472,6 +495,8 @@ static int tcp_round_end(struct ferry_engine *e, struct backend *b)
 	}
 	if (io_uring_sq_ready(&st->ring))
 		io_uring_submit(&st->ring);
+	if (!links_alive(st))
+		tcp_maybe_quiet(st, b);
 	return n;
 }
 
