@@ -284,6 +284,12 @@ def test_bad_input_raises_clear_errors(stages, ns):
         c.get("0", "1", "")
     with pytest.raises(TypeError, match="from_stage must be a stage id"):
         p.put(None, "1", "k", b"x")
+    # valid stage ids are remembered; a bool equal to one of them is still refused
+    assert p.put(0, 1, "k-int", b"x")[0] and c.get(0, 1, "k-int") is not None
+    with pytest.raises(TypeError, match="from_stage must be a stage id"):
+        p.put(False, 1, "k", b"x")
+    with pytest.raises(TypeError, match="to_stage must be a stage id"):
+        p.put(0, True, "k", b"x")
     with pytest.raises(ValueError, match="bad to_stage"):
         p.put("0", "1/2", "k", b"x")
     with pytest.raises(TypeError, match="cannot send an object of type object"):

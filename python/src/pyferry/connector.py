@@ -60,6 +60,7 @@ import os
 import threading
 import time
 
+from . import _ferry
 from . import _payload
 from . import cuda as _cuda
 from ._payload import RawPayload, FrameError  # noqa: F401  (public)
@@ -179,7 +180,22 @@ def _release_engine(ns, name):
         logger.warning("FerryConnector: closing engine %s: %s", name, e)
 
 
+_stage_ok = {}  # stage ids seen valid (str or int, not bool) -> their str form
+
+
 def _stage_str(v, what):
+    t = type(v)
+    if t is str or t is int:  # (a bool is not: True == 1 would find 1's entry)
+        s = _stage_ok.get(v)
+        if s is not None:
+            return s
+    s = _stage_check(v, what)
+    if (t is str or t is int) and len(_stage_ok) < 4096:
+        _stage_ok[v] = s
+    return s
+
+
+def _stage_check(v, what):
     if isinstance(v, bool) or not isinstance(v, (str, int)):
         raise TypeError(f"FerryConnector: {what} must be a stage id (str or int), "
                         f"not {type(v).__name__}")
@@ -526,11 +542,10 @@ class FerryConnector(_Base):
         return self._get(src, dst, key, nowait=False, timeout=left)
 
     def _get(self, src, dst, key, nowait, timeout):
-        from . import FerryWouldBlockError, FerryTimeoutError
         eng = self._engine(dst)
         try:
             buf = eng.get(self._recv_peer(dst, src), key, nowait=nowait, timeout=timeout)
-        except (FerryWouldBlockError, FerryTimeoutError):
+        except (_ferry.FerryWouldBlockError, _ferry.FerryTimeoutError):
             return None
         except Exception as e:
             self._metrics["get_errors"] += 1
