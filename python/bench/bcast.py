@@ -3,6 +3,8 @@
 
     python python/bench/bcast.py [--readers 1,4,8] [--sizes 64,1048576]
                                  [--msgs 2000] [--gap-us 200] [--impl ferry,zmq,vllm]
+                                 (ferry-manual: ferry with caller-driven readers,
+                                 MessageQueue.create_from_handle(progress="manual"))
                                  [--json out.json]
                                  [--remote --connect-ip IP [--reader-netns NS --reader-ip IP]]
 
@@ -69,9 +71,10 @@ def reader_main(impl, handle, n_total, rank):
 
 
 def open_reader(impl, handle, rank):
-    if impl == "ferry":
+    if impl in ("ferry", "ferry-manual"):
         import pyferry
-        mq = pyferry.MessageQueue.create_from_handle(handle.encode(), rank)
+        mq = pyferry.MessageQueue.create_from_handle(
+            handle.encode(), rank, progress="manual" if impl == "ferry-manual" else "thread")
 
         def recv():
             with mq.dequeue_bytes(timeout=60) as b:
@@ -104,7 +107,7 @@ def open_reader(impl, handle, rank):
 
 def open_writer(impl, n, size, remote, ip):
     local = 0 if remote else n
-    if impl == "ferry":
+    if impl in ("ferry", "ferry-manual"):
         import pyferry
         mq = pyferry.MessageQueue(n, local, max_chunk_bytes=max(size, 1 << 16), max_chunks=64,
                                   connect_ip=ip if remote else None)
@@ -135,7 +138,7 @@ def open_writer(impl, n, size, remote, ip):
 
 def available(impl):
     try:
-        if impl == "ferry":
+        if impl in ("ferry", "ferry-manual"):
             import pyferry  # noqa: F401
         elif impl == "zmq":
             import zmq  # noqa: F401

@@ -99,6 +99,34 @@ def test_timeout_and_bad_handle(ns):
     rd.close()
 
 
+def test_manual_reader(ns):
+    """A reader whose engine is caller-driven (progress="manual"): it attaches
+    inside its own wait_until_ready, receives in order, sees the writer close."""
+    import threading
+    mq = pyferry.MessageQueue(1, 1, ns=ns)
+    rd = pyferry.MessageQueue.create_from_handle(mq.export_handle(), progress="manual")
+    with pytest.raises(TimeoutError):  # no reactor thread: not attached before its own call
+        mq.wait_until_ready(timeout=0.5)
+    t = threading.Thread(target=rd.wait_until_ready, kwargs={"timeout": 10})
+    t.start()
+    mq.wait_until_ready(timeout=10)
+    t.join(10)
+    assert not t.is_alive()
+    # more than the window (10): the writer waits for the reader, whose
+    # dequeues drive its engine (a writer thread, bounded)
+    w = threading.Thread(target=lambda: [mq.enqueue(("msg", i), timeout=20) for i in range(50)])
+    w.start()
+    assert [rd.dequeue(timeout=20) for _ in range(50)] == [("msg", i) for i in range(50)]
+    w.join(20)
+    assert not w.is_alive()
+    mq.close()
+    with pytest.raises(BrokenPipeError):
+        rd.dequeue(timeout=5)
+    rd.close()
+    with pytest.raises(ValueError):
+        pyferry.MessageQueue.create_from_handle(b"garbage", progress="manual")
+
+
 WRITER = r"""
 import sys, os, pyferry
 mq = pyferry.MessageQueue(1, 1)

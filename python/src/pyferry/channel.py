@@ -87,9 +87,15 @@ class MessageQueue:
 
     @staticmethod
     def create_from_handle(handle, rank=0, *, engine=None, remote=None, pool_size=None,
-                           attach_timeout=None):
+                           attach_timeout=None, progress="thread"):
         """The reader's end of the queue a handle names (rank is kept for
-        vLLM's signature; ferry needs none)."""
+        vLLM's signature; ferry needs none). progress="manual" runs the
+        reader's own engine caller-driven (no reactor thread: the reader's
+        dequeue and wait_until_ready drive it, so a message wakes the reader's
+        thread itself, one cross-core wake-up instead of two; measured in
+        docs/benchmarks.md). Then the reader attaches only inside its own
+        wait_until_ready (call it while the writer waits in its), and what it
+        released goes back to the writer on its next call."""
         self = MessageQueue.__new__(MessageQueue)
         h = bytes(handle)
         if not h.startswith(_TAG):
@@ -109,7 +115,8 @@ class MessageQueue:
                 ctl_ip = os.environ.get("PYFERRY_MQ_IP", "127.0.0.1") if not remote else \
                     (remote if isinstance(remote, str) else "127.0.0.1")
                 kw["control"] = f"tcp://{ctl_ip}:0"
-            engine = Engine(_engine_name("r"), ns=ns, pool_size=pool_size or (64 << 20), **kw)
+            engine = Engine(_engine_name("r"), ns=ns, pool_size=pool_size or (64 << 20),
+                            progress=progress, **kw)
         self._engine = engine
         self._chan = _ferry.ChanReader(engine, chan_handle, remote=bool(remote),
                                        attach_timeout=attach_timeout)
