@@ -63,6 +63,7 @@ import time
 from . import _ferry
 from . import _payload
 from . import cuda as _cuda
+from ._parked import ParkedGets
 from ._payload import RawPayload, FrameError  # noqa: F401  (public)
 
 __all__ = ["FerryConnector", "RawPayload", "register", "NAME"]
@@ -268,7 +269,9 @@ class FerryConnector(_Base):
         (False, 0, None) when ferry could not deliver (logged; upstream's
         callers retry); data it cannot send raises TypeError/ValueError.
     get(from_stage, to_stage, get_key, metadata=None) -> (payload, size), or
-        None while the key is not there yet (never waits).
+        None while the key is not there yet (never waits; the first miss
+        parks a GET for the key in ferry and later polls only reap it:
+        pyferry._parked).
     get_with_deadline(..., metadata=None, *, deadline) -> the same, waiting
         until deadline (absolute, time.monotonic() seconds, as upstream's
         callers pass it) inside ferry with the GIL released.
@@ -333,6 +336,7 @@ class FerryConnector(_Base):
         self._engine_of = {}   # stage id -> Engine
         self._peer_of = {}     # (stage id, peer stage id) -> Peer
         self._routes = {}      # "stage->peer stage" -> "shm" | "tcp" | "rdma"
+        self._parked = {}      # stage id -> ParkedGets of its engine (polled gets)
         self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
                          "put_failures": 0, "get_errors": 0}
         self._closed = False
@@ -541,10 +545,28 @@ class FerryConnector(_Base):
             return self._get(src, dst, key, nowait=True, timeout=None)
         return self._get(src, dst, key, nowait=False, timeout=left)
 
+    def _parked_of(self, stage):
+        pk = self._parked.get(stage)
+        if pk is None:
+            eng = self._engine(stage)
+            with self._lock:
+                if self._closed:
+                    raise ValueError("FerryConnector is closed")
+                pk = self._parked.get(stage)
+                if pk is None:
+                    pk = self._parked[stage] = ParkedGets(eng)
+        return pk
+
     def _get(self, src, dst, key, nowait, timeout):
-        eng = self._engine(dst)
+        pk = self._parked.get(dst) or self._parked_of(dst)  # closed: ValueError
         try:
-            buf = eng.get(self._recv_peer(dst, src), key, nowait=nowait, timeout=timeout)
+            peer = self._recv_peer(dst, src)
+            if nowait:  # a poll: the first miss leaves a GET waiting (pyferry._parked)
+                buf = pk.poll(peer, src, key)
+            else:
+                buf = pk.wait(peer, src, key, timeout)
+            if buf is None:
+                return None
         except (_ferry.FerryWouldBlockError, _ferry.FerryTimeoutError):
             return None
         except Exception as e:
@@ -569,11 +591,16 @@ class FerryConnector(_Base):
                 eng.cleanup(key)
             except Exception as e:
                 logger.warning("FerryConnector cleanup %s: %s", key, e)
+        for pk in list(self._parked.values()):  # after: what came in before is reaped
+            pk.cleanup(key)
 
     def abandon_get(self, get_key):
-        """Nothing to retire: a ferry GET is one op that ends at its deadline,
-        and no discovery state outlives it."""
-        _key_str(get_key, "get_key")
+        """The caller stopped polling the key: cancel the GET its polls left
+        parked (data that comes for it later stays in the engine until
+        cleanup, as if it had never been polled)."""
+        key = _key_str(get_key, "get_key")
+        for pk in list(self._parked.values()):
+            pk.abandon(key)
 
     def reap_consumed(self):
         """Nothing to reap: a put completes once the receiving stage holds the
@@ -586,10 +613,13 @@ class FerryConnector(_Base):
                 engines[eng.name] = eng.health()
             except Exception as e:
                 engines[self._engine_name(stage)] = {"error": str(e)}
+        parked = [pk.stats() for pk in list(self._parked.values())]
         return {"status": "closed" if self._closed else "healthy", "connector": NAME,
                 "transport": self.transport, "fell_back": self.fell_back,
                 "rdma": self._rdma, "routes": dict(self._routes), "namespace": self.namespace,
                 "stage_id": self.stage_id, "rank": self.rank, **self._metrics,
+                "parked_gets": sum(p["parked"] for p in parked),
+                "arrived_untaken": sum(p["arrived"] for p in parked),
                 "engines": engines}
 
     @property
@@ -607,8 +637,11 @@ class FerryConnector(_Base):
                 return
             self._closed = True
             held, self._held = self._held, []
+            parked, self._parked = list(self._parked.values()), {}
             self._engine_of = {}
             self._peer_of = {}
+        for pk in parked:  # before the engines go: a shared engine stays open
+            pk.close()
         for name in held:
             _release_engine(self.namespace, name)
 
