@@ -68,6 +68,13 @@ class ParkedGets:
             elif res not in _ENDED:
                 self._arrived[k] = res
 
+    def _open_reap_take(self, k, key):
+        """Reap, then take what arrived for k (_MISSING if nothing did)."""
+        if self.closed:
+            raise ValueError("FerryConnector is closed")
+        self._reap()
+        return self._take(k, key)
+
     def _take(self, k, key):
         got = self._arrived.pop(k, _MISSING)
         if got is _MISSING or not isinstance(got, int):
@@ -89,10 +96,7 @@ class ParkedGets:
         left waiting for it). Raises what the GET raised."""
         k = (sender, key)
         with self._lock:
-            if self.closed:
-                raise ValueError("FerryConnector is closed")
-            self._reap()
-            got = self._take(k, key)
+            got = self._open_reap_take(k, key)
             if got is not _MISSING:
                 return got
             if k in self._ud_of:
@@ -111,10 +115,7 @@ class ParkedGets:
         k = (sender, key)
         end = time.monotonic() + timeout
         with self._lock:
-            if self.closed:
-                raise ValueError("FerryConnector is closed")
-            self._reap()
-            got = self._take(k, key)
+            got = self._open_reap_take(k, key)
             if got is not _MISSING:
                 return got
             ud = self._ud_of.get(k)

@@ -558,7 +558,7 @@ class FerryConnector(_Base):
         return pk
 
     def _get(self, src, dst, key, nowait, timeout):
-        pk = self._parked.get(dst) or self._parked_of(dst)  # closed: ValueError
+        pk = self._parked_of(dst)  # closed: ValueError
         try:
             peer = self._recv_peer(dst, src)
             if nowait:  # a poll: the first miss leaves a GET waiting (pyferry._parked)
