@@ -175,6 +175,8 @@ static void engine_free(struct ferry_engine *e)
 	free(e);
 }
 
+_Static_assert(ENGINE_MAX_BACKENDS <= 32, "a bit per transport in an engine's awake mask");
+
 static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 {
 	struct backend *b;
@@ -189,24 +191,24 @@ static int add_backend(struct ferry_engine *e, const struct backend_ops *ops)
 	b->ops = ops;
 	b->index = (uint8_t)e->nbackends;
 	b->data = NULL;
-	atomic_init(&b->quiet, false);
+	b->awake = &e->awake;
+	atomic_fetch_or_explicit(&e->awake, 1u << b->index, memory_order_relaxed);
 	rc = ops->init(e, b);
-	if (rc)
-		return rc;
-	if ((rc = memory_transport_up(e, b))) {
+	if (!rc && (rc = memory_transport_up(e, b)))
 		ops->fini(e, b);
+	if (rc) {
+		atomic_fetch_and_explicit(&e->awake, ~(1u << b->index), memory_order_relaxed);
 		return rc;
 	}
 	e->nbackends++;
-	e->round_progress[e->nround_progress].fn = ops->progress;
-	e->round_progress[e->nround_progress++].b = b;
+	e->round_progress[b->index] = ops->progress;
 	if (ops->round_end) {
-		e->round_end[e->nround_end].fn = ops->round_end;
-		e->round_end[e->nround_end++].b = b;
+		e->round_end[b->index] = ops->round_end;
+		e->has_end |= 1u << b->index;
 	}
 	if (ops->sqs_drained) {
-		e->round_drained[e->nround_drained].fn = ops->sqs_drained;
-		e->round_drained[e->nround_drained++].b = b;
+		e->round_drained[b->index] = ops->sqs_drained;
+		e->has_drained |= 1u << b->index;
 	}
 	return 0;
 }

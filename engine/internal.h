@@ -613,20 +613,17 @@ struct ferry_engine {
 	struct backend backends[ENGINE_MAX_BACKENDS];
 	unsigned nbackends;
 	/*
-	 * The round's hook lists, made as transports are added (add_backend):
-	 * each entry a transport's hook and the transport, only for those that
-	 * have it, in the order of backends[]. A round walks these and nothing
-	 * else (no NULL tests, no ops table loads).
+	 * The round's hooks, by transport index (backends[]), made as
+	 * transports are added (add_backend). A round walks the set bits of
+	 * awake (the transports not quiet, transport.h) and of has_drained /
+	 * has_end (those that have the hook), lowest index first: no test of a
+	 * quiet transport, no NULL tests, no ops table loads.
 	 */
-	struct {
-		int (*fn)(struct ferry_engine *e, struct backend *b);
-		struct backend *b;
-	} round_progress[ENGINE_MAX_BACKENDS], round_end[ENGINE_MAX_BACKENDS];
-	struct {
-		void (*fn)(struct ferry_engine *e, struct backend *b);
-		struct backend *b;
-	} round_drained[ENGINE_MAX_BACKENDS];
-	uint8_t nround_progress, nround_end, nround_drained;
+	_Atomic uint32_t awake;
+	uint32_t has_drained, has_end;
+	int (*round_progress[ENGINE_MAX_BACKENDS])(struct ferry_engine *e, struct backend *b);
+	int (*round_end[ENGINE_MAX_BACKENDS])(struct ferry_engine *e, struct backend *b);
+	void (*round_drained[ENGINE_MAX_BACKENDS])(struct ferry_engine *e, struct backend *b);
 	/* The creation parameters, valid only while backends init (NULL after). */
 	const struct ferry_engine_params *create_params;
 
@@ -672,13 +669,24 @@ bool reactor_has_work(struct ferry_engine *e);
 /* Is transport b quiet (transport.h: its round hooks are skipped)? */
 static inline bool backend_quiet(struct backend *b)
 {
-	return atomic_load_explicit(&b->quiet, memory_order_relaxed);
+	return !(atomic_load_explicit(b->awake, memory_order_relaxed) & (1u << b->index));
 }
 /* The reactor is about to call another hook of b: its round hooks run again. */
 static inline void backend_busy(struct backend *b)
 {
-	if (atomic_load_explicit(&b->quiet, memory_order_relaxed))
-		atomic_store_explicit(&b->quiet, false, memory_order_relaxed);
+	uint32_t bit = 1u << b->index;
+
+	if (!(atomic_load_explicit(b->awake, memory_order_relaxed) & bit))
+		atomic_fetch_or_explicit(b->awake, bit, memory_order_relaxed);
+}
+/*
+ * The next transport at or above index `from` whose hook (a bit of hooks)
+ * runs in this round: awake is read again each time, so that a hook that
+ * wakes a later transport has it called in the same round. 0 = none left.
+ */
+static inline uint32_t round_hooks_from(struct ferry_engine *e, uint32_t hooks, unsigned from)
+{
+	return atomic_load_explicit(&e->awake, memory_order_relaxed) & hooks & ~((1u << from) - 1);
 }
 /* Sleep in the io_uring wait until the doorbell, the next deadline, or
  * timeout_ns (< 0 = none). Caller holds progress_busy. */

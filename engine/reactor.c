@@ -1079,6 +1079,7 @@ int reactor_run_once(struct ferry_engine *e)
 {
 	struct op *op;
 	bool drained;
+	unsigned i;
 	int n = 0;
 
 	e->now_valid = false;
@@ -1102,12 +1103,15 @@ int reactor_run_once(struct ferry_engine *e)
 	 */
 	drained = drain_sqs(e, &n);
 	if (n)
-		for (unsigned i = 0; i < e->nround_drained; i++)
-			if (!backend_quiet(e->round_drained[i].b))
-				e->round_drained[i].fn(e, e->round_drained[i].b);
-	for (unsigned i = 0; i < e->nround_progress; i++)
-		if (!backend_quiet(e->round_progress[i].b))
-			n += e->round_progress[i].fn(e, e->round_progress[i].b);
+		for (uint32_t m = round_hooks_from(e, e->has_drained, 0); m;
+		     m = round_hooks_from(e, e->has_drained, i + 1)) {
+			i = (unsigned)__builtin_ctz(m);
+			e->round_drained[i](e, &e->backends[i]);
+		}
+	for (uint32_t m = round_hooks_from(e, ~0u, 0); m; m = round_hooks_from(e, ~0u, i + 1)) {
+		i = (unsigned)__builtin_ctz(m);
+		n += e->round_progress[i](e, &e->backends[i]);
+	}
 	if (stream_round_due(e))
 		n += stream_round(e);
 	if (unlikely(e->retry_at) && reactor_now(e) >= e->retry_at)
@@ -1116,9 +1120,11 @@ int reactor_run_once(struct ferry_engine *e)
 		op_complete(e, op, -ETIMEDOUT, 0, NULL);
 		n++;
 	}
-	for (unsigned i = 0; i < e->nround_end; i++)
-		if (!backend_quiet(e->round_end[i].b))
-			n += e->round_end[i].fn(e, e->round_end[i].b);
+	for (uint32_t m = round_hooks_from(e, e->has_end, 0); m;
+	     m = round_hooks_from(e, e->has_end, i + 1)) {
+		i = (unsigned)__builtin_ctz(m);
+		n += e->round_end[i](e, &e->backends[i]);
+	}
 	cq_flush_wakeups(e);
 	if (atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
 		cq_reap_dead(e, drained);

@@ -234,8 +234,8 @@ int reactor_arm_manual(struct ferry_engine *e)
 void ferry__backend_wake(struct ferry_engine *e, struct backend *b)
 {
 	atomic_thread_fence(memory_order_seq_cst); /* what the caller wrote, then quiet */
-	if (atomic_load_explicit(&b->quiet, memory_order_relaxed))
-		atomic_store_explicit(&b->quiet, false, memory_order_seq_cst);
+	if (backend_quiet(b))
+		atomic_fetch_or_explicit(b->awake, 1u << b->index, memory_order_seq_cst);
 	reactor_wake(e);
 }
 

@@ -247,8 +247,12 @@ struct backend {
 	 * once more at what other threads write (they write, then wake), and
 	 * clear it if something came. A transport that never sets it (the
 	 * default) has its hooks run every round.
+	 *
+	 * Quiet is b's bit (1 << index) clear in the engine's mask *awake, so
+	 * that a round visits the transports whose bits are set and no other
+	 * (one load, then a walk over set bits).
 	 */
-	_Atomic bool quiet;
+	_Atomic uint32_t *awake;
 };
 
 /*
@@ -259,10 +263,10 @@ void ferry__backend_wake(struct ferry_engine *e, struct backend *b);
 /* Progress side, a transport in its own hook: nothing to do until called (see quiet). */
 static inline void ferry__backend_quiet(struct backend *b)
 {
-	atomic_store_explicit(&b->quiet, true, memory_order_seq_cst);
+	atomic_fetch_and_explicit(b->awake, ~(1u << b->index), memory_order_seq_cst);
 }
 
-#define ENGINE_MAX_BACKENDS 8
+#define ENGINE_MAX_BACKENDS 8 /* at most 32: a bit each in an engine's awake mask */
 
 /* io_uring user_data for a backend's SQE: its index in the top byte. */
 static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
