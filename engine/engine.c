@@ -381,6 +381,8 @@ int ferry_peer_open(struct ferry_engine *e, const char *name, struct ferry_peer 
 	if (!p && (p = calloc(1, sizeof(*p)))) {
 		p->engine = e;
 		snprintf(p->name, sizeof(p->name), "%s", name);
+		key_suffix_make(&p->from_sfx, p->name, e->name);
+		key_suffix_make(&p->to_sfx, e->name, p->name);
 		p->next = e->peers;
 		__atomic_store_n(&e->peers, p, __ATOMIC_RELEASE); /* ferry__peers_first */
 	}

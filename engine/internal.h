@@ -13,6 +13,7 @@
 #ifndef FERRY_INTERNAL_H
 #define FERRY_INTERNAL_H
 
+#include <errno.h>
 #include <liburing.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -357,11 +358,44 @@ uint64_t keytable_hash(const char *key, size_t len);
 struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h);
 /* Find or create; NULL when the table is full. */
 struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len, uint64_t h);
+/* Create an entry for a key that keytable_find just did not find; NULL when full. */
+struct key_entry *keytable_insert(struct key_table *t, const char *key, size_t len, uint64_t h);
 /* Drop the entry if it holds neither data nor waiters. */
 void keytable_put(struct key_table *t, struct key_entry *ke);
 /* Compose "{key}@{from}_{to}"; returns its length or -ENAMETOOLONG. */
 int keytable_compose(char *out, const char *key, size_t key_len, const char *from,
 		     const char *to);
+
+/*
+ * The "@{from}_{to}" of every key that arrives over one path (a peer handle,
+ * a connection), made once when the path is made, so that composing a key
+ * is two copies (keytable_compose_sfx) instead of a walk over both names.
+ */
+struct key_suffix {
+	uint16_t len;
+	char s[2 * FERRY_NAME_MAX + 2];
+};
+
+void key_suffix_make(struct key_suffix *sfx, const char *from, const char *to);
+
+/* out holds a key of key_len bytes: append sfx; the full length or -ENAMETOOLONG. */
+static inline int keytable_append_sfx(char *out, size_t key_len, const struct key_suffix *sfx)
+{
+	if (key_len + sfx->len >= FULLKEY_MAX)
+		return -ENAMETOOLONG;
+	memcpy(out + key_len, sfx->s, sfx->len + 1u);
+	return (int)(key_len + sfx->len);
+}
+
+/* keytable_compose(out, key, key_len, from, to) with sfx made of from and to. */
+static inline int keytable_compose_sfx(char *out, const char *key, size_t key_len,
+				       const struct key_suffix *sfx)
+{
+	if (key_len >= FULLKEY_MAX)
+		return -ENAMETOOLONG;
+	memcpy(out, key, key_len);
+	return keytable_append_sfx(out, key_len, sfx);
+}
 
 /* ------------------------------------------------------------------ */
 /* Peers and transports                                                */
@@ -374,6 +408,8 @@ struct peer_stats {
 struct ferry_peer {
 	struct ferry_engine *engine;
 	char name[FERRY_NAME_MAX];
+	struct key_suffix from_sfx; /* "@{name}_{engine}": the keys a GET from it waits for */
+	struct key_suffix to_sfx;   /* "@{engine}_{name}": the keys of our PUTs to it there */
 	struct backend *backend;   /* the transport that reaches it, once resolved */
 	void *transport;           /* that backend's state for this peer */
 	struct peer_stats stats;

@@ -56,22 +56,35 @@ void keytable_fini(struct key_table *t)
 	memset(t, 0, sizeof(*t));
 }
 
-/* FNV-1a, 8 bytes at a time folded with a multiply: keys are short. */
+/*
+ * FNV-1a, 8 bytes at a time folded with a multiply: keys are short. The
+ * last 1-7 bytes of a key of 8 or more are one more word: the key's last 8
+ * bytes, shifted so that only those not yet hashed stay (one load, not a
+ * loop). The hash lives in this process only (never on the wire or in
+ * shared memory), so byte order does not matter.
+ */
 uint64_t keytable_hash(const char *key, size_t len)
 {
-	uint64_t h = 0xcbf29ce484222325ull;
+	uint64_t h = 0xcbf29ce484222325ull, w;
+	const char *end = key + len;
 
+	if (len < 8) {
+		while (len--)
+			h = (h ^ (uint8_t)*key++) * 0x100000001b3ull;
+		return h ^ (h >> 32);
+	}
 	while (len >= 8) {
-		uint64_t w;
-
 		memcpy(&w, key, 8);
 		h = (h ^ w) * 0x100000001b3ull;
 		h ^= h >> 29;
 		key += 8;
 		len -= 8;
 	}
-	while (len--)
-		h = (h ^ (uint8_t)*key++) * 0x100000001b3ull;
+	if (len) {
+		memcpy(&w, end - 8, 8);
+		w >>= 8 * (8 - len); /* little endian: the last len bytes */
+		h = (h ^ w) * 0x100000001b3ull;
+	}
 	return h ^ (h >> 32);
 }
 
@@ -108,8 +121,13 @@ struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len,
 {
 	struct key_entry *ke = keytable_find(t, key, len, h);
 
-	if (ke)
-		return ke;
+	return ke ? ke : keytable_insert(t, key, len, h);
+}
+
+struct key_entry *keytable_insert(struct key_table *t, const char *key, size_t len, uint64_t h)
+{
+	struct key_entry *ke;
+
 	if (!t->free || len >= FULLKEY_MAX)
 		return NULL;
 	if (t->used >= (t->mask + 1) / 2 && t->mask < t->max_mask && !t->frozen)
@@ -182,4 +200,16 @@ int keytable_compose(char *out, const char *key, size_t key_len, const char *fro
 	}
 	*p = '\0';
 	return (int)(p - out);
+}
+
+void key_suffix_make(struct key_suffix *sfx, const char *from, const char *to)
+{
+	size_t fl = strnlen(from, FERRY_NAME_MAX - 1), tl = strnlen(to, FERRY_NAME_MAX - 1);
+
+	sfx->s[0] = '@';
+	memcpy(sfx->s + 1, from, fl);
+	sfx->s[1 + fl] = '_';
+	memcpy(sfx->s + 2 + fl, to, tl);
+	sfx->s[2 + fl + tl] = '\0';
+	sfx->len = (uint16_t)(2 + fl + tl);
 }

@@ -319,7 +319,7 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	}
 	if (!ke) {
 		if (e->keys.present >= e->keys.max_present ||
-		    !(ke = keytable_get(&e->keys, fullkey, fullkey_len, h))) {
+		    !(ke = keytable_insert(&e->keys, fullkey, fullkey_len, h))) {
 			log_limited(FERRY__LOG_WARN, "engine %s: key table full (%u keys held), "
 				    "refusing %s", e->name, STAT_GET(e->keys.present), fullkey);
 			STAT_ADD(e->stats.refused, 1);
@@ -758,7 +758,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
-	n = keytable_compose(fullkey, sqe->key, sqe->key_len, sqe->peer->name, e->name);
+	n = keytable_compose_sfx(fullkey, sqe->key, sqe->key_len, &sqe->peer->from_sfx);
 	if (n < 0) {
 		op_complete(e, op, n, 0, NULL);
 		return;
@@ -803,7 +803,8 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		op_complete(e, op, -EAGAIN, 0, NULL);
 		return;
 	}
-	ke = keytable_get(&e->keys, fullkey, (size_t)n, h);
+	if (!ke)
+		ke = keytable_insert(&e->keys, fullkey, (size_t)n, h);
 	if (!ke) {
 		op_complete(e, op, -ENOSPC, 0, NULL);
 		return;

@@ -1,8 +1,10 @@
 /*
  * tests/test_keytable.c - the key table (engine/keytable.c): lookups while
  * its active bucket range grows and shrinks with the keys in use, no
- * resize while someone walks the buckets (frozen), and stored keys
- * "{key}@{from}_{to}" composed up to their length limit and refused past it.
+ * resize while someone walks the buckets (frozen), stored keys
+ * "{key}@{from}_{to}" composed up to their length limit and refused past it,
+ * the same composed from a suffix made once (key_suffix), and a hash that
+ * every byte of a key changes.
  *
  * Every test arms an alarm (FERRY_TEST_TIMEOUT seconds, default 120).
  */
@@ -215,6 +217,108 @@ static void test_keytable_compose(void **state)
 	}
 }
 
+/*
+ * keytable_compose_sfx / keytable_append_sfx with a key_suffix made of the
+ * two names: byte for byte what keytable_compose makes, the same length or
+ * the same refusal, for names of every length and keys around the limit.
+ */
+static void test_keytable_compose_sfx(void **state)
+{
+	char a[FULLKEY_MAX + 8], b[FULLKEY_MAX + 8], key[FULLKEY_MAX + 2];
+	char from[FERRY_NAME_MAX], to[FERRY_NAME_MAX];
+	struct key_suffix sfx;
+	unsigned checked = 0;
+
+	(void)state;
+	key_suffix_make(&sfx, "tx", "rx");
+	assert_int_equal(sfx.len, 6);
+	assert_string_equal(sfx.s, "@tx_rx");
+	memset(key, 'k', sizeof(key));
+	for (size_t fl = 0; fl < FERRY_NAME_MAX; fl += 3) {
+		for (size_t tl = 0; tl < FERRY_NAME_MAX; tl += 5) {
+			size_t edge = FULLKEY_MAX - 2 - fl - tl; /* the longest key that fits */
+			size_t kls[] = { 1, 7, 8, 9, edge - 1, edge, edge + 1, edge + 2 };
+
+			memset(from, 'f', fl);
+			from[fl] = '\0';
+			memset(to, 't', tl);
+			to[tl] = '\0';
+			key_suffix_make(&sfx, from, to);
+			assert_int_equal(sfx.len, fl + tl + 2);
+			for (size_t i = 0; i < sizeof(kls) / sizeof(kls[0]); i++) {
+				int ra, rb, rc;
+
+				memset(a, 'x', sizeof(a));
+				memset(b, 'x', sizeof(b));
+				ra = keytable_compose(a, key, kls[i], from, to);
+				rb = keytable_compose_sfx(b, key, kls[i], &sfx);
+				assert_int_equal(rb, ra);
+				if (ra >= 0) {
+					assert_memory_equal(a, b, (size_t)ra + 2); /* its NUL, then untouched */
+					memset(b, 'x', sizeof(b));
+					memcpy(b, key, kls[i]);
+					rc = keytable_append_sfx(b, kls[i], &sfx);
+					assert_int_equal(rc, ra);
+					assert_memory_equal(a, b, (size_t)ra + 2);
+				} else {
+					assert_int_equal(ra, -ENAMETOOLONG);
+					assert_int_equal(keytable_append_sfx(b, kls[i], &sfx), -ENAMETOOLONG);
+					assert_int_equal(b[kls[i] < sizeof(b) ? kls[i] : 0], 'x');
+				}
+				checked++;
+			}
+		}
+	}
+	assert_true(checked > 1000);
+}
+
+/* Every byte of a key, at any length, changes its hash (the tail is one shifted load). */
+static void test_keytable_hash_every_byte(void **state)
+{
+	char k[FULLKEY_MAX];
+
+	(void)state;
+	for (size_t len = 1; len < 80; len++) {
+		for (size_t i = 0; i < len; i++)
+			k[i] = (char)('a' + (i * 7 + len) % 26);
+		uint64_t h = keytable_hash(k, len);
+
+		assert_true(keytable_hash(k, len) == h);
+		for (size_t i = 0; i < len; i++) {
+			k[i] ^= 0x10;
+			assert_true(keytable_hash(k, len) != h);
+			k[i] ^= 0x10;
+		}
+		/* The bytes just past the key are not read into it. */
+		k[len] = 'Z';
+		assert_true(keytable_hash(k, len) == h);
+	}
+}
+
+/* keytable_insert after a find that missed: found from then on, in the count. */
+static void test_keytable_insert(void **state)
+{
+	struct key_table t;
+	struct key_entry *ke;
+	const char *k = "k1@a_b";
+	uint64_t h = keytable_hash(k, strlen(k));
+
+	(void)state;
+	assert_int_equal(keytable_init(&t, 4, 4), 0);
+	assert_null(keytable_find(&t, k, strlen(k), h));
+	ke = keytable_insert(&t, k, strlen(k), h);
+	assert_non_null(ke);
+	assert_int_equal(t.used, 1);
+	assert_ptr_equal(keytable_find(&t, k, strlen(k), h), ke);
+	assert_ptr_equal(keytable_get(&t, k, strlen(k), h), ke);
+	assert_int_equal(t.used, 1);
+	assert_string_equal(ke->key, k);
+	keytable_put(&t, ke);
+	assert_int_equal(t.used, 0);
+	assert_null(keytable_find(&t, k, strlen(k), h));
+	keytable_fini(&t);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -222,6 +326,9 @@ int main(void)
 		cmocka_unit_test_setup(test_keytable_frozen_keeps_buckets, setup),
 		cmocka_unit_test_setup(test_keytable_small, setup),
 		cmocka_unit_test_setup(test_keytable_compose, setup),
+		cmocka_unit_test_setup(test_keytable_compose_sfx, setup),
+		cmocka_unit_test_setup(test_keytable_hash_every_byte, setup),
+		cmocka_unit_test_setup(test_keytable_insert, setup),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

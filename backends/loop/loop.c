@@ -56,7 +56,8 @@ struct loop_msg {
 	uint64_t len;
 	uint16_t key_len;
 	bool inl; /* the data is in data[] (buf is NULL) */
-	char key[FERRY_KEY_MAX];
+	/* "{key}@{from}_{to}", composed by the sender (its peer handle's to_sfx). */
+	char key[FULLKEY_MAX];
 	struct loop_msg *free_next;
 	unsigned char data[LOOP_INLINE_MAX];
 };
@@ -299,8 +300,13 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->inl = !op->buf; /* an iovec of at most iov_put_max bytes */
 	if (m->inl)
 		op_gather(op, m->data, op->len);
-	m->key_len = op->key_len;
-	memcpy(m->key, op->key, op->key_len + 1u);
+	rc = keytable_compose_sfx(m->key, op->key, op->key_len, &op->peer->to_sfx);
+	if (rc < 0) {
+		m->free_next = self->free_msgs;
+		self->free_msgs = m;
+		return rc;
+	}
+	m->key_len = (uint16_t)rc;
 	ep_ref(self); /* the message holds its home */
 	rc = ep_send(dst, m);
 	if (rc) {
@@ -339,16 +345,12 @@ static int take_inline(struct ferry_engine *e, struct loop_msg *m, const char *f
 /* A message of another engine asks us to take a PUT. */
 static void take_put(struct ferry_engine *e, struct loop_ep *self, struct loop_msg *m)
 {
-	char fullkey[FULLKEY_MAX];
-	int n = keytable_compose(fullkey, m->key, m->key_len, m->home->name, e->name);
 	int rc;
 
-	if (n < 0)
-		rc = n;
-	else if (m->inl)
-		rc = take_inline(e, m, fullkey, (size_t)n);
+	if (m->inl)
+		rc = take_inline(e, m, m->key, m->key_len);
 	else
-		rc = reactor_deliver(e, NULL, fullkey, (size_t)n, m->buf, m->len, m->flags);
+		rc = reactor_deliver(e, NULL, m->key, m->key_len, m->buf, m->len, m->flags);
 	if (rc && m->buf)
 		pool_free(m->buf); /* refused: the data dies here */
 	m->buf = NULL;

@@ -558,20 +558,21 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	uint64_t offset = d->offset, len = d->len;
 	struct shm_ctrl res = { .type = SHM_C_RESULT, .op_cookie = d->op_cookie,
 				.buf_cookie = d->buf_cookie, .offset = offset };
-	char key[FERRY_KEY_MAX], fullkey[FULLKEY_MAX];
+	char fullkey[FULLKEY_MAX];
 	struct ferry_buf *buf;
 	int n, rc;
 
 	if ((type != SHM_D_PUT && type != SHM_D_PUT_INLINE) || key_len == 0 ||
 	    key_len >= FERRY_KEY_MAX || (flags & ~(WIRE_F__ALL | WIRE_F_CUDA_IPC)))
 		return false;
-	memcpy(key, d->body, key_len + 1u);
-	if (key[key_len] != '\0' || strnlen(key, key_len) != key_len)
+	/* The key, copied out once into the full key, then checked there. */
+	memcpy(fullkey, d->body, key_len + 1u);
+	if (fullkey[key_len] != '\0' || strnlen(fullkey, key_len) != key_len)
 		return false;
+	n = keytable_append_sfx(fullkey, key_len, &c->arrive_sfx);
 	if (type == SHM_D_PUT_INLINE) {
 		if (len > SHM_INLINE_MAX || (flags & (WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC)))
 			return false;
-		n = keytable_compose(fullkey, key, key_len, c->peer_name, e->name);
 		res.type = SHM_C_RESULT_INLINE;
 		res.res = take_inline(e, c, fullkey, n, d->body + shm_inline_at(key_len), len, flags);
 		send_ctrl(e, c, &res); /* room was checked by the caller */
@@ -579,7 +580,6 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	}
 	if (offset > c->peer_pool_size || len > c->peer_pool_size - offset)
 		return false;
-	n = keytable_compose(fullkey, key, key_len, c->peer_name, e->name);
 	if (n >= 0 && c->peer_takes_result_free &&
 	    reactor_deliver_copy(e, fullkey, (size_t)n, c->peer_pool + offset, len, flags)) {
 		/* A GET into an iovec took a copy: the block goes back with the RESULT. */

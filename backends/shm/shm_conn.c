@@ -73,6 +73,7 @@ struct shm_conn *shm_conn_new(struct ferry_engine *e, struct shm_state *st, int 
 	c->ring_fd = -1;
 	c->peer_doorbell = -1;
 	snprintf(c->peer_name, sizeof(c->peer_name), "%s", peer_name);
+	key_suffix_make(&c->arrive_sfx, c->peer_name, e->name);
 	c->gen = ++st->next_gen;
 	st->conns[slot] = c;
 	return c;

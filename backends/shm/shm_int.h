@@ -48,6 +48,7 @@ struct shm_conn {
 	int sock;            /* -1 while connect_again */
 	struct shm_state *st;
 	char peer_name[FERRY_NAME_MAX];
+	struct key_suffix arrive_sfx; /* "@{peer_name}_{engine}": the keys of its PUTs */
 	struct shm_rings *rings;
 	struct shm_dir *tx, *rx;
 	const uint8_t *peer_pool;

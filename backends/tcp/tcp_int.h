@@ -210,6 +210,7 @@ struct tcp_link {
 	uint8_t state;
 	bool caller;
 	char peer_name[FERRY_NAME_MAX];
+	struct key_suffix arrive_sfx; /* "@{peer_name}_{engine}": the keys of its PUTs */
 	uint64_t link_id;
 	uint16_t nconns;       /* connections it should have */
 	struct tcp_conn *conns[TCP_MAX_CONNS];

@@ -30,6 +30,7 @@ struct tcp_link *tcp_link_new(struct tcp_state *st, const char *peer, bool calle
 	l->state = LINK_CONNECTING;
 	l->caller = caller;
 	snprintf(l->peer_name, sizeof(l->peer_name), "%s", peer);
+	key_suffix_make(&l->arrive_sfx, l->peer_name, st->engine->name);
 	l->last_rx_ns = reactor_now(st->engine);
 	l->last_ping_ns = l->last_rx_ns;
 	l->next = st->links;

@@ -53,7 +53,7 @@ static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, ui
 	char fullkey[FULLKEY_MAX];
 	int n, rc;
 
-	n = keytable_compose(fullkey, key, key_len, l->peer_name, e->name);
+	n = keytable_compose_sfx(fullkey, key, key_len, &l->arrive_sfx);
 	rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len,
 					 wire_flags((uint8_t)flags));
 	if (rc)
