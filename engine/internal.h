@@ -737,6 +737,18 @@ void reactor_shutdown(struct ferry_engine *e);
 void reactor_fini(struct ferry_engine *e);
 void *reactor_thread_main(void *arg);
 
+/* Does any submission ring hold an entry? (Progress side: the rounds and has_work.) */
+static inline bool sqs_pending(struct ferry_engine *e)
+{
+	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
+
+	for (uint32_t i = 0; i < nsqs; i++)
+		if (atomic_load_explicit(&e->sqs[i]->tail, memory_order_acquire) !=
+		    atomic_load_explicit(&e->sqs[i]->head, memory_order_relaxed))
+			return true;
+	return false;
+}
+
 static inline bool progress_try_lock(struct ferry_engine *e)
 {
 	return atomic_load_explicit(&e->progress_busy, memory_order_relaxed) == 0 &&

@@ -72,15 +72,8 @@ static uint64_t next_deadline(struct ferry_engine *e)
 
 bool reactor_has_work(struct ferry_engine *e)
 {
-	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
-
-	for (uint32_t i = 0; i < nsqs; i++) {
-		struct ferry_sq *sq = e->sqs[i];
-
-		if (atomic_load_explicit(&sq->tail, memory_order_acquire) !=
-		    atomic_load_explicit(&sq->head, memory_order_relaxed))
-			return true;
-	}
+	if (sqs_pending(e))
+		return true;
 	for (unsigned i = 0; i < e->nbackends; i++)
 		if (!backend_quiet(&e->backends[i]) && e->backends[i].ops->has_work(e, &e->backends[i]))
 			return true;
