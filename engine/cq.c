@@ -100,6 +100,14 @@ void cq_fini(struct ferry_cq *cq)
 	cq->slots = NULL;
 }
 
+/* Is the entry at the head posted? (A consumer may still take it first.) */
+static inline bool cq_slot_ready(struct ferry_cq *cq)
+{
+	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+
+	return atomic_load_explicit(&cq->slots[pos & cq->mask].seq, memory_order_acquire) == pos + 1;
+}
+
 bool cq_has_entries(struct ferry_cq *cq)
 {
 	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_acquire);
@@ -272,6 +280,8 @@ int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
 		return -EINVAL;
 	}
 	manual_progress(cq->engine);
+	if (!cq_slot_ready(cq))
+		return 0; /* nothing posted: what cq_reap would find, without its frame */
 	return cq_reap(cq, cqes, max, &handled);
 }
 
