@@ -1143,7 +1143,8 @@ int reactor_run_once(struct ferry_engine *e)
 		i = (unsigned)__builtin_ctz(m);
 		n += e->round_end[i](e, &e->backends[i]);
 	}
-	cq_flush_wakeups(e);
+	if (e->dirty_cqs)
+		cq_flush_wakeups(e);
 	if (atomic_load_explicit(&e->dead_cqs_pending, memory_order_relaxed))
 		cq_reap_dead(e, drained);
 	return n;

@@ -406,16 +406,12 @@ static void take_gone(struct ferry_engine *e, struct backend *b, struct loop_msg
 	free(m);
 }
 
-static int loop_progress(struct ferry_engine *e, struct backend *b)
+static __attribute__((noinline)) int loop_take_inbox(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *self = b->data;
 	struct loop_msg *m;
 	int n = 0;
 
-	/* An empty inbox (only its stub, unlinked): the common round's answer, first. */
-	if (self->head == &self->stub &&
-	    !atomic_load_explicit(&self->stub.next, memory_order_acquire))
-		return 0;
 	while (n < 1024 && (m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT)
 			take_put(e, self, m);
@@ -426,6 +422,20 @@ static int loop_progress(struct ferry_engine *e, struct backend *b)
 		n++;
 	}
 	return n;
+}
+
+static int loop_progress(struct ferry_engine *e, struct backend *b)
+{
+	struct loop_ep *self = b->data;
+
+	/*
+	 * An empty inbox (only its stub, unlinked): the common round's answer,
+	 * here, before the frame of the loop that takes messages.
+	 */
+	if (self->head == &self->stub &&
+	    !atomic_load_explicit(&self->stub.next, memory_order_acquire))
+		return 0;
+	return loop_take_inbox(e, b);
 }
 
 /*
