@@ -31,6 +31,10 @@ Also "raw": pyferry.Engine put / get(nowait) of 64 B bytes between the same
 two processes (the binding without the connector's framing), to set the
 Python layer's cost beside the C benchmark's 64 B (bench_shm).
 
+--park-ab: also FerryConnector with park_gets: false (every poll a nowait
+GET through the engine), each case beside the other two, to see what
+parking the polled GETs (pyferry._parked) is worth.
+
 Writes JSON (--json, default bench/results/side_by_side.json), a PNG plot of
 p50 latency and throughput against payload size (--plot, default
 docs/side_by_side.png) and a markdown table (--markdown, default
@@ -53,6 +57,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 SIZES = [64, 64 << 10, 1 << 20, 16 << 20, 190_000_000]
 KINDS = ["bytes", "dict"]
 CONNECTORS = ["SharedMemoryConnector", "FerryConnector"]
+# --park-ab: FerryConnector with park_gets: false (every poll a nowait GET), beside it
+NO_PARK = "FerryConnector(park_gets=false)"
 
 
 def log(*a):
@@ -90,9 +96,10 @@ def make_connector(name, stage, case):
     import pyferry.connector
     pyferry.connector.register()
     extra = {}
-    if name == "FerryConnector":
+    if name in ("FerryConnector", NO_PARK):
         extra = {"transport": "shm", "namespace": case["ns"], "pool_size": case["pool"],
-                 "put_timeout": 120}
+                 "put_timeout": 120, "park_gets": name == "FerryConnector"}
+        name = "FerryConnector"
     spec = resolve_connector_spec(ConnectorSpec(name=name, extra=extra), stage_id=stage,
                                   role="sender" if stage == 0 else "receiver")
     return OmniConnectorFactory.create_connector(spec)
@@ -266,6 +273,8 @@ def main():
     ap.add_argument("--plot", default=os.path.join(ROOT, "docs/side_by_side.png"))
     ap.add_argument("--markdown", default=os.path.join(ROOT, "bench/results/side_by_side.md"))
     ap.add_argument("--no-raw", action="store_true", help="skip the raw pyferry 64 B case")
+    ap.add_argument("--park-ab", action="store_true",
+                    help="also FerryConnector with park_gets: false, each case beside the others")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -289,7 +298,7 @@ def main():
     for size in sizes:
         for kind in kinds:
             for mode in ("lockstep", "stream"):
-                for name in CONNECTORS:
+                for name in CONNECTORS + ([NO_PARK] if args.park_ab else []):
                     cases.append((name, kind, size, mode))
     try:
         for name, kind, size, mode in cases:
@@ -415,6 +424,18 @@ def markdown(out, sizes, kinds):
                   f"p50 {fmt_us(raw['p50_us'])}, p99 {fmt_us(raw['p99_us'])}"
                   + (f"; FerryConnector's framing adds {fe['p50_us'] - raw['p50_us']:.1f} µs "
                      f"at p50" if fe else "") + "."]
+    ab = []
+    for size in sizes:
+        for kind in kinds:
+            fl, nl = (idx.get((c, kind, size, "lockstep")) for c in ("FerryConnector", NO_PARK))
+            if fl and nl:
+                ab.append(f"- {kind} {human(size)}: p50 {fmt_us(nl['p50_us'])} with "
+                          f"park_gets: false against {fmt_us(fl['p50_us'])} parked "
+                          f"({nl['p50_us'] / fl['p50_us']:.2f}x); polls {nl['polls']} "
+                          f"against {fl['polls']}.")
+    if ab:
+        lines += ["", "FerryConnector with park_gets: false (every poll a nowait GET), "
+                  "lockstep, the same run:", ""] + ab
     if out["targets"]:
         lines += ["", "| target | value | result |", "| --- | ---: | --- |"]
         lines += [f"| {t['what']} | {t['value']} | **{t['result']}** |" for t in out["targets"]]

@@ -153,3 +153,29 @@ def test_abandon_get_cancels_the_parked_get(stages):  # noqa: F811
     assert p.put("0", "1", "pk_ab", b"kept")[0]   # stays in the engine: a later get has it
     r = c.get_with_deadline("0", "1", "pk_ab", deadline=time.monotonic() + 5)
     assert r is not None and bytes(r[0]) == b"kept"
+
+
+def test_park_gets_false_polls_with_nowait_gets(ns):  # noqa: F811
+    """park_gets: false: each poll is one nowait GET through the engine, none parks."""
+    p = FerryConnector({"stage_id": 0, "namespace": ns, "pool_size": 32 << 20})
+    c = FerryConnector({"stage_id": 1, "namespace": ns, "pool_size": 32 << 20,
+                        "park_gets": False})
+    try:
+        assert c.get("0", "1", "np_1") is None
+        before = submitted(c)
+        for _ in range(50):
+            assert c.get("0", "1", "np_1") is None
+        assert submitted(c) - before == 50            # one op per poll
+        assert c.health()["parked_gets"] == 0
+        assert p.put("0", "1", "np_1", b"hi")[0]
+        obj, size = poll_until(c, "np_1")
+        assert bytes(obj) == b"hi" and size > 0
+    finally:
+        c.close()
+        p.close()
+
+
+@pytest.mark.parametrize("bad", ["no", 0, None])
+def test_park_gets_must_be_a_bool(ns, bad):  # noqa: F811
+    with pytest.raises(TypeError, match="park_gets"):
+        FerryConnector({"stage_id": 1, "namespace": ns, "park_gets": bad})

@@ -30,6 +30,10 @@ with `stage_id` and `role` added by upstream for each stage worker):
                     the received memory; false: private copies
     zero_copy_min   bytes from which a field travels as a segment of its own
                     (65536); smaller ones ride in the msgpack header
+    park_gets       true (default): a polled get that misses leaves one GET
+                    waiting for the key inside ferry, and later polls only
+                    reap it (pyferry._parked); false: every poll is a nowait
+                    GET through the engine (what upstream's connectors do)
     addresses (transport tcp/rdma/auto):
     listen          this process's data address, "tcp://HOST:PORT" (tcp, auto)
                     or "rdma://HOST:PORT" (rdma: HOST an address of an RDMA
@@ -318,6 +322,10 @@ class FerryConnector(_Base):
         self._put_timeout = float(config.get("put_timeout", 30.0))
         self._copy = not bool(config.get("zero_copy", True))
         self._min_segment = int(config.get("zero_copy_min", 64 << 10))
+        park = config.get("park_gets", True)
+        if not isinstance(park, bool):
+            raise TypeError(f"FerryConnector: park_gets must be true or false, not {park!r}")
+        self._park_limit = 256 if park else 0  # 0: ParkedGets never parks
         peers = config.get("peers") or {}
         if not isinstance(peers, dict):
             raise TypeError("FerryConnector: peers must be a dict {stage_id: 'tcp://HOST:PORT'}")
@@ -554,7 +562,7 @@ class FerryConnector(_Base):
                     raise ValueError("FerryConnector is closed")
                 pk = self._parked.get(stage)
                 if pk is None:
-                    pk = self._parked[stage] = ParkedGets(eng)
+                    pk = self._parked[stage] = ParkedGets(eng, limit=self._park_limit)
         return pk
 
     def _get(self, src, dst, key, nowait, timeout):

@@ -41,7 +41,7 @@ and ray.get()s it. The fallback where ferry's transports cannot reach (only
 Ray's ports open) and the baseline of bench_ray.py.
 
 Config (`extra`), besides FerryConnector's pool_size, put_timeout,
-zero_copy, zero_copy_min, rank:
+zero_copy, zero_copy_min, park_gets, rank:
     ray_address     "auto": the cluster (ray.init(address=...)); unused when
                     this process already called ray.init
     ray_namespace   the Ray namespace of the directory actor (None: "vllm_omni",
