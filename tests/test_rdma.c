@@ -11,7 +11,9 @@
  * receives posted (credits), a malformed announcement (the sender is
  * disconnected, a third engine notices nothing), a peer without the cluster
  * secret (refused; no op of it ever reaches b), a caller that forges its
- * AUTH (refused by the callee), a peer killed and started
+ * AUTH (refused by the callee), a queue pair forced into the error state
+ * (the connection ends on both sides, GETs waiting for the peer's keys end
+ * with -ECONNRESET, the next PUT connects again), a peer killed and started
  * again at its address (PUTs fail with -ECONNRESET, then go again), and no
  * memory region or connection left behind.
  */
@@ -575,6 +577,61 @@ static void test_kill_reconnect(void **state)
 	ferry_engine_destroy(a);
 }
 
+static void wait_ready(struct ferry_engine *e, long long want, int64_t ns)
+{
+	int64_t end = t_now() + ns;
+
+	while (rh(e, "connections_ready") != want && t_now() < end)
+		usleep(10000);
+	assert_int_equal(rh(e, "connections_ready"), want);
+}
+
+/*
+ * b's queue pair to a goes to the error state (forced through the
+ * transport's fault hook, as a NIC fault or a failed work request would):
+ * b finds out from its flushed completions, ends the connection (a hears
+ * the disconnect), a GET b has parked for a key of a ends with -ECONNRESET
+ * long before its deadline, and the next PUTs connect again and arrive
+ * whole, an eager one and an announced one. Nothing is counted malformed.
+ */
+static void test_qp_error(void **state)
+{
+	struct ferry_engine *a, *b;
+	struct ferry_peer *ab, *ba;
+	struct ferry_cqe c;
+	uint8_t dst[16];
+	struct iovec iov = { dst, sizeof(dst) };
+	int64_t t0;
+
+	(void)state;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	put_get(a, ab, b, ba, "before", 4096, 1);
+	wait_ready(a, 1, 10 * SEC);
+	wait_ready(b, 1, 10 * SEC);
+	t_get(b, ba, "never", &iov, 1, 77, 0, 60 * SEC); /* parked at b */
+	t_expect_none(b, NULL, 50);
+	t0 = t_now();
+	assert_int_equal(ferry__rdma_fault_qp_error(b), 0);
+	assert_true(t_wait_cqe(b, NULL, &c, 20 * SEC));
+	assert_int_equal(c.user_data, 77);
+	assert_int_equal(c.res, -ECONNRESET);
+	assert_true(t_now() - t0 < 30 * SEC); /* the failure, not the 60 s deadline */
+	wait_ready(b, 0, 10 * SEC);
+	wait_ready(a, 0, 10 * SEC);
+	/* The next PUTs call again; both arrive whole. */
+	put_get(a, ab, b, ba, "after_small", 100, 2);
+	put_get(a, ab, b, ba, "after_big", 2 * MIB + 5, 3);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	assert_int_equal(rh(b, "connections_ready"), 1);
+	assert_int_equal(rh(a, "malformed"), 0);
+	assert_int_equal(rh(b, "malformed"), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 /* Without RDMA_IP0/1 (not in the guest), every case skips. */
 static int setup(void **state)
 {
@@ -592,6 +649,7 @@ int main(void)
 		cmocka_unit_test_setup(test_malformed_announce, setup),
 		cmocka_unit_test_setup(test_wrong_secret, setup),
 		cmocka_unit_test_setup(test_forged_auth, setup),
+		cmocka_unit_test_setup(test_qp_error, setup),
 		cmocka_unit_test_setup(test_kill_reconnect, setup),
 	};
 	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");

@@ -322,6 +322,42 @@ static int poll_dev(struct rdma_state *st, struct rdma_dev *d)
 	return total;
 }
 
+int ferry__rdma_fault_qp_error(struct ferry_engine *e)
+{
+	for (unsigned i = 0; e && i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (strcmp(b->ops->name, "rdma") == 0 && b->data) {
+			struct rdma_state *st = b->data;
+
+			atomic_store(&st->fault_qp_error, 1);
+			ferry__backend_wake(e, b);
+			return 0;
+		}
+	}
+	return -ENODEV;
+}
+
+/* The fault asked for: each ready QP to the error state; returns how many. */
+static int fault_qp_error(struct rdma_state *st)
+{
+	struct ibv_qp_attr a = { .qp_state = IBV_QPS_ERR };
+	int n = 0;
+
+	atomic_store(&st->fault_qp_error, 0);
+	for (struct rdma_conn *c = st->conn_list; c; c = c->next) {
+		if (c->state != RC_READY || !c->qp_made)
+			continue;
+		log_warn("rdma: engine %s: fault injected: the queue pair %s %s goes to the error "
+			 "state", st->engine->name, c->caller ? "to" : "from", c->peer_name);
+		if (ibv_modify_qp(c->id->qp, &a, IBV_QP_STATE))
+			log_warn("rdma: engine %s: ibv_modify_qp (error state): %s", st->engine->name,
+				 strerror(errno));
+		n++;
+	}
+	return n;
+}
+
 static int rdma_progress(struct ferry_engine *e, struct backend *b)
 {
 	struct rdma_state *st = b->data;
@@ -338,6 +374,8 @@ static int rdma_progress(struct ferry_engine *e, struct backend *b)
 		rdma_cm_events(st);
 		n++;
 	}
+	if (unlikely(atomic_load_explicit(&st->fault_qp_error, memory_order_relaxed)))
+		n += fault_qp_error(st);
 	for (unsigned i = 0; i < st->ndevs; i++)
 		n += poll_dev(st, &st->devs[i]);
 	if (st->conn_list && reactor_now(e) >= st->next_check) {
@@ -361,7 +399,7 @@ static bool rdma_has_work(struct ferry_engine *e, struct backend *b)
 	(void)e;
 	if (!st->ndevs)
 		return false;
-	if (st->ec_event || st->ndead)
+	if (st->ec_event || st->ndead || atomic_load_explicit(&st->fault_qp_error, memory_order_relaxed))
 		return true;
 	for (unsigned i = 0; i < st->ndevs; i++)
 		if (st->devs[i].event)

@@ -280,6 +280,8 @@ struct rdma_state {
 	uint32_t npreauth;      /* callees not READY yet */
 	bool ec_event;          /* the rdma_cm channel spoke */
 	uint64_t next_check;    /* when handshake deadlines are looked at next */
+	/* Fault injection (ferry__rdma_fault_qp_error; tests): ready QPs to error next round. */
+	_Atomic int fault_qp_error;
 	/* Health (any thread reads). */
 	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
 	_Atomic uint64_t h_reads, h_read_bytes, h_eager;
@@ -290,6 +292,13 @@ struct rdma_state {
 /* ------------------------------------------------------------------ */
 
 /* rdma.c */
+/*
+ * Fault injection for tests, any thread: in e's next round every ready
+ * queue pair of its rdma transport is moved to the error state (what a NIC
+ * fault or a failed work request does), and the transport finds out as it
+ * would then, from the flushed completions. -ENODEV: e has no rdma transport.
+ */
+int ferry__rdma_fault_qp_error(struct ferry_engine *e);
 int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev **out);
 uint32_t rdma_lkey(struct rdma_state *st, struct rdma_dev *d, const struct ferry_buf *buf,
 		   uint32_t *rkey);

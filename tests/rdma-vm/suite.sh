@@ -8,7 +8,10 @@
 # failure: here it has everything it needs. An entry NAME.py is a Python
 # script of tests/rdma-vm run with $FERRY_RDMA_PYTHON (by default the
 # checkout's build-py/venv/bin/python, which ./run pytest makes); without a
-# python that imports pyferry it is skipped, and said so.
+# python that imports pyferry it is skipped, and said so. An entry san:NAME
+# is NAME of the ASan+UBSan build ($FERRY_RDMA_SAN_BUILD, by default
+# build-san/ beside BUILD_DIR), run with leak checks and stopping at the
+# first sanitizer report; skipped, and said so, where that build is not.
 set -u
 [ "$(cat /proc/sys/kernel/hostname)" = ferry-rdma-vm ] ||
 	{ echo "suite.sh runs inside ferry's RDMA guest (tests/rdma-vm/vm.sh run)" >&2; exit 2; }
@@ -29,6 +32,17 @@ py=${FERRY_RDMA_PYTHON:-$here/../../build-py/venv/bin/python}
 for p in "${progs[@]}"; do
 	t0=$(date +%s)
 	cmd=("$build/tests/$p")
+	if [[ $p == san:* ]]; then
+		san=${FERRY_RDMA_SAN_BUILD:-$build/../build-san}
+		if [[ ! -x $san/tests/${p#san:} ]]; then
+			skip=$((skip + 1))
+			echo "rdma guest: SKIP $p (no $san/tests/${p#san:}: ./run test builds build-san/)"
+			continue
+		fi
+		cmd=(env "ASAN_OPTIONS=detect_leaks=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+		     "UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+		     "$san/tests/${p#san:}")
+	fi
 	if [[ $p == *.py ]]; then
 		if ! "$py" -c 'import pyferry' >/dev/null 2>&1; then
 			skip=$((skip + 1))
@@ -37,10 +51,11 @@ for p in "${progs[@]}"; do
 		fi
 		cmd=("$py" "$here/$p")
 	fi
-	timeout -k 5 "${FERRY_RDMA_TEST_TIMEOUT:-300}" "${cmd[@]}" >"/tmp/ferry-rdma/$p.log" 2>&1
+	log=/tmp/ferry-rdma/${p//:/_}.log
+	timeout -k 5 "${FERRY_RDMA_TEST_TIMEOUT:-300}" "${cmd[@]}" >"$log" 2>&1
 	rc=$?
 	dt=$(($(date +%s) - t0))
-	cases=$(grep -E 'case\(s\) run apart' "/tmp/ferry-rdma/$p.log" | tail -n 1 | sed 's/^.*: //')
+	cases=$(grep -E 'case\(s\) run apart' "$log" | tail -n 1 | sed 's/^.*: //')
 	if ((rc == 0)); then
 		pass=$((pass + 1))
 		echo "rdma guest: PASS $p (${dt}s; $cases)"
@@ -48,9 +63,9 @@ for p in "${progs[@]}"; do
 		fail=$((fail + 1))
 		echo "rdma guest: FAIL $p (exit $rc, ${dt}s; $cases)"
 		if [[ $p == *.py ]]; then
-			tail -n 40 "/tmp/ferry-rdma/$p.log"
+			tail -n 40 "$log"
 		else
-			grep -E 'FAILED|ERROR|error:|rdma:' "/tmp/ferry-rdma/$p.log" | head -n 60
+			grep -E 'FAILED|ERROR|error:|rdma:|Sanitizer|runtime error' "$log" | head -n 60
 		fi
 	fi
 done
