@@ -567,6 +567,13 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 			return -EHOSTUNREACH;
 		}
 	}
+	if (unlikely(!op->buf && op->len > peer->backend->ops->iov_put_max)) {
+		/* Segments left where they are by do_put: this transport takes them so, or a copy. */
+		if ((op->flags & FERRY_SQE_SEGS) && peer->backend->ops->segs_in_place)
+			STAT_ADD(e->stats.zero_copies, 1);
+		else if ((rc = op_fill(e, op)))
+			return rc;
+	}
 	backend_busy(peer->backend);
 	rc = peer->backend->ops->put(e, peer->backend, op);
 	if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
@@ -728,6 +735,14 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	    (op->len = sqe_payload_len(sqe)) <= op->peer->backend->ops->iov_put_max) {
 		/* The transport copies it straight from the iovec (struct backend_ops). */
 		STAT_ADD(e->stats.copies, 1);
+	} else if (!sqe->buf && op->opcode == FERRY_OP_PUT && (op->flags & FERRY_SQE_SEGS) &&
+		   (!op->peer->backend || op->peer->backend->ops->segs_in_place)) {
+		/*
+		 * The transport sends the segments from where they are (struct
+		 * backend_ops); one not known yet is known at reactor_send, which
+		 * stages them if it does not.
+		 */
+		op->len = sqe_payload_len(sqe);
 	} else if ((rc = op_fill(e, op))) {
 		op_complete(e, op, rc, 0, NULL);
 		return;
@@ -828,7 +843,7 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 			continue; /* the engine's own ops are not the application's to cancel */
 		if (unlikely(t->state == OP_AWAY && (t->flags & OP_F_HELD))) {
 			/* Its receiver may be reading our memory now: it ends at its RELEASE. */
-			log_info("CANCEL %llx: PUT %llx is being read by its receiver (CUDA IPC): "
+			log_info("CANCEL %llx: PUT %llx is being read in place by its receiver (CUDA IPC, RDMA READ): "
 				 "too late to stop it", (unsigned long long)op->user_data,
 				 (unsigned long long)target);
 			res = -EALREADY;

@@ -128,6 +128,17 @@ struct backend_ops {
 	 */
 	int (*put)(struct ferry_engine *e, struct backend *b, struct op *op);
 	uint64_t iov_put_max;
+	/*
+	 * true: a PUT of segments of registered regions (FERRY_SQE_SEGS) of
+	 * more than iov_put_max bytes also comes with op->buf NULL, its
+	 * segments in op->segs / op->iovcnt (pinned until the op ends): the
+	 * transport sends them from where they are (rdma: announced for the
+	 * receiver to READ). Until nothing can read them any more the op must
+	 * stay AWAY and held (reactor_put_held: its deadline stops, a CANCEL is
+	 * refused); it may instead stage them into the pool itself (op_fill).
+	 * reactor_send stages an op whose transport does not take it so.
+	 */
+	bool segs_in_place;
 	/* Make progress; returns events handled. */
 	int (*progress)(struct ferry_engine *e, struct backend *b);
 	/*

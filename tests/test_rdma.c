@@ -7,7 +7,8 @@
  * Engines "a" (on RDMA_IP1) and "b" (on RDMA_IP0) of this process, so every
  * byte crosses the wire: eager and announced PUTs of every size class
  * (the health counters say which path each took), a vectored PUT of 56
- * segments of a registered region, a burst of PUTs far larger than the
+ * segments of a registered region (one announcement of the segments where
+ * they are, read in place; more than an announcement takes: staged), a burst of PUTs far larger than the
  * receives posted (credits), a malformed announcement (the sender is
  * disconnected, a third engine notices nothing), a peer without the cluster
  * secret (refused; no op of it ever reaches b), a caller that forges its
@@ -202,10 +203,19 @@ static void test_vectored_56(void **state)
 		segs[i].len = layer;
 		pattern(mem + segs[i].offset, layer, 100 + i);
 	}
-	sqe = t_sqe(a);
-	ferry_prep_put_segs(sqe, ab, "kv", segs, LAYERS, 1);
-	t_submit(a);
-	t_expect(a, NULL, 1, 0, NULL);
+	{
+		long long inplace = rh(a, "announced_in_place"), reads = rh(b, "reads");
+
+		sqe = t_sqe(a);
+		ferry_prep_put_segs(sqe, ab, "kv", segs, LAYERS, 1);
+		t_submit(a);
+		t_expect(a, NULL, 1, 0, NULL);
+		/* One announcement of the 56 segments where they are, a READ (at least) of each. */
+		assert_int_equal(rh(a, "announced_in_place"), inplace + 1);
+		assert_true(rh(b, "reads") >= reads + LAYERS);
+	}
+	/* Done means read: the memory is the caller's again, b holds its own copy. */
+	memset(mem, 0x5a, LAYERS * layer * 2);
 	iov.iov_base = dst;
 	iov.iov_len = LAYERS * layer;
 	t_get(b, ba, "kv", &iov, 1, 2, 0, 10 * SEC);
@@ -214,7 +224,32 @@ static void test_vectored_56(void **state)
 	for (unsigned i = 0; i < LAYERS; i++)
 		if (!pattern_ok(dst + i * layer, layer, 100 + i))
 			fail_msg("layer %u arrived changed", i);
-	assert_true(rh(b, "reads") >= 1);
+	/* More segments than one announcement takes (RDMA_MAX_SEG): staged, and whole. */
+	{
+		enum { MANY = RDMA_MAX_SEG + 1 };
+		struct ferry_seg many[MANY];
+		const size_t piece = 4096 + 8;
+		long long inplace = rh(a, "announced_in_place");
+
+		for (unsigned i = 0; i < MANY; i++) {
+			many[i].region = r;
+			many[i].offset = (uint64_t)i * piece;
+			many[i].len = piece;
+		}
+		pattern(mem, MANY * piece, 7);
+		sqe = t_sqe(a);
+		ferry_prep_put_segs(sqe, ab, "many", many, MANY, 3);
+		t_submit(a);
+		t_expect(a, NULL, 3, 0, NULL);
+		assert_int_equal(rh(a, "announced_in_place"), inplace);
+		memset(dst, 0, MANY * piece);
+		iov.iov_len = MANY * piece;
+		t_get(b, ba, "many", &iov, 1, 4, 0, 10 * SEC);
+		t_expect(b, NULL, 4, 0, &c);
+		assert_int_equal(c.len, MANY * piece);
+		assert_true(pattern_ok(dst, MANY * piece, 7));
+	}
+	assert_int_equal(rh(b, "malformed"), 0);
 	assert_int_equal(ferry_region_release(&r), 0);
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);

@@ -482,10 +482,17 @@ static void rdma_unresolve(struct ferry_engine *e, struct backend *b, struct fer
 
 static void rdma_forget(struct ferry_engine *e, struct backend *b, struct op *op)
 {
-	/* The message finishes on its own; a late result fails its generation check. */
+	struct ferry_peer *peer = op->peer;
+
+	/*
+	 * A message posted finishes on its own; a late result fails its
+	 * generation check. One not posted yet (no credit, no room) may still
+	 * point at the op's memory (an inline iovec, segments in place): it
+	 * goes now, before that memory is the caller's again.
+	 */
 	(void)e;
-	(void)b;
-	(void)op;
+	if (peer && peer->backend == b && peer->transport)
+		rdma_msg_forget(b->data, peer->transport, op);
 }
 
 static void tables_free(struct rdma_state *st)
@@ -655,7 +662,7 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 	return snprintf(buf, len,
 			",\"rdma\":{\"devices\":[%s],\"address\":\"%s\",\"connections_ready\":%u,"
 			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
-			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu}",
+			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu,\"announced_in_place\":%llu}",
 			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
@@ -663,7 +670,8 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)atomic_load_explicit(&st->h_reads, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_read_bytes,
 								 memory_order_relaxed),
-			(unsigned long long)atomic_load_explicit(&st->h_eager, memory_order_relaxed));
+			(unsigned long long)atomic_load_explicit(&st->h_eager, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_inplace, memory_order_relaxed));
 }
 
 const struct backend_ops ferry__rdma_backend = {
@@ -677,6 +685,7 @@ const struct backend_ops ferry__rdma_backend = {
 	.unresolve = rdma_unresolve,
 	.put = rdma_put,
 	.iov_put_max = RDMA_INLINE_MAX,
+	.segs_in_place = true,
 	.progress = rdma_progress,
 	.has_work = rdma_has_work,
 	.prepare_sleep = rdma_prepare_sleep,

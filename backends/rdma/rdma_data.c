@@ -183,6 +183,7 @@ int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->live = true;
 	m->posted = false;
 	m->resulted = false;
+	m->inplace = false;
 	m->gen++;
 	m->op = op;
 	m->op_gen = op->gen;
@@ -197,7 +198,7 @@ int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->iov = NULL;
 	m->iovcnt = 0;
 	if (!m->buf) {
-		/* A small PUT straight from the caller's memory (valid until it completes). */
+		/* Straight from the caller's memory (valid until it completes): small, or segments. */
 		m->iov = op->iov;
 		m->iovcnt = op->iovcnt | ((op->flags & FERRY_SQE_SEGS) ? 0x80000000u : 0);
 	}
@@ -213,6 +214,59 @@ int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	c->q_tail = m;
 	rdma_conn_pump(st, c);
 	return 0;
+}
+
+static int msg_post(struct rdma_state *st, struct rdma_conn *c, struct rdma_msg *m);
+
+/*
+ * A PUT of segments of registered regions (segs_in_place): one announcement
+ * of the segments where they are, each with its region's rkey on c's
+ * device, for the receiver to READ as a batch; the op is held from then on
+ * (rdma_conn_pump). More segments than an announcement takes, or a region
+ * not registered on the device: staged into a block of the pool first.
+ */
+static int announce_in_place(struct rdma_state *st, struct rdma_conn *c, struct rdma_msg *m,
+			     struct rdma_hdr *h)
+{
+	const struct ferry_seg *segs = (const struct ferry_seg *)m->iov;
+	uint32_t n = m->iovcnt & 0x7fffffffu, k = 0;
+	struct rdma_seg_wire w[RDMA_MAX_SEG];
+	uint64_t sum = 0;
+	int rc;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct rdma_mem *mem;
+
+		if (!segs[i].len)
+			continue; /* the receiver takes no empty segment */
+		mem = ferry__region_reg(segs[i].region, st->b);
+		if (k == RDMA_MAX_SEG || !mem || !mem->mr[c->dev->idx])
+			goto stage;
+		w[k].addr = (uintptr_t)segs[i].region->addr + segs[i].offset;
+		w[k].rkey = mem->mr[c->dev->idx]->rkey;
+		w[k].rsvd = 0;
+		w[k].len = segs[i].len;
+		sum += segs[i].len;
+		k++;
+	}
+	if (sum != m->len)
+		goto stage;
+	h->type = RM_ANNOUNCE;
+	h->nseg = (uint16_t)k;
+	rc = rdma_post_msg(st, c, h, m->key, m->key_len, w, k * (uint32_t)sizeof(w[0]), NULL, 0,
+			   true);
+	if (rc == 0) {
+		m->inplace = true;
+		atomic_fetch_add_explicit(&st->h_inplace, 1, memory_order_relaxed);
+	}
+	return rc;
+stage:
+	if (pool_alloc(st->engine->pool, m->len, &m->buf))
+		return -ENOBUFS;
+	segs_gather(segs, n, m->buf->data, m->len);
+	m->iov = NULL;
+	m->iovcnt = 0;
+	return msg_post(st, c, m);
 }
 
 /* Post m (the head of c's queue): 0, or -EAGAIN (no room now). */
@@ -237,6 +291,8 @@ static int msg_post(struct rdma_state *st, struct rdma_conn *c, struct rdma_msg 
 		m->iov = NULL;
 		atomic_fetch_add_explicit(&st->h_eager, 1, memory_order_relaxed);
 		return 0;
+	} else if (!m->buf) {
+		return announce_in_place(st, c, m, &h);
 	} else {
 		struct rdma_seg_wire seg = { .len = m->len };
 		uint32_t rkey = 0;
@@ -373,6 +429,8 @@ void rdma_conn_pump(struct rdma_state *st, struct rdma_conn *c)
 			continue;
 		}
 		m->posted = true;
+		if (m->inplace && m->op)
+			reactor_put_held(st->engine, m->op, m->op_gen); /* read in place from now on */
 	}
 	if (c->state == RC_READY && c->owed >= RDMA_RECVS / 2) {
 		struct rdma_hdr h = { .type = RM_CREDIT };
@@ -621,4 +679,22 @@ void rdma_conn_drop_data(struct rdma_state *st, struct rdma_conn *c, int res)
 	for (struct rdma_rx *r = c->rx_head; r; r = r->next)
 		c->rx_tail = r;
 	rdma_conn_unref(st, c);
+}
+
+void rdma_msg_forget(struct rdma_state *st, struct rdma_conn *c, struct op *op)
+{
+	struct rdma_msg **pp, *m, *prev = NULL;
+
+	for (pp = &c->q_head; (m = *pp); prev = m, pp = &m->next) {
+		if (m->op != op || m->op_gen != op->gen || m->resulted)
+			continue;
+		*pp = m->next;
+		if (c->q_tail == m)
+			c->q_tail = prev;
+		m->next = NULL;
+		m->op = NULL;
+		m->resulted = true;
+		msg_free(st, m);
+		return;
+	}
 }

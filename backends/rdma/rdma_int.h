@@ -180,9 +180,15 @@ struct rdma_msg {
 	bool posted;       /* its SEND went on the QP */
 	bool send_done;    /* ... and completed */
 	bool resulted;
+	bool inplace;      /* announced from the caller's segments (its op is held) */
 	struct rdma_conn *c;
 	struct ferry_buf *buf; /* its data (announced, or NULL: copied into its SEND) */
-	const struct iovec *iov; /* an inline PUT's data until it is posted */
+	/*
+	 * buf NULL: the caller's memory (valid until the op ends): an inline
+	 * PUT's iovec until it is posted, or segments (the 0x80000000 bit of
+	 * iovcnt) copied into the SEND or announced where they are.
+	 */
+	const struct iovec *iov;
 	uint32_t iovcnt;
 	uint64_t len;
 	uint32_t flags;
@@ -284,7 +290,7 @@ struct rdma_state {
 	_Atomic int fault_qp_error;
 	/* Health (any thread reads). */
 	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
-	_Atomic uint64_t h_reads, h_read_bytes, h_eager;
+	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace;
 };
 
 /* ------------------------------------------------------------------ */
@@ -320,6 +326,8 @@ int rdma_send_ctl(struct rdma_state *st, struct rdma_conn *c, uint8_t type, cons
 
 /* rdma_data.c */
 int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op);
+/* op ends (forget): its message on c goes if it was not posted yet. */
+void rdma_msg_forget(struct rdma_state *st, struct rdma_conn *c, struct op *op);
 void rdma_on_wc(struct rdma_state *st, const struct ibv_wc *wc);
 void rdma_post_recvs(struct rdma_state *st, struct rdma_conn *c);
 void rdma_conn_pump(struct rdma_state *st, struct rdma_conn *c);
