@@ -386,6 +386,45 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	return true;
 }
 
+struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			      uint64_t len, uint32_t flags)
+{
+	struct key_entry *ke;
+	struct op *op;
+
+	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
+		return NULL;
+	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
+	if (!ke || ke->present || !(op = ke->waiters) || op->opcode != FERRY_OP_GET ||
+	    !(op->flags & FERRY_SQE_SEGS) || (op->flags & OP_F_DEVICE) || len > op->len)
+		return NULL;
+	return op;
+}
+
+void reactor_claim_get(struct ferry_engine *e, struct op *op)
+{
+	struct key_entry *ke = op->entry;
+
+	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
+	op->entry = NULL;
+	keytable_put(&e->keys, ke);
+	if (op->heap_idx != NO_SLOT)
+		timer_del(&e->timers, op);
+	op->state = OP_AWAY;
+	op->flags |= OP_F_HELD;
+}
+
+void reactor_claimed_get_done(struct ferry_engine *e, struct op *op, int res, uint64_t len)
+{
+	op->state = OP_FREE; /* not AWAY: no transport has anything of it to forget */
+	op->flags &= ~OP_F_HELD;
+	if (res == 0) {
+		STAT_ADD(e->stats.deliveries, 1);
+		STAT_ADD(e->stats.zero_copies, 1);
+	}
+	op_complete(e, op, res, res == 0 ? len : 0, NULL);
+}
+
 /* Can op take one more non-final CQE now? */
 bool op_can_post_more(struct ferry_engine *e, struct op *op)
 {

@@ -310,6 +310,26 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
  */
 bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
 			  const void *src, uint64_t len, uint32_t flags);
+/*
+ * A PUT of len bytes arrives under fullkey that the transport can write
+ * into its destination itself (rdma: READ straight into a GET's segments):
+ * the first GET parked for it if that GET takes segments of registered
+ * regions (FERRY_SQE_SEGS, host memory) with room for len bytes and the
+ * data is a plain PUT (flags: no stream traffic). Nothing changes: the
+ * transport checks what it needs of the segments (op->segs, op->iovcnt),
+ * then claims it or leaves it. NULL: none such.
+ */
+struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			      uint64_t len, uint32_t flags);
+/*
+ * Take op (just returned by reactor_parked_get) off its key: it is held
+ * (its deadline stops, a CANCEL answers -EALREADY) while the transport
+ * writes into its memory, until reactor_claimed_get_done, which the
+ * transport calls exactly once: res 0 and len when the data is there, or
+ * a negative errno (the destination's contents are then undefined).
+ */
+void reactor_claim_get(struct ferry_engine *e, struct op *op);
+void reactor_claimed_get_done(struct ferry_engine *e, struct op *op, int res, uint64_t len);
 /* Drop the transport state of a peer (so the next PUT resolves it again). */
 void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer);
 /* The same for every peer that transport b carries (at its shutdown). */

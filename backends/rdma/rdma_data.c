@@ -327,15 +327,49 @@ static void rx_free(struct rdma_state *st, struct rdma_rx *r)
 	if (r->buf)
 		pool_free(r->buf);
 	r->buf = NULL;
+	if (r->get) {
+		/* Its READs are all back (or were never posted): the GET ends unfilled. */
+		reactor_claimed_get_done(st->engine, r->get, -ECONNRESET, 0);
+		r->get = NULL;
+	}
 	r->state = RX_FREE;
 	r->c = NULL;
 	r->next = st->free_rxs;
 	st->free_rxs = r;
 }
 
+/*
+ * Where the next READ of at most piece bytes writes: into r's block, or
+ * into the claimed GET's current segment (shortened to what it has left).
+ */
+static void read_dst(struct rdma_state *st, struct rdma_conn *c, struct rdma_rx *r,
+		     uint32_t pool_lkey, uint64_t *piece, struct ibv_sge *sge)
+{
+	const struct ferry_seg *g;
+	struct rdma_mem *mem;
+
+	if (!r->get) {
+		sge->addr = (uintptr_t)r->buf->data + r->dst_off;
+		sge->lkey = pool_lkey;
+		return;
+	}
+	g = &r->get->segs[r->gseg];
+	while (r->goff == g->len) { /* checked by direct_get: the segments hold r->len */
+		r->gseg++;
+		r->goff = 0;
+		g++;
+	}
+	if (*piece > g->len - r->goff)
+		*piece = g->len - r->goff;
+	mem = ferry__region_reg(g->region, st->b);
+	sge->addr = (uintptr_t)g->region->addr + g->offset + r->goff;
+	sge->lkey = mem->mr[c->dev->idx]->lkey;
+	r->goff += *piece;
+}
+
 static void post_reads(struct rdma_state *st, struct rdma_conn *c, struct rdma_rx *r)
 {
-	uint32_t lkey = rdma_lkey(st, c->dev, r->buf, NULL);
+	uint32_t lkey = r->get ? 0 : rdma_lkey(st, c->dev, r->buf, NULL);
 
 	while (r->seg_next < r->nseg && c->reads_out < RDMA_READS_MAX &&
 	       c->wr_out < RDMA_SQ_DEPTH) {
@@ -346,9 +380,8 @@ static void post_reads(struct rdma_state *st, struct rdma_conn *c, struct rdma_r
 
 		if (piece > RDMA_READ_PIECE)
 			piece = RDMA_READ_PIECE;
-		sge.addr = (uintptr_t)r->buf->data + r->dst_off;
+		read_dst(st, c, r, lkey, &piece, &sge);
 		sge.length = (uint32_t)piece;
-		sge.lkey = lkey;
 		memset(&wr, 0, sizeof(wr));
 		wr.wr_id = rdma_wr_id(c->slot, c->gen, WR_READ, (uint32_t)(r - st->rxs));
 		wr.sg_list = &sge;
@@ -380,6 +413,12 @@ static int deliver(struct rdma_state *st, struct rdma_conn *c, struct rdma_rx *r
 	char fullkey[FULLKEY_MAX];
 	int n, rc;
 
+	if (r->get) {
+		/* READ into the GET's own memory: it has the data now. */
+		reactor_claimed_get_done(e, r->get, 0, r->len);
+		r->get = NULL;
+		return 0;
+	}
 	n = keytable_compose(fullkey, r->key, r->key_len, c->peer_name, e->name);
 	rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, r->buf, r->len, r->flags);
 	if (rc)
@@ -476,6 +515,36 @@ static struct rdma_rx *rx_take(struct rdma_state *st, struct rdma_conn *c,
 	return r;
 }
 
+/*
+ * A GET parked for r's key that takes it into segments of regions
+ * registered on c's device: claimed, r READs straight into them (no block
+ * of the pool, no copy). Its deadline stops until r ends (reactor_claim_get).
+ */
+static bool direct_get(struct rdma_state *st, struct rdma_conn *c, struct rdma_rx *r)
+{
+	struct ferry_engine *e = st->engine;
+	char fullkey[FULLKEY_MAX];
+	struct op *op;
+	int n = keytable_compose(fullkey, r->key, r->key_len, c->peer_name, e->name);
+
+	if (n < 0 || !(op = reactor_parked_get(e, fullkey, (size_t)n, r->len, r->flags)))
+		return false;
+	for (uint32_t i = 0; i < op->iovcnt; i++) {
+		struct rdma_mem *mem;
+
+		if (!op->segs[i].len)
+			continue;
+		mem = ferry__region_reg(op->segs[i].region, st->b);
+		if (!mem || !mem->mr[c->dev->idx])
+			return false; /* not registered on this device: through a block */
+	}
+	reactor_claim_get(e, op);
+	r->get = op;
+	r->gseg = 0;
+	r->goff = 0;
+	return true;
+}
+
 static bool key_ok(const uint8_t *key, uint16_t key_len)
 {
 	return key_len > 0 && key_len < FERRY_KEY_MAX && !memchr(key, '\0', key_len);
@@ -558,7 +627,11 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 			return;
 		}
 		r->nseg = h.nseg;
-		if (pool_alloc(st->engine->pool, h.len, &r->buf)) {
+		if (direct_get(st, c, r)) {
+			r->state = RX_READING;
+			atomic_fetch_add_explicit(&st->h_read_bytes, h.len, memory_order_relaxed);
+			atomic_fetch_add_explicit(&st->h_into_get, 1, memory_order_relaxed);
+		} else if (pool_alloc(st->engine->pool, h.len, &r->buf)) {
 			r->res = -ENOBUFS;
 			r->state = RX_READY;
 		} else {

@@ -212,6 +212,10 @@ struct rdma_rx {
 	uint32_t nseg, seg_next;
 	uint64_t seg_off;    /* into the current segment */
 	uint64_t dst_off;    /* into buf */
+	/* READ straight into a parked GET's segments (reactor_claim_get), not into buf: */
+	struct op *get;
+	uint32_t gseg;       /* its segment the next READ writes into */
+	uint64_t goff;       /* and where in it */
 	struct rdma_seg_wire segs[RDMA_MAX_SEG];
 	uint32_t flags;
 	uint16_t key_len;
@@ -290,7 +294,7 @@ struct rdma_state {
 	_Atomic int fault_qp_error;
 	/* Health (any thread reads). */
 	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
-	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace;
+	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace, h_into_get;
 };
 
 /* ------------------------------------------------------------------ */
