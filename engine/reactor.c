@@ -881,10 +881,14 @@ static void do_cancel(struct ferry_engine *e, struct op *op, uint64_t target)
 		if (t == op || t->user_data != target || (t->flags & OP_F_INTERNAL))
 			continue; /* the engine's own ops are not the application's to cancel */
 		if (unlikely(t->state == OP_AWAY && (t->flags & OP_F_HELD))) {
-			/* Its receiver may be reading our memory now: it ends at its RELEASE. */
-			log_info("CANCEL %llx: PUT %llx is being read in place by its receiver (CUDA IPC, RDMA READ): "
-				 "too late to stop it", (unsigned long long)op->user_data,
-				 (unsigned long long)target);
+			/*
+			 * Its memory is being read (a PUT: CUDA IPC, an rdma READ) or
+			 * written (a GET an rdma READ fills) in place: it ends when that is done.
+			 */
+			log_info("CANCEL %llx: %s %llx is being %s in place: too late to stop it",
+				 (unsigned long long)op->user_data,
+				 t->opcode == FERRY_OP_GET ? "GET" : "PUT", (unsigned long long)target,
+				 t->opcode == FERRY_OP_GET ? "filled" : "read by its receiver");
 			res = -EALREADY;
 			break;
 		}
