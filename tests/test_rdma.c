@@ -614,6 +614,29 @@ static void test_kill_reconnect(void **state)
 }
 
 /*
+ * b parks a GET (user_data 2) of key into segs, then a PUTs n patterned
+ * bytes (seed) under it from a pool buffer and sees it complete.
+ */
+static void get_segs_then_put(struct ferry_engine *a, struct ferry_peer *ab, struct ferry_engine *b,
+			      struct ferry_peer *ba, const char *key, const struct ferry_seg *segs,
+			      unsigned nsegs, size_t n, unsigned seed)
+{
+	struct ferry_buf *buf;
+	struct ferry_sqe *sqe = t_sqe(b);
+
+	ferry_prep_get_segs(sqe, ba, key, segs, nsegs, 2);
+	ferry_sqe_set_timeout(sqe, 60 * SEC);
+	t_submit(b);
+	t_expect_none(b, NULL, 50); /* parked */
+	assert_int_equal(ferry_buf_alloc(a, n, &buf), 0);
+	pattern(ferry_buf_data(buf), n, seed);
+	sqe = t_sqe(a);
+	ferry_prep_put_buf(sqe, ab, key, buf, 3);
+	t_submit(a);
+	t_expect(a, NULL, 3, 0, NULL);
+}
+
+/*
  * A GET parked at b into segments of a region b registered: an announced
  * PUT is READ straight into them (no block of b's pool, no copy), across a
  * segment boundary in the middle of a READ piece; a GET too small for the
@@ -627,8 +650,6 @@ static void test_read_into_get(void **state)
 	struct ferry_peer *ab, *ba;
 	struct ferry_region *r;
 	struct ferry_seg segs[3];
-	struct ferry_buf *buf;
-	struct ferry_sqe *sqe;
 	struct ferry_cqe c;
 	uint8_t *mem, *tmp;
 	struct iovec iov;
@@ -653,17 +674,7 @@ static void test_read_into_get(void **state)
 	segs[1] = (struct ferry_seg){ .region = r, .offset = 0, .len = 0 };
 	segs[2] = (struct ferry_seg){ .region = r, .offset = 100, .len = n - segs[0].len };
 	into = rh(b, "read_into_get");
-	sqe = t_sqe(b);
-	ferry_prep_get_segs(sqe, ba, "direct", segs, 3, 2);
-	ferry_sqe_set_timeout(sqe, 60 * SEC);
-	t_submit(b);
-	t_expect_none(b, NULL, 50); /* parked */
-	assert_int_equal(ferry_buf_alloc(a, n, &buf), 0);
-	pattern(ferry_buf_data(buf), n, 9);
-	sqe = t_sqe(a);
-	ferry_prep_put_buf(sqe, ab, "direct", buf, 3);
-	t_submit(a);
-	t_expect(a, NULL, 3, 0, NULL);
+	get_segs_then_put(a, ab, b, ba, "direct", segs, 3, n, 9);
 	t_expect(b, NULL, 2, 0, &c);
 	assert_int_equal(c.len, n);
 	assert_null(c.buf);
@@ -677,18 +688,8 @@ static void test_read_into_get(void **state)
 	assert_int_equal(mem[100 + segs[2].len], 0xa5);
 	/* Too small for it: not claimed; the GET fails as in the key table, the data stays. */
 	segs[0].len = n - 1;
-	sqe = t_sqe(b);
-	ferry_prep_get_segs(sqe, ba, "small", segs, 1, 4);
-	ferry_sqe_set_timeout(sqe, 60 * SEC);
-	t_submit(b);
-	t_expect_none(b, NULL, 50);
-	assert_int_equal(ferry_buf_alloc(a, n, &buf), 0);
-	pattern(ferry_buf_data(buf), n, 10);
-	sqe = t_sqe(a);
-	ferry_prep_put_buf(sqe, ab, "small", buf, 5);
-	t_submit(a);
-	t_expect(a, NULL, 5, 0, NULL);
-	t_expect(b, NULL, 4, -EMSGSIZE, NULL);
+	get_segs_then_put(a, ab, b, ba, "small", segs, 1, n, 10);
+	t_expect(b, NULL, 2, -EMSGSIZE, NULL);
 	assert_int_equal(rh(b, "read_into_get"), into + 1);
 	iov.iov_base = tmp;
 	iov.iov_len = n;
