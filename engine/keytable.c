@@ -3,7 +3,8 @@
  *
  * Owns: a chained hash table from "{key}@{from}_{to}" to an entry holding
  * the data that arrived under that key (a pool buffer) and the FIFO of GETs
- * waiting for it. Entries come from an array sized at creation (the data
+ * waiting for it, and the composing of those keys (keytable_compose, or
+ * from a "@{from}_{to}" suffix made once per path: key_suffix_make). Entries come from an array sized at creation (the data
  * limit max_keys plus one per op that can wait), so inserting never
  * allocates. Only the thread that holds progress touches it.
  *

@@ -5,8 +5,10 @@
  * endpoint per engine (an intrusive lock-free MPSC inbox, Vyukov's design),
  * and the messages that carry a PUT to its destination and its result back.
  *
- * A PUT becomes a message taken from the sender's own preallocated set: it
- * travels to the destination's inbox, the destination's reactor hands it to
+ * A PUT becomes a message taken from the sender's own preallocated set,
+ * holding the full key "{key}@{from}_{to}" the sender composed (its peer
+ * handle's suffix), so the receiver composes nothing: it travels to the
+ * destination's inbox, the destination's reactor hands it to
  * its key table (reactor_deliver), writes the result into it and sends it
  * home, where the sender's reactor completes the op. A pool buffer's data
  * never moves: the message carries the buffer, whose memory both engines
