@@ -246,10 +246,8 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 	}
 	if (unlikely(wflags & WIRE_F_CUDA_IPC)) {
 		/* The sender's device memory, by IPC: the memory domain copies it (it completes the op). */
-		int rc = -EOPNOTSUPP;
+		int rc = memory_device_get(e, op, buf, len, wflags);
 
-		if (op->iovcnt)
-			rc = memory_device_get(e, op, buf, len, wflags);
 		if (rc == MEMORY_DEVICE_RESEND) {
 			/* Not readable here: the sender is asked to send it again, staged. */
 			buf->flags |= POOL_BUF_F_RESEND;
@@ -257,12 +255,8 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 			repark_get(e, op, fullkey, fullkey_len);
 			return true;
 		}
-		if (!op->iovcnt)
-			log_info("GET %llx: the data is in another process's CUDA device memory: "
-				 "a GET into an iovec or segments takes it, not one for a buffer",
-				 (unsigned long long)op->user_data);
-		if (rc)
-			op_complete(e, op, rc, 0, NULL); /* the data stays for another GET */
+		if (rc) /* the data stays for another GET; too small a GET learns its length */
+			op_complete(e, op, rc, rc == -EMSGSIZE ? op->len : 0, NULL);
 		return rc == 0;
 	}
 	if (op->iovcnt) {
@@ -824,11 +818,16 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		struct ferry_buf *buf = ke->buf;
 		uint64_t len = ke->len;
 
-		if (op->iovcnt && len > op->len) {
+		uint32_t wflags = ke->wflags;
+
+		/*
+		 * A CUDA IPC descriptor's len is the descriptor's, not the data's:
+		 * the memory domain checks the data against the GET (ipc_issue).
+		 */
+		if (op->iovcnt && len > op->len && !(wflags & WIRE_F_CUDA_IPC)) {
 			op_complete(e, op, -EMSGSIZE, len, NULL);
 			return;
 		}
-		uint32_t wflags = ke->wflags;
 		struct ferry_peer *src = ke->from;
 
 		ke->buf = NULL;

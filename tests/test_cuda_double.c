@@ -928,6 +928,146 @@ static void test_double_ipc_device_to_device(void **state)
 	t_gate_close(&ipc_done);
 }
 
+/*
+ * Ping-pong by IPC both ways (the GPU check's latency loop, which failed
+ * on a real GPU): the child GETs "ping" into its device memory and PUTs
+ * it back as "pong" from there; the parent PUTs ping, waits for that PUT,
+ * then GETs pong, so pong's descriptor is often there before its GET.
+ * Then a descriptor stored before a GET too small for its data (-EMSGSIZE
+ * with the data's length), and a GET for a buffer of a device PUT (the
+ * sender asked to send it again staged: ferry hands out host buffers).
+ */
+#define PP_ITERS 40
+#define PP_LEN 64
+
+static int pingpong_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("pb", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *from = t_peer(b, "pa");
+	uint8_t *dst = d_malloc(0, 1u << 20);
+	struct ferry_region *rd = dev_reg(b, dst, 1u << 20, 0);
+	static struct ferry_seg s;
+	struct ferry_cqe c;
+
+	(void)arg;
+	s = (struct ferry_seg){ rd, 0, PP_LEN };
+	t_gate_open(&ipc_ready);
+	for (unsigned i = 0; i < PP_ITERS; i++) {
+		get_segs(b, from, "ping", &s, 1, 100 + i);
+		if (t_wait_cqe(b, NULL, &c, 10 * SEC) != 1 || c.user_data != 100 + i || c.res != 0 ||
+		    c.len != PP_LEN) {
+			fprintf(stderr, "child: GET ping %u: res %d len %llu ud %llu\n", i, c.res,
+				(unsigned long long)c.len, (unsigned long long)c.user_data);
+			return child_failed(__LINE__, 2);
+		}
+		put_segs(b, from, "pong", &s, 1, 200 + i, 0, NULL);
+		if (t_wait_cqe(b, NULL, &c, 10 * SEC) != 1 || c.user_data != 200 + i || c.res != 0) {
+			fprintf(stderr, "child: PUT pong %u: res %d ud %llu\n", i, c.res,
+				(unsigned long long)c.user_data);
+			return child_failed(__LINE__, 3);
+		}
+	}
+	/* A descriptor that waits for its GET, then "ready" (host, behind it in order). */
+	s = (struct ferry_seg){ rd, 0, 2 * PP_LEN };
+	put_segs(b, from, "big", &s, 1, 300, 0, NULL);
+	t_put(b, from, "ready", "r", 1, 301, 0);
+	t_expect(b, NULL, 301, 0, NULL);
+	t_expect(b, NULL, 300, 0, NULL); /* after the parent's GET copied it */
+	/* For the parent's GET for a buffer: asked again, sent staged (no device buffers). */
+	pattern(dst, 100, 77);
+	s = (struct ferry_seg){ rd, 0, 100 };
+	put_segs(b, from, "buf", &s, 1, 302, 0, NULL);
+	t_expect(b, NULL, 302, 0, NULL);
+	if (t_health_num(b, "\"cuda\":{", "ipc_restaged") != 1)
+		return child_failed(__LINE__, 4);
+	t_gate_wait(&ipc_done, 20000);
+	ferry_engine_destroy(b);
+	d_free(dst);
+	return 0;
+}
+
+static void test_double_ipc_pingpong(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	uint8_t *src, want[PP_LEN];
+	struct ferry_region *rs;
+	static struct ferry_seg out, in;
+	struct ferry_cqe c;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_done);
+	pid = t_fork(pingpong_child, NULL);
+	a = t_engine("pa", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "pb");
+	src = d_malloc(0, 1u << 20);
+	rs = dev_reg(a, src, 1u << 20, 0);
+	out = (struct ferry_seg){ rs, 0, PP_LEN };
+	in = (struct ferry_seg){ rs, 4096, PP_LEN };
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	for (unsigned i = 0; i < PP_ITERS; i++) {
+		pattern(src, PP_LEN, i);
+		memcpy(want, src, PP_LEN);
+		put_segs(a, to, "ping", &out, 1, 1000 + i, 0, NULL);
+		assert_int_equal(t_wait_cqe(a, NULL, &c, 10 * SEC), 1);
+		assert_int_equal(c.user_data, 1000 + i);
+		assert_int_equal(c.res, 0);
+		get_segs(a, to, "pong", &in, 1, 2000 + i);
+		assert_int_equal(t_wait_cqe(a, NULL, &c, 10 * SEC), 1);
+		assert_int_equal(c.user_data, 2000 + i);
+		assert_int_equal(c.res, 0);
+		assert_int_equal(c.len, PP_LEN);
+		assert_memory_equal(src + 4096, want, PP_LEN);
+	}
+	/*
+	 * A GET too small for the data of a descriptor already there: -EMSGSIZE
+	 * with the data's length (not the descriptor's), and the data stays.
+	 */
+	{
+		static uint8_t r[8];
+
+		t_get(a, to, "ready", t_iov_of(r, sizeof(r)), 1, 3000, 0, 10 * SEC);
+		t_expect(a, NULL, 3000, 0, NULL);
+		get_segs(a, to, "big", &in, 1, 3001);
+		t_expect(a, NULL, 3001, -EMSGSIZE, &c);
+		assert_int_equal(c.len, 2 * PP_LEN);
+		in.len = 2 * PP_LEN;
+		get_segs(a, to, "big", &in, 1, 3002);
+		t_expect(a, NULL, 3002, 0, &c);
+		assert_int_equal(c.len, 2 * PP_LEN);
+		/* The child sent its first 128 bytes: the last ping's 64, then what it held past them. */
+		assert_memory_equal(src + 4096, want, PP_LEN);
+	}
+	/* A GET for a buffer (host memory from a pool) of a device PUT by IPC: restaged. */
+	{
+		uint8_t expect[100];
+		struct ferry_sqe *sqe = sqe_wait(a);
+
+		ferry_prep_get(sqe, to, "buf", NULL, 0, 3003);
+		ferry_sqe_set_timeout(sqe, 10 * SEC);
+		t_submit(a);
+		t_expect(a, NULL, 3003, 0, &c);
+		assert_true(c.flags & FERRY_CQE_F_BUF);
+		assert_int_equal(c.len, 100);
+		pattern(expect, 100, 77);
+		assert_memory_equal(ferry_buf_data(c.buf), expect, 100);
+		ferry_buf_release(c.buf);
+		assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_resends"), 1);
+	}
+	/* Both directions went by IPC, nothing was staged. */
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), PP_ITERS);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_gets"), PP_ITERS + 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 0);
+	t_gate_open(&ipc_done);
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	d_free(src);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_done);
+}
+
 /* The receiver keeps a descriptor (no GET) and is killed: the open PUT fails. */
 static int ipc_keep_child(void *arg)
 {
@@ -1218,6 +1358,7 @@ int main(void)
 		cmocka_unit_test(test_double_more_than_jobs),
 		cmocka_unit_test(test_double_manual_progress),
 		cmocka_unit_test(test_double_ipc_device_to_device),
+		cmocka_unit_test(test_double_ipc_pingpong),
 		cmocka_unit_test(test_double_ipc_peer_killed),
 		cmocka_unit_test(test_double_ipc_copy_past_deadline),
 		cmocka_unit_test(test_double_ipc_fallbacks),

@@ -113,6 +113,7 @@ struct cuda_job {
 	uint64_t len;
 	cuda_event_t done;       /* recorded behind the job's copies */
 	cuda_event_t wait;       /* FERRY_CUDA_WAIT_STREAM: recorded on the caller's stream */
+	uint64_t issued;         /* when its copies were queued (ferry__now_ns) */
 	uint8_t nipc;            /* an IPC GET: the cache slots it copies from */
 	uint8_t ipc[IPC_SEGS];
 	struct cuda_job *next;
@@ -138,6 +139,7 @@ struct cuda_svc {
 	stat_t ipc_puts, staged_puts, ipc_gets, ipc_bytes, ipc_opens, ipc_closes;
 	stat_t ipc_resends;  /* receiver: descriptors given back unread, the data asked again staged */
 	stat_t ipc_restaged; /* sender: IPC PUTs sent again staged, at their receiver's request */
+	stat_t jobs_ended, job_ns; /* jobs seen done, and their time from queued to seen done */
 	_Atomic uint32_t ipc_regions, ipc_cached;
 	_Atomic uint64_t callbacks;
 	bool ipc_open_warned;
@@ -432,6 +434,7 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
 	}
 	j->op->state = OP_DEVICE;
 	j->gen = j->op->gen;
+	j->issued = ferry__now_ns();
 	if (s->busy_tail)
 		s->busy_tail->next = j;
 	else
@@ -880,6 +883,7 @@ static int ipc_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 		log_info("GET %llx: %llu bytes do not fit its %llu-byte destination",
 			 (unsigned long long)op->user_data, (unsigned long long)d.total,
 			 (unsigned long long)op->len);
+		op->len = d.total; /* the CQE says what would fit, as for host data */
 		rc = -EMSGSIZE;
 		goto out;
 	}
@@ -970,6 +974,29 @@ static int ipc_probe(struct cuda_svc *s, const struct cuda_rt *rt, const struct 
 	return 0;
 }
 
+/*
+ * A GET that cannot copy from a descriptor's handles (why): MEMORY_DEVICE_RESEND
+ * when its sender restages on request (the data comes again through its
+ * pool, as host memory any GET takes); else the error, logged.
+ */
+static int ipc_restage_or(struct cuda_svc *s, const struct op *op, const struct ferry_buf *buf,
+			  int err, const char *why)
+{
+	struct ipc_desc d;
+	struct ipc_seg seg[IPC_SEGS];
+
+	if (ipc_read(s, op, buf, &d, seg) == 0 && (d.flags & IPC_F_RESTAGE)) {
+		STAT_ADD(s->ipc_resends, 1);
+		log_limited(FERRY__LOG_INFO, "cuda: engine %s: GET %llx: %s's data is in its CUDA "
+			    "device memory and %s: asked again, staged through its pool", s->e->name,
+			    (unsigned long long)op->user_data, d.sender, why);
+		return MEMORY_DEVICE_RESEND;
+	}
+	log_error("cuda: engine %s: GET %llx: the data is another process's CUDA device memory "
+		  "and %s", s->e->name, (unsigned long long)op->user_data, why);
+	return err;
+}
+
 /* A GET of a CUDA IPC descriptor: the runtime is loaded here if it is not yet. */
 static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 {
@@ -978,12 +1005,13 @@ static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 	struct cuda_job *j = NULL;
 	int rc;
 
-	if (!rt || !rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle) {
-		log_error("cuda: engine %s: GET %llx: the data is another process's CUDA device "
-			  "memory, which this engine cannot open: %s", s->e->name,
-			  (unsigned long long)op->user_data, rt ? "the runtime has no CUDA IPC" : why);
-		return rt ? -EOPNOTSUPP : -ENODEV;
-	}
+	if (!op->iovcnt) /* ferry hands out no device buffers: host memory, from its pool */
+		return ipc_restage_or(s, op, buf, -EOPNOTSUPP,
+				      "a GET for a buffer takes host memory from a pool");
+	if (!rt)
+		return ipc_restage_or(s, op, buf, -ENODEV, why);
+	if (!rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle)
+		return ipc_restage_or(s, op, buf, -EOPNOTSUPP, "the runtime here has no CUDA IPC");
 	if ((rc = ipc_probe(s, rt, op, buf)))
 		return rc;
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
@@ -1054,6 +1082,8 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	enum job_kind kind = j->kind;
 
 	atomic_fetch_sub(&s->inflight, 1);
+	STAT_ADD(s->jobs_ended, 1);
+	STAT_ADD(s->job_ns, ferry__now_ns() - j->issued);
 	if (j->nipc)
 		ipc_unhold(s, atomic_load(&s->rt), j);
 	job_give_back(s, j);
@@ -1251,7 +1281,8 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			"\"gets\":%llu,\"bytes_d2h\":%llu,\"bytes_h2d\":%llu,\"callbacks\":%llu,"
 			"\"errors\":%llu,\"ipc_regions\":%u,\"ipc_puts\":%llu,\"staged_puts\":%llu,"
 			"\"ipc_gets\":%llu,\"ipc_bytes\":%llu,\"ipc_opens\":%llu,\"ipc_closes\":%llu,"
-			"\"ipc_open\":%u,\"ipc_resends\":%llu,\"ipc_restaged\":%llu}",
+			"\"ipc_open\":%u,\"ipc_resends\":%llu,\"ipc_restaged\":%llu,\"jobs_ended\":%llu,"
+			"\"job_ns\":%llu}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
 			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
@@ -1267,7 +1298,9 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)STAT_GET(s->ipc_opens),
 			(unsigned long long)STAT_GET(s->ipc_closes), atomic_load(&s->ipc_cached),
 			(unsigned long long)STAT_GET(s->ipc_resends),
-			(unsigned long long)STAT_GET(s->ipc_restaged));
+			(unsigned long long)STAT_GET(s->ipc_restaged),
+			(unsigned long long)STAT_GET(s->jobs_ended),
+			(unsigned long long)STAT_GET(s->job_ns));
 }
 
 const struct backend_ops ferry__cuda_backend = {
