@@ -655,13 +655,16 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	pthread_mutex_unlock(&e->lock);
 	jprintf(&j, "]");
 	for (unsigned i = 0; i < e->nbackends; i++) {
-		char part[512]; /* a transport's own part: its sessions and counters */
+		char part[2048]; /* a transport's own part: its sessions and counters */
 		struct backend *b = &e->backends[i];
 		int n;
 
-		if (b->ops->health && b->data && (n = b->ops->health(e, b, part, sizeof(part))) > 0 &&
-		    (size_t)n < sizeof(part))
+		if (!b->ops->health || !b->data || (n = b->ops->health(e, b, part, sizeof(part))) <= 0)
+			continue;
+		if ((size_t)n < sizeof(part))
 			jprintf(&j, "%s", part);
+		else /* said, not dropped: a part that outgrew its buffer is a bug to see */
+			jprintf(&j, ",\"%s\":{\"truncated\":%d}", b->ops->name, n);
 	}
 	jprintf(&j, "}");
 	return j.len > (size_t)INT32_MAX ? INT32_MAX : (int)j.len;

@@ -1068,6 +1068,61 @@ static void test_double_ipc_pingpong(void **state)
 	t_gate_close(&ipc_done);
 }
 
+/*
+ * A receiver whose CUDA runtime does not load (FERRY_CUDA_RUNTIME=none) is
+ * sent a device PUT by IPC: it cannot read the sender's device memory, so
+ * it asks for the data staged, and its GET into host memory takes it.
+ */
+static int noruntime_child(void *arg)
+{
+	struct ferry_engine *b;
+	struct ferry_peer *from;
+	static uint8_t host[5000], want[5000];
+	struct ferry_cqe c;
+
+	(void)arg;
+	setenv("FERRY_CUDA_RUNTIME", "none", 1); /* before this process loads any */
+	b = t_engine("nrb", FERRY_PROGRESS_THREAD, 4u << 20);
+	from = t_peer(b, "nra");
+	t_gate_open(&ipc_ready);
+	t_get(b, from, "k", t_iov_of(host, sizeof(host)), 1, 1, 0, 10 * SEC);
+	t_expect(b, NULL, 1, 0, &c);
+	pattern(want, sizeof(want), 31);
+	if (c.len != sizeof(want) || memcmp(host, want, sizeof(want)))
+		return child_failed(__LINE__, 2);
+	if (t_health_num(b, "\"cuda\":{", "ipc_resends") != 1)
+		return child_failed(__LINE__, 3);
+	t_gate_wait(&ipc_done, 20000);
+	ferry_engine_destroy(b);
+	return 0;
+}
+
+static void test_double_ipc_to_no_runtime(void **state)
+{
+	struct one x;
+	pid_t pid;
+	static struct ferry_seg s;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_done);
+	pid = t_fork(noruntime_child, NULL);
+	one_open(&x, "nra", "nrb", 5000);
+	pattern(x.mem, 5000, 31);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	warm(x.e, x.peer, 9);
+	s = (struct ferry_seg){ x.reg, 0, 5000 };
+	put_segs(x.e, x.peer, "k", &s, 1, 10, 0, NULL);
+	t_expect(x.e, NULL, 10, 0, NULL);
+	assert_int_equal(t_health_num(x.e, "\"cuda\":{", "ipc_puts"), 1);
+	assert_int_equal(t_health_num(x.e, "\"cuda\":{", "ipc_restaged"), 1);
+	t_gate_open(&ipc_done);
+	assert_int_equal(t_reap(pid), 0);
+	one_close(&x);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_done);
+}
+
 /* The receiver keeps a descriptor (no GET) and is killed: the open PUT fails. */
 static int ipc_keep_child(void *arg)
 {
@@ -1359,6 +1414,7 @@ int main(void)
 		cmocka_unit_test(test_double_manual_progress),
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_pingpong),
+		cmocka_unit_test(test_double_ipc_to_no_runtime),
 		cmocka_unit_test(test_double_ipc_peer_killed),
 		cmocka_unit_test(test_double_ipc_copy_past_deadline),
 		cmocka_unit_test(test_double_ipc_fallbacks),
