@@ -27,6 +27,7 @@ _Static_assert(CUDA_MEMCPY_DEFAULT == cudaMemcpyDefault, "cudaMemcpyDefault");
 _Static_assert(CUDA_STREAM_NON_BLOCKING == cudaStreamNonBlocking, "cudaStreamNonBlocking");
 _Static_assert(CUDA_EVENT_DISABLE_TIMING == cudaEventDisableTiming, "cudaEventDisableTiming");
 _Static_assert(CUDA_HOST_REGISTER_PORTABLE == cudaHostRegisterPortable, "cudaHostRegisterPortable");
+_Static_assert(CUDA_HOST_REGISTER_READ_ONLY == cudaHostRegisterReadOnly, "cudaHostRegisterReadOnly");
 _Static_assert(CUDA_IPC_LAZY_PEER_ACCESS == cudaIpcMemLazyEnablePeerAccess, "cudaIpcMemLazy...");
 _Static_assert(CUDA_MEM_TYPE_DEVICE == cudaMemoryTypeDevice, "cudaMemoryTypeDevice");
 _Static_assert(CUDA_MEM_TYPE_MANAGED == cudaMemoryTypeManaged, "cudaMemoryTypeManaged");
@@ -154,6 +155,11 @@ const struct cuda_rt *cuda_rt_get(const char **why)
 	if (!rt_ok && why)
 		*why = rt_why;
 	return rt_ok;
+}
+
+const struct cuda_rt *cuda_rt_loaded(void)
+{
+	return atomic_load(&rt_tried) ? rt_ok : NULL; /* rt_ok is set before rt_tried */
 }
 
 const char *cuda_rt_strerror(cuda_err_t err)

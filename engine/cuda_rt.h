@@ -33,6 +33,7 @@ typedef void (*cuda_host_fn)(void *arg); /* cudaHostFn_t */
 #define CUDA_STREAM_NON_BLOCKING 1  /* cudaStreamNonBlocking */
 #define CUDA_EVENT_DISABLE_TIMING 2 /* cudaEventDisableTiming */
 #define CUDA_HOST_REGISTER_PORTABLE 1 /* cudaHostRegisterPortable */
+#define CUDA_HOST_REGISTER_READ_ONLY 8 /* cudaHostRegisterReadOnly: a mapping the device only reads */
 #define CUDA_IPC_LAZY_PEER_ACCESS 1 /* cudaIpcMemLazyEnablePeerAccess */
 #define CUDA_MEM_TYPE_DEVICE 2      /* cudaMemoryTypeDevice */
 #define CUDA_MEM_TYPE_MANAGED 3     /* cudaMemoryTypeManaged */
@@ -90,6 +91,8 @@ struct cuda_rt {
  * Any thread.
  */
 const struct cuda_rt *cuda_rt_get(const char **why);
+/* The runtime if this process has loaded it (and it has a device), else NULL: never loads it. */
+const struct cuda_rt *cuda_rt_loaded(void);
 /*
  * Why CUDA is not usable, without loading anything: the sentence of the
  * load that was tried, or that none was yet. Any thread.

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <stdlib.h>
 
+#include "cuda_rt.h"
 #include "internal.h"
 
 /* The running memory domain of device memory, or NULL (a registry without one). */
@@ -296,6 +297,46 @@ int memory_device_restage(struct ferry_engine *e, struct op *op)
 	if (!b || !b->ops->device_restage)
 		return -EOPNOTSUPP; /* not reached: no IPC PUT without the domain */
 	return b->ops->device_restage(e, b, op);
+}
+
+void memory_dma_source(struct ferry_engine *e, struct ferry_buf *buf)
+{
+	for (unsigned i = 0; i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (b->ops->dma_source && b->data)
+			b->ops->dma_source(e, b, buf);
+	}
+}
+
+int memory_dma_pin(const void *addr, size_t len, const char **why)
+{
+	const struct cuda_rt *rt = cuda_rt_loaded();
+	cuda_err_t err;
+
+	if (!rt) {
+		*why = "no CUDA runtime is loaded in this process";
+		return -ENODEV;
+	}
+	err = rt->HostRegister((void *)(uintptr_t)addr, len,
+			       CUDA_HOST_REGISTER_PORTABLE | CUDA_HOST_REGISTER_READ_ONLY);
+	if (err != CUDA_OK) {
+		*why = cuda_rt_strerror(err);
+		rt->GetLastError();
+		return -EIO;
+	}
+	return 0;
+}
+
+void memory_dma_unpin(const void *addr)
+{
+	const struct cuda_rt *rt = cuda_rt_loaded();
+	cuda_err_t err;
+
+	if (rt && (err = rt->HostUnregister((void *)(uintptr_t)addr)) != CUDA_OK) {
+		log_warn("cudaHostUnregister of %p: %s", addr, cuda_rt_strerror(err));
+		rt->GetLastError();
+	}
 }
 
 int memory_transport_up(struct ferry_engine *e, struct backend *b)

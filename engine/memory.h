@@ -164,6 +164,23 @@ int memory_device_restage(struct ferry_engine *e, struct op *op);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
 /*
+ * Device copies out of host memory that a transport mapped from another
+ * process (a peer's pool, mapped read-only by shm) run at pinned speed only
+ * when that mapping is pinned in this process too (only this process's own
+ * pool is pinned by the memory domain). memory_dma_source (reactor): a
+ * device copy is about to read buf; each transport with a dma_source hook
+ * is told, and the one whose mapping holds buf pins that mapping, once.
+ * memory_dma_pin / memory_dma_unpin: the pin, process-wide (through the
+ * process's one CUDA runtime; a pin outlives engines: whoever unmaps the
+ * memory unpins it first, from any thread). memory_dma_pin: 0; -ENODEV when
+ * this process has not loaded a CUDA runtime (it never loads one); -EIO
+ * when the runtime refuses (*why says how).
+ */
+void memory_dma_source(struct ferry_engine *e, struct ferry_buf *buf);
+int memory_dma_pin(const void *addr, size_t len, const char **why);
+void memory_dma_unpin(const void *addr);
+
+/*
  * Transport b is up (after its init): its mem_register, if it has one, is
  * given the engine's pool. 0 or its error (logged).
  */

@@ -234,6 +234,13 @@ struct backend_ops {
 	int (*device_get)(struct ferry_engine *e, struct backend *b, struct op *op,
 			  struct ferry_buf *buf, uint64_t len, uint32_t wflags);
 	int (*device_restage)(struct ferry_engine *e, struct backend *b, struct op *op);
+	/*
+	 * Optional, reactor only: a device copy is about to read buf
+	 * (memory_dma_source). A transport that mapped buf's memory from
+	 * another process pins that mapping for DMA (memory_dma_pin), once,
+	 * and unpins it before unmapping it; any other buf is not its business.
+	 */
+	void (*dma_source)(struct ferry_engine *e, struct backend *b, struct ferry_buf *buf);
 };
 
 struct backend {

@@ -233,10 +233,9 @@ static void test_double_device_to_device(void **state)
 	assert_memory_equal(dst + 1064 + big - 1000, host, sizeof(host));
 	assert_memory_equal(dst + 1064 + big - 1000 + sizeof(host), d1, small);
 	assert_int_equal(dst[1000], 0xee); /* the gap between the segments is left alone */
-	/* Cut into pieces of at most 8 MiB; each job's end reached through an event and host fn. */
+	/* Cut into pieces of at most 8 MiB; each job's end reached through its event. */
 	assert_true(d_stat("max_piece") <= (8u << 20));
 	assert_true(d_stat("copies") >= 3 + 1 + 1 + 2);
-	assert_true(d_stat("hostfns") >= 2);
 	assert_int_equal(d_stat("syncs"), 0); /* never a synchronize while running */
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "puts"), 1);
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "bytes_d2h"), total);
@@ -398,9 +397,67 @@ static void test_double_sleeping_reactor_woken(void **state)
 	t_get(b, from, "s", t_iov_of(got, sizeof(got)), 1, 2, 0, 0);
 	t_expect(b, NULL, 2, 0, NULL);
 	assert_memory_equal(got, d, 4096);
+	/* The host function cannot be queued before the sleep: the PUT still ends, and it is said. */
+	t_log_capture(FERRY_LOG_WARN);
+	d_delay(100000);
+	d_fail("cudaLaunchHostFunc", 999, 0, 1000000);
+	put_segs(a, to, "s2", &s, 1, 3, 0, NULL);
+	t_expect(a, NULL, 3, 0, NULL);
+	assert_true(t_log_seen(FERRY_LOG_WARN, "cudaLaunchHostFunc", "spins until its copies end"));
+	d_delay(0); /* (the failures stay injected: each case is a process of its own) */
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 	d_free(d);
+}
+
+/*
+ * A reactor that spins while the copy runs sees it end by its event: no
+ * host function is queued behind the job (one in a stream holds that stream
+ * until a CPU thread has run it).
+ */
+static void test_double_spinning_reactor_no_host_fn(void **state)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *a = NULL, *b;
+	struct ferry_peer *to, *from;
+	uint8_t *d, *dst;
+	struct ferry_region *r, *rd;
+	struct ferry_cqe c;
+
+	(void)state;
+	p.name = "na";
+	p.ns = "test";
+	p.progress = FERRY_PROGRESS_THREAD;
+	p.pool_size = 4u << 20;
+	p.spin_ns = 60ull * SEC; /* never sleeps in this case */
+	assert_int_equal(ferry_engine_create(&p, &a), 0);
+	p.name = "nb";
+	assert_int_equal(ferry_engine_create(&p, &b), 0);
+	to = t_peer(a, "nb");
+	from = t_peer(b, "na");
+	d = d_malloc(0, 4096);
+	dst = d_malloc(0, 4096);
+	pattern(d, 4096, 12);
+	r = dev_reg(a, d, 4096, 0);
+	rd = dev_reg(b, dst, 4096, 0);
+	struct ferry_seg s = { r, 0, 4096 }, o = { rd, 0, 4096 };
+
+	for (unsigned i = 0; i < 20; i++) {
+		put_segs(a, to, "k", &s, 1, 1, 0, NULL);
+		t_expect(a, NULL, 1, 0, NULL);
+		get_segs(b, from, "k", &o, 1, 2);
+		t_expect(b, NULL, 2, 0, &c);
+		assert_int_equal(c.len, 4096);
+	}
+	assert_memory_equal(dst, d, 4096);
+	assert_int_equal(d_stat("hostfns"), 0);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "jobs_ended"), 20);
+	assert_int_equal(t_health_num(b, "\"cuda\":{", "jobs_ended"), 20);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	d_free(dst);
 }
 
 /* Injected errors: at issue (synchronous) and on the "device" (asynchronous), PUT and GET. */
@@ -689,7 +746,18 @@ static void test_double_manual_progress(void **state)
 	duo_close(&p);
 }
 
-/* Two processes over shm: a GET into device memory that waits, a device PUT back. */
+/* A child's check failed: said on stderr (the parent sees only the status). */
+static int child_failed(int line, int rc)
+{
+	fprintf(stderr, "child %d: the check at line %d failed\n", (int)getpid(), line);
+	return rc;
+}
+
+/*
+ * Two processes over shm: a GET into device memory that waits, a device PUT
+ * back; the peer's pool, which the GET's copy reads, pinned here once and
+ * unpinned when the connection goes.
+ */
 static struct t_gate shm_ready;
 
 static int shm_child(void *arg)
@@ -716,11 +784,30 @@ static int shm_child(void *arg)
 		return 2;
 	if (t_health_num(b, "\"cuda\":{", "gets") != 1)
 		return 3; /* taken into device memory by the domain's copy, not in place by memcpy */
+	/*
+	 * It was copied out of xa's pool, mapped here read-only: that mapping
+	 * was pinned here (read-only), once, beside our own pool.
+	 */
+	if (t_health_num(b, "\"shm\":{", "peer_pools_pinned") != 1 ||
+	    t_health_num(b, "\"shm\":{", "peer_pools_refused") != 0 || d_stat("pinned_ranges") != 2)
+		return child_failed(__LINE__, 4);
 	sqe = t_sqe(b);
 	ferry_prep_put_segs(sqe, from, "out", &back, 1, 2);
 	t_submit(b);
 	t_expect(b, NULL, 2, 0, NULL);
+	/* A second block of that pool: pinned already. */
+	sqe = t_sqe(b);
+	ferry_prep_get_segs(sqe, from, "in2", &o, 1, 3);
+	ferry_sqe_set_timeout(sqe, 20 * SEC);
+	t_submit(b);
+	t_expect(b, NULL, 3, 0, &c);
+	if (c.len != 1000 || t_health_num(b, "\"shm\":{", "peer_pools_pinned") != 1 ||
+	    d_stat("pinned_ranges") != 2)
+		return child_failed(__LINE__, 5);
 	ferry_engine_destroy(b);
+	/* Our pool and the peer's mapping, both unpinned (the mapping before its unmap). */
+	if (d_stat("pinned_ranges") != 0)
+		return child_failed(__LINE__, 6);
 	d_free(dst);
 	return 0;
 }
@@ -744,6 +831,8 @@ static void test_double_two_processes_shm(void **state)
 	t_get(a, to, "out", t_iov_of(got, sizeof(got)), 1, 2, 0, 20 * SEC);
 	t_expect(a, NULL, 2, 0, NULL);
 	assert_memory_equal(got, data, sizeof(got));
+	t_put(a, to, "in2", data, 1000, 3, 0);
+	t_expect(a, NULL, 3, 0, NULL);
 	assert_int_equal(t_reap(pid), 0);
 	ferry_engine_destroy(a);
 	t_gate_close(&shm_ready);
@@ -778,13 +867,6 @@ static void one_close(struct one *x)
 /* ---- CUDA IPC between processes (the double's handles map a memfd across them) ---- */
 
 static struct t_gate ipc_ready, ipc_ready2, ipc_done;
-
-/* A child's check failed: said on stderr (the parent sees only the status). */
-static int child_failed(int line, int rc)
-{
-	fprintf(stderr, "child %d: the check at line %d failed\n", (int)getpid(), line);
-	return rc;
-}
 
 #define IPC_N 8
 #define IPC_LEN 300000u
@@ -1123,6 +1205,55 @@ static void test_double_ipc_to_no_runtime(void **state)
 	t_gate_close(&ipc_done);
 }
 
+/* The runtime refuses to pin the peer's pool: said, and the copy still reads it (pageable). */
+static int pin_refused_child(void *arg)
+{
+	struct one x;
+	static uint8_t want[3000];
+	static struct ferry_seg o;
+	struct ferry_cqe c;
+
+	(void)arg;
+	one_open(&x, "pb2", "pa2", 3000); /* its own pool pinned here, with the region */
+	o = (struct ferry_seg){ x.reg, 0, 3000 };
+	d_fail("cudaHostRegister", 999, 0, 1);
+	t_log_capture(FERRY_LOG_WARN);
+	get_segs(x.e, x.peer, "k", &o, 1, 1);
+	t_gate_open(&ipc_ready);
+	t_expect(x.e, NULL, 1, 0, &c);
+	pattern(want, sizeof(want), 41);
+	if (c.len != sizeof(want) || memcmp(x.mem, want, sizeof(want)))
+		return child_failed(__LINE__, 2);
+	if (t_health_num(x.e, "\"shm\":{", "peer_pools_refused") != 1 ||
+	    t_health_num(x.e, "\"shm\":{", "peer_pools_pinned") != 0 || d_stat("pinned_ranges") != 1 ||
+	    !t_log_seen(FERRY_LOG_WARN, "could not be pinned here", "pageable speed"))
+		return child_failed(__LINE__, 3);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	one_close(&x);
+	return 0;
+}
+
+static void test_double_peer_pool_pin_refused(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	static uint8_t data[3000];
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	pid = t_fork(pin_refused_child, NULL);
+	a = t_engine("pa2", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "pb2");
+	pattern(data, sizeof(data), 41);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	t_put(a, to, "k", data, sizeof(data), 1, FERRY_SQE_WAIT_PEER);
+	t_expect(a, NULL, 1, 0, NULL);
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	t_gate_close(&ipc_ready);
+}
+
 /* The receiver keeps a descriptor (no GET) and is killed: the open PUT fails. */
 static int ipc_keep_child(void *arg)
 {
@@ -1404,6 +1535,7 @@ int main(void)
 		cmocka_unit_test(test_double_caller_stream_first),
 		cmocka_unit_test(test_double_caller_event_first),
 		cmocka_unit_test(test_double_sleeping_reactor_woken),
+		cmocka_unit_test(test_double_spinning_reactor_no_host_fn),
 		cmocka_unit_test(test_double_injected_errors),
 		cmocka_unit_test(test_double_refusals),
 		cmocka_unit_test(test_double_no_device),
@@ -1415,6 +1547,7 @@ int main(void)
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_pingpong),
 		cmocka_unit_test(test_double_ipc_to_no_runtime),
+		cmocka_unit_test(test_double_peer_pool_pin_refused),
 		cmocka_unit_test(test_double_ipc_peer_killed),
 		cmocka_unit_test(test_double_ipc_copy_past_deadline),
 		cmocka_unit_test(test_double_ipc_fallbacks),

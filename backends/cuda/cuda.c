@@ -15,10 +15,12 @@
  * created on the first use), cut into pieces of CUDA_PIECE bytes; a copy
  * after the caller's wait (ferry_sqe_set_cuda_wait) waits on the GPU
  * (cudaStreamWaitEvent). Each job (one op's copies) ends with an event
- * recorded behind its pieces and a host function (cudaLaunchHostFunc) that
- * rings the engine's doorbell: while the reactor spins it sees the job end
- * by cudaEventQuery (has_work, progress); while it sleeps the host function
- * wakes it. No thread of ours, no synchronize on the reactor's rounds (the
+ * recorded behind its pieces: while the reactor spins it sees the job end
+ * by cudaEventQuery (has_work, progress); before it sleeps with jobs out,
+ * each of their streams gets a host function (cudaLaunchHostFunc) behind
+ * its last job that rings the engine's doorbell (prepare_sleep; none while
+ * it spins: a host function holds its stream until a CPU thread ran it).
+ * No thread of ours, no synchronize on the reactor's rounds (the
  * streams are synchronized only at teardown, before the pool is unpinned).
  * Jobs come from a fixed table (CUDA_JOBS, events made once per slot): no
  * allocation per op; with every job in flight an op waits, in order, for one
@@ -129,6 +131,11 @@ struct cuda_svc {
 	_Atomic int pool_pinned;
 	int cur_dev;             /* the device current on the reactor's thread (-1: unknown) */
 	cuda_stream_t stream[CUDA_MAX_DEV];
+	/*
+	 * Per stream: jobs issued on it, and how many of them the last host
+	 * function queued (cuda_prepare_sleep) is behind. Progress side only.
+	 */
+	uint64_t issued[CUDA_MAX_DEV], rung_for[CUDA_MAX_DEV];
 	struct cuda_job jobs[CUDA_JOBS];
 	struct cuda_job *free;
 	struct cuda_job *busy, *busy_tail; /* in the order issued */
@@ -397,7 +404,8 @@ static cuda_err_t copy_pieces(const struct cuda_rt *rt, cuda_stream_t st, char *
 
 /*
  * The job's copies are queued (err: the first error met; some may be):
- * its event and host function behind them, and it joins the busy list.
+ * its event behind them, and it joins the busy list (a host function
+ * comes only before a sleep: cuda_prepare_sleep).
  * Returns 0: it ends by its event (with err, if any, as its result);
  * or the error when nothing was queued. An event that cannot be recorded
  * behind queued copies leaves one way to know they are done: the stream
@@ -426,12 +434,7 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
 			rt->StreamSynchronize(st); /* the copies must not outlive their memory */
 		return -EIO;
 	}
-	if ((e2 = rt->LaunchHostFunc(st, cuda_ring, s)) != CUDA_OK) {
-		/* It still ends: the reactor sees the event while it spins (and wakes on its ticks). */
-		log_limited(FERRY__LOG_WARN, "cuda: engine %s: cudaLaunchHostFunc: %s", s->e->name,
-			    cuda_rt_strerror(e2));
-		rt->GetLastError();
-	}
+	s->issued[j->dev]++; /* (its host function, if any, comes when the reactor sleeps) */
 	j->op->state = OP_DEVICE;
 	j->gen = j->op->gen;
 	j->issued = ferry__now_ns();
@@ -524,6 +527,8 @@ static int get_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 		job_give_back(s, j);
 		return -EIO;
 	}
+	if (buf->flags & POOL_BUF_F_FOREIGN)
+		memory_dma_source(s->e, buf); /* a peer's block: its mapping pinned here, once */
 	j->op = op;
 	j->kind = JOB_GET;
 	j->dev = (uint8_t)op_device(op);
@@ -1176,9 +1181,40 @@ static bool cuda_has_work(struct ferry_engine *e, struct backend *b)
 	return false;
 }
 
-/* Before a sleep: every job has its host function queued; one more look. */
+/*
+ * Before a sleep: each stream with a job out gets a host function behind
+ * its last job (cuda_ring: the doorbell), unless the last one queued is
+ * already behind it; then one more look. While the reactor spins it sees
+ * jobs end by cudaEventQuery alone: a host function in a stream holds that
+ * stream until a CPU thread of the runtime has run it, and with two
+ * processes on one GPU that cost every copy of the other side (an H200: a
+ * 64 B copy out of another process's memory seen done ~200 us after it was
+ * queued with one behind every job, against ~10 us with none). A host
+ * function that cannot be queued calls the sleep off (the reactor spins on).
+ */
 static bool cuda_prepare_sleep(struct ferry_engine *e, struct backend *b)
 {
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt;
+	uint32_t devs = 0;
+	cuda_err_t err;
+
+	if (!s || !s->busy)
+		return false;
+	rt = atomic_load(&s->rt);
+	for (struct cuda_job *j = s->busy; j; j = j->next)
+		devs |= 1u << j->dev;
+	for (int d = 0; d < CUDA_MAX_DEV; d++) {
+		if (!(devs & (1u << d)) || s->rung_for[d] == s->issued[d])
+			continue;
+		if ((err = rt->LaunchHostFunc(s->stream[d], cuda_ring, s)) != CUDA_OK) {
+			log_limited(FERRY__LOG_WARN, "cuda: engine %s: cudaLaunchHostFunc: %s (the "
+				    "reactor spins until its copies end)", e->name, cuda_rt_strerror(err));
+			rt->GetLastError();
+			return true;
+		}
+		s->rung_for[d] = s->issued[d];
+	}
 	return cuda_has_work(e, b);
 }
 

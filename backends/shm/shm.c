@@ -367,6 +367,61 @@ static void shm_forget(struct ferry_engine *e, struct backend *b, struct op *op)
 }
 
 /* ------------------------------------------------------------------ */
+/* Device copies out of a peer's pool                                  */
+/* ------------------------------------------------------------------ */
+
+static void release_hook(struct ferry_buf *buf, void *ctx);
+
+/*
+ * A device copy is about to read buf: when it is a block of a peer's pool
+ * (mapped here read-only, so pageable to CUDA in this process), that whole
+ * mapping is pinned, once per connection (cudaHostRegister with the
+ * read-only flag: the first time costs as much as pinning the peer's pool
+ * size; a copy of 190 MiB from pageable memory cost ~4x a pinned one on an
+ * H200), and shm_conn_free unpins it before the unmap. A refusal is said
+ * once per connection, and its copies read the pool at pageable speed.
+ */
+static void shm_dma_source(struct ferry_engine *e, struct backend *b, struct ferry_buf *buf)
+{
+	struct shm_state *st = b->data;
+	struct shm_conn *c;
+	const char *why = "";
+	uint64_t t0;
+	int rc;
+
+	if (!(buf->flags & POOL_BUF_F_FOREIGN) || buf->release_fn != release_hook)
+		return;
+	c = buf->release_ctx; /* held by buf: the mapping stays while we pin it */
+	if (atomic_load_explicit(&c->dma_pin, memory_order_relaxed))
+		return;
+	t0 = ferry__now_ns();
+	rc = memory_dma_pin(c->peer_pool, c->peer_pool_size, &why);
+	atomic_store(&c->dma_pin, rc == 0 ? 1 : -1);
+	if (rc == 0) {
+		STAT_ADD(st->dma_pins, 1);
+		log_info("shm: engine %s: %s's pool (%llu bytes) pinned here for device copies "
+			 "(%.1f ms)", e->name, c->peer_name, (unsigned long long)c->peer_pool_size,
+			 (ferry__now_ns() - t0) / 1e6);
+	} else {
+		STAT_ADD(st->dma_refusals, 1);
+		log_warn("shm: engine %s: %s's pool could not be pinned here for device copies: %s "
+			 "(its blocks are copied to the device at pageable speed)", e->name,
+			 c->peer_name, why);
+	}
+}
+
+static int shm_health_part(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
+{
+	struct shm_state *st = b->data;
+
+	(void)e;
+	return snprintf(buf, len, ",\"shm\":{\"connections\":%u,\"peer_pools_pinned\":%llu,"
+			"\"peer_pools_refused\":%llu}", st->nlive,
+			(unsigned long long)STAT_GET(st->dma_pins),
+			(unsigned long long)STAT_GET(st->dma_refusals));
+}
+
+/* ------------------------------------------------------------------ */
 /* Releases of foreign blocks (any thread)                             */
 /* ------------------------------------------------------------------ */
 
@@ -975,4 +1030,6 @@ const struct backend_ops ferry__shm_backend = {
 	.prepare_sleep = shm_prepare_sleep,
 	.forget = shm_forget,
 	.on_cqe = shm_on_cqe,
+	.dma_source = shm_dma_source,
+	.health = shm_health_part,
 };

@@ -35,6 +35,8 @@ void shm_conn_free(struct shm_conn *c)
 {
 	if (c->rings)
 		munmap(c->rings, SHM_RINGS_BYTES);
+	if (c->peer_pool && atomic_load(&c->dma_pin) == 1)
+		memory_dma_unpin(c->peer_pool); /* any thread: the pin is the process's */
 	if (c->peer_pool)
 		munmap((void *)c->peer_pool, c->peer_pool_size);
 	if (c->peer_wake)

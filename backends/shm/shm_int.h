@@ -58,6 +58,12 @@ struct shm_conn {
 	struct op *pending_head, *pending_tail; /* PUTs waiting for ring room */
 	uint64_t puts_sent, puts_taken;
 	/*
+	 * peer_pool pinned here for device copies out of it: 0 not tried, 1
+	 * pinned (unpinned by shm_conn_free, before the unmap), -1 refused.
+	 * Set on the reactor; read by shm_conn_free (the last reference).
+	 */
+	_Atomic int dma_pin;
+	/*
 	 * Our ends of the rings, kept here: the shared words are only read
 	 * where the peer writes them (its heads of our rings, the sequence
 	 * words of its entries), so what it scribbles over ours cannot
@@ -103,6 +109,8 @@ struct shm_state {
 	uint64_t *lent_ipc;
 	uint32_t max_bufs;
 	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
+	stat_t dma_pins;      /* peers' pools pinned here for device copies (shm_dma_source) */
+	stat_t dma_refusals;  /* ... and refused by the runtime */
 };
 
 /* shm_conn.c: connections */

@@ -426,14 +426,63 @@ API cuda_err_t cudaLaunchHostFunc(cuda_stream_t st, cuda_host_fn fn, void *arg)
 	return enqueue(st, &t);
 }
 
+/*
+ * Pinned host ranges, as the runtime keeps them: a range overlapping one
+ * already pinned is refused (cudaErrorHostMemoryAlreadyRegistered), a
+ * mapping this process cannot write is refused without
+ * cudaHostRegisterReadOnly (as on a GPU), unregistering an address that
+ * does not start a pinned range is cudaErrorHostMemoryNotRegistered.
+ */
+#define MAX_PINS 32
+#define ERR_ALREADY_REGISTERED 712
+#define ERR_NOT_REGISTERED 713
+static struct { const char *base; size_t len; } g_pins[MAX_PINS];
+
+/* Is every page of [p, p + n) mapped writable here (/proc/self/maps)? */
+static int writable(const void *p, size_t n)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	uintptr_t a = (uintptr_t)p, end = a + n, lo, hi;
+	char perms[8], line[512];
+
+	if (!f)
+		return 0;
+	while (a < end && fgets(line, sizeof(line), f)) {
+		if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) == 3 && lo <= a && a < hi) {
+			if (perms[1] != 'w')
+				break;
+			a = hi;
+		}
+	}
+	fclose(f);
+	return a >= end;
+}
+
 API cuda_err_t cudaHostRegister(void *p, size_t n, unsigned flags)
 {
-	int err = injected("cudaHostRegister");
+	int err = injected("cudaHostRegister"), slot = -1;
+	const char *c = p;
 
-	(void)p, (void)flags;
 	if (err)
 		return err;
+	if (!(flags & CUDA_HOST_REGISTER_READ_ONLY) && !writable(p, n))
+		return ERR_INVALID_VALUE;
 	pthread_mutex_lock(&g_lock);
+	for (int i = 0; i < MAX_PINS; i++) {
+		if (!g_pins[i].base) {
+			if (slot < 0)
+				slot = i;
+		} else if (c < g_pins[i].base + g_pins[i].len && g_pins[i].base < c + n) {
+			pthread_mutex_unlock(&g_lock);
+			return ERR_ALREADY_REGISTERED;
+		}
+	}
+	if (slot < 0) {
+		pthread_mutex_unlock(&g_lock);
+		return ERR_INVALID_VALUE;
+	}
+	g_pins[slot].base = c;
+	g_pins[slot].len = n;
 	g_pinned += n;
 	pthread_mutex_unlock(&g_lock);
 	return 0;
@@ -441,11 +490,17 @@ API cuda_err_t cudaHostRegister(void *p, size_t n, unsigned flags)
 
 API cuda_err_t cudaHostUnregister(void *p)
 {
-	(void)p;
 	pthread_mutex_lock(&g_lock);
-	g_pinned = 0;
+	for (int i = 0; i < MAX_PINS; i++) {
+		if (g_pins[i].base == p) {
+			g_pinned -= g_pins[i].len;
+			g_pins[i].base = NULL;
+			pthread_mutex_unlock(&g_lock);
+			return 0;
+		}
+	}
 	pthread_mutex_unlock(&g_lock);
-	return 0;
+	return ERR_NOT_REGISTERED;
 }
 
 API cuda_err_t cudaPointerGetAttributes(struct cuda_ptr_attr *a, const void *p)
@@ -729,6 +784,11 @@ API uint64_t cudadouble_stat(const char *name)
 		v = g_queries;
 	else if (!strcmp(name, "pinned"))
 		v = g_pinned;
+	else if (!strcmp(name, "pinned_ranges")) {
+		v = 0;
+		for (int i = 0; i < MAX_PINS; i++)
+			v += g_pins[i].base != NULL;
+	}
 	else if (!strcmp(name, "streams"))
 		v = g_streams;
 	else if (!strcmp(name, "ipc_gets"))
