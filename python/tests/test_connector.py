@@ -633,3 +633,46 @@ def test_transport_auto_across_hosts_is_tcp_without_rdma(ns, no_rdma, monkeypatc
             assert p.health()["routes"] == {"0->1": "tcp"}
             e = peer_entry(p, "stage1.rank0")
             assert e["transport"] == "tcp" and e["addresses"] == [addr], e
+
+
+def test_device_config_refused(ns):
+    for bad, err in (({"device_puts": "yes"}, TypeError), ({"device_puts_max": 0}, ValueError),
+                     ({"device": "cuda:0"}, TypeError), ({"device": True}, TypeError)):
+        with pytest.raises(err):
+            FerryConnector(dict({"stage_id": 0, "namespace": ns}, **bad))
+
+
+def test_cuda_frame_refused_without_fetch():
+    """A frame naming a CUDA tensor sent apart: decoded only with a fetch; a
+    malformed CUDA value is a FrameError."""
+    import msgpack
+    from pyferry import _payload
+
+    class Buf(bytearray):
+        released = False
+
+        def release(self):
+            self.released = True
+
+    def frame(body):
+        root = msgpack.ExtType(_payload.EXT_CUDA, msgpack.packb(body))
+        header = b"\x92" + msgpack.packb(root) + msgpack.packb([])
+        return Buf(_payload._PREFIX.pack(_payload.MAGIC, len(header)) + header)
+
+    with pytest.raises(_payload.FrameError, match="fetches none"):
+        _payload.decode(frame(["uint8", [4], 0, 4]))
+    seen = []
+
+    def fetch(i, n):
+        seen.append((i, n))
+        np = pytest.importorskip("numpy")
+        return np.arange(n, dtype=np.uint8)
+
+    out, _ = _payload.decode(frame(["uint16", [2], 0, 4]), fetch=fetch)
+    assert seen == [(0, 4)] and out.dtype.name == "uint16" and out.shape == (2,)
+    for bad in (["uint8", [4], -1, 4], ["uint8", [4], 0, 0], ["uint8", "x", 0, 4], ["uint8", [4], 0],
+                [1, [4], 0, 4]):
+        with pytest.raises(_payload.FrameError):
+            _payload.decode(frame(bad), fetch=fetch)
+    with pytest.raises(_payload.FrameError, match="not its length"):
+        _payload.decode(frame(["uint8", [5], 0, 4]), fetch=fetch)

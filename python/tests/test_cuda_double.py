@@ -184,3 +184,108 @@ def test_connector_supports_raw_data_without_cuda(double, ns):
                        text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "raw False False" in p.stdout
+
+
+# --- FerryConnector: CUDA arrays sent as device memory (pyferry._device) ------------
+# Two processes, the DOUBLE as their runtime: the sender's array goes by CUDA IPC
+# (the double maps the sender's memfd), the receiver here has no torch, so it takes
+# the part into host memory (ferry asks the sender for a staged copy). This tests
+# the connector's logic, not a GPU: tests/gpu/py_check.py does that with torch.
+
+CONN_PRELUDE = PRELUDE + textwrap.dedent("""
+    import json, os, time, pyferry.connector as pc
+    NS = os.environ["NS"]
+    def conn(stage, **kw):
+        return pc.FerryConnector(dict({"stage_id": stage, "namespace": NS,
+                                       "pool_size": 8 << 20}, **kw))
+    def pattern(n, seed):
+        return bytes((i * 7 + seed + (i >> 9)) & 255 for i in range(n))
+""")
+
+
+def spawn(double, ns, body):
+    code = CONN_PRELUDE + textwrap.dedent(body)
+    env = dict(os.environ, FERRY_CUDA_RUNTIME=double, NS=ns)
+    return subprocess.Popen([sys.executable, "-c", code, double], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(p, timeout=60):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, err = p.communicate()
+    assert p.returncode == 0, out + err
+    return out
+
+
+def test_connector_device_parts_two_processes(double, ns):
+    """A payload with a CUDA array: the array goes as a device PUT of its own
+    (held until the receiver read it), the frame names it; the receiver gets
+    the same bytes, viewed as the array's dtype and shape."""
+    recv = spawn(double, ns, """
+        c = conn(1)
+        got = c.get_with_deadline("0", "1", "req1", deadline=time.monotonic() + 20)
+        assert got is not None, "nothing came"
+        payload, size = got
+        kv = payload["kv"]
+        assert payload["meta"] == {"layer": 3}, payload
+        assert kv.dtype.name == "float32" and kv.shape == (25000, 3), (kv.dtype, kv.shape)
+        assert kv.view("uint8").tobytes() == pattern(300000, 5)
+        print("size", size)
+        print("health", json.dumps(c.health()["device_parts"]))
+        c.close()
+    """)
+    send = spawn(double, ns, """
+        c = conn(0)
+        assert c.supports_raw_data and c.health()["device_puts"] is True
+        a = Dev(300000)
+        a.fill(pattern(300000, 5))
+        a.__cuda_array_interface__.update(shape=(25000, 3), typestr="<f4")
+        ok, size, meta = c.put("0", "1", "req1", {"kv": a, "meta": {"layer": 3}})
+        assert ok and size > 300000, (ok, size)
+        assert c.engine().health()["cuda"]["ipc_puts"] == 1   # by CUDA IPC
+        end = time.monotonic() + 20            # held until the receiver has read it
+        while c.health()["device_parts"]["out"] and time.monotonic() < end:
+            time.sleep(0.01)
+        print("health", json.dumps(c.health()["device_parts"]))
+        print("restaged", c.engine().health()["cuda"]["ipc_restaged"])
+        c.close()
+    """)
+    out_s, out_r = finish(send), finish(recv)
+    assert 'health {"out": 0, "sent": 1, "failed": 0, "through_host": 0}' in out_s, out_s
+    assert "restaged 1" in out_s, out_s   # the receiver (no torch) took it in host memory
+    assert "size 300" in out_r and '"sent": 0' in out_r, out_r
+
+
+def test_connector_device_parts_bounded(double, ns):
+    """device_puts_max: a producer whose parts are all out waits for its
+    receiver to read one before the next goes (no unbounded holding)."""
+    recv = spawn(double, ns, """
+        c = conn(1)
+        time.sleep(1.0)                       # the producer runs ahead meanwhile
+        for i in range(3):
+            print("read", i, time.monotonic())  # from now on r{i}'s part may be read
+            got = c.get_with_deadline("0", "1", f"r{i}", deadline=time.monotonic() + 20)
+            assert got is not None and got[0]["x"].tobytes() == pattern(5000, i), i
+        c.close()
+    """)
+    send = spawn(double, ns, """
+        c = conn(0, device_puts_max=1, put_timeout=20)
+        arrays = []
+        for i in range(3):
+            a = Dev(5000)
+            a.fill(pattern(5000, i))
+            arrays.append(a)
+            ok, _, _ = c.put("0", "1", f"r{i}", {"x": a})
+            assert ok, i
+            print("put", i, time.monotonic())
+        c.close()
+    """)
+    out_s, out_r = finish(send), finish(recv)
+    put = {int(l.split()[1]): float(l.split()[2]) for l in out_s.splitlines() if l.startswith("put")}
+    read = {int(l.split()[1]): float(l.split()[2]) for l in out_r.splitlines() if l.startswith("read")}
+    # Each put after the first returned only after the receiver began to read the one
+    # before (it held the only slot): causal order, one clock (CLOCK_MONOTONIC) for both.
+    assert put[1] >= read[0] and put[2] >= read[1], (put, read)

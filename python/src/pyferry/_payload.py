@@ -20,6 +20,10 @@ A frame, as the receiver's buffer holds it:
     1 RAW     bytes-like; data: msgpack [seg] (a segment) or [None, bytes]
     2 NDARRAY data: msgpack [dtype.str, shape, seg, inline-bytes-or-None]
     3 TENSOR  data: msgpack [dtype name, shape, seg, inline-bytes-or-None]
+    4 CUDA    a torch CUDA tensor sent apart, as device memory (encode_device):
+              data: msgpack [dtype name, shape, index, nbytes]; its bytes are
+              the PUT of key "<key>#cuda<index>", which goes before the frame
+              (decode's fetch takes it)
 msgspec Structs (their non-default fields, as msgspec encodes them with
 omit_defaults), dataclasses and mappings become maps; tuples become lists
 (as in upstream's msgpack round trip); a slice becomes [start, stop, step].
@@ -44,7 +48,7 @@ import msgpack
 
 MAGIC = b"FYC1"
 ALIGN = 64
-EXT_RAW, EXT_NDARRAY, EXT_TENSOR = 1, 2, 3
+EXT_RAW, EXT_NDARRAY, EXT_TENSOR, EXT_CUDA = 1, 2, 3, 4
 MAX_PARTS = 1024  # the binding's vectored-put limit (PYF_IOV_MAX)
 _ZEROS = bytes(ALIGN)
 MAX_DEPTH = 64
@@ -54,8 +58,10 @@ _PREFIX = struct.Struct("<4sI")
 class Encoder:
     """One payload's encoding: encode(obj) gives the parts of its PUT."""
 
-    def __init__(self, min_segment):
+    def __init__(self, min_segment, device=False):
         self.min_segment = min_segment
+        self.device = device   # CUDA tensors go apart as device memory (else .cpu())
+        self.device_parts = []  # (contiguous CUDA tensor or array, nbytes), by index
         self.segs = []    # (offset in the data area, memory, length)
         self.offset = 0   # where the next segment may start
         self.max_segs = (MAX_PARTS - 1) // 2  # a segment may need a pad part
@@ -96,6 +102,13 @@ class Encoder:
         torch = self.torch
         shape = list(t.shape)
         t = t.detach()
+        if self.device and t.device.type == "cuda" and t.numel():
+            if not t.is_contiguous():
+                t = t.contiguous()  # (a copy on the device, on the current stream)
+            n = t.numel() * t.element_size()
+            self.device_parts.append((t, n))
+            body = [str(t.dtype).removeprefix("torch."), shape, len(self.device_parts) - 1, n]
+            return msgpack.ExtType(EXT_CUDA, msgpack.packb(body))
         if t.device.type != "cpu":
             t = t.cpu()      # ferry moves host memory: one device-to-host copy
         if not t.is_contiguous():
@@ -106,6 +119,19 @@ class Encoder:
         body = [str(t.dtype).removeprefix("torch."), shape, idx,
                 None if idx is not None else mem.tobytes()]
         return msgpack.ExtType(EXT_TENSOR, msgpack.packb(body))
+
+    def _cuda_array(self, a):
+        """An object with __cuda_array_interface__ (contiguous), sent apart as
+        device memory; its dtype by numpy's name (torch's for the common ones)."""
+        import numpy as np
+        cai = a.__cuda_array_interface__
+        shape = [int(d) for d in cai["shape"]]
+        n = int(np.prod(shape, dtype=np.int64)) * int(cai["typestr"][2:])
+        if n == 0:
+            raise TypeError("an empty CUDA array cannot be sent; send None or b''")
+        self.device_parts.append((a, n))
+        body = [np.dtype(cai["typestr"]).name, shape, len(self.device_parts) - 1, n]
+        return msgpack.ExtType(EXT_CUDA, msgpack.packb(body))
 
     def walk(self, obj, depth=0):
         """obj with every special value replaced by what msgpack takes."""
@@ -128,6 +154,8 @@ class Encoder:
             return self._ndarray(obj)
         if torch is not None and isinstance(obj, torch.Tensor):
             return self._tensor(obj)
+        if self.device and hasattr(obj, "__cuda_array_interface__"):
+            return self._cuda_array(obj)  # CuPy, Numba, ...: as device memory too
         fields = getattr(type(obj), "__struct_fields__", None)
         if fields is not None:  # a msgspec Struct: as msgspec encodes it
             return {k: self.walk(v, depth + 1) for k, v in _struct_map(obj, fields).items()}
@@ -245,6 +273,20 @@ def encode(obj, min_segment):
     return Encoder(min_segment).encode(obj)
 
 
+def encode_device(obj, min_segment):
+    """(parts, size, device_parts): as encode, but each torch CUDA tensor of
+    obj (not empty), and each object with __cuda_array_interface__, is left
+    out of the frame, named by an EXT_CUDA value, and listed in device_parts
+    as (contiguous tensor or array, nbytes), index i to be PUT as key
+    "<key>#cuda<i>" before the frame."""
+    t = type(obj)
+    if t is bytes and len(obj) < min_segment and len(obj) < 0xFF00:
+        return (*_encode_small_raw(obj), [])
+    enc = Encoder(min_segment, device=True)
+    parts, size = enc.encode(obj)
+    return parts, size, enc.device_parts
+
+
 class RawPayload:
     """A bytes-like payload received by FerryConnector (the root of the
     payload was bytes, bytearray or memoryview).
@@ -353,11 +395,14 @@ class FrameError(ValueError):
     """A received payload that is not a FerryConnector frame."""
 
 
-def decode(buf, copy=False):
+def decode(buf, copy=False, fetch=None):
     """(payload, size) of a received Buffer. copy=False: segments come back
     as views that keep buf alive (buf is released here at once when the
     payload has none); copy=True: they are copied out and buf is released
-    before returning."""
+    before returning. fetch(index, nbytes) -> a 1-D uint8 torch tensor (or
+    numpy array) of nbytes: the device part index of the payload (an
+    EXT_CUDA value), viewed here as its dtype and shape; a frame that has
+    one when fetch is None is a FrameError."""
     size = len(buf)
     whole = memoryview(buf)
     state = None
@@ -375,7 +420,7 @@ def decode(buf, copy=False):
                                           strict_map_key=False)
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise FrameError(f"bad FerryConnector header: {e}") from None
-        state = _Decode(whole, -(-(8 + hlen) // ALIGN) * ALIGN, table, copy)
+        state = _Decode(whole, -(-(8 + hlen) // ALIGN) * ALIGN, table, copy, fetch)
         try:
             root = state.fill(root, True)
         except FrameError:
@@ -442,13 +487,51 @@ def _ext(code, data):
                 type(body[1]) is not list):
             raise FrameError("a malformed array value in a FerryConnector header")
         return _Seg(code, body[2], body[0], body[1], body[3])
+    if code == EXT_CUDA:
+        if (type(body) is not list or len(body) != 4 or type(body[0]) is not str or
+                type(body[1]) is not list or type(body[2]) is not int or
+                type(body[3]) is not int or not 0 <= body[2] < MAX_PARTS or body[3] <= 0):
+            raise FrameError("a malformed CUDA tensor value in a FerryConnector header")
+        return _Seg(code, body[2], body[0], body[1], body[3])
     raise FrameError(f"unknown ext type {code} in a FerryConnector header")
 
 
 class _Decode:
-    def __init__(self, whole, data_start, table, copy):
+    def __init__(self, whole, data_start, table, copy, fetch=None):
         self.whole, self.data_start, self.table, self.copy = whole, data_start, table, copy
+        self.fetch = fetch
         self.views = False  # whether a view of the buffer was handed out
+
+    def device_value(self, seg):
+        """An EXT_CUDA value: its bytes fetched (seg.inline: their count; a
+        torch uint8 tensor, or a numpy one where torch is not importable),
+        viewed as the dtype and shape the header names."""
+        if self.fetch is None:
+            raise FrameError("the payload names CUDA device memory sent apart, and this "
+                             "receiver fetches none")
+        count = 1
+        for d in seg.shape:
+            if type(d) is not int or d < 0:
+                raise FrameError("a CUDA tensor of a malformed shape")
+            count *= d
+        t = self.fetch(seg.idx, seg.inline)
+        if hasattr(t, "element_size"):  # torch
+            import torch
+            dtype = getattr(torch, seg.dtype, None)
+            if not isinstance(dtype, torch.dtype):
+                raise FrameError(f"a CUDA tensor of unknown dtype {seg.dtype!r}")
+            size = dtype.itemsize
+        else:
+            import numpy as np
+            try:
+                dtype = np.dtype(seg.dtype)
+            except TypeError:
+                raise FrameError(f"a CUDA tensor of dtype {seg.dtype!r}, which numpy lacks "
+                                 "(torch is not importable here)") from None
+            size = dtype.itemsize
+        if count * size != seg.inline:
+            raise FrameError("a CUDA tensor whose shape and dtype are not its length")
+        return t.view(dtype).reshape(seg.shape)
 
     def mem(self, seg):
         """(memory, private): the segment's bytes, a view or a private copy."""
@@ -491,6 +574,8 @@ class _Decode:
 
     def fill(self, obj, root=False):
         if type(obj) is _Seg:
+            if obj.kind == EXT_CUDA:
+                return self.device_value(obj)
             return self.value(obj, root)
         if type(obj) is dict:
             for k, v in obj.items():

@@ -34,6 +34,18 @@ with `stage_id` and `role` added by upstream for each stage worker):
                     waiting for the key inside ferry, and later polls only
                     reap it (pyferry._parked); false: every poll is a nowait
                     GET through the engine (what upstream's connectors do)
+    device_puts     true (default): where ferry has CUDA here, each torch CUDA
+                    tensor of a payload goes as device memory of its own
+                    (pyferry._device: by CUDA IPC on one host, no host copy;
+                    staged through the pinned pools across hosts) and get()
+                    returns it as a CUDA tensor on the receiver's device;
+                    false: through the host (one .cpu() copy; get() returns
+                    a CPU tensor)
+    device_puts_max device PUTs out at once, not yet read by their receiver
+                    (256); a put past it waits for receivers to read (up to
+                    put_timeout), then sends its tensors through the host
+    device          the receiver's CUDA device for tensors it gets (an index;
+                    default: the current device of the calling thread)
     addresses (transport tcp/rdma/auto):
     listen          this process's data address, "tcp://HOST:PORT" (tcp, auto)
                     or "rdma://HOST:PORT" (rdma: HOST an address of an RDMA
@@ -67,6 +79,7 @@ import time
 from . import _ferry
 from . import _payload
 from . import cuda as _cuda
+from ._device import DevicePuts, FetchDevice, SUFFIX as _DEV_SUFFIX
 from ._parked import ParkedGets
 from ._payload import RawPayload, FrameError  # noqa: F401  (public)
 
@@ -326,6 +339,20 @@ class FerryConnector(_Base):
         if not isinstance(park, bool):
             raise TypeError(f"FerryConnector: park_gets must be true or false, not {park!r}")
         self._park_limit = 256 if park else 0  # 0: ParkedGets never parks
+        dev_puts = config.get("device_puts", True)
+        if not isinstance(dev_puts, bool):
+            raise TypeError(f"FerryConnector: device_puts must be true or false, "
+                            f"not {dev_puts!r}")
+        self._device_puts = dev_puts and self.supports_raw_data
+        self._device_puts_max = int(config.get("device_puts_max", 256))
+        if self._device_puts_max < 1:
+            raise ValueError("FerryConnector: device_puts_max must be at least 1")
+        device = config.get("device")
+        if device is not None and (isinstance(device, bool) or not isinstance(device, int)
+                                   or device < 0):
+            raise TypeError(f"FerryConnector: device must be a CUDA device index, "
+                            f"not {device!r}")
+        self._device = device
         peers = config.get("peers") or {}
         if not isinstance(peers, dict):
             raise TypeError("FerryConnector: peers must be a dict {stage_id: 'tcp://HOST:PORT'}")
@@ -345,6 +372,8 @@ class FerryConnector(_Base):
         self._peer_of = {}     # (stage id, peer stage id) -> Peer
         self._routes = {}      # "stage->peer stage" -> "shm" | "tcp" | "rdma"
         self._parked = {}      # stage id -> ParkedGets of its engine (polled gets)
+        self._devputs = {}     # stage id -> DevicePuts of its engine (CUDA tensors out)
+        self._dev_fallbacks = 0
         self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
                          "put_failures": 0, "get_errors": 0}
         self._closed = False
@@ -506,10 +535,17 @@ class FerryConnector(_Base):
     def put(self, from_stage, to_stage, put_key, data):
         src, dst = _stage_str(from_stage, "from_stage"), _stage_str(to_stage, "to_stage")
         key = _key_str(put_key, "put_key")
-        parts, size = _payload.encode(data, self._min_segment)
+        if self._device_puts:
+            parts, size, dev = _payload.encode_device(data, self._min_segment)
+        else:
+            (parts, size), dev = _payload.encode(data, self._min_segment), ()
         eng = self._engine(src)
         try:
-            self._send(eng, self._peer(src, dst), key, parts)
+            peer = self._peer(src, dst)
+            if dev:
+                parts, size, dev = self._put_device_parts(src, eng, peer, key, data, parts,
+                                                          size, dev)
+            self._send(eng, peer, key, parts)
         except Exception as e:
             self._metrics["put_failures"] += 1
             logger.error("%s put %s (%s -> %s) failed: %s", type(self).__name__, key, src, dst, e)
@@ -520,6 +556,40 @@ class FerryConnector(_Base):
         meta = {"ferry": {"from": eng.name, "to": self._engine_name(dst), "key": key},
                 "size": size}
         return True, size, meta
+
+    def _devputs_of(self, stage, eng):
+        dp = self._devputs.get(stage)
+        if dp is None:
+            with self._lock:
+                if self._closed:
+                    raise ValueError("FerryConnector is closed")
+                dp = self._devputs.get(stage)
+                if dp is None:
+                    dp = self._devputs[stage] = DevicePuts(eng, self._device_puts_max,
+                                                           self._put_timeout)
+        return dp
+
+    def _put_device_parts(self, src, eng, peer, key, data, parts, size, dev):
+        """The payload's CUDA tensors PUT as device memory, before its frame:
+        (parts, size, dev) to send. Past device_puts_max out, or with a key
+        too long for the suffix, the whole payload goes through the host."""
+        dp = self._devputs_of(src, eng)
+        too_long = len(key) + len(_DEV_SUFFIX) + len(str(len(dev) - 1)) > KEY_MAX
+        if too_long or not dp.room(len(dev), self._put_timeout):
+            self._dev_fallbacks += 1
+            if self._dev_fallbacks == 1:
+                logger.warning("FerryConnector: put %s: its CUDA tensors go through the host "
+                               "(%s; said once)", key,
+                               "its key is too long for the device parts' suffix" if too_long
+                               else f"{self._device_puts_max} device parts stayed out, not "
+                               f"read by their receivers for {self._put_timeout} s "
+                               "(device_puts_max)")
+            parts, size = _payload.encode(data, self._min_segment)  # (TypeError: not torch)
+            return parts, size, ()
+        for i, (t, n) in enumerate(dev):
+            dp.put(peer, f"{key}{_DEV_SUFFIX}{i}", t, n)
+            size += n
+        return parts, size, dev
 
     def _send(self, eng, peer, key, parts):
         """One vectored PUT of the parts (the payload's own memory)."""
@@ -581,14 +651,15 @@ class FerryConnector(_Base):
             self._metrics["get_errors"] += 1
             logger.error("FerryConnector get %s (%s -> %s) failed: %s", key, src, dst, e)
             return None
+        fetch = FetchDevice(self._engine(dst), peer, key, self._device, self._put_timeout)
         try:
-            payload, size = _payload.decode(buf, copy=self._copy)
+            payload, size = _payload.decode(buf, copy=self._copy, fetch=fetch)
         except FrameError as e:
             self._metrics["get_errors"] += 1
             logger.error("FerryConnector get %s (%s -> %s): %s", key, src, dst, e)
             return None
         self._metrics["gets"] += 1
-        return payload, size
+        return payload, size + fetch.fetched
 
     def cleanup(self, request_id):
         """Drop what this process's engines hold of a request (upstream passes
@@ -611,8 +682,11 @@ class FerryConnector(_Base):
             pk.abandon(key)
 
     def reap_consumed(self):
-        """Nothing to reap: a put completes once the receiving stage holds the
-        key, so the producer keeps no bookkeeping of it."""
+        """A put completes once the receiving stage holds the key; only CUDA
+        tensors sent as device memory are held until their receiver has read
+        them (by CUDA IPC): those that were are let go here (and at each put)."""
+        for dp in list(self._devputs.values()):
+            dp.reap()
 
     def health(self):
         engines = {}
@@ -622,12 +696,19 @@ class FerryConnector(_Base):
             except Exception as e:
                 engines[self._engine_name(stage)] = {"error": str(e)}
         parked = [pk.stats() for pk in list(self._parked.values())]
+        dev = {"out": 0, "sent": 0, "failed": 0}
+        for dp in list(self._devputs.values()):
+            dp.reap()
+            for k, v in dp.stats().items():
+                dev[k] += v
+        dev["through_host"] = self._dev_fallbacks
         return {"status": "closed" if self._closed else "healthy", "connector": NAME,
                 "transport": self.transport, "fell_back": self.fell_back,
                 "rdma": self._rdma, "routes": dict(self._routes), "namespace": self.namespace,
                 "stage_id": self.stage_id, "rank": self.rank, **self._metrics,
                 "parked_gets": sum(p["parked"] for p in parked),
                 "arrived_untaken": sum(p["arrived"] for p in parked),
+                "device_puts": self._device_puts, "device_parts": dev,
                 "engines": engines}
 
     @property
@@ -646,8 +727,11 @@ class FerryConnector(_Base):
             self._closed = True
             held, self._held = self._held, []
             parked, self._parked = list(self._parked.values()), {}
+            devputs, self._devputs = list(self._devputs.values()), {}
             self._engine_of = {}
             self._peer_of = {}
+        for dp in devputs:  # their receivers may still be reading the tensors
+            dp.close(wait=min(self._put_timeout, 5.0))
         for pk in parked:  # before the engines go: a shared engine stays open
             pk.close()
         for name in held:

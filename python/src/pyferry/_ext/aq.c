@@ -293,6 +293,112 @@ static PyObject *aq_stream(pyf_aq *q, PyObject *args, PyObject *kw)
 	return submit(q, sq, sqe, tns, NULL);
 }
 
+/*
+ * A device PUT's hold: its region (registered for the op, released when
+ * the op is over) and the object whose device memory it is (kept alive
+ * until then). The engine is borrowed: the dict that holds this capsule is
+ * the queue's (which holds the engine) or, orphaned, the engine's own.
+ */
+struct held_dev {
+	pyf_engine *engine;
+	struct ferry_region *r;
+	struct ferry_seg seg; /* the PUT's segment: it must outlive the op */
+	PyObject *obj;
+};
+
+static void held_dev_free(PyObject *cap)
+{
+	struct held_dev *h = PyCapsule_GetPointer(cap, "pyferry.held_dev");
+
+	if (!h)
+		return;
+	if (h->engine->e && h->r) /* a closed engine freed its regions */
+		ferry_region_release(&h->r);
+	Py_XDECREF(h->obj);
+	PyMem_Free(h);
+}
+
+/*
+ * put_device(peer, key, ptr, length, device=0, *, stream=0, event=0,
+ * timeout=None, replace=False, wait_peer=False, hold=None) -> user_data: a
+ * PUT of CUDA device memory whose CQE comes to this queue; hold (the tensor
+ * the memory belongs to) and the region stay held until then. A PUT by CUDA
+ * IPC completes only once its receiver has copied the memory.
+ */
+static PyObject *aq_put_device(pyf_aq *q, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "peer", "key", "ptr", "length", "device", "stream", "event",
+				  "timeout", "replace", "wait_peer", "hold", NULL };
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	PyObject *peer_o, *timeout_o = Py_None, *hold_o = Py_None, *k, *cap;
+	const char *key;
+	unsigned long long ptr, len, stream = 0, event = 0;
+	int device = 0, replace = 0, wait_peer = 0, rc;
+	struct ferry_peer *peer;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct held_dev *h;
+	uint64_t tns, ud;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$KKOppO", kwlist, &peer_o, &key, &ptr,
+					 &len, &device, &stream, &event, &timeout_o, &replace,
+					 &wait_peer, &hold_o))
+		return NULL;
+	if (aq_check(q) || pyf_timeout_ns(timeout_o, &tns) ||
+	    pyf_peer_arg(q->engine, peer_o, &peer))
+		return NULL;
+	if (!(h = PyMem_Calloc(1, sizeof(*h))))
+		return PyErr_NoMemory();
+	h->engine = q->engine;
+	rp.addr = (void *)(uintptr_t)ptr;
+	rp.len = len ? (size_t)len : 1;
+	rp.mem = FERRY_MEM_CUDA;
+	rp.device = device;
+	if ((rc = ferry_region_register(q->engine->e, &rp, &h->r)) < 0) {
+		PyMem_Free(h);
+		return pyf_raise(rc, "ferry_region_register (CUDA device memory)");
+	}
+	h->obj = Py_NewRef(hold_o);
+	if (!(cap = PyCapsule_New(h, "pyferry.held_dev", held_dev_free))) {
+		ferry_region_release(&h->r);
+		Py_DECREF(h->obj);
+		PyMem_Free(h);
+		return NULL;
+	}
+	if (!(sqe = pyf_sqe(q->engine, &sq))) {
+		Py_DECREF(cap); /* releases the region */
+		return NULL;
+	}
+	h->seg = (struct ferry_seg){ h->r, 0, len };
+	ud = pyf_ud(q->engine);
+	ferry_prep_put_segs(sqe, peer, key, &h->seg, 1, ud);
+	ferry_sqe_set_flags(sqe, (replace ? FERRY_SQE_REPLACE : 0) |
+				    (wait_peer ? FERRY_SQE_WAIT_PEER : 0));
+	if (event)
+		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_EVENT, (void *)(uintptr_t)event);
+	else if (stream)
+		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_STREAM, (void *)(uintptr_t)stream);
+	ferry_sqe_set_cq(sqe, q->cq);
+	if (tns)
+		ferry_sqe_set_timeout(sqe, tns);
+	if (!(k = PyLong_FromUnsignedLongLong(ud)) || PyDict_SetItem(q->held, k, cap) < 0) {
+		/* the entry is filled: a NOP rather than a PUT nothing holds */
+		ferry_prep_nop(sqe, ud);
+		ferry_sqe_set_cq(sqe, q->cq);
+		ferry_sq_submit(sq);
+		Py_XDECREF(k);
+		Py_DECREF(cap);
+		return NULL;
+	}
+	Py_DECREF(cap);
+	if ((rc = ferry_sq_submit(sq)) < 0) {
+		PyDict_DelItem(q->held, k);
+		Py_DECREF(k);
+		return pyf_raise(rc, "ferry_sq_submit");
+	}
+	return k;
+}
+
 static PyObject *aq_cancel(pyf_aq *q, PyObject *arg)
 {
 	unsigned long long target = PyLong_AsUnsignedLongLong(arg);
@@ -340,6 +446,10 @@ static PyMethodDef aq_methods[] = {
 	  "Completions: a list of (user_data, res, len, more, Buffer or None)." },
 	{ "put", KWFN(aq_put), KW, "Submit a put; returns its user_data." },
 	{ "put_chunk", KWFN(aq_put_chunk), KW, "Submit a stream chunk; returns its user_data." },
+	{ "put_device", KWFN(aq_put_device), KW,
+	  "Submit a PUT of CUDA device memory (ptr, length, device; stream= or event= the "
+	  "producer's work first; hold= the object it belongs to, kept until the op is over); "
+	  "returns its user_data." },
 	{ "get", KWFN(aq_get), KW, "Submit a zero-copy get; returns its user_data." },
 	{ "stream", KWFN(aq_stream), KW, "Submit a STREAM_GET; returns its user_data." },
 	{ "cancel", (PyCFunction)aq_cancel, METH_O, "Cancel op user_data; returns the cancel's." },
