@@ -177,6 +177,19 @@ static long long health_num(struct ferry_engine *e, const char *name)
 	return atoll(v + strlen(want));
 }
 
+/* A number of the "shm" part of e's health (0 when it is not there). */
+static long long shm_num(struct ferry_engine *e, const char *name)
+{
+	static char h[65536];
+	char want[64];
+	const char *c, *v;
+
+	if (ferry_engine_health(e, h, sizeof(h)) <= 0 || !(c = strstr(h, "\"shm\":{")))
+		return 0;
+	snprintf(want, sizeof(want), "\"%s\":", name);
+	return (v = strstr(c, want)) ? atoll(v + strlen(want)) : 0;
+}
+
 static struct ferry_region *dev_region(struct ferry_engine *e, void *p, size_t len)
 {
 	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
@@ -292,9 +305,51 @@ static int get_host(struct ferry_engine *e, struct ferry_peer *from, const char 
 
 static uint64_t ud_next = 1;
 
+/* One 64 B copy on a stream of this process, seen done by spinning on its event. */
+static void copy64_once(uint8_t *dst, const uint8_t *src)
+{
+	static cudaStream_t st;
+	static cudaEvent_t ev;
+
+	if (!st) {
+		CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+		CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+	}
+	CK(cudaMemcpyAsync(dst, src, 64, cudaMemcpyDefault, st));
+	CK(cudaEventRecord(ev, st));
+	while (cudaEventQuery(ev) == cudaErrorNotReady)
+		;
+}
+
+/* Nanoseconds per 64 B copy src -> dst seen done by spinning on its event (no ferry). */
+static uint64_t copy64_seen_ns(uint8_t *dst, const uint8_t *src)
+{
+	cudaStream_t st;
+	cudaEvent_t ev;
+	uint64_t t0, per;
+	const int n = 300;
+
+	CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+	CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+	t0 = now_ns();
+	for (int i = 0; i < n; i++) {
+		CK(cudaMemcpyAsync(dst, src, 64, cudaMemcpyDefault, st));
+		CK(cudaEventRecord(ev, st));
+		while (cudaEventQuery(ev) == cudaErrorNotReady)
+			;
+	}
+	per = (now_ns() - t0) / n;
+	CK(cudaEventDestroy(ev));
+	CK(cudaStreamDestroy(st));
+	return per;
+}
+
 /* ---- the child: receives, checksums on the device, answers ------------ */
 
-enum { CMD_D2D = 1, CMD_D2H, CMD_H2D, CMD_STREAM, CMD_PING64, CMD_PING1M, CMD_BIG, CMD_PINGH, CMD_END };
+enum {
+	CMD_D2D = 1, CMD_D2H, CMD_H2D, CMD_STREAM, CMD_PING64, CMD_PING1M, CMD_BIG, CMD_PINGH, CMD_IPCRAW,
+	CMD_RAWPING, CMD_END
+};
 
 struct cmd {
 	uint32_t op;
@@ -325,6 +380,36 @@ static int child(void)
 		}
 		if (c.op == CMD_END)
 			break;
+		if (c.op == CMD_IPCRAW) { /* no ferry: 64 B copies out of the parent's allocation */
+			cudaIpcMemHandle_t h;
+			uint64_t ans[3] = { 0, 0, 0 };
+			void *peer = NULL;
+
+			if (get_host(e, p, "handle", &h, sizeof(h), ud_next++, &len) == 0 &&
+			    len == sizeof(h) &&
+			    cudaIpcOpenMemHandle(&peer, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess) {
+				ans[0] = copy64_seen_ns(dst, (const uint8_t *)peer);
+				ans[1] = copy64_seen_ns(dst, dst + 4096);
+				cudaIpcCloseMemHandle(peer);
+			}
+			/* What the staged GETs did with the parent's pool, mapped here. */
+			ans[2] = (uint64_t)shm_num(e, "peer_pools_pinned") |
+				 (uint64_t)shm_num(e, "peer_pools_refused") << 32;
+			cudaGetLastError();
+			if (put_host(e, p, "sum", ans, sizeof(ans), ud_next++))
+				return 1;
+			continue;
+		}
+		if (c.op == CMD_RAWPING) { /* no ferry's copies: each side's own 64 B copy, in turn */
+			for (uint32_t i = 0; i < c.iters; i++) {
+				if ((rc = get_host(e, p, "ping", host, 64, ud_next++, &len)))
+					return 1;
+				copy64_once(dst, dst + 4096);
+				if ((rc = put_host(e, p, "pong", host, 64, ud_next++)))
+					return 1;
+			}
+			continue;
+		}
 		if (c.op == CMD_PINGH) { /* the same loop in host memory: the baseline */
 			for (uint32_t i = 0; i < c.iters; i++) {
 				if ((rc = get_host(e, p, "ping", host, c.len, ud_next++, &len)) ||
@@ -371,7 +456,8 @@ static int child(void)
 static const char *json_out = "gpu_check.json";
 static double t_ferry_d2d = -1, t_memcpy_d2d = -1, t_staged_ref = -1, lat64 = -1, lat1m = -1;
 static double t_ferry_staged = -1, t_ferry_d2d_put = -1, lat_host64 = -1, t_pageable_h2d = -1;
-static double done_spin_us = -1, done_hostfn_us = -1, job_us = -1;
+static double done_spin_us = -1, done_hostfn_us = -1, job_us = -1, ipc_copy_us = -1, local_copy_us = -1,
+	      alt_copy_us = -1;
 static long long ipc_puts = -1, staged_puts = -1;
 
 /* The JSON report; error: why the run stopped early (NULL: it ran to the end). */
@@ -397,6 +483,9 @@ static void write_json(const char *error)
 	fprintf(f, "\"pingpong_job_us\":%.2f,", job_us);
 	fprintf(f, "\"copy64_seen_by_event_spin_us\":%.2f,", done_spin_us);
 	fprintf(f, "\"copy64_seen_by_host_fn_us\":%.2f,", done_hostfn_us);
+	fprintf(f, "\"child_copy64_from_ipc_us\":%.2f,", ipc_copy_us);
+	fprintf(f, "\"child_copy64_local_us\":%.2f,", local_copy_us);
+	fprintf(f, "\"alternating_copy64_half_rt_us\":%.2f,", alt_copy_us);
 	fprintf(f, "\"ipc_puts\":%lld,", ipc_puts);
 	fprintf(f, "\"staged_puts_before_staged_bench\":%lld,", staged_puts);
 	fprintf(f, "\"note\":\"times are the best of the reps, PUT submit to the receiver's GET done; "
@@ -769,6 +858,49 @@ int main(int argc, char **argv)
 		}
 	}
 	completion_anatomy(src2, src, &done_spin_us, &done_hostfn_us);
+	/* The child copies 64 B out of our allocation (its IPC handle opened there) and out of its own. */
+	{
+		cudaIpcMemHandle_t h;
+		uint64_t ans[3], l = 0;
+
+		CK(cudaIpcGetMemHandle(&h, src));
+		send_cmd(CMD_IPCRAW, 0, 0);
+		if (put_host(pe, pp, "handle", &h, sizeof(h), ud_next++) == 0 &&
+		    get_host(pe, pp, "sum", ans, sizeof(ans), ud_next++, &l) == 0 && l == sizeof(ans) &&
+		    ans[0]) {
+			ipc_copy_us = ans[0] / 1e3;
+			local_copy_us = ans[1] / 1e3;
+		}
+		printf("bench completion: in the child, a 64 B copy seen done (spinning) in %.2f us out "
+		       "of our allocation by its IPC handle, %.2f us out of its own (no ferry)\n",
+		       ipc_copy_us, local_copy_us);
+		/*
+		 * The two processes' own 64 B copies in turn (host messages between
+		 * them, no ferry copy): what alternating the GPU between two
+		 * processes costs here.
+		 */
+		{
+			uint64_t t0, l2 = 0;
+			const uint32_t iters = 300;
+			bool ok = true;
+
+			send_cmd(CMD_RAWPING, 64, iters);
+			t0 = now_ns();
+			for (uint32_t i = 0; i < iters && ok; i++) {
+				copy64_once(src2, src2 + 4096);
+				ok = put_host(pe, pp, "ping", host, 64, ud_next++) == 0 &&
+				     get_host(pe, pp, "pong", host, 64, ud_next++, &l2) == 0;
+			}
+			alt_copy_us = ok ? (now_ns() - t0) / 1e3 / iters / 2 : -1;
+			printf("bench completion: each process's own 64 B copy in turn, a host message "
+			       "between: %.2f us per half round trip (no ferry copy)\n", alt_copy_us);
+		}
+		/* The staged GETs copied out of our pool, mapped in the child: pinned there, once. */
+		result("peer_pool_pinned", l == sizeof(ans) && (ans[2] & 0xffffffffu) == 1 && !(ans[2] >> 32),
+		       "the child's health: peer_pools_pinned %llu, peer_pools_refused %llu",
+		       (unsigned long long)(l == sizeof(ans) ? ans[2] & 0xffffffffu : 0),
+		       (unsigned long long)(l == sizeof(ans) ? ans[2] >> 32 : 0));
+	}
 	printf("bench completion: a 64 B D2D copy seen done in %.2f us spinning on cudaEventQuery, "
 	       "%.2f us by a host function writing an eventfd (no ferry)\n", done_spin_us,
 	       done_hostfn_us);

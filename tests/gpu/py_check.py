@@ -13,8 +13,10 @@ processes for sizes up to 64 MiB (CUDA IPC when ferry's health says so);
 device -> host (a plain get of a device PUT); host -> device; the
 producer's stream and event first (a slow kernel on the caller's stream
 writes the tensor after put_tensor was called); two engines of one
-process; FerryConnector given a CUDA tensor. Bench: the 190 MiB handoff
-through pyferry.cuda against torch's device-to-device copy.
+process; FerryConnector given a CUDA tensor (two connectors of this
+process; and stage 0 here, stage 1 in the child: by CUDA IPC, get()
+returning a CUDA tensor). Bench: the 190 MiB handoff through pyferry.cuda
+and through FerryConnector against torch's device-to-device copy.
 
 Prints one line per case and "N passed, N failed"; writes JSON to argv[1].
 """
@@ -51,12 +53,27 @@ def pattern(n, seed):
 def child(ns):
     e = pyferry.Engine("pb", ns=ns, pool_size=1024 * MiB)
     out = torch.empty(BIG + 4096, dtype=torch.uint8, device="cuda")
+    conn = None
     while True:
         with e.get("pa", "cmd", timeout=60) as b:
             cmd = json.loads(bytes(memoryview(b)))
         if cmd["op"] == "end":
             break
         try:
+            if cmd["op"] == "conn":   # FerryConnector stage 1 of this process gets the payload
+                if conn is None:
+                    from pyferry.connector import FerryConnector
+                    conn = FerryConnector({"stage_id": 1, "namespace": ns + "k2",
+                                           "pool_size": 256 * MiB})
+                got = conn.get_with_deadline("0", "1", cmd["key"],
+                                             deadline=time.monotonic() + TIMEOUT)
+                done = time.monotonic_ns()
+                t = got[0]["kv"] if isinstance(got[0], dict) else got[0]
+                torch.cuda.synchronize()
+                ans = {"sum": dsum(t.reshape(-1).view(torch.uint8)), "len": got[1],
+                       "done": done, "device": t.device.type}
+                e.put("pa", "sum", json.dumps(ans).encode())
+                continue
             if cmd["op"] == "host":   # device (or host) PUT -> a GET for a host buffer
                 with e.get("pa", "data", timeout=TIMEOUT) as b:
                     done = time.monotonic_ns()
@@ -70,6 +87,8 @@ def child(ns):
         except Exception as ex:       # said to the parent, which fails the case; the loop goes on
             ans = {"sum": -1, "len": -1, "done": 0, "error": f"{type(ex).__name__}: {ex}"}
         e.put("pa", "sum", json.dumps(ans).encode())
+    if conn is not None:
+        conn.close()
     e.close()
 
 
@@ -205,26 +224,63 @@ class Parent:
                 b.close()
         self.case("one_process", one_process)
 
-        def connector_tensor():
+        def connector_tensor():  # two connectors of this process: in-process, staged
             from pyferry.connector import FerryConnector
             p = FerryConnector({"stage_id": 0, "namespace": self.ns + "k", "pool_size": 256 * MiB})
             r = FerryConnector({"stage_id": 1, "namespace": self.ns + "k", "pool_size": 256 * MiB})
             try:
                 t = pattern(8 * MiB + 3, 44)
-                ok, size, _ = p.put("0", "1", "kv_req1", t)
+                ok, size, _ = p.put("0", "1", "kv_req1", {"kv": t.view(8 * MiB + 3)})
                 got = r.get_with_deadline("0", "1", "kv_req1", deadline=time.monotonic() + TIMEOUT)
-                obj = got[0] if got else None
-                ten = getattr(obj, "tensor", obj)
+                ten = got[0]["kv"] if got else None
                 where = getattr(getattr(ten, "device", None), "type", type(ten).__name__)
-                same = isinstance(ten, torch.Tensor) and torch.equal(ten.to("cuda").flatten(), t)
+                same = isinstance(ten, torch.Tensor) and where == "cuda" and torch.equal(ten, t)
                 self.result("connector_cuda_tensor", ok and same,
-                            f"put ok {ok} size {size}; get returned {type(obj).__name__} on {where}")
-                if hasattr(obj, "release"):
-                    obj.release()
+                            f"put ok {ok} size {size}; get returned {type(ten).__name__} on {where}, "
+                            f"size {got[1] if got else None}; device parts "
+                            f"{p.health()['device_parts']}")
             finally:
                 p.close()
                 r.close()
         self.case("connector_cuda_tensor", connector_tensor)
+
+        def connector_two_processes():
+            # FerryConnector stage 0 here, stage 1 in the child: a KV-like payload (the
+            # tensor itself, as upstream's KV transfer puts it with supports_raw_data) by
+            # CUDA IPC; timed from put() to the child's get() done, 190 MiB, best of 5.
+            from pyferry.connector import FerryConnector
+            p = FerryConnector({"stage_id": 0, "namespace": self.ns + "k2", "pool_size": 256 * MiB})
+            try:
+                t = pattern(64 * MiB + 5, 45)
+                want = dsum(t)
+                self.send("conn", key="c0")
+                ok, size, _ = p.put("0", "1", "c0", t)
+                a = self.answer()
+                self.result("connector_two_processes", ok and a["sum"] == want and
+                            a["device"] == "cuda" and a["len"] >= t.numel(),
+                            f"put ok {ok}; the child got {a['len']} bytes on {a['device']}, sum "
+                            f"{a['sum']:x} want {want:x}")
+                ipc0 = p.engine().health()["cuda"]["ipc_puts"]
+                big = pattern(BIG, 46)
+                best = float("inf")
+                for i in range(5):
+                    self.send("conn", key=f"big{i}")
+                    time.sleep(0.02)
+                    t0 = time.monotonic_ns()
+                    ok, _, _ = p.put("0", "1", f"big{i}", big)
+                    a = self.answer()
+                    if ok and a["device"] == "cuda" and a["len"] >= BIG:
+                        best = min(best, (a["done"] - t0) / 1e6)
+                ipc = p.engine().health()["cuda"]["ipc_puts"] - ipc0
+                self.result("connector_ipc_path", ipc == 5, f"ipc_puts {ipc} of the 5 big puts")
+                self.bench["connector_190MiB_ms"] = round(best, 3)
+                print(f"bench connector_190MiB: FerryConnector {best:.3f} ms (put() -> the "
+                      f"child's get() returned a CUDA tensor)", flush=True)
+                p.reap_consumed()
+                print(f"connector device parts: {p.health()['device_parts']}", flush=True)
+            finally:
+                p.close()
+        self.case("connector_two_processes", connector_two_processes)
 
         def bench():
             t = pattern(BIG, 5)
