@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from conftest import finish
 
 import pyferry
 import pyferry.cuda as fc
@@ -208,16 +209,6 @@ def spawn(double, ns, body):
     env = dict(os.environ, FERRY_CUDA_RUNTIME=double, NS=ns)
     return subprocess.Popen([sys.executable, "-c", code, double], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(p, timeout=60):
-    try:
-        out, err = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out, err = p.communicate()
-    assert p.returncode == 0, out + err
-    return out
 
 
 def test_connector_device_parts_two_processes(double, ns):
