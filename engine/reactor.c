@@ -252,7 +252,10 @@ static bool give_to_get(struct ferry_engine *e, struct op *op, struct ferry_buf 
 			/* Not readable here: the sender is asked to send it again, staged. */
 			buf->flags |= POOL_BUF_F_RESEND;
 			pool_free(buf);
-			repark_get(e, op, fullkey, fullkey_len);
+			if (op->flags & FERRY_SQE_NOWAIT) /* it comes later, for a later GET */
+				op_complete(e, op, -EAGAIN, 0, NULL);
+			else
+				repark_get(e, op, fullkey, fullkey_len);
 			return true;
 		}
 		if (rc) /* the data stays for another GET; too small a GET learns its length */

@@ -1059,6 +1059,8 @@ static int pingpong_child(void *arg)
 	pattern(dst, 100, 77);
 	s = (struct ferry_seg){ rd, 0, 100 };
 	put_segs(b, from, "buf", &s, 1, 302, 0, NULL);
+	t_put(b, from, "ready2", "r", 1, 303, 0); /* behind "buf": it is there when this is */
+	t_expect(b, NULL, 303, 0, NULL);
 	t_expect(b, NULL, 302, 0, NULL);
 	if (t_health_num(b, "\"cuda\":{", "ipc_restaged") != 1)
 		return child_failed(__LINE__, 4);
@@ -1122,11 +1124,24 @@ static void test_double_ipc_pingpong(void **state)
 		/* The child sent its first 128 bytes: the last ping's 64, then what it held past them. */
 		assert_memory_equal(src + 4096, want, PP_LEN);
 	}
-	/* A GET for a buffer (host memory from a pool) of a device PUT by IPC: restaged. */
+	/*
+	 * A GET for a buffer (host memory from a pool) of a device PUT by IPC:
+	 * restaged. A NOWAIT one that finds the descriptor asks for it and ends
+	 * with -EAGAIN (the data comes later, for a later GET).
+	 */
 	{
+		static uint8_t r2[8];
 		uint8_t expect[100];
-		struct ferry_sqe *sqe = sqe_wait(a);
+		struct ferry_sqe *sqe;
 
+		t_get(a, to, "ready2", t_iov_of(r2, sizeof(r2)), 1, 3010, 0, 10 * SEC);
+		t_expect(a, NULL, 3010, 0, NULL);
+		sqe = sqe_wait(a);
+		ferry_prep_get(sqe, to, "buf", NULL, 0, 3011);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+		t_submit(a);
+		t_expect(a, NULL, 3011, -EAGAIN, NULL);
+		sqe = sqe_wait(a);
 		ferry_prep_get(sqe, to, "buf", NULL, 0, 3003);
 		ferry_sqe_set_timeout(sqe, 10 * SEC);
 		t_submit(a);

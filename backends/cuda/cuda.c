@@ -1020,6 +1020,16 @@ static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 	if ((rc = ipc_probe(s, rt, op, buf)))
 		return rc;
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
+		struct ipc_desc d;
+		struct ipc_seg seg[IPC_SEGS];
+
+		/* What ipc_issue would refuse is refused now: the data stays for another GET. */
+		if ((rc = ipc_read(s, op, buf, &d, seg)))
+			return rc;
+		if (d.total > op->len) {
+			op->len = d.total;
+			return -EMSGSIZE;
+		}
 		op->buf = buf;
 		op->flags |= WIRE_F_CUDA_IPC; /* (a GET's flags never travel) */
 		op_wait_for_job(s, op);

@@ -637,7 +637,8 @@ def test_transport_auto_across_hosts_is_tcp_without_rdma(ns, no_rdma, monkeypatc
 
 def test_device_config_refused(ns):
     for bad, err in (({"device_puts": "yes"}, TypeError), ({"device_puts_max": 0}, ValueError),
-                     ({"device": "cuda:0"}, TypeError), ({"device": True}, TypeError)):
+                     ({"device": "cuda:0"}, TypeError), ({"device": True}, TypeError),
+                     ({"device_snapshot": 1}, TypeError)):
         with pytest.raises(err):
             FerryConnector(dict({"stage_id": 0, "namespace": ns}, **bad))
 

@@ -211,12 +211,22 @@ def spawn(double, ns, body):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def wait_up(p):
+    """Read the child's lines until it says "up" (its connector's engine is
+    there: a PUT to a peer not up yet is staged, not sent by IPC)."""
+    for line in p.stdout:
+        if line.strip() == "up":
+            return
+    raise AssertionError("the receiver ended before it was up: " + p.stderr.read())
+
+
 def test_connector_device_parts_two_processes(double, ns):
     """A payload with a CUDA array: the array goes as a device PUT of its own
     (held until the receiver read it), the frame names it; the receiver gets
     the same bytes, viewed as the array's dtype and shape."""
     recv = spawn(double, ns, """
         c = conn(1)
+        print("up", flush=True)
         got = c.get_with_deadline("0", "1", "req1", deadline=time.monotonic() + 20)
         assert got is not None, "nothing came"
         payload, size = got
@@ -228,6 +238,7 @@ def test_connector_device_parts_two_processes(double, ns):
         print("health", json.dumps(c.health()["device_parts"]))
         c.close()
     """)
+    wait_up(recv)
     send = spawn(double, ns, """
         c = conn(0)
         assert c.supports_raw_data and c.health()["device_puts"] is True
@@ -255,6 +266,7 @@ def test_connector_device_parts_bounded(double, ns):
     receiver to read one before the next goes (no unbounded holding)."""
     recv = spawn(double, ns, """
         c = conn(1)
+        print("up", flush=True)
         time.sleep(1.0)                       # the producer runs ahead meanwhile
         for i in range(3):
             print("read", i, time.monotonic())  # from now on r{i}'s part may be read
@@ -262,6 +274,7 @@ def test_connector_device_parts_bounded(double, ns):
             assert got is not None and got[0]["x"].tobytes() == pattern(5000, i), i
         c.close()
     """)
+    wait_up(recv)
     send = spawn(double, ns, """
         c = conn(0, device_puts_max=1, put_timeout=20)
         arrays = []

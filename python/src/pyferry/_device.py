@@ -47,6 +47,8 @@ class DevicePuts:
         bound is reached the producer waits (for wait seconds at most) for
         receivers to read what is out, sleeping on the queue's fd."""
         self.reap()
+        if n > self._limit:
+            return False  # never: do not wait for it
         end = time.monotonic() + wait
         while len(self._out) + n > self._limit:
             left = end - time.monotonic()
@@ -67,9 +69,20 @@ class DevicePuts:
         if n != nbytes:
             raise ValueError(f"a CUDA part of {n} bytes, {nbytes} expected")
         ud = self._aq.put_device(peer, key, ptr, n, dev, stream=_producer_stream(obj),
-                                 timeout=self._timeout, wait_peer=True, hold=obj)
+                                 timeout=self._timeout, replace=True, wait_peer=True, hold=obj)
         self._out[ud] = key
         self.sent += 1
+        return ud
+
+    def cancel(self, uds):
+        """Ask ferry to cancel those PUTs (a payload whose frame will not
+        follow); one its receiver already reads ends as it would."""
+        for ud in uds:
+            if ud in self._out:
+                try:
+                    self._aq.cancel(ud)
+                except Exception as e:  # the engine is closing: its ops end anyway
+                    logger.debug("FerryConnector: cancel of %s: %s", self._out[ud], e)
 
     def reap(self):
         """Let go of the tensors whose PUT is over; a failed one is logged."""

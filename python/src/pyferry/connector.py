@@ -46,6 +46,15 @@ with `stage_id` and `role` added by upstream for each stage worker):
                     put_timeout), then sends its tensors through the host
     device          the receiver's CUDA device for tensors it gets (an index;
                     default: the current device of the calling thread)
+    device_snapshot true (default): put() sends a copy of each CUDA tensor made
+                    on the device at put time (one device-to-device copy, on
+                    the tensor's stream), so the caller may change or reuse
+                    the tensor at once, as with upstream's connectors; false:
+                    the tensor itself, read by the receiver when it gets it
+                    (no copy at all: the caller must not write it until the
+                    receiver has read it, health()["device_parts"]["out"]).
+                    Objects with __cuda_array_interface__ are always sent
+                    themselves.
     addresses (transport tcp/rdma/auto):
     listen          this process's data address, "tcp://HOST:PORT" (tcp, auto)
                     or "rdma://HOST:PORT" (rdma: HOST an address of an RDMA
@@ -353,6 +362,11 @@ class FerryConnector(_Base):
             raise TypeError(f"FerryConnector: device must be a CUDA device index, "
                             f"not {device!r}")
         self._device = device
+        snap = config.get("device_snapshot", True)
+        if not isinstance(snap, bool):
+            raise TypeError(f"FerryConnector: device_snapshot must be true or false, "
+                            f"not {snap!r}")
+        self._device_snapshot = snap
         peers = config.get("peers") or {}
         if not isinstance(peers, dict):
             raise TypeError("FerryConnector: peers must be a dict {stage_id: 'tcp://HOST:PORT'}")
@@ -586,9 +600,16 @@ class FerryConnector(_Base):
                                "(device_puts_max)")
             parts, size = _payload.encode(data, self._min_segment)  # (TypeError: not torch)
             return parts, size, ()
-        for i, (t, n) in enumerate(dev):
-            dp.put(peer, f"{key}{_DEV_SUFFIX}{i}", t, n)
-            size += n
+        uds = []
+        try:
+            for i, (t, n) in enumerate(dev):
+                if self._device_snapshot and hasattr(t, "clone"):
+                    t = t.clone()  # on its stream: what it holds now is what goes
+                uds.append(dp.put(peer, f"{key}{_DEV_SUFFIX}{i}", t, n))
+                size += n
+        except BaseException:
+            dp.cancel(uds)  # no frame will name them
+            raise
         return parts, size, dev
 
     def _send(self, eng, peer, key, parts):

@@ -44,6 +44,15 @@ def device_memory(obj, device=None):
     """(pointer, nbytes, device) of a contiguous CUDA array or tensor."""
     if hasattr(obj, "detach"):
         obj = obj.detach()   # torch refuses the interface on tensors that need grad
+    dev = getattr(obj, "device", None)
+    if getattr(dev, "type", None) == "cuda" and hasattr(obj, "data_ptr") and \
+            hasattr(obj, "element_size"):
+        # a torch CUDA tensor: its own accessors (its array interface refuses
+        # dtypes it has no typestr for: bfloat16, the float8 kinds)
+        if not obj.is_contiguous():
+            raise ValueError("pyferry.cuda: the tensor is not contiguous")
+        return int(obj.data_ptr()), obj.numel() * obj.element_size(), \
+            dev.index if dev.index is not None else (device or 0)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         ptr = int(cai["data"][0])

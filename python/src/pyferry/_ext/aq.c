@@ -299,23 +299,45 @@ static PyObject *aq_stream(pyf_aq *q, PyObject *args, PyObject *kw)
  * until then). The engine is borrowed: the dict that holds this capsule is
  * the queue's (which holds the engine) or, orphaned, the engine's own.
  */
-struct held_dev {
+struct pyf_held_dev {
 	pyf_engine *engine;
 	struct ferry_region *r;
 	struct ferry_seg seg; /* the PUT's segment: it must outlive the op */
 	PyObject *obj;
+	struct pyf_held_dev *next; /* on engine->orphans */
 };
 
+/*
+ * The capsule goes: the op is over (its CQE was polled), or its queue went
+ * first. A region an op still pins (-EBUSY) means the op runs on (a PUT by
+ * CUDA IPC whose receiver has not copied yet): the hold, its segment and
+ * the object stay, on the engine's orphans, until the engine is destroyed.
+ */
 static void held_dev_free(PyObject *cap)
 {
-	struct held_dev *h = PyCapsule_GetPointer(cap, "pyferry.held_dev");
+	struct pyf_held_dev *h = PyCapsule_GetPointer(cap, "pyferry.held_dev");
 
 	if (!h)
 		return;
-	if (h->engine->e && h->r) /* a closed engine freed its regions */
-		ferry_region_release(&h->r);
-	Py_XDECREF(h->obj);
+	if (h->engine->e && h->r && ferry_region_release(&h->r) == -EBUSY) {
+		h->next = h->engine->orphans;
+		h->engine->orphans = h;
+		return;
+	}
+	Py_XDECREF(h->obj); /* (a closed engine freed its regions) */
 	PyMem_Free(h);
+}
+
+void pyf_orphans_drop(pyf_engine *engine)
+{
+	struct pyf_held_dev *h = engine->orphans, *next;
+
+	engine->orphans = NULL;
+	for (; h; h = next) {
+		next = h->next;
+		Py_XDECREF(h->obj);
+		PyMem_Free(h);
+	}
 }
 
 /*
@@ -337,7 +359,7 @@ static PyObject *aq_put_device(pyf_aq *q, PyObject *args, PyObject *kw)
 	struct ferry_peer *peer;
 	struct ferry_sq *sq;
 	struct ferry_sqe *sqe;
-	struct held_dev *h;
+	struct pyf_held_dev *h;
 	uint64_t tns, ud;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$KKOppO", kwlist, &peer_o, &key, &ptr,
@@ -425,11 +447,22 @@ static void aq_dealloc(pyf_aq *q)
 	 * is gone, for ferry may still read them.
 	 */
 	if (q->engine->e && q->held && PyDict_Size(q->held) > 0) {
-		/* Keep them: leaked on purpose until the engine goes (rare). */
-		Py_INCREF(q->held);
-		if (PyObject_SetAttrString((PyObject *)q->engine, "_orphan_held", q->held) < 0)
+		/*
+		 * Keep them: leaked on purpose until the engine goes (rare); added
+		 * to the ones another queue left (device holds that ops still use
+		 * go to the engine's orphans when their capsule goes, held_dev_free).
+		 */
+		PyObject *old = PyObject_GetAttrString((PyObject *)q->engine, "_orphan_held");
+
+		if (old && PyDict_Check(old)) {
+			if (PyDict_Update(old, q->held) < 0)
+				PyErr_Clear();
+		} else {
 			PyErr_Clear();
-		Py_DECREF(q->held);
+			if (PyObject_SetAttrString((PyObject *)q->engine, "_orphan_held", q->held) < 0)
+				PyErr_Clear();
+		}
+		Py_XDECREF(old);
 	}
 	Py_XDECREF(q->held);
 	Py_DECREF(q->engine);

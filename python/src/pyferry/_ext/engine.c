@@ -388,6 +388,7 @@ static int engine_close_now(pyf_engine *self, int from_dealloc)
 	rc = ferry_engine_destroy(e);
 	Py_END_ALLOW_THREADS
 	engine_free_tctx(self);
+	pyf_orphans_drop(self); /* no op uses them now */
 	if (rc < 0 && !from_dealloc) {
 		pyf_raise(rc, "ferry_engine_destroy");
 		return -1;

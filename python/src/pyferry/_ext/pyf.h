@@ -51,7 +51,15 @@ typedef struct {
 	struct pyf_tctx *tctx;    /* per-thread CQs */
 	struct pyf_waiter *waiters; /* threads in pyf_wait now (GIL-protected) */
 	PyObject *weakrefs;
+	/*
+	 * Holds of device PUTs let go while their op still ran (their queue
+	 * went): kept here until the engine is destroyed (aq.c). GIL-protected.
+	 */
+	struct pyf_held_dev *orphans;
 } pyf_engine;
+
+/* After ferry_engine_destroy: the orphaned holds go (aq.c). */
+void pyf_orphans_drop(pyf_engine *engine);
 
 typedef struct {
 	PyObject_HEAD
