@@ -167,6 +167,12 @@ static void test_sizes(void **state)
 	assert_int_equal(rh(b, "malformed"), 0);
 	assert_int_equal(rh(a, "connections_ready"), 1);
 	assert_int_equal(rh(b, "connections_ready"), 1);
+	/*
+	 * Small messages went inline (rxe grants RDMA_SEND_INLINE): at least
+	 * a's PUTs of 0 and 1 byte, and b's answers to them.
+	 */
+	assert_true(rh(a, "inline_sends") >= 2);
+	assert_true(rh(b, "inline_sends") >= 2);
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
 }

@@ -663,7 +663,7 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			",\"rdma\":{\"devices\":[%s],\"address\":\"%s\",\"connections_ready\":%u,"
 			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
 			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu,\"announced_in_place\":%llu,"
-			"\"read_into_get\":%llu}",
+			"\"read_into_get\":%llu,\"inline_sends\":%llu}",
 			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
@@ -673,7 +673,8 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 								 memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_eager, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_inplace, memory_order_relaxed),
-			(unsigned long long)atomic_load_explicit(&st->h_into_get, memory_order_relaxed));
+			(unsigned long long)atomic_load_explicit(&st->h_into_get, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_inline, memory_order_relaxed));
 }
 
 const struct backend_ops ferry__rdma_backend = {

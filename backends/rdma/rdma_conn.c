@@ -114,12 +114,20 @@ static int qp_setup(struct rdma_state *st, struct rdma_conn *c)
 	qa.cap.max_recv_wr = RDMA_RECVS;
 	qa.cap.max_send_sge = 1;
 	qa.cap.max_recv_sge = 1;
+	qa.cap.max_inline_data = RDMA_SEND_INLINE;
 	if (rdma_create_qp(c->id, c->dev->pd, &qa)) {
-		rc = errno ? -errno : -EIO;
-		log_error("rdma: engine %s: rdma_create_qp: %s", st->engine->name,
-			  ferry_strerror(rc));
-		return rc;
+		/* A device that sends nothing inline (or less): asked again without. */
+		log_info("rdma: engine %s: a QP with %u bytes inline: %s; without", st->engine->name,
+			 RDMA_SEND_INLINE, strerror(errno));
+		qa.cap.max_inline_data = 0;
+		if (rdma_create_qp(c->id, c->dev->pd, &qa)) {
+			rc = errno ? -errno : -EIO;
+			log_error("rdma: engine %s: rdma_create_qp: %s", st->engine->name,
+				  ferry_strerror(rc));
+			return rc;
+		}
 	}
+	c->max_inline = qa.cap.max_inline_data; /* what the device granted */
 	c->qp_made = true;
 	c->credits = RDMA_RECVS;
 	rdma_post_recvs(st, c);

@@ -115,6 +115,10 @@ int rdma_post_msg(struct rdma_state *st, struct rdma_conn *c, struct rdma_hdr *h
 	wr.num_sge = 1;
 	wr.opcode = IBV_WR_SEND;
 	wr.send_flags = IBV_SEND_SIGNALED;
+	if (total <= c->max_inline) {
+		wr.send_flags |= IBV_SEND_INLINE; /* copied into the WQE: no DMA read of the slot */
+		atomic_fetch_add_explicit(&st->h_inline, 1, memory_order_relaxed);
+	}
 	if (ibv_post_send(c->id->qp, &wr, &bad)) {
 		c->send_free[c->nsend_free++] = s;
 		rdma_conn_fail(st, c, -ECONNRESET, "ibv_post_send failed");

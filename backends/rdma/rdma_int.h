@@ -45,6 +45,12 @@
 #define RDMA_CQ_DEPTH 4096
 #define RDMA_EAGER_MAX 4096u  /* payloads up to this go inside the SEND */
 #define RDMA_INLINE_MAX 256u  /* iovec PUTs up to this are copied into the message */
+/*
+ * Messages up to this many bytes (header, key and body) are posted with
+ * IBV_SEND_INLINE: the device takes them from the work request, no DMA read
+ * of the send buffer. Asked of each QP; a device that grants less gets less.
+ */
+#define RDMA_SEND_INLINE 256u
 #define RDMA_MAX_SEG 64u      /* segments of one announcement */
 #define RDMA_HS_NS 3000000000ull /* a handshake not done by then is dropped (params.handshake_ms) */
 #define RDMA_CONNECT_MS 2000  /* rdma_resolve_addr / _route */
@@ -247,6 +253,7 @@ struct rdma_conn {
 	uint32_t wr_out;     /* work requests posted, not completed (sends, READs) */
 	uint32_t recv_out;   /* receives posted */
 	uint32_t credits;    /* messages we may still send: the peer's posted receives */
+	uint32_t max_inline; /* bytes its QP sends inline (what the device granted; 0: none) */
 	uint32_t owed;       /* receives posted again, not yet told to the peer */
 	uint32_t reads_out;
 	/* Outgoing PUTs: those to post, in order; every live one. */
@@ -295,6 +302,7 @@ struct rdma_state {
 	/* Health (any thread reads). */
 	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
 	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace, h_into_get;
+	_Atomic uint64_t h_inline; /* messages sent inline (IBV_SEND_INLINE) */
 };
 
 /* ------------------------------------------------------------------ */
