@@ -293,3 +293,20 @@ def test_connector_device_parts_bounded(double, ns):
     # Each put after the first returned only after the receiver began to read the one
     # before (it held the only slot): causal order, one clock (CLOCK_MONOTONIC) for both.
     assert put[1] >= read[0] and put[2] >= read[1], (put, read)
+
+
+def test_connector_more_parts_than_the_bound(double, ns):
+    """A payload with more CUDA parts than device_puts_max can never fit: put does
+    not wait for room it cannot get (arrays that cannot go through the host fail
+    it at once, logged)."""
+    out = run(double, ns, CONN_PRELUDE.replace(PRELUDE, "") + textwrap.dedent("""
+        c = conn(0, device_puts_max=1, put_timeout=20)
+        a, b = Dev(4096), Dev(4096)
+        t0 = time.monotonic()
+        ok, size, _ = c.put("0", "1", "two", {"a": a, "b": b})
+        print("took", time.monotonic() - t0, ok, c.health()["device_parts"])
+        c.close()
+    """))
+    took, ok = out.split()[1:3]
+    assert ok == "False" and float(took) < 10, out   # not put_timeout (20 s) later
+    assert "'through_host': 1" in out and "'sent': 0" in out, out
