@@ -1220,6 +1220,92 @@ static void test_double_ipc_to_no_runtime(void **state)
 	t_gate_close(&ipc_done);
 }
 
+/*
+ * A GET of a CUDA IPC descriptor that must wait for a job (all of the
+ * receiver's jobs busy: its own PUTs wait for a gated stream) is checked
+ * first: too small for the data, it fails with -EMSGSIZE and the data's
+ * length, and the data stays for a GET that fits.
+ */
+static int busy_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("bb", FERRY_PROGRESS_THREAD, 8u << 20);
+	struct ferry_peer *to = t_peer(b, "ba");
+	uint8_t *own = d_malloc(0, 300 * 512), *dst = d_malloc(0, 4096);
+	struct ferry_region *ro, *rd = dev_reg(b, dst, 4096, 0);
+	static struct ferry_seg s[300], small, whole;
+	static uint8_t r[8], want[1000];
+	struct ferry_cqe c;
+	void *st = NULL;
+	char key[16];
+
+	(void)arg;
+	d_set_ipc(0); /* its own PUTs staged: they end once ba holds them */
+	ro = dev_reg(b, own, 300 * 512, 0);
+	d_set_ipc(1);
+	if (d_stream_create(&st, 1) || t_gate_wait(&ipc_ready2, 20000)) /* ba is up */
+		return child_failed(__LINE__, 2);
+	d_gate_close();
+	d_gate(st);
+	for (unsigned i = 0; i < 300; i++) { /* 256 jobs busy, 44 ops waiting for one */
+		s[i] = (struct ferry_seg){ ro, i * 512ull, 512 };
+		snprintf(key, sizeof(key), "o%u", i);
+		put_segs(b, to, key, &s[i], 1, 1000 + i, FERRY_CUDA_WAIT_STREAM, st);
+	}
+	cuda_health_is(b, "in_flight", 256);
+	t_gate_open(&ipc_ready);
+	t_get(b, to, "ready", t_iov_of(r, sizeof(r)), 1, 1, 0, 10 * SEC);
+	t_expect(b, NULL, 1, 0, NULL); /* "big" is here: it went first */
+	small = (struct ferry_seg){ rd, 0, 500 };
+	get_segs(b, to, "big", &small, 1, 2);
+	t_expect(b, NULL, 2, -EMSGSIZE, &c);
+	if (c.len != 1000 || t_health_num(b, "\"cuda\":{", "waiting") != 44)
+		return child_failed(__LINE__, 3);
+	d_gate_open();
+	for (unsigned i = 0; i < 300; i++)
+		t_expect(b, NULL, 1000 + i, 0, NULL);
+	whole = (struct ferry_seg){ rd, 0, 1000 };
+	get_segs(b, to, "big", &whole, 1, 3);
+	t_expect(b, NULL, 3, 0, &c);
+	pattern(want, sizeof(want), 51);
+	if (c.len != 1000 || memcmp(dst, want, sizeof(want)))
+		return child_failed(__LINE__, 4);
+	t_gate_wait(&ipc_done, 20000);
+	ferry_engine_destroy(b);
+	d_stream_destroy(st);
+	d_free(own);
+	d_free(dst);
+	return 0;
+}
+
+static void test_double_ipc_get_when_jobs_busy(void **state)
+{
+	struct one x;
+	static struct ferry_seg s;
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ipc_ready);
+	t_gate_init(&ipc_ready2);
+	t_gate_init(&ipc_done);
+	pid = t_fork(busy_child, NULL);
+	one_open(&x, "ba", "bb", 1000);
+	pattern(x.mem, 1000, 51);
+	t_gate_open(&ipc_ready2);
+	assert_int_equal(t_gate_wait(&ipc_ready, 20000), 0);
+	s = (struct ferry_seg){ x.reg, 0, 1000 };
+	put_segs(x.e, x.peer, "big", &s, 1, 1, 0, NULL);
+	t_put(x.e, x.peer, "ready", "r", 1, 2, 0);
+	t_expect(x.e, NULL, 2, 0, NULL);
+	t_expect(x.e, NULL, 1, 0, NULL); /* after the child's GET that fit */
+	assert_int_equal(t_health_num(x.e, "\"cuda\":{", "ipc_puts"), 1);
+	t_gate_open(&ipc_done);
+	assert_int_equal(t_reap(pid), 0);
+	one_close(&x);
+	t_gate_close(&ipc_ready);
+	t_gate_close(&ipc_ready2);
+	t_gate_close(&ipc_done);
+}
+
 /* The runtime refuses to pin the peer's pool: said, and the copy still reads it (pageable). */
 static int pin_refused_child(void *arg)
 {
@@ -1562,6 +1648,7 @@ int main(void)
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_pingpong),
 		cmocka_unit_test(test_double_ipc_to_no_runtime),
+		cmocka_unit_test(test_double_ipc_get_when_jobs_busy),
 		cmocka_unit_test(test_double_peer_pool_pin_refused),
 		cmocka_unit_test(test_double_ipc_peer_killed),
 		cmocka_unit_test(test_double_ipc_copy_past_deadline),
