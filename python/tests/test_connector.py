@@ -664,13 +664,14 @@ def test_cuda_frame_refused_without_fetch():
         _payload.decode(frame(["uint8", [4], 0, 4]))
     seen = []
 
-    def fetch(i, n):
-        seen.append((i, n))
+    def fetch(key, i, n):
+        seen.append((key, i, n))
         np = pytest.importorskip("numpy")
         return np.arange(n, dtype=np.uint8)
 
-    out, _ = _payload.decode(frame(["uint16", [2], 0, 4]), fetch=fetch)
-    assert seen == [(0, 4)] and out.dtype.name == "uint16" and out.shape == (2,)
+    out, size = _payload.decode(frame(["uint16", [2], 0, 4]), fetch=fetch, key="kv")
+    assert seen == [("kv", 0, 4)] and out.dtype.name == "uint16" and out.shape == (2,)
+    assert size == len(frame(["uint16", [2], 0, 4])) + 4   # the part's bytes counted
     for bad in (["uint8", [4], -1, 4], ["uint8", [4], 0, 0], ["uint8", "x", 0, 4], ["uint8", [4], 0],
                 [1, [4], 0, 4]):
         with pytest.raises(_payload.FrameError):

@@ -151,21 +151,21 @@ def _errname(res):
 
 
 class FetchDevice:
-    """decode()'s fetch for one received frame: part i of key is GET into a
-    new 1-D uint8 tensor on the receiver's device (device: an index, or None
-    for the current device when it is fetched); in a process where ferry or
-    torch has no CUDA, into host memory (a CPU tensor; a numpy array where
-    torch is not importable)."""
+    """decode()'s fetch for the frames one engine receives from one peer
+    (made once per pair): part i of key is GET into a new 1-D uint8 tensor
+    on the receiver's device (device: an index, or None for the current
+    device when it is fetched); in a process where ferry or torch has no
+    CUDA, into host memory (a CPU tensor; a numpy array where torch is not
+    importable). Returns the tensor and its length in bytes."""
 
-    __slots__ = ("engine", "peer", "key", "device", "timeout", "fetched")
+    __slots__ = ("engine", "peer", "device", "timeout")
 
-    def __init__(self, engine, peer, key, device, timeout):
-        self.engine, self.peer, self.key = engine, peer, key
+    def __init__(self, engine, peer, device, timeout):
+        self.engine, self.peer = engine, peer
         self.device, self.timeout = device, timeout
-        self.fetched = 0  # bytes of the parts fetched (the frame's are apart)
 
-    def __call__(self, index, nbytes):
-        key = f"{self.key}{SUFFIX}{index}"
+    def __call__(self, key, index, nbytes):
+        key = f"{key}{SUFFIX}{index}"
         try:
             try:
                 import torch
@@ -190,5 +190,4 @@ class FetchDevice:
                              f"{type(e).__name__}: {e}") from None
         if n != nbytes:
             raise FrameError(f"its CUDA tensor {key} is {n} bytes, not {nbytes}")
-        self.fetched += n
         return out

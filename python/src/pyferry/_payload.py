@@ -395,14 +395,15 @@ class FrameError(ValueError):
     """A received payload that is not a FerryConnector frame."""
 
 
-def decode(buf, copy=False, fetch=None):
+def decode(buf, copy=False, fetch=None, key=None):
     """(payload, size) of a received Buffer. copy=False: segments come back
     as views that keep buf alive (buf is released here at once when the
     payload has none); copy=True: they are copied out and buf is released
-    before returning. fetch(index, nbytes) -> a 1-D uint8 torch tensor (or
-    numpy array) of nbytes: the device part index of the payload (an
-    EXT_CUDA value), viewed here as its dtype and shape; a frame that has
-    one when fetch is None is a FrameError."""
+    before returning. fetch(key, index, nbytes) -> a 1-D uint8 torch tensor
+    (or numpy array) of nbytes: the device part index of the payload of key
+    (an EXT_CUDA value), viewed here as its dtype and shape; a frame that
+    has one when fetch is None is a FrameError. The size returned counts
+    the device parts' bytes too."""
     size = len(buf)
     whole = memoryview(buf)
     state = None
@@ -420,7 +421,7 @@ def decode(buf, copy=False, fetch=None):
                                           strict_map_key=False)
         except (ValueError, TypeError, msgpack.UnpackException) as e:
             raise FrameError(f"bad FerryConnector header: {e}") from None
-        state = _Decode(whole, -(-(8 + hlen) // ALIGN) * ALIGN, table, copy, fetch)
+        state = _Decode(whole, -(-(8 + hlen) // ALIGN) * ALIGN, table, copy, fetch, key)
         try:
             root = state.fill(root, True)
         except FrameError:
@@ -434,7 +435,7 @@ def decode(buf, copy=False, fetch=None):
         whole.release()
         if state is None or not state.views:
             buf.release()
-    return root, size
+    return root, size + state.fetched
 
 
 def _decode_small_raw(whole, size):
@@ -497,9 +498,10 @@ def _ext(code, data):
 
 
 class _Decode:
-    def __init__(self, whole, data_start, table, copy, fetch=None):
+    def __init__(self, whole, data_start, table, copy, fetch=None, key=None):
         self.whole, self.data_start, self.table, self.copy = whole, data_start, table, copy
-        self.fetch = fetch
+        self.fetch, self.key = fetch, key
+        self.fetched = 0  # bytes of the device parts fetched
         self.views = False  # whether a view of the buffer was handed out
 
     def device_value(self, seg):
@@ -514,7 +516,8 @@ class _Decode:
             if type(d) is not int or d < 0:
                 raise FrameError("a CUDA tensor of a malformed shape")
             count *= d
-        t = self.fetch(seg.idx, seg.inline)
+        t = self.fetch(self.key, seg.idx, seg.inline)
+        self.fetched += seg.inline
         if hasattr(t, "element_size"):  # torch
             import torch
             dtype = getattr(torch, seg.dtype, None)

@@ -387,6 +387,7 @@ class FerryConnector(_Base):
         self._routes = {}      # "stage->peer stage" -> "shm" | "tcp" | "rdma"
         self._parked = {}      # stage id -> ParkedGets of its engine (polled gets)
         self._devputs = {}     # stage id -> DevicePuts of its engine (CUDA tensors out)
+        self._fetch_of = {}    # (stage id, peer stage id) -> FetchDevice (CUDA parts in)
         self._dev_fallbacks = 0
         self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
                          "put_failures": 0, "get_errors": 0}
@@ -672,15 +673,18 @@ class FerryConnector(_Base):
             self._metrics["get_errors"] += 1
             logger.error("FerryConnector get %s (%s -> %s) failed: %s", key, src, dst, e)
             return None
-        fetch = FetchDevice(self._engine(dst), peer, key, self._device, self._put_timeout)
+        fetch = self._fetch_of.get((dst, src))
+        if fetch is None:
+            fetch = self._fetch_of[(dst, src)] = FetchDevice(self._engine(dst), peer,
+                                                             self._device, self._put_timeout)
         try:
-            payload, size = _payload.decode(buf, copy=self._copy, fetch=fetch)
+            payload, size = _payload.decode(buf, copy=self._copy, fetch=fetch, key=key)
         except FrameError as e:
             self._metrics["get_errors"] += 1
             logger.error("FerryConnector get %s (%s -> %s): %s", key, src, dst, e)
             return None
         self._metrics["gets"] += 1
-        return payload, size + fetch.fetched
+        return payload, size
 
     def cleanup(self, request_id):
         """Drop what this process's engines hold of a request (upstream passes
@@ -749,6 +753,7 @@ class FerryConnector(_Base):
             held, self._held = self._held, []
             parked, self._parked = list(self._parked.values()), {}
             devputs, self._devputs = list(self._devputs.values()), {}
+            self._fetch_of = {}
             self._engine_of = {}
             self._peer_of = {}
         for dp in devputs:  # their receivers may still be reading the tensors
