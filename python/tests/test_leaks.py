@@ -1,4 +1,6 @@
-"""No leaks: 100k small puts/gets return every buffer; RSS stays bounded."""
+"""No leaks: 100k small puts/gets return every buffer; RSS stays bounded
+(not checked under asan.sh: ASan's quarantine keeps freed memory)."""
+import os
 import resource
 
 from conftest import pool_bytes_in_use, pool_settles
@@ -24,6 +26,7 @@ def test_100k_put_get(pair):
                 assert b.tobytes() == payload
     grown = rss_kib() - rss0
     assert pool_settles([p, c], sum(start))
-    assert grown < 8 * 1024, f"RSS grew {grown} KiB"
+    if os.environ.get("FERRY_TEST_ASAN") != "1":
+        assert grown < 8 * 1024, f"RSS grew {grown} KiB"
     h = c.health()
     assert h["pool"]["bad_frees"] == 0
