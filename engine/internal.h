@@ -35,6 +35,9 @@
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
+/* "In no slot": an op's heap_idx out of the deadline heap, a table index of nothing. */
+#define NO_SLOT UINT32_MAX
+
 /* Keys as stored: "{key}@{from}_{to}" plus its NUL. */
 #define FULLKEY_MAX (FERRY_KEY_MAX + 2 * FERRY_NAME_MAX + 2)
 
@@ -247,7 +250,7 @@ struct op {
 	uint64_t user_data;
 	uint64_t deadline;    /* absolute ns, 0 = none */
 	uint64_t start;       /* ns, for the latency histogram */
-	uint32_t heap_idx;    /* position in the deadline heap, UINT32_MAX = none */
+	uint32_t heap_idx;    /* position in the deadline heap, NO_SLOT = none */
 	struct ferry_cq *cq;
 	ferry_complete_cb *cb;
 	void *cb_arg;

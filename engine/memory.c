@@ -285,7 +285,7 @@ int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *b
 
 	if (!b || !b->ops->device_get)
 		return -EOPNOTSUPP;
-	if (op->heap_idx != UINT32_MAX)
+	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op); /* the data is here: the copy ends it, not its deadline */
 	return b->ops->device_get(e, b, op, buf, len, wflags);
 }

@@ -359,18 +359,35 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 	return 0;
 }
 
-bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			  const void *src, uint64_t len, uint32_t flags)
+/*
+ * The first GET waiting under fullkey that len bytes fit and that takes
+ * host memory where it lands (not a device GET), or NULL: also for a
+ * message that is no plain PUT's data (credits, chunks, aborts, IPC). For
+ * reactor_deliver_copy and reactor_parked_get, which add their own rules.
+ */
+static inline struct op *first_host_waiter(struct ferry_engine *e, const char *fullkey,
+					   size_t fullkey_len, uint64_t len, uint32_t flags,
+					   struct key_entry **kep)
 {
 	struct key_entry *ke;
 	struct op *op;
 
 	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
-		return false;
+		return NULL;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
-	if (!ke || !(op = ke->waiters) || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) ||
-	    !op->iovcnt || (op->flags & OP_F_DEVICE) ||
-	    len > op->len)
+	if (!ke || !(op = ke->waiters) || (op->flags & OP_F_DEVICE) || len > op->len)
+		return NULL;
+	*kep = ke;
+	return op;
+}
+
+bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			  const void *src, uint64_t len, uint32_t flags)
+{
+	struct key_entry *ke = NULL;
+	struct op *op = first_host_waiter(e, fullkey, fullkey_len, len, flags, &ke);
+
+	if (!op || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || !op->iovcnt)
 		return false; /* no GET, a zero-copy one, or one that is too small */
 	STAT_ADD(e->stats.deliveries, 1);
 	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
@@ -386,14 +403,10 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
 			      uint64_t len, uint32_t flags)
 {
-	struct key_entry *ke;
-	struct op *op;
+	struct key_entry *ke = NULL;
+	struct op *op = first_host_waiter(e, fullkey, fullkey_len, len, flags, &ke);
 
-	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
-		return NULL;
-	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
-	if (!ke || ke->present || !(op = ke->waiters) || op->opcode != FERRY_OP_GET ||
-	    !(op->flags & FERRY_SQE_SEGS) || (op->flags & OP_F_DEVICE) || len > op->len)
+	if (!op || ke->present || op->opcode != FERRY_OP_GET || !(op->flags & FERRY_SQE_SEGS))
 		return NULL;
 	return op;
 }

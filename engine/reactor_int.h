@@ -11,8 +11,6 @@
 #define FERRY_REACTOR_INT_H
 
 #include "internal.h"
-
-#define NO_SLOT UINT32_MAX
 /* user_data of the reactor's own io_uring requests (a backend's carry its index in the top byte). */
 #define TAG_DOORBELL 1ull
 #define TAG_TIMEOUT 2ull

@@ -27,7 +27,6 @@
 #define CREDIT_BATCH 8u
 #define CREDIT_DELAY_NS 50000u
 #define CREDIT_SCAN 64u
-#define NO_SLOT UINT32_MAX
 
 enum { ROLE_PRODUCER = 1, ROLE_CONSUMER = 2 };
 

@@ -12,8 +12,6 @@
 
 #include "internal.h"
 
-#define NO_SLOT UINT32_MAX
-
 int timer_init(struct timer_heap *h, uint32_t cap)
 {
 	h->ops = calloc(cap ? cap : 1, sizeof(*h->ops));
