@@ -142,12 +142,19 @@ static int reader_main(void *arg)
 
 	snprintf(name, sizeof(name), "reader%d", a->id);
 	e = engine(name, 0);
-	if (!e || t_chan_handle_from_file(handle_path, h, sizeof(h), 20000))
+	if (!e || t_chan_handle_from_file(handle_path, h, sizeof(h), 20000)) {
+		fprintf(stderr, "reader%d: no engine or no handle\n", a->id);
 		return 10;
-	if (ferry_chan_open(e, h, NULL, &r))
+	}
+	if ((rc = ferry_chan_open(e, h, NULL, &r))) {
+		fprintf(stderr, "reader%d: ferry_chan_open: %s\n", a->id, ferry_strerror(rc));
 		return 11;
-	if (ferry_chan_reader_wait_ready(r, 20 * SEC))
+	}
+	if ((rc = ferry_chan_reader_wait_ready(r, 20 * SEC))) {
+		fprintf(stderr, "reader%d: ferry_chan_reader_wait_ready: %s\n", a->id,
+			ferry_strerror(rc));
 		return 12;
+	}
 	if (a->hold_gate && t_gate_wait(a->gate, 30000))
 		return 13;
 	for (;;) {
