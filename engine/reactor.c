@@ -833,12 +833,11 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 	if (ke && ke->present) {
 		struct ferry_buf *buf = ke->buf;
 		uint64_t len = ke->len;
-
 		uint32_t wflags = ke->wflags;
 
 		/*
 		 * A CUDA IPC descriptor's len is the descriptor's, not the data's:
-		 * the memory domain checks the data against the GET (ipc_issue).
+		 * the memory domain checks the data against the GET (ipc_probe).
 		 */
 		if (op->iovcnt && len > op->len && !(wflags & WIRE_F_CUDA_IPC)) {
 			op_complete(e, op, -EMSGSIZE, len, NULL);

@@ -882,16 +882,8 @@ static int ipc_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	int rc, dev;
 
 	j->nipc = 0;
-	if ((rc = ipc_read(s, op, buf, &d, seg)))
+	if ((rc = ipc_read(s, op, buf, &d, seg))) /* (its length was checked by ipc_probe) */
 		goto out;
-	if (d.total > op->len) {
-		log_info("GET %llx: %llu bytes do not fit its %llu-byte destination",
-			 (unsigned long long)op->user_data, (unsigned long long)d.total,
-			 (unsigned long long)op->len);
-		op->len = d.total; /* the CQE says what would fit, as for host data */
-		rc = -EMSGSIZE;
-		goto out;
-	}
 	dev = (op->flags & OP_F_DEVICE) ? op_device(op) : seg[0].dev;
 	if (dev < 0 || dev >= CUDA_MAX_DEV || dev >= rt->devices)
 		dev = 0;
@@ -927,7 +919,7 @@ static int ipc_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 			while (!dleft && di < op->iovcnt)
 				op_dst(op, di++, &dst, &dleft);
 			if (!dleft)
-				break; /* not reached: the total fits (checked above) */
+				break; /* not reached: the total fits (ipc_probe checked it) */
 			n = left < dleft ? left : dleft;
 			err = copy_pieces(rt, st, dst, src, n, &queued);
 			src += n;
@@ -953,19 +945,32 @@ out:
 }
 
 /*
- * A descriptor's handles, opened (or found in the cache) as it reaches its
- * GET, before the GET takes a job: 0; MEMORY_DEVICE_RESEND when one does
- * not open here and its sender restages on request (IPC_F_RESTAGE: the
- * engine gives the descriptor back asking for the data staged, and the GET
- * waits for it). Anything else is left to ipc_issue, which says it.
+ * A descriptor checked, and its handles opened (or found in the cache), as
+ * it reaches its GET, before the GET takes a job or waits for one: 0;
+ * -EPROTO (malformed, logged) or -EMSGSIZE (the data does not fit the GET:
+ * op->len says its length), the data staying for another GET;
+ * MEMORY_DEVICE_RESEND when a handle does not open here and its sender
+ * restages on request (IPC_F_RESTAGE: the engine gives the descriptor back
+ * asking for the data staged, and the GET waits for it). A handle that does
+ * not open otherwise is left to ipc_issue, which says it.
  */
-static int ipc_probe(struct cuda_svc *s, const struct cuda_rt *rt, const struct op *op,
+static int ipc_probe(struct cuda_svc *s, const struct cuda_rt *rt, struct op *op,
 		     const struct ferry_buf *buf)
 {
 	struct ipc_desc d;
 	struct ipc_seg seg[IPC_SEGS];
+	int rc;
 
-	if (ipc_read(s, op, buf, &d, seg) || d.total > op->len || !(d.flags & IPC_F_RESTAGE))
+	if ((rc = ipc_read(s, op, buf, &d, seg)))
+		return rc;
+	if (d.total > op->len) {
+		log_info("GET %llx: %llu bytes do not fit its %llu-byte destination",
+			 (unsigned long long)op->user_data, (unsigned long long)d.total,
+			 (unsigned long long)op->len);
+		op->len = d.total; /* the CQE says what would fit, as for host data */
+		return -EMSGSIZE;
+	}
+	if (!(d.flags & IPC_F_RESTAGE))
 		return 0;
 	for (unsigned i = 0; i < d.nseg; i++) {
 		if (ipc_slot(s, rt, &d, &seg[i]) != -EIO)
@@ -1020,16 +1025,6 @@ static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 	if ((rc = ipc_probe(s, rt, op, buf)))
 		return rc;
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
-		struct ipc_desc d;
-		struct ipc_seg seg[IPC_SEGS];
-
-		/* What ipc_issue would refuse is refused now: the data stays for another GET. */
-		if ((rc = ipc_read(s, op, buf, &d, seg)))
-			return rc;
-		if (d.total > op->len) {
-			op->len = d.total;
-			return -EMSGSIZE;
-		}
 		op->buf = buf;
 		op->flags |= WIRE_F_CUDA_IPC; /* (a GET's flags never travel) */
 		op_wait_for_job(s, op);
