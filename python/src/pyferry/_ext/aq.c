@@ -135,53 +135,60 @@ static PyObject *aq_poll(pyf_aq *q, PyObject *noargs)
 	return list;
 }
 
-static PyObject *submit(pyf_aq *q, struct ferry_sq *sq, struct ferry_sqe *sqe, uint64_t tns,
-			struct pyf_data *hold)
+/* A prepped entry that cannot go as it is: it is taken, so it goes as a NOP. */
+static void nop_entry(pyf_aq *q, struct ferry_sq *sq, struct ferry_sqe *sqe)
+{
+	ferry_prep_nop(sqe, pyf_ud(q->engine));
+	ferry_sqe_set_cq(sqe, q->cq);
+	ferry_sq_submit(sq);
+}
+
+/*
+ * Submit the prepped entry to this queue's CQ under a fresh user_data;
+ * cap (a capsule holding what the op uses, or NULL; its reference is taken)
+ * stays in held until the op's last CQE. The user_data, or NULL with an
+ * exception (the entry then went as a NOP).
+ */
+static PyObject *submit_held(pyf_aq *q, struct ferry_sq *sq, struct ferry_sqe *sqe,
+			     uint64_t tns, PyObject *cap)
 {
 	uint64_t ud = pyf_ud(q->engine);
-	PyObject *k;
+	PyObject *k = PyLong_FromUnsignedLongLong(ud);
 	int rc;
 
+	if (!k || (cap && PyDict_SetItem(q->held, k, cap) < 0)) {
+		nop_entry(q, sq, sqe);
+		Py_XDECREF(k);
+		Py_XDECREF(cap);
+		return NULL;
+	}
+	Py_XDECREF(cap); /* held's now */
 	sqe->user_data = ud;
 	ferry_sqe_set_cq(sqe, q->cq);
 	if (tns)
 		ferry_sqe_set_timeout(sqe, tns);
-	if (!(k = PyLong_FromUnsignedLongLong(ud)))
-		goto fail;
-	if (hold) {
-		PyObject *cap = PyCapsule_New(hold, "pyferry.held", held_free);
-
-		if (!cap) {
-			Py_DECREF(k);
-			goto fail;
-		}
-		hold = NULL; /* the capsule's */
-		rc = PyDict_SetItem(q->held, k, cap);
-		Py_DECREF(cap);
-		if (rc < 0) {
-			Py_DECREF(k);
-			/* the entry is filled: turn it into a NOP rather than leave it */
-			ferry_prep_nop(sqe, ud);
-			ferry_sqe_set_cq(sqe, q->cq);
-			ferry_sq_submit(sq);
-			return NULL;
-		}
-	}
 	if ((rc = ferry_sq_submit(sq)) < 0) {
-		PyDict_DelItem(q->held, k);
+		if (cap && PyDict_DelItem(q->held, k) < 0)
+			PyErr_Clear();
 		Py_DECREF(k);
 		return pyf_raise(rc, "ferry_sq_submit");
 	}
 	return k;
-fail:
-	ferry_prep_nop(sqe, ud); /* the entry is taken: it must go somewhere */
-	ferry_sqe_set_cq(sqe, q->cq);
-	ferry_sq_submit(sq);
-	if (hold) {
+}
+
+/* submit_held, hold (a put's views, or NULL) in a capsule of its own. */
+static PyObject *submit(pyf_aq *q, struct ferry_sq *sq, struct ferry_sqe *sqe, uint64_t tns,
+			struct pyf_data *hold)
+{
+	PyObject *cap = NULL;
+
+	if (hold && !(cap = PyCapsule_New(hold, "pyferry.held", held_free))) {
+		nop_entry(q, sq, sqe);
 		pyf_data_release(hold);
 		PyMem_Free(hold);
+		return NULL;
 	}
-	return NULL;
+	return submit_held(q, sq, sqe, tns, cap);
 }
 
 static PyObject *aq_put_common(pyf_aq *q, PyObject *args, PyObject *kw, int chunk)
@@ -352,7 +359,7 @@ static PyObject *aq_put_device(pyf_aq *q, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "peer", "key", "ptr", "length", "device", "stream", "event",
 				  "timeout", "replace", "wait_peer", "hold", NULL };
 	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
-	PyObject *peer_o, *timeout_o = Py_None, *hold_o = Py_None, *k, *cap;
+	PyObject *peer_o, *timeout_o = Py_None, *hold_o = Py_None, *cap;
 	const char *key;
 	unsigned long long ptr, len, stream = 0, event = 0;
 	int device = 0, replace = 0, wait_peer = 0, rc;
@@ -360,7 +367,7 @@ static PyObject *aq_put_device(pyf_aq *q, PyObject *args, PyObject *kw)
 	struct ferry_sq *sq;
 	struct ferry_sqe *sqe;
 	struct pyf_held_dev *h;
-	uint64_t tns, ud;
+	uint64_t tns;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OsKK|i$KKOppO", kwlist, &peer_o, &key, &ptr,
 					 &len, &device, &stream, &event, &timeout_o, &replace,
@@ -392,33 +399,14 @@ static PyObject *aq_put_device(pyf_aq *q, PyObject *args, PyObject *kw)
 		return NULL;
 	}
 	h->seg = (struct ferry_seg){ h->r, 0, len };
-	ud = pyf_ud(q->engine);
-	ferry_prep_put_segs(sqe, peer, key, &h->seg, 1, ud);
+	ferry_prep_put_segs(sqe, peer, key, &h->seg, 1, 0);
 	ferry_sqe_set_flags(sqe, (replace ? FERRY_SQE_REPLACE : 0) |
 				    (wait_peer ? FERRY_SQE_WAIT_PEER : 0));
 	if (event)
 		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_EVENT, (void *)(uintptr_t)event);
 	else if (stream)
 		ferry_sqe_set_cuda_wait(sqe, FERRY_CUDA_WAIT_STREAM, (void *)(uintptr_t)stream);
-	ferry_sqe_set_cq(sqe, q->cq);
-	if (tns)
-		ferry_sqe_set_timeout(sqe, tns);
-	if (!(k = PyLong_FromUnsignedLongLong(ud)) || PyDict_SetItem(q->held, k, cap) < 0) {
-		/* the entry is filled: a NOP rather than a PUT nothing holds */
-		ferry_prep_nop(sqe, ud);
-		ferry_sqe_set_cq(sqe, q->cq);
-		ferry_sq_submit(sq);
-		Py_XDECREF(k);
-		Py_DECREF(cap);
-		return NULL;
-	}
-	Py_DECREF(cap);
-	if ((rc = ferry_sq_submit(sq)) < 0) {
-		PyDict_DelItem(q->held, k);
-		Py_DECREF(k);
-		return pyf_raise(rc, "ferry_sq_submit");
-	}
-	return k;
+	return submit_held(q, sq, sqe, tns, cap);
 }
 
 static PyObject *aq_cancel(pyf_aq *q, PyObject *arg)
