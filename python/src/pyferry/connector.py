@@ -387,7 +387,7 @@ class FerryConnector(_Base):
         self._routes = {}      # "stage->peer stage" -> "shm" | "tcp" | "rdma"
         self._parked = {}      # stage id -> ParkedGets of its engine (polled gets)
         self._devputs = {}     # stage id -> DevicePuts of its engine (CUDA tensors out)
-        self._fetch_of = {}    # (stage id, peer stage id) -> FetchDevice (CUDA parts in)
+        self._fetch_of = {}    # Peer a stage receives from -> FetchDevice (CUDA parts in)
         self._dev_fallbacks = 0
         self._metrics = {"puts": 0, "gets": 0, "bytes_transferred": 0,
                          "put_failures": 0, "get_errors": 0}
@@ -558,8 +558,8 @@ class FerryConnector(_Base):
         try:
             peer = self._peer(src, dst)
             if dev:
-                parts, size, dev = self._put_device_parts(src, eng, peer, key, data, parts,
-                                                          size, dev)
+                parts, size = self._put_device_parts(src, eng, peer, key, data, parts, size,
+                                                     dev)
             self._send(eng, peer, key, parts)
         except Exception as e:
             self._metrics["put_failures"] += 1
@@ -586,8 +586,8 @@ class FerryConnector(_Base):
 
     def _put_device_parts(self, src, eng, peer, key, data, parts, size, dev):
         """The payload's CUDA tensors PUT as device memory, before its frame:
-        (parts, size, dev) to send. Past device_puts_max out, or with a key
-        too long for the suffix, the whole payload goes through the host."""
+        (parts, size) of the frame to send. Past device_puts_max out, or with
+        a key too long for the suffix, the whole payload goes through the host."""
         dp = self._devputs_of(src, eng)
         too_long = len(key) + len(_DEV_SUFFIX) + len(str(len(dev) - 1)) > KEY_MAX
         if too_long or not dp.room(len(dev), self._put_timeout):
@@ -599,8 +599,7 @@ class FerryConnector(_Base):
                                else f"{self._device_puts_max} device parts stayed out, not "
                                f"read by their receivers for {self._put_timeout} s "
                                "(device_puts_max)")
-            parts, size = _payload.encode(data, self._min_segment)  # (TypeError: not torch)
-            return parts, size, ()
+            return _payload.encode(data, self._min_segment)  # (TypeError: not torch)
         uds = []
         try:
             for i, (t, n) in enumerate(dev):
@@ -611,7 +610,7 @@ class FerryConnector(_Base):
         except BaseException:
             dp.cancel(uds)  # no frame will name them
             raise
-        return parts, size, dev
+        return parts, size
 
     def _send(self, eng, peer, key, parts):
         """One vectored PUT of the parts (the payload's own memory)."""
@@ -673,10 +672,10 @@ class FerryConnector(_Base):
             self._metrics["get_errors"] += 1
             logger.error("FerryConnector get %s (%s -> %s) failed: %s", key, src, dst, e)
             return None
-        fetch = self._fetch_of.get((dst, src))
+        fetch = self._fetch_of.get(peer)
         if fetch is None:
-            fetch = self._fetch_of[(dst, src)] = FetchDevice(self._engine(dst), peer,
-                                                             self._device, self._put_timeout)
+            fetch = self._fetch_of[peer] = FetchDevice(self._engine(dst), peer, self._device,
+                                                       self._put_timeout)
         try:
             payload, size = _payload.decode(buf, copy=self._copy, fetch=fetch, key=key)
         except FrameError as e:
