@@ -400,10 +400,36 @@ static inline pid_t t_waitpid(pid_t pid, int *st, int options)
 	return r;
 }
 
-/* Fork fn(arg) as a child process (bounded by alarm); its exit status is fn's result. */
+/* Threads of this process (/proc/self/task), or -1 when it cannot be read. */
+static inline int t_threads(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((de = readdir(d)))
+		n += de->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/*
+ * Fork fn(arg) as a child process (bounded by alarm); its exit status is
+ * fn's result. Only from a process with one thread: a child forked beside
+ * a live engine's reactor thread inherits every lock that thread held at
+ * that instant (ASan's allocator, a log sink's), and hangs on its first
+ * use now and then. So fork the children first, then make the engines.
+ */
 static inline pid_t t_fork(int (*fn)(void *), void *arg)
 {
-	pid_t pid = fork();
+	int threads = t_threads();
+	pid_t pid;
+
+	if (threads > 1)
+		fail_msg("t_fork with %d threads alive: fork children before making engines", threads);
+	pid = fork();
 
 	assert_true(pid >= 0);
 	if (pid == 0) {

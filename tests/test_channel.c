@@ -191,8 +191,6 @@ static int reader_main(void *arg)
 	return rc;
 }
 
-static struct ferry_chan_writer *volatile cur_writer;
-
 static struct ferry_chan_writer *make_writer(struct ferry_engine *e, uint32_t n, uint32_t window,
 					     ferry_chan_event_cb *cb, void *arg)
 {
@@ -205,8 +203,6 @@ static struct ferry_chan_writer *make_writer(struct ferry_engine *e, uint32_t n,
 	p.event_arg = arg;
 	assert_int_equal(ferry_chan_create(e, "bus", &p, &w), 0);
 	handle_to_file(w);
-	/* Reachable from a global: reader children forked later hold a copy (valgrind). */
-	cur_writer = w;
 	return w;
 }
 
@@ -231,7 +227,7 @@ static long long zero_copies(struct ferry_engine *e)
 
 static void fanout(unsigned n, size_t bigmax)
 {
-	struct ferry_engine *e = engine("writer", 96u << 20);
+	struct ferry_engine *e;
 	struct ferry_chan_writer *w;
 	struct ferry_chan_stats st;
 	struct rd_args args[16];
@@ -242,15 +238,16 @@ static void fanout(unsigned n, size_t bigmax)
 	uint64_t bytes = 0;
 	int64_t t0;
 
-	assert_non_null(e);
 	seed = (uint64_t)t_now();
 	big_max = t_under_valgrind() && bigmax > (256u << 10) ? 256u << 10 : bigmax;
 	printf("fanout: %u readers, %u messages, seed %" PRIu64 "\n", n, msgs, seed);
-	w = make_writer(e, n, 8, NULL, NULL);
 	for (i = 0; i < n; i++) {
 		args[i] = (struct rd_args){ .id = (int)i, .expect = msgs };
 		pids[i] = t_fork(reader_main, &args[i]);
 	}
+	e = engine("writer", 96u << 20); /* after the forks (t_fork) */
+	assert_non_null(e);
+	w = make_writer(e, n, 8, NULL, NULL);
 	assert_int_equal(ferry_chan_wait_ready(w, 30 * SEC), 0);
 	c0 = copies(e);
 	z0 = zero_copies(e);
@@ -345,7 +342,7 @@ static void on_event(enum ferry_chan_event ev, int slot, const char *reader, int
 /* A reader that does not read holds the writer back by a bounded number of messages. */
 static void test_slow_reader(void **state)
 {
-	struct ferry_engine *e = engine("writer", 32u << 20);
+	struct ferry_engine *e;
 	struct ferry_chan_writer *w;
 	struct ferry_chan_stats st;
 	struct t_gate gate;
@@ -357,15 +354,16 @@ static void test_slow_reader(void **state)
 	struct ev_log ev = { 0 };
 
 	(void)state;
-	assert_non_null(e);
 	seed = 42;
 	big_max = 0;
 	t_gate_init(&gate);
-	w = make_writer(e, 2, 4, on_event, &ev);
 	a[0] = (struct rd_args){ .id = 0, .expect = total };
 	a[1] = (struct rd_args){ .id = 1, .expect = total, .hold_gate = 1, .gate = &gate };
 	for (i = 0; i < 2; i++)
 		pids[i] = t_fork(reader_main, &a[i]);
+	e = engine("writer", 32u << 20); /* after the forks (t_fork) */
+	assert_non_null(e);
+	w = make_writer(e, 2, 4, on_event, &ev);
 	assert_int_equal(ferry_chan_wait_ready(w, 30 * SEC), 0);
 	assert_int_equal(ev.attached, 2);
 	assert_int_equal(ev.ready, 1);
@@ -415,7 +413,7 @@ static void test_slow_reader(void **state)
 /* A reader killed: reported to the writer, and the others get every message. */
 static void test_reader_killed(void **state)
 {
-	struct ferry_engine *e = engine("writer", 32u << 20);
+	struct ferry_engine *e;
 	struct ferry_chan_writer *w;
 	struct ferry_chan_stats st;
 	struct t_gate prog;
@@ -427,16 +425,17 @@ static void test_reader_killed(void **state)
 	int64_t t0;
 
 	(void)state;
-	assert_non_null(e);
 	seed = 7;
 	big_max = 0;
 	t_gate_init(&prog);
-	w = make_writer(e, 3, 8, on_event, &ev);
 	a[0] = (struct rd_args){ .id = 0, .expect = total };
 	a[1] = (struct rd_args){ .id = 1, .expect = total };
 	a[2] = (struct rd_args){ .id = 2, .expect = total, .progress = &prog, .expect_before = 10 };
 	for (i = 0; i < 3; i++)
 		pids[i] = t_fork(reader_main, &a[i]);
+	e = engine("writer", 32u << 20); /* after the forks (t_fork) */
+	assert_non_null(e);
+	w = make_writer(e, 3, 8, on_event, &ev);
 	assert_int_equal(ferry_chan_wait_ready(w, 30 * SEC), 0);
 	for (i = 0; i < 20; i++)
 		write_msg(w, i, scratch);
@@ -498,7 +497,7 @@ static int writer_main(void *arg)
 /* The writer killed: the reader's dequeue ends with -ECONNRESET, well within its deadline. */
 static void test_writer_killed(void **state)
 {
-	struct ferry_engine *e = engine("reader0", 0);
+	struct ferry_engine *e;
 	struct ferry_chan_reader *r = NULL;
 	char h[FERRY_CHAN_HANDLE_MAX];
 	struct ferry_buf *b;
@@ -512,6 +511,8 @@ static void test_writer_killed(void **state)
 	big_max = 0;
 	t_gate_init(&wk_written);
 	pid = t_fork(writer_main, NULL);
+	e = engine("reader0", 0); /* after the fork (t_fork) */
+	assert_non_null(e);
 	assert_int_equal(t_chan_handle_from_file(handle_path, h, sizeof(h), 20000), 0);
 	assert_int_equal(ferry_chan_open(e, h, NULL, &r), 0);
 	for (i = 0; i < 10; i++) {
@@ -539,7 +540,7 @@ static void test_writer_killed(void **state)
 /* The barrier waits until its deadline for a reader that never comes. */
 static void test_barrier_deadline(void **state)
 {
-	struct ferry_engine *e = engine("writer", 0);
+	struct ferry_engine *e;
 	struct ferry_chan_writer *w;
 	struct ferry_chan_stats st;
 	struct t_gate go;
@@ -551,16 +552,17 @@ static void test_barrier_deadline(void **state)
 	struct iovec iov = { &x, 1 };
 
 	(void)state;
-	assert_non_null(e);
 	seed = 3;
 	big_max = 0;
 	t_gate_init(&go);
-	w = make_writer(e, 3, 0, NULL, NULL);
-	assert_int_equal(ferry_chan_write(w, &iov, 1, 0), -ENOTCONN); /* before the barrier */
 	for (i = 0; i < 2; i++) {
 		a[i] = (struct rd_args){ .id = (int)i, .expect = 0 };
 		pids[i] = t_fork(reader_main, &a[i]);
 	}
+	e = engine("writer", 0); /* after the forks (t_fork) */
+	assert_non_null(e);
+	w = make_writer(e, 3, 0, NULL, NULL);
+	assert_int_equal(ferry_chan_write(w, &iov, 1, 0), -ENOTCONN); /* before the barrier */
 	t0 = t_now();
 	assert_int_equal(ferry_chan_wait_ready(w, 2 * SEC), -ETIMEDOUT);
 	assert_true(t_now() - t0 >= 2 * SEC - 10 * MS);
