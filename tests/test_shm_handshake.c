@@ -25,6 +25,9 @@
 #include "helpers.h"
 #include "shm_sock.h"
 
+/* backends/shm/shm_int.h: a fault hook for tests (the next n accepted callers hung up on). */
+int ferry__shm_fault_hangup(struct ferry_engine *e, int n);
+
 #define NS "hs"
 
 static char rundir[256];
@@ -131,6 +134,7 @@ static int get_all(struct ferry_engine *e, const char *from, const char *prefix,
 struct serve_arg {
 	const char *name, *from, *prefix;
 	uint32_t n;
+	int hangups; /* callers the engine hangs up on first, unread (ferry__shm_fault_hangup) */
 	struct t_gate ready, done;
 };
 
@@ -141,7 +145,7 @@ static int serve_main(void *arg)
 	struct ferry_engine *e = mk(a->name, FERRY_PROGRESS_THREAD);
 	int rc;
 
-	if (!e)
+	if (!e || (a->hangups && ferry__shm_fault_hangup(e, a->hangups)))
 		return 10;
 	t_gate_open(&a->ready);
 	rc = get_all(e, a->from, a->prefix, a->n);
@@ -225,6 +229,47 @@ static void silent_callers(int nsilent)
 	for (int i = 0; i < nsilent; i++)
 		close(silent[i]);
 	free(silent);
+	assert_int_equal(ferry_engine_destroy(a), 0);
+	t_gate_close(&sa.ready);
+	t_gate_close(&sa.done);
+}
+
+/*
+ * The callee hangs up on a caller before it answers (as on one whose hello
+ * came late: starved of its CPU between its connect and its hello): the
+ * caller calls again within its handshake's bound, and the PUTs queued on
+ * the call all arrive.
+ */
+static void test_hung_up_caller_calls_again(void **state)
+{
+	struct serve_arg sa = { .name = "b", .from = "a", .prefix = "h", .n = 20, .hangups = 2 };
+	static uint32_t vals[20];
+	static struct iovec iovs[20];
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	char h[65536];
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&sa.ready);
+	t_gate_init(&sa.done);
+	pid = t_fork(serve_main, &sa);
+	assert_int_equal(t_gate_wait(&sa.ready, 60000), 0);
+	a = mk("a", FERRY_PROGRESS_THREAD);
+	assert_non_null(a);
+	assert_int_equal(ferry_peer_open(a, "b", &to), 0);
+	for (uint32_t i = 0; i < 20; i++)
+		put_u32(a, to, "h", i, &vals[i], &iovs[i], 30 * SEC);
+	for (uint32_t i = 0; i < 20; i++) {
+		struct ferry_cqe c;
+
+		assert_int_equal(t_wait_one(a, &c, 30 * SEC), 0);
+	}
+	/* Hung up on twice, called three times. */
+	assert_true(ferry_engine_health(a, h, sizeof(h)) > 0);
+	assert_non_null(strstr(h, "\"calls_again\":2"));
+	t_gate_open(&sa.done);
+	assert_int_equal(t_reap(pid), 0);
 	assert_int_equal(ferry_engine_destroy(a), 0);
 	t_gate_close(&sa.ready);
 	t_gate_close(&sa.done);
@@ -611,6 +656,7 @@ static void test_destroy_mid_handshake(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_hung_up_caller_calls_again, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_silent_callers_cost_nothing, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_silent_caller_flood, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_manual_peer_not_driven, setup, teardown),

@@ -415,9 +415,9 @@ static int shm_health_part(struct ferry_engine *e, struct backend *b, char *buf,
 	struct shm_state *st = b->data;
 
 	(void)e;
-	return snprintf(buf, len, ",\"shm\":{\"connections\":%u,\"peer_pools_pinned\":%llu,"
-			"\"peer_pools_refused\":%llu}", st->nlive,
-			(unsigned long long)STAT_GET(st->dma_pins),
+	return snprintf(buf, len, ",\"shm\":{\"connections\":%u,\"calls_again\":%u,"
+			"\"peer_pools_pinned\":%llu,\"peer_pools_refused\":%llu}", st->nlive,
+			st->calls_again, (unsigned long long)STAT_GET(st->dma_pins),
 			(unsigned long long)STAT_GET(st->dma_refusals));
 }
 

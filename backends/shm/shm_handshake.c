@@ -305,7 +305,14 @@ static void accept_caller(struct ferry_engine *e, struct backend *b, int fd)
 	struct shm_hello h;
 	int fds[SHM_MAX_FDS];
 	unsigned nfds = SHM_MAX_FDS, i;
-	int rc = shm_sock_try_recv_hello(fd, &h, fds, &nfds);
+	int rc, left = atomic_load(&st->fault_hangups);
+
+	if (left > 0 && atomic_compare_exchange_strong(&st->fault_hangups, &left, left - 1)) {
+		shutdown(fd, SHUT_RDWR); /* the fault asked for (tests) */
+		close(fd);
+		return;
+	}
+	rc = shm_sock_try_recv_hello(fd, &h, fds, &nfds);
 
 	if (rc != -EAGAIN) {
 		accept_hello(e, b, fd, rc, &h, fds, nfds);
@@ -414,10 +421,35 @@ static int call_hello(struct ferry_engine *e, struct backend *b, struct shm_conn
 	rc = shm_sock_send_hello(c->sock, &me, ours, 4);
 	if (rc)
 		return rc;
-	close(c->ring_fd);
-	c->ring_fd = -1;
+	/* (the rings' fd stays until the answer: a call hung up on is made again) */
 	shm_arm_poll(e, b, c->sock, conn_cookie(c));
 	return 0;
+}
+
+/*
+ * The callee hung up before it answered (why), within our handshake's
+ * bound: call again (the timer connects, call_hello sends the hello again),
+ * the PUTs queued on the call still waiting. A callee hangs up on a caller
+ * whose hello is late (SHM_ACCEPT_HELLO_MS): one starved of its CPU between
+ * its connect and its hello is such a caller. False: the bound has passed.
+ */
+static bool call_again(struct ferry_engine *e, struct backend *b, struct shm_conn *c,
+		       const char *why)
+{
+	struct shm_state *st = b->data;
+
+	if (ferry__now_ns() >= c->hs_deadline)
+		return false;
+	log_info("shm: engine %s: %s hung up before it answered (%s): calling again", e->name,
+		 c->peer_name, why);
+	if (c->sock >= 0)
+		close(c->sock);
+	c->sock = -1;
+	c->connect_again = true;
+	c->gen = ++st->next_gen; /* (no poll of the old socket is left: it ended) */
+	st->calls_again++;
+	shm_arm_tick(e, b);
+	return true;
 }
 
 /*
@@ -459,7 +491,8 @@ int shm_call_start(struct ferry_engine *e, struct backend *b, const char *name,
 	c->connect_again = sock == -EAGAIN;
 	c->hs_deadline = ferry__now_ns() + SHM_HANDSHAKE_MS * 1000000ull;
 	st->nconnecting++;
-	if (sock >= 0 && (rc = call_hello(e, b, c)) != 0) {
+	if (sock >= 0 && (rc = call_hello(e, b, c)) != 0 &&
+	    !((rc == -EPIPE || rc == -ECONNRESET) && call_again(e, b, c, ferry_strerror(rc)))) {
 		log_info("shm: engine %s: calling %s: %s", e->name, name, ferry_strerror(rc));
 		shm_conn_fail(e, c, NULL, rc); /* nothing waits on it yet */
 		shm_conn_reap(st, c);
@@ -502,11 +535,17 @@ bool shm_call_answered(struct ferry_engine *e, struct backend *b, struct shm_con
 			close(fds[i]);
 		rc = -EPROTO;
 	}
+	if (rc == -ECONNRESET && call_again(e, b, c, "no answer read"))
+		return false;
 	if (rc == 0)
 		rc = conn_attach(e, b, c, &h, fds, nfds, true);
 	if (rc) {
 		call_fail(e, b, c, rc == -ECONNRESET ? "it hung up" : ferry_strerror(rc));
 		return false;
+	}
+	if (c->ring_fd >= 0) { /* answered: the callee has the rings */
+		close(c->ring_fd);
+		c->ring_fd = -1;
 	}
 	st->nconnecting--;
 	return true; /* shm.c sends what was queued meanwhile, in order */
@@ -552,7 +591,22 @@ void shm_handshakes_check(struct ferry_engine *e, struct backend *b)
 		}
 		c->sock = sock;
 		c->connect_again = false;
-		if ((sock = call_hello(e, b, c)) != 0)
+		if ((sock = call_hello(e, b, c)) != 0 &&
+		    !((sock == -EPIPE || sock == -ECONNRESET) &&
+		      call_again(e, b, c, ferry_strerror(sock))))
 			call_fail(e, b, c, ferry_strerror(sock));
 	}
+}
+
+int ferry__shm_fault_hangup(struct ferry_engine *e, int n)
+{
+	for (unsigned i = 0; e && i < e->nbackends; i++) {
+		struct backend *b = &e->backends[i];
+
+		if (strcmp(b->ops->name, "shm") == 0 && b->data) {
+			atomic_store(&((struct shm_state *)b->data)->fault_hangups, n);
+			return 0;
+		}
+	}
+	return -ENODEV;
 }

@@ -111,7 +111,15 @@ struct shm_state {
 	struct ferry_buf *_Atomic releases; /* foreign blocks released, any thread */
 	stat_t dma_pins;      /* peers' pools pinned here for device copies (shm_dma_source) */
 	stat_t dma_refusals;  /* ... and refused by the runtime */
+	uint32_t calls_again; /* calls made again after the callee hung up unanswered */
+	_Atomic int fault_hangups; /* tests (ferry__shm_fault_hangup): accepted callers to drop */
 };
+
+/*
+ * Fault injection (tests): the next n callers this engine accepts are hung
+ * up on at once, unread, as if their hello had come too late. 0 or -ENODEV.
+ */
+int ferry__shm_fault_hangup(struct ferry_engine *e, int n);
 
 /* shm_conn.c: connections */
 /* The last reference went: unmap and close what the connection held, free it. */
