@@ -201,7 +201,14 @@ struct ferry_engine_params {
 	const char *config_path; /* must be NULL: open stages with ferry_stage_open() */
 	size_t pool_size;      /* bytes of the registered pool (0 = 64 MiB) */
 	enum ferry_progress_mode progress;
-	uint64_t spin_ns;      /* THREAD mode: spin this long before sleeping (0 = 50 us) */
+	/*
+	 * THREAD mode: spin this long before sleeping (0 = 50 us), the
+	 * reactor after its last round and ferry_cq_wait before it sleeps.
+	 * A spin under 1 ms adapts to busy CPUs: when a yield of its CPU
+	 * loses it to another thread for over 1 ms, spins sleep at once for
+	 * a while (health ops.yields_lost). 1 ms or more: spins never adapt.
+	 */
+	uint64_t spin_ns;
 	uint32_t max_ops;      /* ops in flight per engine (0 = 4096) */
 	uint32_t sq_entries;   /* entries of each submission queue (0 = 256, power of 2) */
 	uint32_t cq_entries;   /* entries of the default CQ (0 = 4096) */

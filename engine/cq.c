@@ -353,8 +353,9 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 			return -ETIMEDOUT;
 		}
 		if (now < spin_until) {
-			ferry__spin_step(now - start);
-			continue;
+			if (ferry__spin_wait_step(e, now - start))
+				continue;
+			spin_until = 0; /* a busy CPU: sleep (reactor_sleep.c) */
 		}
 		reactor_unwatch(e, &watching);
 		if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {

@@ -61,6 +61,16 @@ static inline void cpu_relax(void)
  */
 void ferry__spin_step(uint64_t spun_ns);
 
+struct ferry_engine;
+/*
+ * One step of a spin that waits for work (the reactor thread's after its
+ * last round, a caller's in ferry_cq_wait), already spun_ns long. False:
+ * stop spinning and sleep, because a yield of this engine lost its CPU
+ * lately (reactor_sleep.c: on a busy CPU a yield is a whole time slice of
+ * another thread's, with nobody able to wake us).
+ */
+bool ferry__spin_wait_step(struct ferry_engine *e, uint64_t spun_ns);
+
 /*
  * engine.c: is s a name ferry_engine_create and ferry_peer_open take (1 to
  * FERRY_NAME_MAX - 1 characters of [A-Za-z0-9._:-])? For names that come
@@ -588,6 +598,13 @@ struct ferry_engine {
 	 */
 	_Atomic int reactor_parked;
 	_Atomic int watcher;     /* a waiting caller polls in its place (reactor_watch) */
+	/*
+	 * When a spin's yield last lost its CPU (reactor_spin_yield), for how
+	 * long after it spins sleep instead of yielding, and how often.
+	 */
+	_Atomic uint64_t yield_lost_at;
+	_Atomic uint64_t contended_ns;
+	_Atomic uint64_t yields_lost;
 	/* CQ waiters sleep on this futex word. */
 	_Atomic uint32_t cq_seq cacheline_aligned;
 	_Atomic uint32_t cq_waiters;

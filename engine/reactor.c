@@ -1273,15 +1273,24 @@ void *reactor_thread_main(void *arg)
 			 * The spin yields its CPU now: let go progress meanwhile,
 			 * so that a caller on this CPU that submits runs the round
 			 * itself instead of waiting for us to be scheduled again.
+			 * A yield that lost the CPU (busy CPUs) ends the spin, and
+			 * while they stay busy we sleep at once (reactor_sleep.c).
 			 */
-			e->parked_until = 0;
-			atomic_store_explicit(&e->reactor_parked, REACTOR_YIELDING, memory_order_relaxed);
-			atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
-			sched_yield();
-			while (!progress_try_lock(e))
-				sched_yield(); /* a stand-in round: short */
-			atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING, memory_order_relaxed);
-			continue;
+			if (!reactor_spin_contended(e, e->now)) {
+				bool kept;
+
+				e->parked_until = 0;
+				atomic_store_explicit(&e->reactor_parked, REACTOR_YIELDING,
+						      memory_order_relaxed);
+				atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+				kept = reactor_spin_yield(e);
+				while (!progress_try_lock(e))
+					sched_yield(); /* a stand-in round: short */
+				atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING,
+						      memory_order_relaxed);
+				if (kept)
+					continue;
+			}
 		}
 		reactor_thread_sleep(e);
 		last_work = ferry__now_ns();

@@ -16,6 +16,26 @@
 #define TAG_TIMEOUT 2ull
 /* How long an idle spin pauses before it starts to yield its CPU. */
 #define SPIN_PAUSE_NS 2000
+/*
+ * A spin's yield that was away longer than this lost its CPU to another
+ * thread's time slice (a busy CPU: such a yield is away 3 ms or more
+ * here, one that hands the CPU to a thread of the pipeline for its short
+ * work far less); then, for a while (CONTENDED_MIN_NS, doubled up to
+ * CONTENDED_MAX_NS while each loss comes within CONTENDED_REGROW_NS of the
+ * last window's end), this engine's spins sleep at once instead of
+ * yielding (reactor_spin_yield).
+ */
+#define YIELD_LOST_NS 1000000ull
+#define CONTENDED_MIN_NS 1000000ull
+#define CONTENDED_MAX_NS 50000000ull
+#define CONTENDED_REGROW_NS 10000000ull
+/* Spins of spin_ns this long or longer never adapt: their owner wants the CPU polled. */
+#define SPIN_ADAPT_MAX_NS 1000000ull
+
+/* Should a spin of e sleep now rather than yield (a yield lost its CPU lately)? */
+bool reactor_spin_contended(struct ferry_engine *e, uint64_t now);
+/* A spin's sched_yield, timed: false when it lost the CPU (then spins stop yielding a while). */
+bool reactor_spin_yield(struct ferry_engine *e);
 
 /* Handle the io_uring's completions: doorbell reads, the MANUAL arm's TIMEOUT, backends' I/O. */
 void reactor_reap_ring(struct ferry_engine *e);

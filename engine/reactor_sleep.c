@@ -45,6 +45,69 @@ void ferry__spin_step(uint64_t spun_ns)
 		sched_yield();
 }
 
+/*
+ * Spinning for work is a bet that it comes within microseconds and that
+ * our CPU is ours meanwhile. On a busy machine the second half fails: a
+ * sched_yield with another thread runnable on this CPU hands it a whole
+ * time slice (3 ms and more here), during which the spinner neither polls
+ * nor can be woken (it does not sleep, so nobody rings its doorbell), and
+ * a spin yields again and again. A thread asleep is woken when its work
+ * comes (behind a busy loop still a millisecond or two late, but once).
+ * Measured under two busy loops on 2 CPUs, 20k channel messages to one
+ * reader (test_channel's fanout_1, FERRY_CHAN_MSGS=20000): 10-12.5 s
+ * spinning on, 2.7-3.8 s with what follows; 0.6 s on idle CPUs either way.
+ * So a yield that was away longer than YIELD_LOST_NS ends the spin,
+ * and for a while after it every spin of the engine sleeps at once: 1 ms
+ * after a loss now and then (the pipeline's own threads outnumbering the
+ * CPUs for a moment), doubled up to 50 ms while each loss comes within
+ * 10 ms of the last window's end (a CPU hog: one lost slice per 50 ms).
+ * Only short spins adapt (spin_ns under SPIN_ADAPT_MAX_NS, the default's
+ * 50 us among them): an engine given a long one busy-polls a CPU its
+ * owner means to spend on it, loaded or not (bench_shm's busy THREAD
+ * mode under two busy loops: 0.53 us one way spinning on, 17-21 us when
+ * its reactors slept instead).
+ */
+bool reactor_spin_contended(struct ferry_engine *e, uint64_t now)
+{
+	uint64_t lost = atomic_load_explicit(&e->yield_lost_at, memory_order_relaxed);
+
+	return lost && now - lost < atomic_load_explicit(&e->contended_ns, memory_order_relaxed);
+}
+
+bool reactor_spin_yield(struct ferry_engine *e)
+{
+	uint64_t t0, t1, last, win;
+
+	if (e->spin_ns >= SPIN_ADAPT_MAX_NS) {
+		sched_yield(); /* a long spin was asked for: the CPU is meant to be ours */
+		return true;
+	}
+	t0 = ferry__now_ns();
+	sched_yield();
+	t1 = ferry__now_ns();
+	if (t1 - t0 <= YIELD_LOST_NS)
+		return true;
+	last = atomic_load_explicit(&e->yield_lost_at, memory_order_relaxed);
+	win = atomic_load_explicit(&e->contended_ns, memory_order_relaxed);
+	/* Lost again soon after the last window ended: a longer one. */
+	win = last && t0 - last < win + CONTENDED_REGROW_NS
+		      ? (2 * win < CONTENDED_MAX_NS ? 2 * win : CONTENDED_MAX_NS)
+		      : CONTENDED_MIN_NS;
+	atomic_store_explicit(&e->contended_ns, win, memory_order_relaxed);
+	atomic_store_explicit(&e->yield_lost_at, t1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&e->yields_lost, 1, memory_order_relaxed);
+	return false;
+}
+
+bool ferry__spin_wait_step(struct ferry_engine *e, uint64_t spun_ns)
+{
+	if (spun_ns < SPIN_PAUSE_NS) {
+		cpu_relax();
+		return true;
+	}
+	return !reactor_spin_contended(e, ferry__now_ns()) && reactor_spin_yield(e);
+}
+
 static void arm_doorbell(struct ferry_engine *e)
 {
 	struct io_uring_sqe *sqe;

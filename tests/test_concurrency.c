@@ -4,13 +4,15 @@
  * callbacks and CQEs side by side (and where callbacks run), ferry_cq_fd +
  * ferry_cq_arm inside a real epoll loop, cq_wait timeouts and wake-ups, a
  * MANUAL-mode sleeper woken by another thread's submission, queue reuse,
- * destroying an engine with ops in flight, and the rounds a THREAD-mode
- * caller runs while its reactor sleeps (stand-ins).
+ * destroying an engine with ops in flight, the rounds a THREAD-mode
+ * caller runs while its reactor sleeps (stand-ins), and spins that stop
+ * yielding their CPU to a busy loop on it.
  */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -786,6 +788,75 @@ static void test_stand_in_rounds(void **state)
 	ferry_engine_destroy(e);
 }
 
+static atomic_int hog_stop;
+
+static void *hog(void *arg)
+{
+	(void)arg;
+	while (!atomic_load_explicit(&hog_stop, memory_order_relaxed))
+		;
+	return NULL;
+}
+
+/*
+ * A busy loop on the engine's only CPU: the spins of its reactor and of a
+ * waiting caller yield that CPU, lose it for the loop's time slice, see so
+ * (health ops.yields_lost) and sleep instead; every transfer still comes.
+ */
+static void test_spin_gives_way_to_a_busy_cpu(void **state)
+{
+	struct ferry_engine *e;
+	struct ferry_peer *self;
+	struct ferry_cqe c;
+	cpu_set_t one;
+	pthread_t h;
+	char out[8] = "payload", in[8];
+	struct iovec iov = { in, sizeof(in) };
+	long long lost = 0;
+	int64_t end;
+	unsigned i;
+
+	(void)state;
+	if (t_under_valgrind())
+		skip(); /* valgrind runs one thread at a time: no CPU to share */
+	/* This process runs apart (t_run_group_apart): pin it, and every thread after. */
+	assert_int_equal(sched_getaffinity(0, sizeof(one), &one), 0);
+	for (i = 0; i < CPU_SETSIZE && !CPU_ISSET(i, &one); i++)
+		;
+	CPU_ZERO(&one);
+	CPU_SET(i, &one);
+	assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+	assert_int_equal(pthread_create(&h, NULL, hog, NULL), 0);
+	e = t_engine("busy", FERRY_PROGRESS_THREAD, 1u << 20);
+	self = t_peer(e, "busy");
+	end = t_now() + 20 * SEC;
+	for (i = 0; t_now() < end && lost == 0; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "k%u", i);
+		t_put(e, self, key, out, sizeof(out), 1, 0);
+		t_get(e, self, key, &iov, 1, 2, 0, 10 * SEC);
+		for (int got = 0; got < 2;) {
+			int n = ferry_cq_wait(ferry_cq_default(e), &c, 1, 10 * SEC);
+
+			assert_int_equal(n, 1);
+			assert_int_equal(c.res, 0);
+			if (c.user_data == 2)
+				assert_int_equal(c.len, sizeof(out));
+			got++;
+		}
+		assert_memory_equal(in, out, sizeof(out));
+		/* Nothing comes: the wait spins (and yields) before it sleeps. */
+		assert_int_equal(ferry_cq_wait(ferry_cq_default(e), &c, 1, 2 * MS), -ETIMEDOUT);
+		lost = t_health_num(e, "\"ops\"", "yields_lost");
+	}
+	printf("busy CPU: %u transfers until a spin saw its yield lost\n", i);
+	assert_true(lost > 0);
+	ferry_engine_destroy(e);
+	atomic_store(&hog_stop, 1);
+	pthread_join(h, NULL);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -805,6 +876,7 @@ int main(void)
 		cmocka_unit_test(test_cq_churn_thread_mode),
 		cmocka_unit_test(test_wake_never_lost),
 		cmocka_unit_test(test_stand_in_rounds),
+		cmocka_unit_test(test_spin_gives_way_to_a_busy_cpu),
 	};
 
 	return t_run_group_apart(tests, NULL, NULL);
