@@ -1366,17 +1366,9 @@ static void ch_poll(struct ch_w *w, int64_t timeout)
 
 static inline uint64_t ch_fds(void)
 {
-	DIR *d = opendir("/proc/self/fd");
-	struct dirent *de;
-	uint64_t n = 0;
+	int n = t_dir_entries("/proc/self/fd");
 
-	if (!d)
-		return 0;
-	while ((de = readdir(d)))
-		if (de->d_name[0] != '.')
-			n++;
-	closedir(d);
-	return n - 1; /* the directory's own */
+	return n > 0 ? (uint64_t)(n - 1) : 0; /* less the directory's own */
 }
 
 static inline uint64_t ch_rss(void)

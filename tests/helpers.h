@@ -400,10 +400,10 @@ static inline pid_t t_waitpid(pid_t pid, int *st, int options)
 	return r;
 }
 
-/* Threads of this process (/proc/self/task), or -1 when it cannot be read. */
-static inline int t_threads(void)
+/* Entries of directory path ("." and ".." aside), or -1 when it cannot be read. */
+static inline int t_dir_entries(const char *path)
 {
-	DIR *d = opendir("/proc/self/task");
+	DIR *d = opendir(path);
 	struct dirent *de;
 	int n = 0;
 
@@ -413,6 +413,12 @@ static inline int t_threads(void)
 		n += de->d_name[0] != '.';
 	closedir(d);
 	return n;
+}
+
+/* Threads of this process, or -1 when they cannot be counted. */
+static inline int t_threads(void)
+{
+	return t_dir_entries("/proc/self/task");
 }
 
 /*
