@@ -90,6 +90,18 @@ static void put_u32(struct ferry_engine *e, struct ferry_peer *to, const char *p
 	assert_true(ferry_sq_submit(sq) >= 0);
 }
 
+/* n PUTs of prefix0.. to `to`, each of which must complete with 0. */
+static void put_all_arrive(struct ferry_engine *e, struct ferry_peer *to, const char *prefix,
+			   uint32_t n, uint32_t *vals, struct iovec *iovs)
+{
+	struct ferry_cqe c;
+
+	for (uint32_t i = 0; i < n; i++)
+		put_u32(e, to, prefix, i, &vals[i], &iovs[i], 30 * SEC);
+	for (uint32_t i = 0; i < n; i++)
+		assert_int_equal(t_wait_one(e, &c, 30 * SEC), 0);
+}
+
 /*
  * Child side: GET <prefix>0..n-1 from `from` (posted all at once), check
  * each value. Returns 0 or a small error number.
@@ -215,13 +227,7 @@ static void silent_callers(int nsilent)
 	 * caller's hello in turn (200 ms each), and a's handshake gave up
 	 * (-EHOSTUNREACH) long before b answered. No time is asserted here.
 	 */
-	for (uint32_t i = 0; i < 100; i++)
-		put_u32(a, to, "s", i, &vals[i], &iovs[i], 30 * SEC);
-	for (uint32_t i = 0; i < 100; i++) {
-		struct ferry_cqe c;
-
-		assert_int_equal(t_wait_one(a, &c, 30 * SEC), 0);
-	}
+	put_all_arrive(a, to, "s", 100, vals, iovs);
 	/* b hangs up on all of them while it lives (its engine still runs). */
 	assert_int_equal(hung_up(silent, nsilent, 10000), nsilent);
 	t_gate_open(&sa.done);
@@ -258,13 +264,7 @@ static void test_hung_up_caller_calls_again(void **state)
 	a = mk("a", FERRY_PROGRESS_THREAD);
 	assert_non_null(a);
 	assert_int_equal(ferry_peer_open(a, "b", &to), 0);
-	for (uint32_t i = 0; i < 20; i++)
-		put_u32(a, to, "h", i, &vals[i], &iovs[i], 30 * SEC);
-	for (uint32_t i = 0; i < 20; i++) {
-		struct ferry_cqe c;
-
-		assert_int_equal(t_wait_one(a, &c, 30 * SEC), 0);
-	}
+	put_all_arrive(a, to, "h", 20, vals, iovs);
 	/* Hung up on twice, called three times. */
 	assert_true(ferry_engine_health(a, h, sizeof(h)) > 0);
 	assert_non_null(strstr(h, "\"calls_again\":2"));
