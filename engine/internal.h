@@ -61,7 +61,6 @@ static inline void cpu_relax(void)
  */
 void ferry__spin_step(uint64_t spun_ns);
 
-struct ferry_engine;
 /*
  * One step of a spin that waits for work (the reactor thread's after its
  * last round, a caller's in ferry_cq_wait), already spun_ns long. False:
