@@ -287,14 +287,6 @@ int reactor_arm_manual(struct ferry_engine *e)
 	return 0;
 }
 
-void ferry__backend_wake(struct ferry_engine *e, struct backend *b)
-{
-	atomic_thread_fence(memory_order_seq_cst); /* what the caller wrote, then quiet */
-	if (backend_quiet(b))
-		atomic_fetch_or_explicit(b->awake, 1u << b->index, memory_order_seq_cst);
-	reactor_wake(e);
-}
-
 void reactor_wake(struct ferry_engine *e)
 {
 	if (atomic_load_explicit(&e->wake->sleeping, memory_order_acquire) &&

@@ -273,11 +273,22 @@ struct backend {
 	_Atomic uint32_t *awake;
 };
 
+/* Ring the engine's doorbell if its progress side sleeps. Any thread. */
+void reactor_wake(struct ferry_engine *e);
 /*
  * Any thread: b's round hooks run again (its quiet is cleared), and the
- * engine's progress side is woken if it sleeps.
+ * engine's progress side is woken if it sleeps. Inline: the loop transport
+ * calls it for every message it sends.
  */
-void ferry__backend_wake(struct ferry_engine *e, struct backend *b);
+static inline void ferry__backend_wake(struct ferry_engine *e, struct backend *b)
+{
+	uint32_t bit = 1u << b->index;
+
+	atomic_thread_fence(memory_order_seq_cst); /* what the caller wrote, then quiet */
+	if (!(atomic_load_explicit(b->awake, memory_order_relaxed) & bit))
+		atomic_fetch_or_explicit(b->awake, bit, memory_order_seq_cst);
+	reactor_wake(e);
+}
 /* Progress side, a transport in its own hook: nothing to do until called (see quiet). */
 static inline void ferry__backend_quiet(struct backend *b)
 {
@@ -359,8 +370,6 @@ void ferry__peer_reached(struct ferry_engine *e, struct ferry_peer *peer, int re
 void reactor_put_staged(struct ferry_engine *e, struct op *op, int res);
 /* The transport finished a PUT (res 0 or negative errno). */
 void reactor_put_done(struct ferry_engine *e, struct op *op, uint32_t gen, int res);
-/* Ring the engine's doorbell if its progress side sleeps. Any thread. */
-void reactor_wake(struct ferry_engine *e);
 /*
  * A peer event (enum peer_event) about the engine called name, from
  * transport `from` (NULL: the control plane): the stream layer and every

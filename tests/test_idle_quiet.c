@@ -2,10 +2,11 @@
  * tests/test_idle_quiet.c - the real transports' quiet on an idle engine
  * (engine/transport.h): an engine that uses no control channel, no tcp
  * listener and no CUDA job has the round hooks of ctl, tcp, cuda and rdma
- * skipped after its first rounds; a tcp listener keeps tcp's hooks running
- * (its accepts are read from its ring each round); and a quiet engine still
- * carries what it is asked to (an in-process PUT -> GET, a tcp PUT that
- * clears tcp's quiet when it resolves).
+ * skipped after its first rounds, and loop's once its inbox stayed empty
+ * for 64 rounds; a tcp listener keeps tcp's hooks running (its accepts are
+ * read from its ring each round); and a quiet engine still carries what it
+ * is asked to (an in-process PUT -> GET between two quiet loops, a tcp PUT
+ * that clears tcp's quiet when it resolves).
  */
 #include "helpers.h"
 #include "internal.h"
@@ -52,11 +53,18 @@ static void test_idle_engine_is_quiet(void **state)
 	assert_true(seen >= 2); /* ctl and tcp are in every build */
 	lp = backend_named(a, "loop");
 	assert_non_null(lp);
-	assert_false(backend_quiet(lp)); /* its inbox is read every round */
+	assert_false(backend_quiet(lp)); /* an empty inbox 3 rounds running: still read */
 
-	/* Quiet engines still carry a PUT -> GET in process. */
+	/*
+	 * Both loops quiet (an empty inbox LOOP_QUIET_ROUNDS = 64 rounds
+	 * running): the PUT must wake b's, its result a's.
+	 */
 	to_b = t_peer(a, "iq-b");
 	from_a = t_peer(b, "iq-a");
+	rounds(a, 64);
+	rounds(b, 64);
+	assert_true(backend_quiet(lp));
+	assert_true(backend_quiet(backend_named(b, "loop")));
 	t_put(a, to_b, "k1", "hello", 5, 1, 0);
 	t_get(b, from_a, "k1", &iov, 1, 2, 0, 0);
 	t_expect(b, a, 2, 0, &c);

@@ -15,7 +15,9 @@
  * can read. A PUT of an iovec of at most LOOP_INLINE_MAX bytes takes no pool
  * block: its data is copied into the message (iov_put_max), and from there
  * into a waiting GET's iovec (reactor_deliver_copy), or into a block of the
- * destination's pool when none waits.
+ * destination's pool when none waits. An engine whose inbox stays empty
+ * has its loop transport quiet (transport.h): its rounds skip it until a
+ * sender wakes it (ferry__backend_wake in ep_send).
  *
  * Lifetimes: an endpoint is reference counted (its engine, every peer
  * handle resolved to it, every message away from home). Sending into an
@@ -40,6 +42,13 @@
 #include "internal.h"
 
 enum { MSG_PUT = 1, MSG_RESULT = 2, MSG_GONE = 3 /* home's engine went; malloc'd */ };
+
+/*
+ * Rounds in a row that find the inbox empty before the transport goes quiet:
+ * an engine in a PUT/GET exchange gets a message every few rounds and stays
+ * awake (going quiet costs both ends an atomic); an idle one stops paying.
+ */
+#define LOOP_QUIET_ROUNDS 64u
 
 /* A PUT of an iovec up to this size travels in its message (iov_put_max). */
 #define LOOP_INLINE_MAX 256u
@@ -68,7 +77,8 @@ struct loop_ep {
 	_Atomic int refs;
 	_Atomic int closed;
 	_Atomic int senders;
-	struct ferry_engine *engine; /* valid while !closed, inside a send */
+	struct ferry_engine *engine; /* these two: valid while !closed, inside a send */
+	struct backend *backend;
 	char ns[FERRY_NAME_MAX];
 	char name[FERRY_NAME_MAX];
 	/* Inbox: producers swap tail; the owner's reactor pops at head. */
@@ -78,6 +88,7 @@ struct loop_ep {
 	/* Messages of this endpoint; the free list is the owner's alone. */
 	struct loop_msg *msgs;
 	struct loop_msg *free_msgs;
+	uint32_t empty_rounds; /* the owner's: rounds in a row that found the inbox empty */
 	struct loop_ep *dir_next;
 };
 
@@ -170,8 +181,7 @@ static int ep_send(struct loop_ep *ep, struct loop_msg *m)
 		rc = -ECONNRESET;
 	} else {
 		inbox_push(ep, m);
-		atomic_thread_fence(memory_order_seq_cst);
-		reactor_wake(ep->engine);
+		ferry__backend_wake(ep->engine, ep->backend); /* its progress may be quiet */
 	}
 	atomic_fetch_sub_explicit(&ep->senders, 1, memory_order_release);
 	return rc;
@@ -212,6 +222,7 @@ static int loop_init(struct ferry_engine *e, struct backend *b)
 	}
 	atomic_init(&ep->refs, 1);
 	ep->engine = e;
+	ep->backend = b;
 	snprintf(ep->ns, sizeof(ep->ns), "%s", e->ns);
 	snprintf(ep->name, sizeof(ep->name), "%s", e->name);
 	ep->head = &ep->stub;
@@ -414,6 +425,7 @@ static __attribute__((noinline)) int loop_take_inbox(struct ferry_engine *e, str
 	struct loop_msg *m;
 	int n = 0;
 
+	self->empty_rounds = 0;
 	while (n < 1024 && (m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT)
 			take_put(e, self, m);
@@ -431,12 +443,22 @@ static int loop_progress(struct ferry_engine *e, struct backend *b)
 	struct loop_ep *self = b->data;
 
 	/*
-	 * An empty inbox (only its stub, unlinked): the common round's answer,
-	 * here, before the frame of the loop that takes messages.
+	 * An empty inbox (only its stub, unlinked) LOOP_QUIET_ROUNDS rounds in
+	 * a row: the transport goes quiet, so rounds skip it until a sender's
+	 * ferry__backend_wake. Quiet first,
+	 * then one more look (a sender pushes, then looks at quiet): a message
+	 * that came in between keeps it awake.
 	 */
 	if (self->head == &self->stub &&
-	    !atomic_load_explicit(&self->stub.next, memory_order_acquire))
+	    !atomic_load_explicit(&self->stub.next, memory_order_acquire)) {
+		if (++self->empty_rounds < LOOP_QUIET_ROUNDS)
+			return 0;
+		self->empty_rounds = 0;
+		ferry__backend_quiet(b);
+		if (inbox_nonempty(self))
+			backend_busy(b);
 		return 0;
+	}
 	return loop_take_inbox(e, b);
 }
 
