@@ -180,7 +180,7 @@ bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb
 	else
 		cq->overflow_head = holder;
 	cq->overflow_tail = holder;
-	if (!atomic_exchange_explicit(&cq->overflowing, 1, memory_order_relaxed) && !cq->is_default)
+	if (!atomic_exchange_explicit(&cq->overflowing, 1, memory_order_relaxed))
 		atomic_fetch_add(&cq->engine->overflowing_cqs, 1);
 	mark_dirty(cq);
 	return false;
@@ -202,7 +202,7 @@ unsigned cq_flush_overflow(struct ferry_cq *cq)
 		n++;
 	}
 	if (!cq->overflow_head &&
-	    atomic_exchange_explicit(&cq->overflowing, 0, memory_order_relaxed) && !cq->is_default)
+	    atomic_exchange_explicit(&cq->overflowing, 0, memory_order_relaxed))
 		atomic_fetch_sub(&cq->engine->overflowing_cqs, 1);
 	return n;
 }
@@ -518,6 +518,16 @@ int ferry_cq_destroy(struct ferry_cq *cq)
 /* ------------------------------------------------------------------ */
 
 /*
+ * Overflowing CQs other than the default one (counted by overflowing_cqs,
+ * the default CQ included; only the progress side changes either).
+ */
+static bool extra_cqs_overflowing(struct ferry_engine *e)
+{
+	return atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed) >
+	       (uint32_t)atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed);
+}
+
+/*
  * Overflowing CQs: rare, so they are found by walking the CQ list under the
  * engine lock, and only when the count of overflowing CQs says so.
  */
@@ -527,7 +537,7 @@ unsigned cq_flush_overflows(struct ferry_engine *e)
 
 	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed))
 		n += cq_flush_overflow(&e->default_cq);
-	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
+	if (extra_cqs_overflowing(e)) {
 		pthread_mutex_lock(&e->lock);
 		for (struct ferry_cq *cq = e->cqs; cq; cq = cq->next)
 			if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
@@ -543,7 +553,7 @@ bool cq_overflow_can_move(struct ferry_engine *e)
 
 	if (atomic_load(&e->default_cq.overflowing) && cq_ring_has_room(&e->default_cq))
 		return true;
-	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed)) {
+	if (extra_cqs_overflowing(e)) {
 		pthread_mutex_lock(&e->lock);
 		for (struct ferry_cq *cq = e->cqs; cq && !yes; cq = cq->next)
 			yes = atomic_load(&cq->overflowing) && cq_ring_has_room(cq);

@@ -662,7 +662,7 @@ struct ferry_engine {
 	struct ferry_cq *cqs;
 	struct ferry_cq *dead_cqs;        /* destroyed, not yet freed */
 	_Atomic uint32_t dead_cqs_pending;
-	_Atomic uint32_t overflowing_cqs; /* extra CQs with completions held back */
+	_Atomic uint32_t overflowing_cqs; /* CQs with completions held back, default included */
 	_Atomic uint64_t rounds;          /* reactor rounds run */
 
 	struct backend backends[ENGINE_MAX_BACKENDS];

@@ -1184,8 +1184,7 @@ int reactor_run_once(struct ferry_engine *e)
 			reactor_reap_ring(e);
 	}
 	atomic_store_explicit(&e->rounds, e->rounds + 1, memory_order_relaxed);
-	if (atomic_load_explicit(&e->default_cq.overflowing, memory_order_relaxed) ||
-	    atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed))
+	if (atomic_load_explicit(&e->overflowing_cqs, memory_order_relaxed))
 		n += (int)cq_flush_overflows(e);
 	/*
 	 * Submissions first: a PUT leaves before this round spends time on
