@@ -222,8 +222,8 @@ struct ferry_engine_params {
 	const char *secret;        /* cluster secret; NULL: $FERRY_SECRET, else the content of
 				    * secret_file, else none: only loopback peers, with a warning */
 	const char *secret_file;
-	uint32_t heartbeat_ms;     /* tcp: ping an idle peer this often (0 = 1000) */
-	uint32_t peer_timeout_ms;  /* tcp: a peer silent this long is dead (0 = 10000) */
+	uint32_t heartbeat_ms;     /* tcp, rdma: ping an idle peer this often (0 = 1000) */
+	uint32_t peer_timeout_ms;  /* tcp, rdma: a peer silent this long is dead (0 = 10000) */
 	/* Added with the control channel (size-versioned). */
 	const char *control;       /* control channel endpoint "tcp://HOST:PORT" (ZeroMQ):
 				    * port 0 = the kernel picks (ferry_engine_control_address);

@@ -16,7 +16,8 @@
  * AUTH (refused by the callee), a queue pair forced into the error state
  * (the connection ends on both sides, GETs waiting for the peer's keys end
  * with -ECONNRESET, the next PUT connects again), a peer killed and started
- * again at its address (PUTs fail with -ECONNRESET, then go again), and no
+ * again at its address (PUTs fail with -ECONNRESET, then go again), a
+ * peer fallen silent (its link down: found by the heartbeats), and no
  * memory region or connection left behind.
  */
 #include <signal.h>
@@ -32,6 +33,8 @@
 #define MIB (1024ull * 1024ull)
 
 static char ip0[64], ip1[64];
+/* Engines made by mk() get these (0: the defaults); test_silent_peer sets them. */
+static uint32_t hb_ms, peer_to_ms;
 
 static struct ferry_engine *mk(const char *name, const char *ip, const char *secret,
 			       enum ferry_progress_mode mode, size_t pool, const char *at)
@@ -53,6 +56,8 @@ static struct ferry_engine *mk(const char *name, const char *ip, const char *sec
 	p.rdma_listen = listen;
 	p.secret = secret;
 	p.handshake_ms = t_handshake_ms(); /* the emulated guest may be slow */
+	p.heartbeat_ms = hb_ms;
+	p.peer_timeout_ms = peer_to_ms;
 	rc = ferry_engine_create(&p, &e);
 	if (rc)
 		fail_msg("engine %s: %s", name, ferry_strerror(rc));
@@ -765,6 +770,80 @@ static void test_qp_error(void **state)
 	ferry_engine_destroy(b);
 }
 
+/* After test_silent_peer, even a failed one: the wire as wire.sh made it. */
+static int relink(void **state)
+{
+	const char *wire = getenv("RDMA_WIRE");
+	char cmd[512];
+
+	(void)state;
+	if (!wire)
+		return -1;
+	snprintf(cmd, sizeof(cmd), "/bin/bash %s relink", wire);
+	return system(cmd) == 0 ? 0 : -1;
+}
+
+/*
+ * Peers that fall silent without a word (the wire between them cut:
+ * wire.sh blackhole drops every packet at the receiving end; no DREQ, no
+ * rdma_cm event, no error anywhere, nothing in flight): the heartbeats
+ * (heartbeat_ms 200 here) find it. Before: the idle connection lives
+ * through several peer_timeouts on heartbeats alone (both ends count
+ * them). Then a GET b parked for a key of a, with a 60 s deadline, ends
+ * with -ECONNRESET within seconds (a heartbeat, then at most 7 tries of the
+ * QP's ACK timeout, set from peer_timeout_ms 1000 to about 134 ms), and
+ * both ends' connections are gone. With the wire mended, the next PUT
+ * connects again (the teardown mends it too, when the case failed first).
+ */
+static void test_silent_peer(void **state)
+{
+	struct ferry_engine *a, *b;
+	struct ferry_peer *ab, *ba;
+	struct ferry_cqe c;
+	uint8_t dst[16];
+	struct iovec iov = { dst, sizeof(dst) };
+	const char *wire = getenv("RDMA_WIRE");
+	char cmd[512];
+	int64_t t0;
+
+	(void)state;
+	assert_non_null(wire);
+	hb_ms = 200;
+	peer_to_ms = 1000;
+	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	ab = peer_at(a, "b", b);
+	ba = t_peer(b, "a");
+	put_get(a, ab, b, ba, "before", 100, 1);
+	wait_ready(a, 1, 10 * SEC);
+	wait_ready(b, 1, 10 * SEC);
+	usleep(2500 * 1000); /* idle: 2.5 peer_timeouts, heartbeats only */
+	assert_true(rh(a, "heartbeats") >= 2);
+	assert_true(rh(b, "heartbeats") >= 2);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	assert_int_equal(rh(b, "connections_ready"), 1);
+	put_get(a, ab, b, ba, "between", 100, 2);
+	t_get(b, ba, "never", &iov, 1, 77, 0, 60 * SEC); /* parked at b */
+	t_expect_none(b, NULL, 50);
+	snprintf(cmd, sizeof(cmd), "/bin/bash %s blackhole", wire);
+	t0 = t_now();
+	assert_int_equal(system(cmd), 0);
+	assert_true(t_wait_cqe(b, NULL, &c, 30 * SEC));
+	assert_int_equal(c.user_data, 77);
+	assert_int_equal(c.res, -ECONNRESET);
+	assert_true(t_now() - t0 < 30 * SEC); /* the heartbeat, not the 60 s deadline */
+	wait_ready(b, 0, 10 * SEC);
+	wait_ready(a, 0, 10 * SEC);
+	/* The wire mended: the next PUT calls again and arrives whole. */
+	assert_int_equal(relink(NULL), 0);
+	put_get(a, ab, b, ba, "after", 100, 3);
+	assert_int_equal(rh(a, "connections_ready"), 1);
+	assert_int_equal(rh(a, "malformed"), 0);
+	assert_int_equal(rh(b, "malformed"), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 /* Without RDMA_IP0/1 (not in the guest), every case skips. */
 static int setup(void **state)
 {
@@ -785,6 +864,7 @@ int main(void)
 		cmocka_unit_test_setup(test_read_into_get, setup),
 		cmocka_unit_test_setup(test_qp_error, setup),
 		cmocka_unit_test_setup(test_kill_reconnect, setup),
+		cmocka_unit_test_setup_teardown(test_silent_peer, setup, relink),
 	};
 	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
 

@@ -38,7 +38,7 @@
 #include "netaddr.h"
 #include "rdma_int.h"
 
-enum { K_EC = 1, K_CH = 2 };
+enum { K_EC = 1, K_CH = 2, K_TICK = 3 };
 
 /* ------------------------------------------------------------------ */
 /* Devices                                                            */
@@ -69,6 +69,36 @@ static bool arm_fd(struct rdma_state *st, int fd, uint64_t cookie)
 	io_uring_sqe_set_data64(sqe, backend_tag(st->b, cookie));
 	io_uring_submit(&e->ring);
 	return true;
+}
+
+/*
+ * While connections exist, a TIMEOUT on the reactor's ring wakes a sleeping
+ * reactor for the time checks (handshake deadlines, heartbeats) at least
+ * every half heartbeat (and RDMA_TICK_MAX_NS).
+ */
+static void arm_tick(struct rdma_state *st)
+{
+	struct ferry_engine *e = st->engine;
+	struct io_uring_sqe *sqe;
+	uint64_t ns = st->heartbeat_ns / 2;
+
+	if (st->tick_armed || !st->conn_list)
+		return;
+	if (ns > RDMA_TICK_MAX_NS)
+		ns = RDMA_TICK_MAX_NS;
+	sqe = io_uring_get_sqe(&e->ring);
+	if (!sqe) {
+		io_uring_submit(&e->ring);
+		sqe = io_uring_get_sqe(&e->ring);
+	}
+	if (!sqe)
+		return; /* the next round tries again */
+	st->tick_ts.tv_sec = (long long)(ns / 1000000000);
+	st->tick_ts.tv_nsec = (long long)(ns % 1000000000);
+	io_uring_prep_timeout(sqe, &st->tick_ts, 0, 0);
+	io_uring_sqe_set_data64(sqe, backend_tag(st->b, K_TICK));
+	io_uring_submit(&e->ring);
+	st->tick_armed = true;
 }
 
 static void mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_mem *m)
@@ -378,10 +408,12 @@ static int rdma_progress(struct ferry_engine *e, struct backend *b)
 		n += fault_qp_error(st);
 	for (unsigned i = 0; i < st->ndevs; i++)
 		n += poll_dev(st, &st->devs[i]);
-	if (st->conn_list && reactor_now(e) >= st->next_check) {
+	if (st->conn_list && (st->tick_due || reactor_now(e) >= st->next_check)) {
+		st->tick_due = false;
 		st->next_check = reactor_now(e) + 10000000ull;
 		rdma_check_time(st);
 	}
+	arm_tick(st);
 	if (st->ndead)
 		rdma_sweep(st);
 	return n;
@@ -429,7 +461,10 @@ static void rdma_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cook
 	(void)e;
 	if (!st)
 		return;
-	if (kind == K_EC) {
+	if (kind == K_TICK) {
+		st->tick_armed = false;
+		st->tick_due = true;
+	} else if (kind == K_EC) {
 		st->ec_event = true;
 		if (!(flags & IORING_CQE_F_MORE) || res < 0)
 			st->ec_armed = st->ec && arm_fd(st, st->ec->fd, K_EC);
@@ -534,6 +569,8 @@ static int rdma_init(struct ferry_engine *e, struct backend *b)
 	if (rc)
 		goto fail;
 	st->hs_ns = p && p->handshake_ms ? (uint64_t)p->handshake_ms * 1000000ull : RDMA_HS_NS;
+	st->heartbeat_ns = hb;
+	st->ack_timeout = rdma_ack_timeout_for(to);
 	st->nmsgs = 2 * e->max_ops;
 	st->nrxs = 2 * e->max_ops;
 	st->msgs = calloc(st->nmsgs, sizeof(*st->msgs));
@@ -663,7 +700,7 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			",\"rdma\":{\"devices\":[%s],\"address\":\"%s\",\"connections_ready\":%u,"
 			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
 			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu,\"announced_in_place\":%llu,"
-			"\"read_into_get\":%llu,\"inline_sends\":%llu}",
+			"\"read_into_get\":%llu,\"inline_sends\":%llu,\"heartbeats\":%llu}",
 			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
@@ -674,7 +711,9 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)atomic_load_explicit(&st->h_eager, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_inplace, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_into_get, memory_order_relaxed),
-			(unsigned long long)atomic_load_explicit(&st->h_inline, memory_order_relaxed));
+			(unsigned long long)atomic_load_explicit(&st->h_inline, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_heartbeats,
+								 memory_order_relaxed));
 }
 
 const struct backend_ops ferry__rdma_backend = {

@@ -3,8 +3,10 @@
  * events, the authenticated handshake, faults and teardown.
  *
  * Owns: the listener, calls (rdma_resolve_addr, _route, rdma_connect),
- * accepts, the handshake on the new QP, the handshake deadline, the fault
- * path of a connection (every PUT on it ends, GETs waiting for its peer end
+ * accepts, the handshake on the new QP, the handshake deadline, the
+ * heartbeat of an idle connection (rdma_check_time: a CREDIT the peer's
+ * device must acknowledge within the ACK timeout set from peer_timeout_ms),
+ * the fault path of a connection (every PUT on it ends, GETs waiting for its peer end
  * when no other connection to it lives, its peer handles are unresolved so
  * that the next PUT calls again) and the teardown once its work requests
  * came back.
@@ -146,8 +148,13 @@ static void conn_param(struct rdma_conn *c, struct rdma_conn_param *p, struct rd
 	p->private_data_len = sizeof(*pd);
 	p->responder_resources = (uint8_t)rd;
 	p->initiator_depth = (uint8_t)rd;
-	p->retry_count = 7;
-	p->rnr_retry_count = 7;
+	/*
+	 * 6 retries after the first try, not 7: a message the peer's device
+	 * never acknowledges must fail (the heartbeat counts on it), and
+	 * Soft-RoCE takes 7 to mean "retry forever" (as rnr_retry does).
+	 */
+	p->retry_count = RDMA_RETRIES;
+	p->rnr_retry_count = 7; /* a receiver out of receives: wait (credits prevent it) */
 }
 
 /* The remote access a QP allows: 0 until its peer proved the secret (callers only). */
@@ -238,15 +245,56 @@ void rdma_sweep(struct rdma_state *st)
 	}
 }
 
+uint8_t rdma_ack_timeout_for(uint64_t peer_timeout_ns)
+{
+	uint8_t t = 8; /* about 1 ms a try: below that a busy fabric would look dead */
+
+	while (t < 24 && ((RDMA_RETRIES + 1ull) * 4096ull << (t + 1)) <= peer_timeout_ns)
+		t++;
+	return t;
+}
+
+/*
+ * Handshakes past their deadline fail; a READY connection idle for
+ * heartbeat_ns posts a CREDIT (a heartbeat). The peer's device must
+ * acknowledge it: if the peer's host is gone or cut off (no DREQ ever
+ * comes), the QP's retries run out and the send completes in error, which
+ * ends the connection as any failed work request does (rdma_on_wc). A
+ * connection with work requests out is being probed by them already, and
+ * one with fewer than 2 credits keeps its last for a CREDIT of its own.
+ */
 void rdma_check_time(struct rdma_state *st)
 {
 	uint64_t now = ferry__now_ns();
 
 	for (struct rdma_conn *c = st->conn_list; c; c = c->next) {
-		if (c->state == RC_READY || c->state == RC_DEAD || now < c->hs_deadline)
+		if (c->state == RC_READY) {
+			struct rdma_hdr h = { .type = RM_CREDIT };
+
+			if (now - c->last_tx_ns >= st->heartbeat_ns && !c->wr_out &&
+			    rdma_post_msg(st, c, &h, NULL, 0, NULL, 0, NULL, 0, true) == 0)
+				atomic_fetch_add_explicit(&st->h_heartbeats, 1,
+							  memory_order_relaxed);
+			continue;
+		}
+		if (c->state == RC_DEAD || now < c->hs_deadline)
 			continue;
 		rdma_conn_fail(st, c, c->established ? -ETIMEDOUT : -EHOSTUNREACH,
 			       "the handshake took too long");
+	}
+}
+
+/* Before connect / accept: the QP's acknowledgement timeout (rdma_state.ack_timeout). */
+static void set_ack_timeout(struct rdma_state *st, struct rdma_cm_id *id)
+{
+	uint8_t t = st->ack_timeout;
+
+	if (rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof(t)) &&
+	    !st->ack_timeout_warned) {
+		st->ack_timeout_warned = true;
+		log_warn("rdma: engine %s: cannot set the queue pairs' ACK timeout (%s): a silent "
+			 "peer is found dead after the device's default retries, not within "
+			 "peer_timeout_ms", st->engine->name, ferry_strerror(-errno));
 	}
 }
 
@@ -476,6 +524,7 @@ static void on_connect_request(struct rdma_state *st, struct rdma_cm_id *id,
 		return;
 	}
 	conn_param(c, &p, &mine);
+	set_ack_timeout(st, id);
 	if (rdma_accept(id, &p)) {
 		rdma_conn_fail(st, c, -EIO, "rdma_accept failed");
 		return;
@@ -539,6 +588,7 @@ static void on_event(struct rdma_state *st, enum rdma_cm_event_type type, struct
 			return;
 		}
 		conn_param(c, &p, &mine);
+		set_ack_timeout(st, id);
 		c->state = RC_CONNECTING;
 		if (rdma_connect(id, &p))
 			rdma_conn_fail(st, c, -EHOSTUNREACH, "rdma_connect failed");

@@ -127,6 +127,7 @@ int rdma_post_msg(struct rdma_state *st, struct rdma_conn *c, struct rdma_hdr *h
 	c->owed = 0;
 	c->credits--;
 	c->wr_out++;
+	c->last_tx_ns = reactor_now(st->engine);
 	return 0;
 }
 
@@ -581,8 +582,13 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 	c->credits += h.credits;
 	if (c->state != RC_READY) {
 		if (h.type > RM_AUTH) {
-			/* The handshake comes first; nothing else is read before it. */
-			if (h.type == RM_CREDIT && c->caller && c->state == RC_WAIT_PROOF)
+			/*
+			 * The handshake comes first; nothing else is read before
+			 * it but a CREDIT (the other end may be READY already
+			 * and send a heartbeat).
+			 */
+			if (h.type == RM_CREDIT && !h.key_len && !blen &&
+			    (c->caller ? c->state == RC_WAIT_PROOF : c->state == RC_WAIT_AUTH))
 				return;
 			malformed(st, c, "data before the handshake");
 			return;

@@ -54,6 +54,8 @@
 #define RDMA_MAX_SEG 64u      /* segments of one announcement */
 #define RDMA_HS_NS 3000000000ull /* a handshake not done by then is dropped (params.handshake_ms) */
 #define RDMA_CONNECT_MS 2000  /* rdma_resolve_addr / _route */
+#define RDMA_TICK_MAX_NS 250000000ull /* the transport's timer ticks at least this often */
+#define RDMA_RETRIES 6        /* a QP's retries of an unacknowledged message (retry_cnt) */
 
 /* ------------------------------------------------------------------ */
 /* Wire: every message is a header, then its type's body              */
@@ -242,6 +244,7 @@ struct rdma_conn {
 	int refs;            /* the table, each peer resolved to it */
 	int fail_res;        /* why it died, for PUTs still waiting */
 	uint64_t hs_deadline;
+	uint64_t last_tx_ns; /* when a message was last posted on it (the heartbeat's clock) */
 	char peer_name[FERRY_NAME_MAX];
 	struct sockaddr_storage peer_sa;
 	uint8_t nonce_me[SEC_NONCE_BYTES], nonce_peer[SEC_NONCE_BYTES];
@@ -276,6 +279,20 @@ struct rdma_state {
 	char bound[PEER_ADDR_MAX];
 	struct sec_secret secret;
 	uint64_t hs_ns;         /* a handshake's bound (params.handshake_ms, 0: RDMA_HS_NS) */
+	/*
+	 * Heartbeat (params.heartbeat_ms / peer_timeout_ms): a READY
+	 * connection that posted nothing for heartbeat_ns posts a CREDIT, and
+	 * its QP gives up on a message the peer's device does not acknowledge
+	 * after RDMA_RETRIES + 1 = 7 tries of 4.096 us << ack_timeout each
+	 * (rdma_cm's ACK_TIMEOUT option, the largest that keeps the 7 within
+	 * peer_timeout_ms).
+	 */
+	uint64_t heartbeat_ns;
+	uint8_t ack_timeout;
+	bool ack_timeout_warned;
+	bool tick_armed;        /* a TIMEOUT of ours is on the reactor's ring */
+	bool tick_due;          /* it fired: the time checks run this round */
+	struct __kernel_timespec tick_ts;
 	struct rdma_dev devs[RDMA_MAX_DEV];
 	unsigned ndevs;
 	unsigned nsys_devs;     /* devices the system has (rdma_get_devices) */
@@ -303,6 +320,7 @@ struct rdma_state {
 	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
 	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace, h_into_get;
 	_Atomic uint64_t h_inline; /* messages sent inline (IBV_SEND_INLINE) */
+	_Atomic uint64_t h_heartbeats; /* CREDITs posted because a connection was idle */
 };
 
 /* ------------------------------------------------------------------ */
@@ -329,6 +347,8 @@ void rdma_conn_fail(struct rdma_state *st, struct rdma_conn *c, int res, const c
 void rdma_conn_unref(struct rdma_state *st, struct rdma_conn *c);
 void rdma_sweep(struct rdma_state *st);
 void rdma_check_time(struct rdma_state *st);
+/* The ACK_TIMEOUT exponent for a peer_timeout (see rdma_state.ack_timeout). */
+uint8_t rdma_ack_timeout_for(uint64_t peer_timeout_ns);
 int rdma_listen_start(struct rdma_state *st);
 /* A handshake message arrived (the connection is not READY yet). */
 void rdma_hs_message(struct rdma_state *st, struct rdma_conn *c, const struct rdma_hdr *h,

@@ -8,11 +8,50 @@
 # per device (an output device rxethN, which rdma_cm sets once bound to N's
 # address, routes to the other end through rxethN), packets from a local
 # source are accepted, and neighbour entries are permanent (no ARP).
-# Writes /run/ferry-vm/wire.env (RDMA_IP0, RDMA_IP1, RDMA_DEV0, RDMA_DEV1).
+# Writes /run/ferry-vm/wire.env (RDMA_IP0, RDMA_IP1, RDMA_DEV0, RDMA_DEV1,
+# and RDMA_WIRE: this script, for the two commands below).
+#
+# wire.sh blackhole: each end's neighbour entry for the other points at a
+# MAC address nobody has, so every packet between the two devices is sent
+# and silently dropped by the receiving end (not for its address): a cable
+# cut somewhere between two hosts, with no link event and no error on
+# either side.
+# wire.sh relink: both veth ends up, with their routes and neighbour entries
+# as at first, then the GIDs waited for: what a test that cut the wire runs
+# after it.
 set -eu
 [ "$(cat /proc/sys/kernel/hostname)" = ferry-rdma-vm ] ||
 	{ echo "wire.sh rewrites routing: only inside ferry's RDMA guest" >&2; exit 1; }
 A=198.18.1.1 Z=198.18.1.2
+
+neighbours() {
+	ip neigh replace $Z lladdr "$(cat /sys/class/net/rxeth1/address)" dev rxeth0 nud permanent
+	ip neigh replace $A lladdr "$(cat /sys/class/net/rxeth0/address)" dev rxeth1 nud permanent
+}
+
+# The RoCE v2 GIDs of the addresses appear a moment after the link: wait for them.
+wait_gids() {
+	for _ in $(seq 100); do
+		n=$(grep -l "ffff:c612:010[12]" /sys/class/infiniband/rxe[01]/ports/1/gids/* 2>/dev/null | wc -l)
+		[ "$n" -ge 2 ] && break
+		sleep 0.05
+	done
+}
+
+if [ "${1:-}" = blackhole ]; then
+	ip neigh replace $Z lladdr 02:00:00:00:00:02 dev rxeth0 nud permanent
+	ip neigh replace $A lladdr 02:00:00:00:00:01 dev rxeth1 nud permanent
+	exit 0
+fi
+if [ "${1:-}" = relink ]; then
+	ip link set rxeth0 up
+	ip link set rxeth1 up
+	ip route replace $Z dev rxeth0 src $A table 10
+	ip route replace $A dev rxeth1 src $Z table 11
+	neighbours
+	wait_gids
+	exit 0
+fi
 modprobe -a rdma_rxe rdma_ucm veth
 ip -batch - <<EOT
 link add rxeth0 type veth peer name rxeth1
@@ -31,14 +70,10 @@ for i in all default rxeth0 rxeth1; do
 	echo 1 >/proc/sys/net/ipv4/conf/$i/accept_local
 	echo 0 >/proc/sys/net/ipv4/conf/$i/rp_filter
 done
-ip neigh replace $Z lladdr "$(cat /sys/class/net/rxeth1/address)" dev rxeth0 nud permanent
-ip neigh replace $A lladdr "$(cat /sys/class/net/rxeth0/address)" dev rxeth1 nud permanent
+neighbours
 rdma link add rxe0 type rxe netdev rxeth0
 rdma link add rxe1 type rxe netdev rxeth1
-# The RoCE v2 GIDs of the addresses appear a moment later: wait for them.
-for _ in $(seq 100); do
-	n=$(grep -l "ffff:c612:010[12]" /sys/class/infiniband/rxe[01]/ports/1/gids/* 2>/dev/null | wc -l)
-	[ "$n" -ge 2 ] && break
-	sleep 0.05
-done
-echo "export RDMA_IP0=$A RDMA_IP1=$Z RDMA_DEV0=rxe0 RDMA_DEV1=rxe1" >/run/ferry-vm/wire.env
+wait_gids
+echo "export RDMA_IP0=$A RDMA_IP1=$Z RDMA_DEV0=rxe0 RDMA_DEV1=rxe1" \
+	"RDMA_WIRE=$(readlink -f "$0")" \
+	>/run/ferry-vm/wire.env
