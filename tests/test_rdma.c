@@ -725,6 +725,64 @@ static void wait_ready(struct ferry_engine *e, long long want, int64_t ns)
 }
 
 /*
+ * THREAD-mode engines a (on RDMA_IP1) and b (on RDMA_IP0), a's PUT of n
+ * bytes to b arrived whole: a's connection to b is READY at both ends.
+ */
+static void ready_pair(struct ferry_engine **a, struct ferry_engine **b, struct ferry_peer **ab,
+		       struct ferry_peer **ba, size_t n)
+{
+	*a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	*b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
+	*ab = peer_at(*a, "b", *b);
+	*ba = t_peer(*b, "a");
+	put_get(*a, *ab, *b, *ba, "before", n, 1);
+	wait_ready(*a, 1, 10 * SEC);
+	wait_ready(*b, 1, 10 * SEC);
+}
+
+/*
+ * A GET parked at b for a key of a (60 s deadline), then fault(b): the GET
+ * ends with -ECONNRESET long before its deadline, and both ends'
+ * connections are gone.
+ */
+static void parked_get_ends(struct ferry_engine *a, struct ferry_engine *b, struct ferry_peer *ba,
+			    void (*fault)(struct ferry_engine *b))
+{
+	uint8_t dst[16];
+	struct iovec iov = { dst, sizeof(dst) };
+	struct ferry_cqe c;
+	int64_t t0;
+
+	t_get(b, ba, "never", &iov, 1, 77, 0, 60 * SEC);
+	t_expect_none(b, NULL, 50);
+	t0 = t_now();
+	fault(b);
+	assert_true(t_wait_cqe(b, NULL, &c, 30 * SEC));
+	assert_int_equal(c.user_data, 77);
+	assert_int_equal(c.res, -ECONNRESET);
+	assert_true(t_now() - t0 < 30 * SEC); /* the fault, not the 60 s deadline */
+	wait_ready(b, 0, 10 * SEC);
+	wait_ready(a, 0, 10 * SEC);
+}
+
+static void qp_error_at(struct ferry_engine *b)
+{
+	assert_int_equal(ferry__rdma_fault_qp_error(b), 0);
+}
+
+/* wire.sh blackhole: every packet between the two devices dropped, silently. */
+static void wire_cut(struct ferry_engine *b)
+{
+	const char *wire = getenv("RDMA_WIRE");
+	char cmd[512];
+
+	(void)b;
+	assert_non_null(wire);
+	snprintf(cmd, sizeof(cmd), "/bin/bash %s blackhole", wire);
+	assert_int_equal(system(cmd), 0);
+}
+
+/*
  * b's queue pair to a goes to the error state (forced through the
  * transport's fault hook, as a NIC fault or a failed work request would):
  * b finds out from its flushed completions, ends the connection (a hears
@@ -736,29 +794,10 @@ static void test_qp_error(void **state)
 {
 	struct ferry_engine *a, *b;
 	struct ferry_peer *ab, *ba;
-	struct ferry_cqe c;
-	uint8_t dst[16];
-	struct iovec iov = { dst, sizeof(dst) };
-	int64_t t0;
 
 	(void)state;
-	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
-	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
-	ab = peer_at(a, "b", b);
-	ba = t_peer(b, "a");
-	put_get(a, ab, b, ba, "before", 4096, 1);
-	wait_ready(a, 1, 10 * SEC);
-	wait_ready(b, 1, 10 * SEC);
-	t_get(b, ba, "never", &iov, 1, 77, 0, 60 * SEC); /* parked at b */
-	t_expect_none(b, NULL, 50);
-	t0 = t_now();
-	assert_int_equal(ferry__rdma_fault_qp_error(b), 0);
-	assert_true(t_wait_cqe(b, NULL, &c, 20 * SEC));
-	assert_int_equal(c.user_data, 77);
-	assert_int_equal(c.res, -ECONNRESET);
-	assert_true(t_now() - t0 < 30 * SEC); /* the failure, not the 60 s deadline */
-	wait_ready(b, 0, 10 * SEC);
-	wait_ready(a, 0, 10 * SEC);
+	ready_pair(&a, &b, &ab, &ba, 4096);
+	parked_get_ends(a, b, ba, qp_error_at);
 	/* The next PUTs call again; both arrive whole. */
 	put_get(a, ab, b, ba, "after_small", 100, 2);
 	put_get(a, ab, b, ba, "after_big", 2 * MIB + 5, 3);
@@ -799,24 +838,11 @@ static void test_silent_peer(void **state)
 {
 	struct ferry_engine *a, *b;
 	struct ferry_peer *ab, *ba;
-	struct ferry_cqe c;
-	uint8_t dst[16];
-	struct iovec iov = { dst, sizeof(dst) };
-	const char *wire = getenv("RDMA_WIRE");
-	char cmd[512];
-	int64_t t0;
 
 	(void)state;
-	assert_non_null(wire);
 	hb_ms = 20;
 	peer_to_ms = 1000;
-	a = mk("a", ip1, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
-	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, NULL);
-	ab = peer_at(a, "b", b);
-	ba = t_peer(b, "a");
-	put_get(a, ab, b, ba, "before", 100, 1);
-	wait_ready(a, 1, 10 * SEC);
-	wait_ready(b, 1, 10 * SEC);
+	ready_pair(&a, &b, &ab, &ba, 100);
 	usleep(2500 * 1000); /* idle: 2.5 peer_timeouts, heartbeats only (~125 each) */
 	/* More than the 64 credits an end starts with: each end's heartbeats carry back
 	 * the credits of the other's. */
@@ -825,17 +851,7 @@ static void test_silent_peer(void **state)
 	assert_int_equal(rh(a, "connections_ready"), 1);
 	assert_int_equal(rh(b, "connections_ready"), 1);
 	put_get(a, ab, b, ba, "between", 100, 2);
-	t_get(b, ba, "never", &iov, 1, 77, 0, 60 * SEC); /* parked at b */
-	t_expect_none(b, NULL, 50);
-	snprintf(cmd, sizeof(cmd), "/bin/bash %s blackhole", wire);
-	t0 = t_now();
-	assert_int_equal(system(cmd), 0);
-	assert_true(t_wait_cqe(b, NULL, &c, 30 * SEC));
-	assert_int_equal(c.user_data, 77);
-	assert_int_equal(c.res, -ECONNRESET);
-	assert_true(t_now() - t0 < 30 * SEC); /* the heartbeat, not the 60 s deadline */
-	wait_ready(b, 0, 10 * SEC);
-	wait_ready(a, 0, 10 * SEC);
+	parked_get_ends(a, b, ba, wire_cut);
 	/* The wire mended: the next PUT calls again and arrives whole. */
 	assert_int_equal(relink(NULL), 0);
 	put_get(a, ab, b, ba, "after", 100, 3);
