@@ -11,12 +11,14 @@
 #                           $FERRY_RDMA_VM_CACHE (~/.cache/ferry/rdma-vm),
 #                           keyed by the kernel version and init.sh (stamp)
 #   vm.sh why-not           print why the guest cannot run here (nothing: it can)
-#   vm.sh run [-t SECS] [-s DIR]... -- CMD [ARG...]
+#   vm.sh run [-t SECS] [-m MEM] [-s DIR]... -- CMD [ARG...]
 #                           boot one guest, run CMD there (as root, in the
 #                           current folder, bash, stdin /dev/null), power
 #                           off; exit with CMD's status (124: time limit,
 #                           125: no result from the guest). -s shares a host
-#                           folder read-write at its own path.
+#                           folder read-write at its own path; -m sets the
+#                           guest's memory (QEMU's -m: 1G by default, 3G
+#                           for bench/rdma_guest.sh's 190 MB transfers).
 #
 # In CMD's environment: RDMA_IP0=198.18.1.1 (on rxe0), RDMA_IP1=198.18.1.2
 # (on rxe1). rdma_cm crosses the wire when bound to one and sent to the other.
@@ -119,10 +121,12 @@ prepare() {
 }
 
 run_guest() {
-	local tlimit=600 shares=() s rc kver append i
+	local tlimit=600 mem=1G shares=() s rc kver append i
 	while (($#)); do
 		case $1 in
 		-t) tlimit=$2; shift 2 ;;
+		-m) [[ $2 =~ ^[0-9]+[MG]$ ]] || die "-m takes a size such as 1G or 3072M"
+		    mem=$2; shift 2 ;;
 		-s) shares+=("$(cd "$2" && pwd -P)") || die "no folder $2"; shift 2 ;;
 		--) shift; break ;;
 		*) break ;;
@@ -162,7 +166,7 @@ run_guest() {
 	append+=" mitigations=off nowatchdog random.trust_cpu=on ferryvm.kver=$kver"
 	append+=" ferryvm.shares=$(IFS=,; echo "${shares[*]}")"
 	local q=(qemu-system-x86_64 -nodefaults -no-user-config -no-reboot -display none
-		-M pc -m 1G -smp 2 -nic none -accel tcg,thread=multi,tb-size=256 -cpu max
+		-M pc -m "$mem" -smp 2 -nic none -accel tcg,thread=multi,tb-size=256 -cpu max
 		-device isa-debug-exit,iobase=0xf4,iosize=0x04
 		-kernel "$CACHE/vmlinux" -initrd "$CACHE/initramfs.cpio" -append "$append"
 		-fsdev local,id=r,path=/,security_model=none,readonly=on,multidevs=remap
