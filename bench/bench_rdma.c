@@ -49,6 +49,8 @@ static void die(const char *what, int rc)
 	exit(1);
 }
 
+static uint64_t spin_ns; /* --spin-ns: the engines' spin (0: ferry's default) */
+
 static struct ferry_engine *mk(const char *name, const char *transport, const char *ip,
 			       size_t pool)
 {
@@ -63,6 +65,7 @@ static struct ferry_engine *mk(const char *name, const char *transport, const ch
 	p.pool_size = pool;
 	p.secret = SECRET;
 	p.max_ops = 4096;
+	p.spin_ns = spin_ns;
 	if (!strcmp(transport, "rdma"))
 		p.rdma_listen = listen;
 	else
@@ -245,8 +248,10 @@ int main(int argc, char **argv)
 			ip0 = argv[++i];
 		else if (!strcmp(argv[i], "--ip1") && i + 1 < argc)
 			ip1 = argv[++i];
+		else if (!strcmp(argv[i], "--spin-ns") && i + 1 < argc)
+			spin_ns = strtoull(argv[++i], NULL, 10);
 		else {
-			fprintf(stderr, "usage: bench_rdma [--quick] [--ip0 A --ip1 B]\n");
+			fprintf(stderr, "usage: bench_rdma [--quick] [--ip0 A --ip1 B] [--spin-ns N]\n");
 			return 2;
 		}
 	}
@@ -258,7 +263,8 @@ int main(int argc, char **argv)
 	}
 	if (quick)
 		lat_n = 20;
-	printf("{\"bench\":\"rdma\",\"quick\":%s", quick ? "true" : "false");
+	printf("{\"bench\":\"rdma\",\"quick\":%s,\"spin_ns\":%llu", quick ? "true" : "false",
+	       (unsigned long long)spin_ns);
 	for (unsigned t = 0; t < 2; t++) {
 		size_t pool = quick ? 64 * MIB : 512 * MIB;
 		struct ferry_engine *rx = mk("rx", transports[t], ip0, pool);
