@@ -783,7 +783,14 @@ void progress_unlock(struct ferry_engine *e);
  * left it something to do. Returns true if a round ran.
  */
 enum { REACTOR_RUNNING = 0, REACTOR_ASLEEP = 1, REACTOR_YIELDING = 2 };
-bool reactor_stand_in(struct ferry_engine *e);
+bool reactor_stand_in_parked(struct ferry_engine *e);
+/* Inline: every ferry_sq_submit asks, and mostly the answer is "not parked". */
+static inline bool reactor_stand_in(struct ferry_engine *e)
+{
+	return e->mode == FERRY_PROGRESS_THREAD &&
+	       atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) &&
+	       reactor_stand_in_parked(e);
+}
 /*
  * THREAD mode, for a caller spinning in ferry_cq_wait: while the reactor
  * is parked, keep watch in its place: its sleep is suspended (peers and

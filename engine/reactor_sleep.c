@@ -438,7 +438,8 @@ static bool stand_in_round(struct ferry_engine *e)
 	return e->stand_in_needs_reactor || e->reactor_cb_ops || (next && next < e->parked_until);
 }
 
-bool reactor_stand_in(struct ferry_engine *e)
+/* reactor_stand_in (internal.h) once it saw the reactor parked. */
+bool reactor_stand_in_parked(struct ferry_engine *e)
 {
 	bool wake;
 

@@ -176,13 +176,8 @@ int ferry_sq_submit(struct ferry_sq *sq)
 		return 0;
 	atomic_store_explicit(&sq->tail, sq->tail_local, memory_order_release);
 	atomic_thread_fence(memory_order_seq_cst);
-	/*
-	 * A THREAD-mode reactor asleep or yielding: run its round here rather
-	 * than wake it (reactor_parked read here first, without a call).
-	 */
-	if (!(e->mode == FERRY_PROGRESS_THREAD &&
-	      atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) && reactor_stand_in(e)) &&
-	    atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
+	/* A THREAD-mode reactor asleep or yielding: run its round here rather than wake it. */
+	if (!reactor_stand_in(e) && atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
 		reactor_wake(e);
 	return (int)(sq->tail_local - old);
 }
