@@ -1139,6 +1139,17 @@ static bool drain_sqs(struct ferry_engine *e, int *count)
 /* Rounds                                                              */
 /* ------------------------------------------------------------------ */
 
+struct io_uring_sqe *ferry__ring_sqe(struct ferry_engine *e)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+
+	if (!sqe) {
+		io_uring_submit(&e->ring);
+		sqe = io_uring_get_sqe(&e->ring);
+	}
+	return sqe;
+}
+
 void reactor_reap_ring(struct ferry_engine *e)
 {
 	struct io_uring_cqe *cqe;

@@ -297,6 +297,13 @@ static inline void ferry__backend_quiet(struct backend *b)
 
 #define ENGINE_MAX_BACKENDS 8 /* at most 32: a bit each in an engine's awake mask */
 
+/*
+ * An SQE of the engine's io_uring (progress side), for a transport to arm
+ * what the reactor's wait watches: when the ring is full, what is queued is
+ * submitted first. NULL only when it is still full (the caller logs).
+ */
+struct io_uring_sqe *ferry__ring_sqe(struct ferry_engine *e);
+
 /* io_uring user_data for a backend's SQE: its index in the top byte. */
 static inline uint64_t backend_tag(const struct backend *b, uint64_t cookie)
 {

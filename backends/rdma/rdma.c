@@ -55,12 +55,8 @@ static int set_nonblock(int fd)
 static bool arm_fd(struct rdma_state *st, int fd, uint64_t cookie)
 {
 	struct ferry_engine *e = st->engine;
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
+	struct io_uring_sqe *sqe = ferry__ring_sqe(e);
 
-	if (!sqe) {
-		io_uring_submit(&e->ring);
-		sqe = io_uring_get_sqe(&e->ring);
-	}
 	if (!sqe) {
 		log_error("rdma: engine %s: the reactor's io_uring is full", e->name);
 		return false;
@@ -86,11 +82,7 @@ static void arm_tick(struct rdma_state *st)
 		return;
 	if (ns > RDMA_TICK_MAX_NS)
 		ns = RDMA_TICK_MAX_NS;
-	sqe = io_uring_get_sqe(&e->ring);
-	if (!sqe) {
-		io_uring_submit(&e->ring);
-		sqe = io_uring_get_sqe(&e->ring);
-	}
+	sqe = ferry__ring_sqe(e);
 	if (!sqe)
 		return; /* the next round tries again */
 	st->tick_ts.tv_sec = (long long)(ns / 1000000000);

@@ -97,20 +97,9 @@ void shm_conn_reap(struct shm_state *st, struct shm_conn *c)
 /* Polls on the reactor's io_uring                                     */
 /* ------------------------------------------------------------------ */
 
-struct io_uring_sqe *shm_ring_sqe(struct ferry_engine *e)
-{
-	struct io_uring_sqe *sqe = io_uring_get_sqe(&e->ring);
-
-	if (!sqe) {
-		io_uring_submit(&e->ring);
-		sqe = io_uring_get_sqe(&e->ring);
-	}
-	return sqe;
-}
-
 void shm_arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie)
 {
-	struct io_uring_sqe *sqe = shm_ring_sqe(e);
+	struct io_uring_sqe *sqe = ferry__ring_sqe(e);
 
 	if (!sqe) {
 		log_error("shm: io_uring full, cannot watch fd %d", fd);

@@ -218,7 +218,7 @@ void shm_arm_tick(struct ferry_engine *e, struct backend *b)
 
 	if (st->tick_armed || (!st->nhalf_open && !st->nconnecting))
 		return;
-	sqe = shm_ring_sqe(e);
+	sqe = ferry__ring_sqe(e);
 	if (!sqe) {
 		log_limited(FERRY__LOG_ERROR, "shm: io_uring full, handshake timer not armed "
 			    "(tried again next round)");

@@ -148,8 +148,6 @@ int shm_conn_for(struct ferry_engine *e, struct backend *b, const char *name,
  * shm_conn_reap.
  */
 void shm_conn_fail(struct ferry_engine *e, struct shm_conn *c, const char *why, int res);
-/* An SQE of the reactor's io_uring (submitting to make room), or NULL. */
-struct io_uring_sqe *shm_ring_sqe(struct ferry_engine *e);
 /* Poll fd once on the reactor's io_uring, its completion tagged with cookie. */
 void shm_arm_poll(struct ferry_engine *e, struct backend *b, int fd, uint64_t cookie);
 

@@ -119,11 +119,7 @@ static void arm_ringfd(struct tcp_state *st)
 
 	if (st->ringfd_armed)
 		return;
-	sqe = io_uring_get_sqe(&e->ring);
-	if (!sqe) {
-		io_uring_submit(&e->ring);
-		sqe = io_uring_get_sqe(&e->ring);
-	}
+	sqe = ferry__ring_sqe(e);
 	if (!sqe) {
 		log_error("tcp: engine %s: the reactor's io_uring is full", e->name);
 		return;
