@@ -810,7 +810,7 @@ static void test_qp_error(void **state)
 }
 
 /* After test_silent_peer, even a failed one: the wire as wire.sh made it. */
-static int relink(void **state)
+static int mend_wire(void **state)
 {
 	const char *wire = getenv("RDMA_WIRE");
 	char cmd[512];
@@ -818,7 +818,7 @@ static int relink(void **state)
 	(void)state;
 	if (!wire)
 		return -1;
-	snprintf(cmd, sizeof(cmd), "/bin/bash %s relink", wire);
+	snprintf(cmd, sizeof(cmd), "/bin/bash %s mend", wire);
 	return system(cmd) == 0 ? 0 : -1;
 }
 
@@ -853,7 +853,7 @@ static void test_silent_peer(void **state)
 	put_get(a, ab, b, ba, "between", 100, 2);
 	parked_get_ends(a, b, ba, wire_cut);
 	/* The wire mended: the next PUT calls again and arrives whole. */
-	assert_int_equal(relink(NULL), 0);
+	assert_int_equal(mend_wire(NULL), 0);
 	put_get(a, ab, b, ba, "after", 100, 3);
 	assert_int_equal(rh(a, "connections_ready"), 1);
 	assert_int_equal(rh(a, "malformed"), 0);
@@ -882,7 +882,7 @@ int main(void)
 		cmocka_unit_test_setup(test_read_into_get, setup),
 		cmocka_unit_test_setup(test_qp_error, setup),
 		cmocka_unit_test_setup(test_kill_reconnect, setup),
-		cmocka_unit_test_setup_teardown(test_silent_peer, setup, relink),
+		cmocka_unit_test_setup_teardown(test_silent_peer, setup, mend_wire),
 	};
 	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
 
