@@ -445,9 +445,9 @@ static int loop_progress(struct ferry_engine *e, struct backend *b)
 	/*
 	 * An empty inbox (only its stub, unlinked) LOOP_QUIET_ROUNDS rounds in
 	 * a row: the transport goes quiet, so rounds skip it until a sender's
-	 * ferry__backend_wake. Quiet first,
-	 * then one more look (a sender pushes, then looks at quiet): a message
-	 * that came in between keeps it awake.
+	 * ferry__backend_wake. Quiet first, then one more look (a sender
+	 * pushes, then looks at quiet): a message that came in between keeps
+	 * it awake.
 	 */
 	if (self->head == &self->stub &&
 	    !atomic_load_explicit(&self->stub.next, memory_order_acquire)) {
