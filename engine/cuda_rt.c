@@ -32,6 +32,11 @@ _Static_assert(CUDA_IPC_LAZY_PEER_ACCESS == cudaIpcMemLazyEnablePeerAccess, "cud
 _Static_assert(CUDA_MEM_TYPE_DEVICE == cudaMemoryTypeDevice, "cudaMemoryTypeDevice");
 _Static_assert(CUDA_MEM_TYPE_MANAGED == cudaMemoryTypeManaged, "cudaMemoryTypeManaged");
 _Static_assert(CUDA_IPC_HANDLE_BYTES == CUDA_IPC_HANDLE_SIZE, "CUDA_IPC_HANDLE_SIZE");
+#if __has_include(<cuda.h>)
+#include <cuda.h>
+_Static_assert(CUDA_RANGE_DMA_BUF_FD == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+	       "CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD");
+#endif
 _Static_assert(sizeof(struct cuda_ipc_handle) == sizeof(cudaIpcMemHandle_t), "cudaIpcMemHandle_t");
 _Static_assert(sizeof(cuda_err_t) == sizeof(cudaError_t), "cudaError_t");
 _Static_assert(sizeof(struct cuda_ptr_attr) >= sizeof(struct cudaPointerAttributes),
@@ -91,6 +96,22 @@ static void *rt_open(const char *env)
 	return NULL;
 }
 
+/*
+ * An entry point of the driver API: in the runtime's library (a double
+ * has it there), else in the libcuda.so.1 the runtime itself loaded
+ * (never loaded by us: the runtime's own reference keeps it loaded).
+ */
+static void *driver_sym(void *runtime, const char *name)
+{
+	void *f = dlsym(runtime, name), *drv;
+
+	if (f || !(drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD)))
+		return f;
+	f = dlsym(drv, name);
+	dlclose(drv);
+	return f;
+}
+
 static void rt_load(void)
 {
 	const char *env = getenv("FERRY_CUDA_RUNTIME");
@@ -125,14 +146,8 @@ static void rt_load(void)
 		goto out;
 	}
 	rt.devices = n;
-	if (!(*(void **)&rt.MemGetAddressRange = dlsym(h, "cuMemGetAddressRange_v2"))) {
-		void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
-
-		if (drv) /* the runtime's own reference keeps it loaded */
-			*(void **)&rt.MemGetAddressRange = dlsym(drv, "cuMemGetAddressRange_v2");
-		if (drv)
-			dlclose(drv);
-	}
+	*(void **)&rt.MemGetAddressRange = driver_sym(h, "cuMemGetAddressRange_v2");
+	*(void **)&rt.MemGetHandleForAddressRange = driver_sym(h, "cuMemGetHandleForAddressRange");
 	rt_ok = &rt;
 	log_info("CUDA: %s loaded, %d device(s)", rt.library, n);
 	atomic_store(&rt_tried, 1);

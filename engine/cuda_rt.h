@@ -38,6 +38,7 @@ typedef void (*cuda_host_fn)(void *arg); /* cudaHostFn_t */
 #define CUDA_MEM_TYPE_DEVICE 2      /* cudaMemoryTypeDevice */
 #define CUDA_MEM_TYPE_MANAGED 3     /* cudaMemoryTypeManaged */
 #define CUDA_IPC_HANDLE_BYTES 64    /* CUDA_IPC_HANDLE_SIZE */
+#define CUDA_RANGE_DMA_BUF_FD 1     /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (driver API) */
 
 struct cuda_ptr_attr { /* struct cudaPointerAttributes, with room to spare */
 	int type;
@@ -80,6 +81,15 @@ struct cuda_rt {
 	 * in the libcuda.so.1 the runtime itself loaded (never loaded by us).
 	 */
 	int (*MemGetAddressRange)(unsigned long long *base, size_t *size, unsigned long long p);
+	/*
+	 * The driver API's cuMemGetHandleForAddressRange (CUDA 11.7 on): with
+	 * CUDA_RANGE_DMA_BUF_FD, a dma-buf file descriptor of device memory
+	 * [p, p + size) (both aligned to the host's page; the caller closes
+	 * it), which a NIC's driver registers for GPUDirect RDMA
+	 * (ibv_reg_dmabuf_mr). Optional, found as MemGetAddressRange is.
+	 */
+	int (*MemGetHandleForAddressRange)(void *handle, unsigned long long p, size_t size,
+					   int type, unsigned long long flags);
 	int devices;         /* what GetDeviceCount said (0 when it failed) */
 	char library[128];   /* the file loaded */
 };

@@ -225,6 +225,12 @@ static inline bool op_state_pending(uint8_t state)
 #define WIRE_F_CUDA_IPC (1u << 22)
 #define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT | \
 		     WIRE_F_WANT | WIRE_F_RELCREDIT)
+/*
+ * A PUT of device segments (OP_F_DEVICE) that its transport sends from
+ * where they are (backend_ops device_in_place: GPUDirect RDMA); the memory
+ * domain staged nothing. Not a wire flag.
+ */
+#define OP_F_DEVICE_DIRECT (1u << 23)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */

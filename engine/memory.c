@@ -299,6 +299,19 @@ int memory_device_restage(struct ferry_engine *e, struct op *op)
 	return b->ops->device_restage(e, b, op);
 }
 
+int memory_device_dmabuf(struct ferry_engine *e, void *addr, size_t len, int device, int *fd,
+			 uint64_t *offset, const char **why)
+{
+	struct backend *b = device_domain(e);
+
+	*fd = -1;
+	if (!b || !b->ops->device_dmabuf) {
+		*why = "this engine has no memory domain that exports dma-bufs";
+		return -EOPNOTSUPP;
+	}
+	return b->ops->device_dmabuf(e, b, addr, len, device, fd, offset, why);
+}
+
 void memory_dma_source(struct ferry_engine *e, struct ferry_buf *buf)
 {
 	for (unsigned i = 0; i < e->nbackends; i++) {

@@ -157,10 +157,20 @@ int memory_device_put(struct ferry_engine *e, struct op *op, const struct ferry_
 int memory_device_get(struct ferry_engine *e, struct op *op, struct ferry_buf *buf, uint64_t len,
 		      uint32_t wflags);
 /*
- * A CUDA IPC PUT whose receiver asked for the data again (reactor_put_restage):
- * the domain's device_restage. 0 or a negative errno (-EOPNOTSUPP without one).
+ * A CUDA IPC PUT whose receiver asked for the data again (reactor_put_restage),
+ * or a PUT left in place (OP_F_DEVICE_DIRECT) whose peer is now reached by a
+ * transport that does not read device memory: the domain's device_restage.
+ * 0 or a negative errno (-EOPNOTSUPP without one).
  */
 int memory_device_restage(struct ferry_engine *e, struct op *op);
+/*
+ * A dma-buf of the device memory [addr, addr + len) of device, for a
+ * transport's mem_register to register it with a NIC (GPUDirect RDMA):
+ * the domain's device_dmabuf (struct backend_ops says what it returns);
+ * -EOPNOTSUPP without one. *fd is -1 on an error. Any thread.
+ */
+int memory_device_dmabuf(struct ferry_engine *e, void *addr, size_t len, int device, int *fd,
+			 uint64_t *offset, const char **why);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
 /*

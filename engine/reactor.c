@@ -360,14 +360,15 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 }
 
 /*
- * The first GET waiting under fullkey that len bytes fit and that takes
- * host memory where it lands (not a device GET), or NULL: also for a
- * message that is no plain PUT's data (credits, chunks, aborts, IPC). For
- * reactor_deliver_copy and reactor_parked_get, which add their own rules.
+ * The first GET waiting under fullkey that len bytes fit (a device GET
+ * only when device_ok), or NULL: also for a message that is no plain
+ * PUT's data (credits, chunks, aborts, IPC). For reactor_deliver_copy
+ * (host memory only: the CPU copies) and reactor_parked_get (the
+ * transport writes it), which add their own rules.
  */
-static inline struct op *first_host_waiter(struct ferry_engine *e, const char *fullkey,
-					   size_t fullkey_len, uint64_t len, uint32_t flags,
-					   struct key_entry **kep)
+static inline struct op *first_waiter(struct ferry_engine *e, const char *fullkey,
+				      size_t fullkey_len, uint64_t len, uint32_t flags,
+				      bool device_ok, struct key_entry **kep)
 {
 	struct key_entry *ke;
 	struct op *op;
@@ -375,7 +376,7 @@ static inline struct op *first_host_waiter(struct ferry_engine *e, const char *f
 	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
 		return NULL;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
-	if (!ke || !(op = ke->waiters) || (op->flags & OP_F_DEVICE) || len > op->len)
+	if (!ke || !(op = ke->waiters) || ((op->flags & OP_F_DEVICE) && !device_ok) || len > op->len)
 		return NULL;
 	*kep = ke;
 	return op;
@@ -385,7 +386,7 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 			  const void *src, uint64_t len, uint32_t flags)
 {
 	struct key_entry *ke = NULL;
-	struct op *op = first_host_waiter(e, fullkey, fullkey_len, len, flags, &ke);
+	struct op *op = first_waiter(e, fullkey, fullkey_len, len, flags, false, &ke);
 
 	if (!op || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || !op->iovcnt)
 		return false; /* no GET, a zero-copy one, or one that is too small */
@@ -404,7 +405,7 @@ struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_
 			      uint64_t len, uint32_t flags)
 {
 	struct key_entry *ke = NULL;
-	struct op *op = first_host_waiter(e, fullkey, fullkey_len, len, flags, &ke);
+	struct op *op = first_waiter(e, fullkey, fullkey_len, len, flags, true, &ke);
 
 	if (!op || ke->present || op->opcode != FERRY_OP_GET || !(op->flags & FERRY_SQE_SEGS))
 		return NULL;
@@ -577,6 +578,18 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
 }
 
 
+/*
+ * A PUT of device segments that the memory domain left where they are for
+ * a transport that sends them so (OP_F_DEVICE_DIRECT), now going through
+ * one that does not (the peer was resolved again since: a reconnection):
+ * the domain stages it after all (device_restage). 0: the domain has it.
+ */
+static int direct_restage(struct ferry_engine *e, struct op *op)
+{
+	op->state = OP_FREE;
+	return memory_device_restage(e, op);
+}
+
 /* Find the transport that reaches op->peer and hand it the PUT. */
 int reactor_send(struct ferry_engine *e, struct op *op)
 {
@@ -616,6 +629,10 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 			return -EHOSTUNREACH;
 		}
 	}
+	if (unlikely(op->flags & OP_F_DEVICE_DIRECT) &&
+	    (!peer->backend->ops->device_in_place ||
+	     !peer->backend->ops->device_in_place(e, peer->backend, op)))
+		return direct_restage(e, op);
 	if (unlikely(!op->buf && op->len > peer->backend->ops->iov_put_max)) {
 		/* Segments left where they are by do_put: this transport takes them so, or a copy. */
 		if ((op->flags & FERRY_SQE_SEGS) && peer->backend->ops->segs_in_place)

@@ -226,8 +226,10 @@ struct backend_ops {
 	 * is still the caller's (the engine gives it back with
 	 * POOL_BUF_F_RESEND and parks op again). device_restage: an IPC PUT
 	 * whose receiver asked for it again (reactor_put_restage; op's
-	 * WIRE_F_CUDA_IPC cleared, its caller's wait already met): stage it as
-	 * device_put would, with the same answers.
+	 * WIRE_F_CUDA_IPC cleared, its caller's wait already met), or a PUT
+	 * left in place (OP_F_DEVICE_DIRECT, still set: the domain clears it)
+	 * whose peer's transport no longer takes it so (reactor_send): stage
+	 * it as device_put would, with the same answers.
 	 */
 	int (*device_put)(struct ferry_engine *e, struct backend *b, struct op *op,
 			  const struct ferry_sqe *sqe);
@@ -241,6 +243,27 @@ struct backend_ops {
 	 * and unpins it before unmapping it; any other buf is not its business.
 	 */
 	void (*dma_source)(struct ferry_engine *e, struct backend *b, struct ferry_buf *buf);
+	/*
+	 * Optional, for the memory domain, any thread: a dma-buf file
+	 * descriptor of the device memory [addr, addr + len) of device (a
+	 * region it vetted) in *fd (the caller closes it), and in *offset
+	 * where addr lies in it; 0, or a negative errno with *why saying why
+	 * in a sentence (not logged: the caller says what it gives up).
+	 * A transport registers device memory with its NIC through it
+	 * (GPUDirect RDMA: memory_device_dmabuf).
+	 */
+	int (*device_dmabuf)(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
+			     int device, int *fd, uint64_t *offset, const char **why);
+	/*
+	 * Optional, for a transport that moves device memory itself (rdma:
+	 * regions registered for GPUDirect), reactor only: can it send op's
+	 * device segments from where they are (segs_in_place, its NIC reading
+	 * them; no CPU touches them)? The domain then stages nothing and
+	 * hands op on (OP_F_DEVICE_DIRECT) once the caller's wait is met. The
+	 * transport must then never copy those segments with the CPU: a PUT it
+	 * cannot send in place after all fails (-EIO), it is not staged.
+	 */
+	bool (*device_in_place)(struct ferry_engine *e, struct backend *b, const struct op *op);
 };
 
 struct backend {
@@ -339,10 +362,12 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
  * A PUT of len bytes arrives under fullkey that the transport can write
  * into its destination itself (rdma: READ straight into a GET's segments):
  * the first GET parked for it if that GET takes segments of registered
- * regions (FERRY_SQE_SEGS, host memory) with room for len bytes and the
- * data is a plain PUT (flags: no stream traffic). Nothing changes: the
- * transport checks what it needs of the segments (op->segs, op->iovcnt),
- * then claims it or leaves it. NULL: none such.
+ * regions (FERRY_SQE_SEGS) with room for len bytes and the data is a plain
+ * PUT (flags: no stream traffic). Its segments may be device memory
+ * (OP_F_DEVICE): only a transport that writes device memory itself
+ * (GPUDirect RDMA) may claim it so. Nothing changes: the transport checks
+ * what it needs of the segments (op->segs, op->iovcnt), then claims it or
+ * leaves it. NULL: none such.
  */
 struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
 			      uint64_t len, uint32_t flags);

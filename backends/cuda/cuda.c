@@ -41,9 +41,14 @@
  * restages (IPC_F_RESTAGE): the engine gives the descriptor back asking
  * for the data (MEMORY_DEVICE_RESEND), and the sender's domain stages that
  * PUT through the pool (device_restage) and sends it again.
- * Staging stays for everything else (another host, host segments in the
- * PUT, a runtime without IPC or without the driver's address range, a
- * region whose handle could not be had).
+ * Another host, over a transport that moves device memory itself
+ * (device_in_place: rdma with GPUDirect RDMA, regions registered with the
+ * NIC through the dma-buf this domain exports, device_dmabuf): nothing is
+ * staged; the PUT (OP_F_DEVICE_DIRECT) goes on after the caller's wait and
+ * the peer's NIC reads the GPU's memory.
+ * Staging stays for everything else (another host over tcp, host segments
+ * in the PUT, a runtime without IPC or without the driver's address range,
+ * a region whose handle could not be had).
  *
  * The runtime is loaded on the first device region (engine/cuda_rt.h), not
  * at engine creation: an engine that never sees device memory never loads
@@ -146,6 +151,8 @@ struct cuda_svc {
 	stat_t ipc_puts, staged_puts, ipc_gets, ipc_bytes, ipc_opens, ipc_closes;
 	stat_t ipc_resends;  /* receiver: descriptors given back unread, the data asked again staged */
 	stat_t ipc_restaged; /* sender: IPC PUTs sent again staged, at their receiver's request */
+	stat_t direct_puts;  /* PUTs whose transport read the device memory in place (GPUDirect) */
+	stat_t direct_restaged; /* ... chosen so, then staged: their peer's transport changed */
 	stat_t jobs_ended, job_ns; /* jobs seen done, and their time from queued to seen done */
 	_Atomic uint32_t ipc_regions, ipc_cached;
 	_Atomic uint64_t callbacks;
@@ -452,7 +459,8 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
  * A PUT's copies into a pool block, after the caller's wait (kind, handle),
  * on job j: 0 (it runs), or the error (j given back; nothing runs; op->buf,
  * if taken, is freed with the op). An IPC PUT (its descriptor already in
- * op->buf) has no copies: the job is the caller's wait alone.
+ * op->buf) and a PUT its transport reads in place (OP_F_DEVICE_DIRECT)
+ * have no copies: the job is the caller's wait alone.
  */
 static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
 		     struct op *op, unsigned kind, uint64_t handle)
@@ -461,13 +469,14 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	cuda_err_t err = CUDA_OK;
 	uint64_t total = segs_total(op->segs, op->iovcnt), at = 0;
 	bool queued = false, ipc = op->flags & WIRE_F_CUDA_IPC;
+	bool direct = op->flags & OP_F_DEVICE_DIRECT, nocopy = ipc || direct;
 	int rc;
 
 	if (!st) {
 		job_give_back(s, j);
 		return -EIO;
 	}
-	if (!ipc && (rc = pool_alloc(s->e->pool, total, &op->buf))) {
+	if (!nocopy && (rc = pool_alloc(s->e->pool, total, &op->buf))) {
 		log_info("op %llx: pool exhausted for %llu bytes of device memory",
 			 (unsigned long long)op->user_data, (unsigned long long)total);
 		job_give_back(s, j);
@@ -488,7 +497,7 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	} else if (kind == FERRY_CUDA_WAIT_EVENT) {
 		err = rt->StreamWaitEvent(st, (cuda_event_t)(uintptr_t)handle, 0);
 	}
-	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK && !ipc; i++) {
+	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK && !nocopy; i++) {
 		const struct ferry_seg *g = &op->segs[i];
 
 		err = copy_pieces(rt, st, (char *)op->buf->data + at,
@@ -505,6 +514,8 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 		STAT_ADD(s->puts, 1); /* (a restaged one was counted when it went by IPC) */
 	if (ipc) {
 		STAT_ADD(s->ipc_puts, 1);
+	} else if (direct) {
+		STAT_ADD(s->direct_puts, 1);
 	} else {
 		STAT_ADD(s->staged_puts, 1);
 		STAT_ADD(s->bytes_d2h, total);
@@ -606,19 +617,19 @@ static void svc_start_waiting(struct cuda_svc *s)
 }
 
 /*
- * Does the PUT's peer go through a transport that carries IPC? An
- * unresolved peer is resolved here as reactor_send would (the first that
- * reaches it, in rank order); a peer being reached by the control plane is
- * not (it is staged: its transport is not known yet).
+ * The transport the PUT's peer goes through, or NULL. An unresolved peer
+ * is resolved here as reactor_send would (the first that reaches it, in
+ * rank order); a peer being reached by the control plane is not (NULL: it
+ * is staged, its transport is not known yet).
  */
-static bool peer_takes_ipc(struct ferry_engine *e, struct ferry_peer *peer)
+static struct backend *peer_transport(struct ferry_engine *e, struct ferry_peer *peer)
 {
 	if (!peer->backend) {
 		for (unsigned i = 0; i < e->nbackends; i++) {
 			struct backend *b = &e->backends[i];
 
 			if (b->ops->reaching && b->data && b->ops->reaching(e, b, peer))
-				return false;
+				return NULL;
 		}
 		for (unsigned i = 0; i < e->nbackends; i++) {
 			struct backend *b = &e->backends[i];
@@ -631,10 +642,34 @@ static bool peer_takes_ipc(struct ferry_engine *e, struct ferry_peer *peer)
 				break;
 			}
 			if (rc != -EHOSTUNREACH)
-				return false;
+				return NULL;
 		}
 	}
-	return peer->backend && (peer->backend->ops->caps & TRANSPORT_CAP_CUDA_IPC);
+	return peer->backend;
+}
+
+static bool peer_takes_ipc(struct ferry_engine *e, struct ferry_peer *peer)
+{
+	struct backend *t = peer_transport(e, peer);
+
+	return t && (t->ops->caps & TRANSPORT_CAP_CUDA_IPC);
+}
+
+/*
+ * A PUT of device segments whose peer's transport sends them from where
+ * they are (device_in_place: GPUDirect RDMA, the NIC reads the GPU's
+ * memory): OP_F_DEVICE_DIRECT, nothing staged; true. false: staged.
+ */
+static bool direct_describe(struct cuda_svc *s, struct op *op)
+{
+	struct backend *t;
+
+	if (op->opcode != FERRY_OP_PUT || !(t = peer_transport(s->e, op->peer)) ||
+	    !t->ops->device_in_place || !t->ops->device_in_place(s->e, t, op))
+		return false;
+	op->len = segs_total(op->segs, op->iovcnt);
+	op->flags |= OP_F_DEVICE_DIRECT;
+	return true;
 }
 
 /*
@@ -710,10 +745,15 @@ static int cuda_device_put(struct ferry_engine *e, struct backend *b, struct op 
 	}
 	if ((rc = ipc_describe(s, op)) < 0)
 		return rc;
+	if (rc == 1 && direct_describe(s, op))
+		rc = 0;
 	if (rc == 0 && !sqe->cuda_wait_kind) {
-		/* Nothing to wait for on the GPU: the descriptor goes now. */
+		/* Nothing to wait for on the GPU: the descriptor, or the segments, go now. */
 		STAT_ADD(s->puts, 1);
-		STAT_ADD(s->ipc_puts, 1);
+		if (op->flags & OP_F_DEVICE_DIRECT)
+			STAT_ADD(s->direct_puts, 1);
+		else
+			STAT_ADD(s->ipc_puts, 1);
 		reactor_put_staged(e, op, 0);
 		return 0;
 	}
@@ -1069,10 +1109,18 @@ static int cuda_device_restage(struct ferry_engine *e, struct backend *b, struct
 
 	if (!rt)
 		return -ENODEV; /* not reached: the PUT's regions found the runtime */
-	STAT_ADD(s->ipc_restaged, 1);
-	log_info("cuda: engine %s: PUT %llx: %s could not open our CUDA IPC handle: sent again, "
-		 "staged through the pool", e->name, (unsigned long long)op->user_data,
-		 op->peer ? op->peer->name : "?");
+	if (op->flags & OP_F_DEVICE_DIRECT) {
+		op->flags &= ~OP_F_DEVICE_DIRECT;
+		STAT_ADD(s->direct_restaged, 1);
+		log_info("cuda: engine %s: PUT %llx: %s is now reached by a transport that does not "
+			 "read device memory in place: staged through the pool", e->name,
+			 (unsigned long long)op->user_data, op->peer ? op->peer->name : "?");
+	} else {
+		STAT_ADD(s->ipc_restaged, 1);
+		log_info("cuda: engine %s: PUT %llx: %s could not open our CUDA IPC handle: sent "
+			 "again, staged through the pool", e->name, (unsigned long long)op->user_data,
+			 op->peer ? op->peer->name : "?");
+	}
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
 		op->chunk = CUDA_WAIT_RESTAGE;
 		op->wish_seq = 0;
@@ -1309,6 +1357,50 @@ static void cuda_peer_event(struct ferry_engine *e, struct backend *b, const cha
 	}
 }
 
+/*
+ * GPUDirect RDMA: a dma-buf of the device memory [addr, addr + len), for a
+ * NIC's registration. The driver exports whole host pages: the range asked
+ * for is [addr, addr + len) widened to them (a device allocation is
+ * aligned far beyond a page, so the widened range stays inside it). It is
+ * asked on the calling thread, which has the context current that its
+ * allocation was made in (the runtime's primary context of device, where
+ * the application's allocator runs).
+ */
+static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
+			      int device, int *fd, uint64_t *offset, const char **why)
+{
+	static __thread char text[160];
+	struct cuda_svc *s = b->data;
+	const struct cuda_rt *rt = svc_runtime(s, why);
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start, end;
+	int h = -1, err;
+
+	(void)e;
+	(void)device;
+	*fd = -1;
+	if (!rt)
+		return -ENODEV;
+	if (!rt->MemGetHandleForAddressRange) {
+		*why = "the CUDA driver has no cuMemGetHandleForAddressRange (CUDA 11.7 on)";
+		return -EOPNOTSUPP;
+	}
+	start = (uintptr_t)addr & ~(page - 1);
+	end = ((uintptr_t)addr + len + page - 1) & ~(page - 1);
+	err = rt->MemGetHandleForAddressRange(&h, start, (size_t)(end - start),
+					      CUDA_RANGE_DMA_BUF_FD, 0);
+	if (err != 0 || h < 0) {
+		/* A CUresult, not a cudaError_t: 801 is CUDA_ERROR_NOT_SUPPORTED. */
+		snprintf(text, sizeof(text), "cuMemGetHandleForAddressRange: CUresult %d%s", err,
+			 err == 801 ? " (not supported: the driver or the kernel has no dma-buf "
+				      "export)" : "");
+		*why = text;
+		return err == 801 ? -EOPNOTSUPP : -EIO;
+	}
+	*fd = h;
+	*offset = (uintptr_t)addr - start;
+	return 0;
+}
+
 static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, size_t len)
 {
 	struct cuda_svc *s = b->data;
@@ -1323,7 +1415,7 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			"\"errors\":%llu,\"ipc_regions\":%u,\"ipc_puts\":%llu,\"staged_puts\":%llu,"
 			"\"ipc_gets\":%llu,\"ipc_bytes\":%llu,\"ipc_opens\":%llu,\"ipc_closes\":%llu,"
 			"\"ipc_open\":%u,\"ipc_resends\":%llu,\"ipc_restaged\":%llu,\"jobs_ended\":%llu,"
-			"\"job_ns\":%llu}",
+			"\"job_ns\":%llu,\"direct_puts\":%llu,\"direct_restaged\":%llu}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
 			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
@@ -1341,7 +1433,9 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)STAT_GET(s->ipc_resends),
 			(unsigned long long)STAT_GET(s->ipc_restaged),
 			(unsigned long long)STAT_GET(s->jobs_ended),
-			(unsigned long long)STAT_GET(s->job_ns));
+			(unsigned long long)STAT_GET(s->job_ns),
+			(unsigned long long)STAT_GET(s->direct_puts),
+			(unsigned long long)STAT_GET(s->direct_restaged));
 }
 
 const struct backend_ops ferry__cuda_backend = {
@@ -1360,4 +1454,5 @@ const struct backend_ops ferry__cuda_backend = {
 	.device_put = cuda_device_put,
 	.device_get = cuda_device_get,
 	.device_restage = cuda_device_restage,
+	.device_dmabuf = cuda_device_dmabuf,
 };

@@ -10,7 +10,9 @@
  * per engine: a protection domain, one completion queue for every QP of
  * the device, its completion channel), the memory hooks (the pool and every
  * registered region get one memory region per device, once, never per
- * transfer), the reactor's wait on verbs, the round, health and addresses.
+ * transfer; a CUDA device region through its dma-buf, for GPUDirect RDMA,
+ * and device_in_place, which tells the memory domain its PUTs need no
+ * staging), the reactor's wait on verbs, the round, health and addresses.
  *
  * Waiting on verbs: the reactor has one wait, its io_uring. Each device's
  * completion channel fd and the rdma_cm event channel fd are non-blocking
@@ -33,6 +35,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <stdarg.h>
 #include <unistd.h>
 
 #include "netaddr.h"
@@ -93,15 +96,78 @@ static void arm_tick(struct rdma_state *st)
 	st->tick_armed = true;
 }
 
-static void mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_mem *m)
+/* GPUDirect RDMA's registration of a device region on d (a dma-buf): NULL and errno on failure. */
+static struct ibv_mr *reg_dmabuf(struct rdma_dev *d, struct rdma_mem *m)
+{
+#ifdef FERRY_HAVE_IBV_DMABUF
+	return ibv_reg_dmabuf_mr(d->pd, m->dmabuf_off, m->len, (uintptr_t)m->addr, m->dmabuf_fd,
+				 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
+#else
+	(void)d;
+	(void)m;
+	errno = ENOSYS;
+	return NULL;
+#endif
+}
+
+/*
+ * Why GPUDirect is not used (health), with mem_lock held: true when that
+ * is news, to be told (gpudirect_tell) once the lock is let go (a log sink
+ * may read health, which takes it).
+ */
+static bool gpudirect_refused(struct rdma_state *st, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+static bool gpudirect_refused(struct rdma_state *st, const char *fmt, ...)
+{
+	char why[sizeof(st->gpudirect_why)];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (!strcmp(why, st->gpudirect_why))
+		return false;
+	memcpy(st->gpudirect_why, why, sizeof(why));
+	return true;
+}
+
+/* Log why GPUDirect is not used (mem_lock not held). */
+static void gpudirect_tell(struct rdma_state *st)
+{
+	char why[sizeof(st->gpudirect_why)];
+
+	pthread_mutex_lock(&st->mem_lock);
+	memcpy(why, st->gpudirect_why, sizeof(why));
+	pthread_mutex_unlock(&st->mem_lock);
+	log_info("rdma: engine %s: device memory goes staged through the pool, not by GPUDirect "
+		 "RDMA: %s", st->engine->name, why);
+}
+
+/*
+ * m registered on d (mem_lock held): host memory with ibv_reg_mr, device
+ * memory through its dma-buf (GPUDirect RDMA; addresses in work requests
+ * are its device addresses). A failure leaves mr NULL: logged for host
+ * memory (an error); for device memory (it is staged instead) noted, and
+ * true when the caller must tell it (gpudirect_tell, after the lock).
+ */
+static bool mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_mem *m)
 {
 	if (m->mr[d->idx])
-		return;
+		return false;
+	if (m->dmabuf_fd >= 0) {
+		if (!(m->mr[d->idx] = reg_dmabuf(d, m)))
+			return gpudirect_refused(st, "%s: ibv_reg_dmabuf_mr: %s", d->name,
+						 errno == ENOSYS ? "this build's libibverbs has none "
+								   "(rdma-core 34 on has it)"
+								 : strerror(errno));
+		return false;
+	}
 	m->mr[d->idx] = ibv_reg_mr(d->pd, m->addr, m->len,
 				   IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 	if (!m->mr[d->idx])
 		log_error("rdma: engine %s: ibv_reg_mr of %zu bytes on %s: %s", st->engine->name,
 			  m->len, d->name, strerror(errno));
+	return false;
 }
 
 static void dev_close(struct rdma_dev *d)
@@ -120,6 +186,7 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 {
 	struct ibv_device_attr attr;
 	struct rdma_dev *d;
+	bool tell = false;
 
 	for (unsigned i = 0; i < st->ndevs; i++) {
 		if (st->devs[i].ctx == ctx) {
@@ -156,8 +223,10 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	d->poll_armed = arm_fd(st, d->ch->fd, K_CH | ((uint64_t)d->idx << 8));
 	pthread_mutex_lock(&st->mem_lock);
 	for (struct rdma_mem *m = st->mems; m; m = m->next)
-		mem_reg_on(st, d, m);
+		tell |= mem_reg_on(st, d, m);
 	pthread_mutex_unlock(&st->mem_lock);
+	if (tell)
+		gpudirect_tell(st);
 	*out = d;
 	return 0;
 }
@@ -254,16 +323,56 @@ int rdma_parse_uri(const char *uri, struct sockaddr_storage *ss)
 /* The memory hooks                                                   */
 /* ------------------------------------------------------------------ */
 
+static void mem_free(struct rdma_mem *m)
+{
+	for (unsigned i = 0; i < RDMA_MAX_DEV; i++)
+		if (m->mr[i])
+			ibv_dereg_mr(m->mr[i]);
+	if (m->dmabuf_fd >= 0)
+		close(m->dmabuf_fd);
+	free(m);
+}
+
+/*
+ * Device memory for GPUDirect RDMA: its dma-buf from the memory domain
+ * (kept in m), or 1 when it has none (told; the region is staged).
+ */
+static int device_dmabuf(struct rdma_state *st, struct rdma_mem *m, int device)
+{
+	const char *why = "";
+	int rc;
+
+#ifndef FERRY_HAVE_IBV_DMABUF
+	(void)device;
+	(void)rc;
+	(void)why;
+	pthread_mutex_lock(&st->mem_lock);
+	rc = gpudirect_refused(st, "this build's libibverbs has no ibv_reg_dmabuf_mr (rdma-core "
+				   "34 on has it)");
+	pthread_mutex_unlock(&st->mem_lock);
+#else
+	if (!(rc = memory_device_dmabuf(st->engine, m->addr, m->len, device, &m->dmabuf_fd,
+					&m->dmabuf_off, &why)))
+		return 0;
+	pthread_mutex_lock(&st->mem_lock);
+	rc = gpudirect_refused(st, "no dma-buf of CUDA device %d's memory: %s", device, why);
+	pthread_mutex_unlock(&st->mem_lock);
+#endif
+	if (rc)
+		gpudirect_tell(st);
+	return 1;
+}
+
 static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			     enum ferry_mem_type mem, int device, void **handle)
 {
 	struct rdma_state *st = b->data;
 	struct rdma_mem *m;
+	bool tell = false;
 
 	(void)e;
-	(void)device;
 	*handle = NULL;
-	if (mem != FERRY_MEM_HOST)
+	if (mem != FERRY_MEM_HOST && mem != FERRY_MEM_CUDA)
 		return 0; /* not ours to move: it goes as unregistered memory */
 	if (!st->ndevs)
 		return 0; /* no device: nothing to register with */
@@ -272,20 +381,29 @@ static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 		return -ENOMEM;
 	m->addr = addr;
 	m->len = len;
+	m->dmabuf_fd = -1;
+	if (mem == FERRY_MEM_CUDA && device_dmabuf(st, m, device)) {
+		free(m);
+		return 0; /* staged by the memory domain, as without rdma */
+	}
 	pthread_mutex_lock(&st->mem_lock);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		mem_reg_on(st, &st->devs[i], m);
+		tell |= mem_reg_on(st, &st->devs[i], m);
+	for (unsigned i = 0; i < st->ndevs; i++) {
+		if (!m->mr[i]) {
+			pthread_mutex_unlock(&st->mem_lock);
+			if (tell)
+				gpudirect_tell(st);
+			mem_free(m);
+			/* Device memory the NIC cannot take is staged; host memory it cannot is an error. */
+			return mem == FERRY_MEM_CUDA ? 0 : -ENOMEM;
+		}
+	}
 	m->next = st->mems;
 	st->mems = m;
 	pthread_mutex_unlock(&st->mem_lock);
-	for (unsigned i = 0; i < st->ndevs; i++) {
-		if (!m->mr[i]) {
-			void *h = m;
-
-			b->ops->mem_deregister(e, b, h);
-			return -ENOMEM;
-		}
-	}
+	if (mem == FERRY_MEM_CUDA)
+		atomic_fetch_add_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
 	*handle = m;
 	return 0;
 }
@@ -306,10 +424,37 @@ static void rdma_mem_deregister(struct ferry_engine *e, struct backend *b, void 
 		}
 	}
 	pthread_mutex_unlock(&st->mem_lock);
-	for (unsigned i = 0; i < RDMA_MAX_DEV; i++)
-		if (m->mr[i])
-			ibv_dereg_mr(m->mr[i]);
-	free(m);
+	if (m->dmabuf_fd >= 0)
+		atomic_fetch_sub_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+	mem_free(m);
+}
+
+/*
+ * Device segments sent where they are (GPUDirect RDMA): each non-empty one
+ * of a region registered through its dma-buf on every device, and no more
+ * than one announcement takes.
+ */
+static bool rdma_device_in_place(struct ferry_engine *e, struct backend *b, const struct op *op)
+{
+	struct rdma_state *st = b->data;
+	uint32_t k = 0;
+
+	(void)e;
+	if (!(op->flags & FERRY_SQE_SEGS))
+		return false;
+	for (uint32_t i = 0; i < op->iovcnt; i++) {
+		const struct rdma_mem *m;
+
+		if (!op->segs[i].len)
+			continue;
+		m = ferry__region_reg(op->segs[i].region, b);
+		if (++k > RDMA_MAX_SEG || !m)
+			return false;
+		for (unsigned d = 0; d < st->ndevs; d++)
+			if (!m->mr[d])
+				return false;
+	}
+	return true;
 }
 
 /* ------------------------------------------------------------------ */
@@ -680,11 +825,18 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 {
 	struct rdma_state *st = b->data;
 	char devs[RDMA_MAX_DEV * 66 + 4] = "";
+	char gd_why[sizeof(st->gpudirect_why)];
 	size_t o = 0;
 
 	(void)e;
 	if (!st->ndevs)
 		return snprintf(buf, len, ",\"rdma\":{\"devices\":[],\"why\":\"%s\"}", st->why);
+	pthread_mutex_lock(&st->mem_lock);
+	snprintf(gd_why, sizeof(gd_why), "%s", st->gpudirect_why);
+	pthread_mutex_unlock(&st->mem_lock);
+	for (char *p = gd_why; *p; p++) /* a JSON string: nothing that would end it */
+		if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20)
+			*p = '?';
 	for (unsigned i = 0; i < st->ndevs && o < sizeof(devs); i++)
 		o += (size_t)snprintf(devs + o, sizeof(devs) - o, "%s\"%s\"", i ? "," : "",
 				      st->devs[i].name);
@@ -692,7 +844,8 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			",\"rdma\":{\"devices\":[%s],\"address\":\"%s\",\"connections_ready\":%u,"
 			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
 			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu,\"announced_in_place\":%llu,"
-			"\"read_into_get\":%llu,\"inline_sends\":%llu,\"heartbeats\":%llu}",
+			"\"read_into_get\":%llu,\"inline_sends\":%llu,\"heartbeats\":%llu,"
+			"\"gpudirect_regions\":%u,\"gpudirect_puts\":%llu,\"gpudirect_why\":\"%s\"}",
 			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
@@ -705,7 +858,11 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)atomic_load_explicit(&st->h_into_get, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_inline, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_heartbeats,
-								 memory_order_relaxed));
+								 memory_order_relaxed),
+			atomic_load_explicit(&st->h_gpudirect_regions, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_gpudirect_puts,
+								 memory_order_relaxed),
+			gd_why);
 }
 
 const struct backend_ops ferry__rdma_backend = {
@@ -732,4 +889,5 @@ const struct backend_ops ferry__rdma_backend = {
 	.peer_event = rdma_peer_event,
 	.mem_register = rdma_mem_register,
 	.mem_deregister = rdma_mem_deregister,
+	.device_in_place = rdma_device_in_place,
 };

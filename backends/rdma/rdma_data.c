@@ -17,7 +17,9 @@
  *
  * A PUT of at most RDMA_EAGER_MAX bytes is copied into its SEND (from the
  * iovec, or from its pool block, which goes back to the pool then); the
- * receiver copies it into a block of its pool. A larger one is announced:
+ * receiver copies it into a block of its pool. A larger one is announced
+ * (and a PUT of device memory registered for GPUDirect RDMA, whatever its
+ * size, OP_F_DEVICE_DIRECT: no CPU copies device memory):
  * {address, rkey, length} of its registered pool block (a block that is
  * not of this engine's registered pool is first copied into one); the
  * receiver takes a block of its own pool and pulls the bytes with RDMA
@@ -189,6 +191,7 @@ int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->posted = false;
 	m->resulted = false;
 	m->inplace = false;
+	m->device = (op->flags & OP_F_DEVICE_DIRECT) != 0;
 	m->gen++;
 	m->op = op;
 	m->op_gen = op->gen;
@@ -263,9 +266,18 @@ static int announce_in_place(struct rdma_state *st, struct rdma_conn *c, struct 
 	if (rc == 0) {
 		m->inplace = true;
 		atomic_fetch_add_explicit(&st->h_inplace, 1, memory_order_relaxed);
+		if (m->device)
+			atomic_fetch_add_explicit(&st->h_gpudirect_puts, 1, memory_order_relaxed);
 	}
 	return rc;
 stage:
+	if (m->device) {
+		/* Device memory registered on another device than c's, say: no CPU may copy it. */
+		log_error("rdma: engine %s: a PUT of device memory to %s cannot be read in place "
+			  "(a region not registered with %s for GPUDirect, or more than %u segments)",
+			  st->engine->name, c->peer_name, c->dev->name, RDMA_MAX_SEG);
+		return -EIO;
+	}
 	if (pool_alloc(st->engine->pool, m->len, &m->buf))
 		return -ENOBUFS;
 	segs_gather(segs, n, m->buf->data, m->len);
@@ -281,7 +293,8 @@ static int msg_post(struct rdma_state *st, struct rdma_conn *c, struct rdma_msg 
 			      .len = m->len };
 	int rc;
 
-	if (m->len <= RDMA_EAGER_MAX) {
+	if (m->len <= RDMA_EAGER_MAX && !(m->device && m->len)) {
+		/* (Device memory is never copied by the CPU: announced, however small.) */
 		const void *data = m->buf ? m->buf->data : NULL;
 
 		h.type = RM_EAGER;
@@ -524,6 +537,9 @@ static struct rdma_rx *rx_take(struct rdma_state *st, struct rdma_conn *c,
  * A GET parked for r's key that takes it into segments of regions
  * registered on c's device: claimed, r READs straight into them (no block
  * of the pool, no copy). Its deadline stops until r ends (reactor_claim_get).
+ * Device segments too, when their regions are registered for GPUDirect
+ * RDMA: the NIC writes the GPU's memory; else the data goes through a
+ * block, and the memory domain copies it to the device.
  */
 static bool direct_get(struct rdma_state *st, struct rdma_conn *c, struct rdma_rx *r)
 {
@@ -615,9 +631,9 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 	case RM_ANNOUNCE: {
 		uint64_t sum = 0;
 
+		/* (Small ones too: device memory is announced whatever its size.) */
 		if (!key_ok(body, h.key_len) || h.nseg == 0 || h.nseg > RDMA_MAX_SEG ||
-		    blen != h.key_len + h.nseg * sizeof(struct rdma_seg_wire) ||
-		    h.len <= RDMA_EAGER_MAX) {
+		    blen != h.key_len + h.nseg * sizeof(struct rdma_seg_wire) || h.len == 0) {
 			malformed(st, c, "bad announcement");
 			return;
 		}

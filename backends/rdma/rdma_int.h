@@ -165,6 +165,13 @@ struct rdma_mem {
 	void *addr;
 	size_t len;
 	struct ibv_mr *mr[RDMA_MAX_DEV];
+	/*
+	 * CUDA device memory registered for GPUDirect RDMA: its dma-buf (kept
+	 * open for devices opened later) and where addr lies in it; -1: host
+	 * memory.
+	 */
+	int dmabuf_fd;
+	uint64_t dmabuf_off;
 	struct rdma_mem *next;
 };
 
@@ -189,6 +196,7 @@ struct rdma_msg {
 	bool send_done;    /* ... and completed */
 	bool resulted;
 	bool inplace;      /* announced from the caller's segments (its op is held) */
+	bool device;       /* its segments are device memory (OP_F_DEVICE_DIRECT): never CPU-copied */
 	struct rdma_conn *c;
 	struct ferry_buf *buf; /* its data (announced, or NULL: copied into its SEND) */
 	/*
@@ -321,6 +329,15 @@ struct rdma_state {
 	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace, h_into_get;
 	_Atomic uint64_t h_inline; /* messages sent inline (IBV_SEND_INLINE) */
 	_Atomic uint64_t h_heartbeats; /* CREDITs posted because a connection was idle */
+	/*
+	 * GPUDirect RDMA: device regions registered with every device (their
+	 * PUTs read in place by the peer's NIC, their GETs written by ours),
+	 * and why the last one that could not be is staged instead (under
+	 * mem_lock; "" while none failed).
+	 */
+	_Atomic uint32_t h_gpudirect_regions;
+	_Atomic uint64_t h_gpudirect_puts;
+	char gpudirect_why[200];
 };
 
 /* ------------------------------------------------------------------ */

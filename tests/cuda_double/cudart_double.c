@@ -26,6 +26,14 @@
  * driver's, which ferry looks for beside the runtime) gives an
  * allocation's base. cudadouble_set_ipc(0) makes the runtime one without
  * IPC (cudaIpcGetMemHandle: not supported).
+ *
+ * dma-buf (GPUDirect RDMA): cuMemGetHandleForAddressRange exports a
+ * page-aligned range of an allocation as a descriptor, a duplicate of its
+ * memfd, and remembers where in the memfd the range starts
+ * (cudadouble_dmabuf_origin), which a test double of the NIC's dma-buf
+ * registration maps (the memfd is not a real dma-buf: no driver here
+ * takes one). cudadouble_set_dmabuf(0) makes the driver one without dma-buf
+ * export (CUDA_ERROR_NOT_SUPPORTED).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -89,6 +97,13 @@ static struct {
 	int fd;       /* its memfd (-1: a mapping opened from another process's handle) */
 } g_alloc[MAX_ALLOCS];
 static int g_ipc_off;
+static int g_dmabuf_off;
+static uint64_t g_dmabuf_exports;
+/* Descriptors exported by cuMemGetHandleForAddressRange (fd1: fd + 1): where each range starts. */
+static struct {
+	int fd1;
+	uint64_t at;
+} g_dmabuf[MAX_ALLOCS];
 static uint64_t g_ipc_gets, g_ipc_opens, g_ipc_closes;
 
 /* The double's IPC handle: the exporter, its memfd, the allocation's size. */
@@ -542,7 +557,8 @@ API const char *cudaGetErrorString(cuda_err_t err)
 API void *cudadouble_malloc(int dev, size_t n)
 {
 	void *p = NULL;
-	size_t len = n ? n : 1;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	size_t len = ((n ? n : 1) + page - 1) & ~(page - 1); /* whole pages, as a GPU's allocation */
 
 	pthread_mutex_lock(&g_lock);
 	for (int i = 0; i < MAX_ALLOCS; i++) {
@@ -614,6 +630,64 @@ API int cuMemGetAddressRange_v2(unsigned long long *base, size_t *size, unsigned
 	}
 	pthread_mutex_unlock(&g_lock);
 	return err;
+}
+
+/* 0: the driver behaves as one without dma-buf export (cuMemGetHandleForAddressRange). */
+API void cudadouble_set_dmabuf(int on)
+{
+	g_dmabuf_off = !on;
+}
+
+/*
+ * The driver API's cuMemGetHandleForAddressRange (CUresult), dma-buf only:
+ * [p, p + size) page-aligned, within one allocation (its pages); the
+ * descriptor is the caller's to close.
+ */
+API int cuMemGetHandleForAddressRange(void *handle, unsigned long long p, size_t size, int type,
+				      unsigned long long flags)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	int i, fd, err = injected("cuMemGetHandleForAddressRange");
+
+	if (err)
+		return err;
+	if (g_dmabuf_off)
+		return ERR_NOT_SUPPORTED;
+	if (!handle || type != CUDA_RANGE_DMA_BUF_FD || flags || !size || (p & (page - 1)) ||
+	    (size & (page - 1)))
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&g_lock);
+	i = alloc_of((const void *)(uintptr_t)p);
+	if (i < 0 || g_alloc[i].fd < 0 ||
+	    p + size > (((uintptr_t)g_alloc[i].base + g_alloc[i].len + page - 1) & ~(page - 1)) ||
+	    (fd = fcntl(g_alloc[i].fd, F_DUPFD_CLOEXEC, 0)) < 0) {
+		pthread_mutex_unlock(&g_lock);
+		return ERR_INVALID_VALUE;
+	}
+	g_dmabuf[fd % MAX_ALLOCS].fd1 = fd + 1;
+	g_dmabuf[fd % MAX_ALLOCS].at = p - (uintptr_t)g_alloc[i].base;
+	g_dmabuf_exports++;
+	pthread_mutex_unlock(&g_lock);
+	*(int *)handle = fd;
+	return 0;
+}
+
+/*
+ * Where a descriptor cuMemGetHandleForAddressRange gave starts in its
+ * memfd (*at), for the test's double of a NIC's dma-buf registration to
+ * map it: 0, or -1 for a descriptor it did not give.
+ */
+API int cudadouble_dmabuf_origin(int fd, uint64_t *at)
+{
+	int rc = -1;
+
+	pthread_mutex_lock(&g_lock);
+	if (fd >= 0 && g_dmabuf[fd % MAX_ALLOCS].fd1 == fd + 1) {
+		*at = g_dmabuf[fd % MAX_ALLOCS].at;
+		rc = 0;
+	}
+	pthread_mutex_unlock(&g_lock);
+	return rc;
 }
 
 API cuda_err_t cudaIpcGetMemHandle(struct cuda_ipc_handle *h, void *p)
@@ -791,6 +865,8 @@ API uint64_t cudadouble_stat(const char *name)
 	}
 	else if (!strcmp(name, "streams"))
 		v = g_streams;
+	else if (!strcmp(name, "dmabuf_exports"))
+		v = g_dmabuf_exports;
 	else if (!strcmp(name, "ipc_gets"))
 		v = g_ipc_gets;
 	else if (!strcmp(name, "ipc_opens"))
