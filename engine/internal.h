@@ -231,6 +231,12 @@ static inline bool op_state_pending(uint8_t state)
  * domain staged nothing. Not a wire flag.
  */
 #define OP_F_DEVICE_DIRECT (1u << 23)
+/*
+ * A staged device PUT handed to its transport while its block is still
+ * being filled (pool_filled; only to a transport with sends_filling).
+ * Not a wire flag.
+ */
+#define OP_F_FILLING (1u << 15)
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */

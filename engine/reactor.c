@@ -629,10 +629,21 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 			return -EHOSTUNREACH;
 		}
 	}
-	if (unlikely(op->flags & OP_F_DEVICE_DIRECT) &&
-	    (!peer->backend->ops->device_in_place ||
-	     !peer->backend->ops->device_in_place(e, peer->backend, op)))
-		return direct_restage(e, op);
+	if (unlikely(op->flags & (OP_F_FILLING | OP_F_DEVICE_DIRECT))) {
+		/* Device memory the domain did not stage whole (backends/cuda). */
+		const struct backend_ops *t = peer->backend->ops;
+
+		if ((op->flags & OP_F_FILLING) && !t->sends_filling && op->buf &&
+		    pool_filled(op->buf) != op->buf->len) {
+			/* Not reached: the domain hands a block on early only to such a transport. */
+			log_error("PUT %llx: a block still being filled, for a transport that sends "
+				  "only whole ones", (unsigned long long)op->user_data);
+			return -EIO;
+		}
+		if ((op->flags & OP_F_DEVICE_DIRECT) &&
+		    (!t->device_in_place || !t->device_in_place(e, peer->backend, op)))
+			return direct_restage(e, op);
+	}
 	if (unlikely(!op->buf && op->len > peer->backend->ops->iov_put_max)) {
 		/* Segments left where they are by do_put: this transport takes them so, or a copy. */
 		if ((op->flags & FERRY_SQE_SEGS) && peer->backend->ops->segs_in_place)

@@ -264,6 +264,17 @@ struct backend_ops {
 	 * cannot send in place after all fails (-EIO), it is not staged.
 	 */
 	bool (*device_in_place)(struct ferry_engine *e, struct backend *b, const struct op *op);
+	/*
+	 * Optional (tcp): the transport sends a block while it is still being
+	 * filled (pipelined staging: the memory domain copies a large device
+	 * PUT into the pool piece by piece and hands it on after the first
+	 * pieces, OP_F_FILLING). It sends no byte past pool_filled(buf);
+	 * staged_more (reactor only) says that some such block has more, or
+	 * that its filling failed (POOL_FILL_FAILED: the transport must not
+	 * deliver that PUT; tcp fails the link that carries it).
+	 */
+	bool sends_filling;
+	void (*staged_more)(struct ferry_engine *e, struct backend *b);
 };
 
 struct backend {

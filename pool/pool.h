@@ -89,6 +89,7 @@ struct ferry_buf {
 	struct ferry_buf *share_root;  /* one of several handles of one block (pool_share):
 					the root that holds the block; else NULL */
 	_Atomic uint32_t share_refs;   /* a share root: live shared handles */
+	uint64_t filled;               /* a share root with POOL_BUF_F_FILLING: see pool_filled */
 };
 
 /* The handle names memory that is not this pool's (see pool_wrap). */
@@ -100,11 +101,32 @@ struct ferry_buf {
  */
 #define POOL_BUF_F_RESEND (1u << 1)
 /*
+ * A share root whose block is still being filled while one of its handles
+ * is already sent (pipelined staging of device memory: backends/cuda);
+ * its filled says how far (pool_filled). Set and moved on by whoever
+ * fills it, on the reactor's thread; read there.
+ */
+#define POOL_BUF_F_FILLING (1u << 2)
+#define POOL_FILL_FAILED UINT64_MAX
+/*
  * A share root (POOL_BUF_ROOT) is the hidden handle that holds a shared
  * block while shared handles are live; it is neither free nor a buffer
  * anyone may free.
  */
 enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe, POOL_BUF_ROOT = 0x5007 };
+
+/*
+ * How many bytes of buf, from its start, hold data: buf->len for every
+ * block but a shared one still being filled (POOL_BUF_F_FILLING on its
+ * root: the root's filled), or POOL_FILL_FAILED when that filling failed
+ * (the rest of the data never comes). Reactor only.
+ */
+static inline uint64_t pool_filled(const struct ferry_buf *buf)
+{
+	const struct ferry_buf *r = buf->share_root;
+
+	return r && (r->flags & POOL_BUF_F_FILLING) ? r->filled : buf->len;
+}
 
 /* Create a pool. Returns 0 and *out, or -EINVAL/-ENOMEM/-errno of memfd. */
 int pool_create(const struct pool_params *p, struct pool **out);

@@ -36,6 +36,7 @@ static int (*d_event_create)(void **ev, unsigned flags);
 static int (*d_event_destroy)(void *ev);
 static int (*d_event_record)(void *ev, void *st);
 static int (*d_memcpy_async)(void *dst, const void *src, size_t n, int kind, void *st);
+static void (*d_fail_copy_after)(int skip, int err);
 
 #define SYM(v, name) assert_non_null((*(void **)&(v) = dlsym(dbl, name)))
 
@@ -62,6 +63,7 @@ static int setup(void **state)
 	SYM(d_event_destroy, "cudaEventDestroy");
 	SYM(d_event_record, "cudaEventRecord");
 	SYM(d_memcpy_async, "cudaMemcpyAsync");
+	SYM(d_fail_copy_after, "cudadouble_fail_copy_after");
 	return 0;
 }
 
@@ -724,6 +726,150 @@ static void test_double_more_than_jobs(void **state)
 }
 
 /* Progress driven by the caller (FERRY_PROGRESS_MANUAL): the same copies, ended by its waits. */
+/*
+ * Pipelined staging over tcp: two engines of this process, each listening
+ * on 127.0.0.1 (a peer given a tcp address goes over tcp), a's peer of b
+ * connected to b's address; the connection made by a small host PUT.
+ */
+static void tcp_pair(struct ferry_engine **a, struct ferry_engine **b, struct ferry_peer **to,
+		     struct ferry_peer **from)
+{
+	struct ferry_engine *e[2];
+	const char *names[2] = { "ta", "tb" };
+	char addr[128];
+	uint8_t one = 1, got = 0;
+
+	for (int i = 0; i < 2; i++) {
+		struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+
+		p.name = names[i];
+		p.ns = "cudatcp";
+		p.pool_size = 96u << 20;
+		p.progress = FERRY_PROGRESS_THREAD;
+		p.listen = "tcp://127.0.0.1:0";
+		p.handshake_ms = t_handshake_ms();
+		assert_int_equal(ferry_engine_create(&p, &e[i]), 0);
+	}
+	*a = e[0];
+	*b = e[1];
+	*to = t_peer(*a, "tb");
+	*from = t_peer(*b, "ta");
+	assert_true(ferry_engine_address(*b, addr, sizeof(addr)) > 0);
+	assert_int_equal(ferry_peer_connect_uri(*to, addr), 0);
+	t_put(*a, *to, "hello", &one, 1, 90, 0);
+	t_expect(*a, NULL, 90, 0, NULL);
+	t_get(*b, *from, "hello", t_iov_of(&got, 1), 1, 91, 0, 10 * SEC);
+	t_expect(*b, NULL, 91, 0, NULL);
+}
+
+/* Wait (10 s at most) until e's health section.name reaches at least want. */
+static void health_reaches(struct ferry_engine *e, const char *section, const char *name,
+			   long long want)
+{
+	int64_t end = t_now() + 10 * SEC;
+
+	while (t_health_num(e, section, name) < want && t_now() < end)
+		usleep(2000);
+	if (t_health_num(e, section, name) < want)
+		fail_msg("health %s%s stays below %lld", section, name, want);
+}
+
+/*
+ * A large device PUT to a peer over tcp is pipelined: handed to tcp after
+ * its first pieces are staged, while the rest still copy (each "copy" of
+ * the double takes 40 ms here), tcp sending no byte past what is staged
+ * (fill_waits); the data arrives whole. Cancelled while its block is still
+ * being filled: the block outlives the op until its copies end, nothing
+ * else is written, and the message tcp goes on with carries the right
+ * bytes. A copy that fails after the first part left: the PUT fails, the
+ * receiver never gets that data (tcp ends the link), the next PUT goes.
+ * A PUT of one piece is staged whole.
+ */
+static void test_double_pipelined_over_tcp(void **state)
+{
+	const size_t n = (4u << 20) * 8 + 4321; /* five pieces of the domain's copies */
+	struct ferry_engine *a, *b;
+	struct ferry_peer *to, *from;
+	uint8_t *d = d_malloc(0, n), *got = malloc(n), *want = malloc(n);
+	struct ferry_region *r;
+	struct ferry_seg s;
+	struct ferry_cqe c;
+	struct ferry_sqe *sqe;
+
+	(void)state;
+	assert_non_null(d);
+	assert_non_null(got);
+	assert_non_null(want);
+	tcp_pair(&a, &b, &to, &from);
+	r = dev_reg(a, d, n, 0);
+	s = (struct ferry_seg){ r, 0, n };
+	pattern(d, n, 11);
+	memcpy(want, d, n);
+	d_delay(40000);
+	/* Pipelined: handed on while its job still runs. */
+	put_segs(a, to, "big", &s, 1, 1, 0, NULL);
+	health_reaches(a, "\"cuda\":{", "pipelined_puts", 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "in_flight"), 1); /* still copying */
+	t_get(b, from, "big", t_iov_of(got, n), 1, 2, 0, 30 * SEC);
+	t_expect(a, NULL, 1, 0, NULL);
+	t_expect(b, NULL, 2, 0, &c);
+	assert_int_equal(c.len, n);
+	assert_memory_equal(got, want, n);
+	assert_true(t_health_num(a, "\"tcp\":{", "fill_waits") >= 1);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "staged_puts"), 1);
+	/* Cancelled while it is filled: the block stays until the copies end; the data is right. */
+	pattern(d, n, 12);
+	memcpy(want, d, n);
+	put_segs(a, to, "cancelled", &s, 1, 3, 0, NULL);
+	health_reaches(a, "\"cuda\":{", "pipelined_puts", 2);
+	sqe = t_sqe(a);
+	ferry_prep_cancel(sqe, 3, 4);
+	t_submit(a);
+	assert_true(t_wait_cqe(a, NULL, &c, 10 * SEC));
+	if (c.user_data == 4)
+		assert_true(t_wait_cqe(a, NULL, &c, 10 * SEC));
+	else
+		t_expect(a, NULL, 4, 0, NULL);
+	assert_int_equal(c.user_data, 3);
+	assert_int_equal(c.res, -ECANCELED);
+	memset(got, 0, n);
+	t_get(b, from, "cancelled", t_iov_of(got, n), 1, 5, 0, 30 * SEC);
+	t_expect(b, NULL, 5, 0, NULL);
+	assert_memory_equal(got, want, n);
+	cuda_health_is(a, "in_flight", 0);
+	/* A copy fails after the first part left: the PUT fails, b never sees that key. */
+	t_log_capture(FERRY_LOG_ERROR);
+	d_fail_copy_after(2, 719);
+	put_segs(a, to, "broken", &s, 1, 6, 0, NULL);
+	assert_true(t_wait_cqe(a, NULL, &c, 30 * SEC));
+	assert_int_equal(c.user_data, 6);
+	if (c.res != -ECONNRESET && c.res != -EIO)
+		fail_msg("the broken PUT ended with %d", c.res);
+	assert_true(t_log_seen(FERRY_LOG_ERROR, "device copy failed", NULL));
+	t_get(b, from, "broken", t_iov_of(got, n), 1, 7, FERRY_SQE_NOWAIT, 0);
+	t_expect(b, NULL, 7, -EAGAIN, NULL);
+	ferry_log_set(FERRY_LOG_WARN, NULL, NULL);
+	/* The link comes back: the next PUT (one piece: staged whole) goes. */
+	d_delay(0);
+	s.len = 4u << 20;
+	put_segs(a, to, "after", &s, 1, 8, 0, NULL);
+	t_expect(a, NULL, 8, 0, NULL);
+	t_get(b, from, "after", t_iov_of(got, s.len), 1, 9, 0, 10 * SEC);
+	t_expect(b, NULL, 9, 0, NULL);
+	assert_memory_equal(got, d, s.len);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "pipelined_puts"), 3);
+	/* Nothing left behind in either pool. */
+	cuda_health_is(a, "in_flight", 0);
+	assert_int_equal(t_health_num(a, "\"pool\":{", "bytes_in_use"), 0);
+	assert_int_equal(t_health_num(b, "\"pool\":{", "bytes_in_use"), 0);
+	assert_int_equal(ferry_region_release(&r), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+	d_free(d);
+	free(got);
+	free(want);
+}
+
 static void test_double_manual_progress(void **state)
 {
 	struct duo p;
@@ -1645,6 +1791,7 @@ int main(void)
 		cmocka_unit_test(test_double_empty_and_many),
 		cmocka_unit_test(test_double_more_than_jobs),
 		cmocka_unit_test(test_double_manual_progress),
+		cmocka_unit_test(test_double_pipelined_over_tcp),
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_pingpong),
 		cmocka_unit_test(test_double_ipc_to_no_runtime),

@@ -11,6 +11,11 @@
  * carries, through any transport; device_get: a received buffer into a
  * GET's device segments).
  *
+ * A large staged PUT to a transport that sends a block while it is filled
+ * (tcp) is pipelined: marks behind its pieces, the op handed on at the
+ * first (the block shared with the job until its copies end: fill_begin,
+ * job_marks).
+ *
  * Every copy runs on ferry's own stream of the device (non-blocking,
  * created on the first use), cut into pieces of CUDA_PIECE bytes; a copy
  * after the caller's wait (ferry_sqe_set_cuda_wait) waits on the GPU
@@ -66,6 +71,13 @@
 
 #define CUDA_JOBS 256
 #define CUDA_PIECE (8ull << 20)
+/*
+ * Pipelined staging: a PUT of at least two pieces to a transport that
+ * sends a block while it is being filled (sends_filling: tcp) gets up to
+ * CUDA_MARKS events behind its pieces, about evenly spaced; the transport
+ * has the op after the first and is told of each next (staged_more).
+ */
+#define CUDA_MARKS 8
 #define CUDA_MAX_DEV 16
 #define IPC_SEGS 16     /* device segments a descriptor names at most (more: staged) */
 #define IPC_CACHE 64    /* handles of other processes open at once */
@@ -123,6 +135,20 @@ struct cuda_job {
 	uint64_t issued;         /* when its copies were queued (ferry__now_ns) */
 	uint8_t nipc;            /* an IPC GET: the cache slots it copies from */
 	uint8_t ipc[IPC_SEGS];
+	/*
+	 * Pipelined staging (JOB_PUT): fill, the job's own handle of the op's
+	 * block (pool_share: the op has the other), held until its copies
+	 * end; events behind the pieces up to mark_at[i] bytes (made on first
+	 * use, kept with the slot), marks_seen of them seen done; handed: the
+	 * op went to its transport tx after the first.
+	 */
+	struct ferry_buf *fill;
+	struct backend *tx;
+	bool handed;
+	uint8_t nmarks, marks_seen;
+	uint64_t mark_step, mark_next;
+	uint64_t mark_at[CUDA_MARKS];
+	cuda_event_t marks[CUDA_MARKS];
 	struct cuda_job *next;
 };
 
@@ -153,6 +179,7 @@ struct cuda_svc {
 	stat_t ipc_restaged; /* sender: IPC PUTs sent again staged, at their receiver's request */
 	stat_t direct_puts;  /* PUTs whose transport read the device memory in place (GPUDirect) */
 	stat_t direct_restaged; /* ... chosen so, then staged: their peer's transport changed */
+	stat_t pipelined_puts;  /* staged PUTs handed to their transport while still filled */
 	stat_t jobs_ended, job_ns; /* jobs seen done, and their time from queued to seen done */
 	_Atomic uint32_t ipc_regions, ipc_cached;
 	_Atomic uint64_t callbacks;
@@ -371,6 +398,10 @@ static int job_take(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_jo
 	j->next = NULL;
 	j->res = 0;
 	j->buf = NULL;
+	j->fill = NULL;
+	j->tx = NULL;
+	j->handed = false;
+	j->nmarks = j->marks_seen = 0;
 	*out = j;
 	return 0;
 }
@@ -391,17 +422,49 @@ static int op_device(const struct op *op)
 	return 0;
 }
 
-/* Queue len bytes, src to dst, in pieces (*queued: one was). 0 or the runtime's error. */
-static cuda_err_t copy_pieces(const struct cuda_rt *rt, cuda_stream_t st, char *dst,
-			      const char *src, uint64_t len, bool *queued)
+/*
+ * A pipelined PUT's copies queued up to byte at of its block: a mark
+ * behind them when at has passed the next one (not at the end: the job's
+ * own event is that one), with a host function that rings the doorbell
+ * when it passes (the reactor may sleep through the transfer). A mark
+ * that cannot be made is skipped: the transport then waits for the next.
+ */
+static void job_mark(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t st,
+		     struct cuda_job *j, uint64_t at)
+{
+	cuda_event_t *ev = &j->marks[j->nmarks];
+
+	if (at < j->mark_next || at >= j->len || j->nmarks == CUDA_MARKS)
+		return;
+	j->mark_next = at + j->mark_step;
+	if ((!*ev && rt->EventCreateWithFlags(ev, CUDA_EVENT_DISABLE_TIMING) != CUDA_OK) ||
+	    rt->EventRecord(*ev, st) != CUDA_OK) {
+		rt->GetLastError();
+		return;
+	}
+	if (rt->LaunchHostFunc(st, cuda_ring, s) != CUDA_OK)
+		rt->GetLastError(); /* (the job's own host function, before a sleep, still comes) */
+	j->mark_at[j->nmarks++] = at;
+}
+
+/*
+ * Queue len bytes, src to dst, in pieces (*queued: one was); marks of a
+ * pipelined PUT's job pj (NULL: none) behind them. 0 or the runtime's error.
+ */
+static cuda_err_t copy_pieces(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t st,
+			      struct cuda_job *pj, char *dst, const char *src, uint64_t len,
+			      bool *queued)
 {
 	cuda_err_t err = CUDA_OK;
 
 	while (len && err == CUDA_OK) {
 		uint64_t n = len < CUDA_PIECE ? len : CUDA_PIECE;
 
-		if ((err = rt->MemcpyAsync(dst, src, n, CUDA_MEMCPY_DEFAULT, st)) == CUDA_OK)
+		if ((err = rt->MemcpyAsync(dst, src, n, CUDA_MEMCPY_DEFAULT, st)) == CUDA_OK) {
 			*queued = true;
+			if (pj)
+				job_mark(s, rt, st, pj, (uint64_t)(dst + n - (char *)pj->fill->data));
+		}
 		dst += n;
 		src += n;
 		len -= n;
@@ -455,12 +518,40 @@ static int job_issue(struct cuda_svc *s, const struct cuda_rt *rt, cuda_stream_t
 	return 0;
 }
 
+static struct backend *peer_transport(struct ferry_engine *e, struct ferry_peer *peer);
+
+/*
+ * Pipelined staging for a PUT of total bytes into op->buf (just taken)?
+ * At least two pieces, a plain PUT, a peer whose transport sends a block
+ * while it is filled: the block is shared between op (op->buf) and j
+ * (j->fill), its root marked POOL_BUF_F_FILLING with nothing filled yet;
+ * true. false: staged whole, as always.
+ */
+static bool fill_begin(struct cuda_svc *s, struct cuda_job *j, struct op *op, uint64_t total)
+{
+	struct backend *t;
+	struct ferry_buf *h[2];
+
+	if (total < 2 * CUDA_PIECE || op->opcode != FERRY_OP_PUT ||
+	    !(t = peer_transport(s->e, op->peer)) || !t->ops->sends_filling ||
+	    pool_share(op->buf, 2, h))
+		return false;
+	op->buf = h[0];
+	j->fill = h[1];
+	h[0]->share_root->flags |= POOL_BUF_F_FILLING;
+	h[0]->share_root->filled = 0;
+	j->mark_step = (total / CUDA_MARKS + CUDA_PIECE - 1) / CUDA_PIECE * CUDA_PIECE;
+	j->mark_next = j->mark_step;
+	return true;
+}
+
 /*
  * A PUT's copies into a pool block, after the caller's wait (kind, handle),
  * on job j: 0 (it runs), or the error (j given back; nothing runs; op->buf,
  * if taken, is freed with the op). An IPC PUT (its descriptor already in
  * op->buf) and a PUT its transport reads in place (OP_F_DEVICE_DIRECT)
- * have no copies: the job is the caller's wait alone.
+ * have no copies: the job is the caller's wait alone. A large one to a
+ * transport that sends a block while it is filled is pipelined (fill_begin).
  */
 static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j,
 		     struct op *op, unsigned kind, uint64_t handle)
@@ -486,6 +577,8 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	j->kind = JOB_PUT;
 	j->dev = (uint8_t)op_device(op);
 	j->len = total;
+	if (!nocopy)
+		fill_begin(s, j, op, total);
 	if (kind == FERRY_CUDA_WAIT_STREAM) {
 		/* The caller's stream's work so far, as an event ferry's stream waits for. */
 		if (!j->wait)
@@ -500,13 +593,16 @@ static int put_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	for (uint32_t i = 0; i < op->iovcnt && err == CUDA_OK && !nocopy; i++) {
 		const struct ferry_seg *g = &op->segs[i];
 
-		err = copy_pieces(rt, st, (char *)op->buf->data + at,
+		err = copy_pieces(s, rt, st, j->fill ? j : NULL, (char *)op->buf->data + at,
 				  (const char *)g->region->addr + g->offset, g->len, &queued);
 		at += g->len;
 	}
 	if (!ipc)
 		op->len = total;
 	if ((rc = job_issue(s, rt, st, j, err, queued))) {
+		if (j->fill)
+			pool_free(j->fill); /* (the block goes with the op's handle) */
+		j->fill = NULL;
 		job_give_back(s, j);
 		return rc;
 	}
@@ -548,7 +644,8 @@ static int get_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 		const struct ferry_seg *g = &op->segs[i];
 		uint64_t n = g->len < left ? g->len : left;
 
-		err = copy_pieces(rt, st, (char *)g->region->addr + g->offset, src, n, &queued);
+		err = copy_pieces(s, rt, st, NULL, (char *)g->region->addr + g->offset, src, n,
+				  &queued);
 		src += n;
 		left -= n;
 	}
@@ -961,7 +1058,7 @@ static int ipc_issue(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 			if (!dleft)
 				break; /* not reached: the total fits (ipc_probe checked it) */
 			n = left < dleft ? left : dleft;
-			err = copy_pieces(rt, st, dst, src, n, &queued);
+			err = copy_pieces(s, rt, st, NULL, dst, src, n, &queued);
 			src += n;
 			dst += n;
 			dleft -= n;
@@ -1138,14 +1235,35 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	uint64_t len = j->len;
 	uint32_t gen = j->gen; /* read before j is given back: a waiting op may take it at once */
 	enum job_kind kind = j->kind;
+	struct backend *tx = j->tx;
+	bool handed = j->handed;
 
 	atomic_fetch_sub(&s->inflight, 1);
 	STAT_ADD(s->jobs_ended, 1);
 	STAT_ADD(s->job_ns, ferry__now_ns() - j->issued);
 	if (j->nipc)
 		ipc_unhold(s, atomic_load(&s->rt), j);
+	if (j->fill) {
+		/* Pipelined: the block is filled, or never will be; our handle goes. */
+		struct ferry_buf *root = j->fill->share_root;
+
+		root->filled = res ? POOL_FILL_FAILED : root->len;
+		pool_free(j->fill);
+		j->fill = NULL;
+	}
 	job_give_back(s, j);
 	svc_start_waiting(s); /* before this op goes on: the ones waiting keep their order */
+	if (handed) {
+		/* The op is its transport's (or over): tell it, it sends the rest or gives up. */
+		if (res)
+			log_error("cuda: engine %s: a PUT's device copy failed while its first part "
+				  "was being sent: its transport drops it", s->e->name);
+		if (tx->data && tx->ops->staged_more) {
+			backend_busy(tx);
+			tx->ops->staged_more(s->e, tx);
+		}
+		return;
+	}
 	if (op->state != OP_DEVICE || op->gen != gen) {
 		log_error("cuda: engine %s: a device copy ended for an op that moved on", s->e->name);
 		if (buf)
@@ -1159,6 +1277,55 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	pool_free(buf); /* back to its owner (a peer's block: the peer's pool) */
 	op->state = OP_FREE;
 	op_complete(s->e, op, res, res ? 0 : len, NULL);
+}
+
+/*
+ * A pipelined PUT's marks seen passed: its block is filled that far, and
+ * its transport has the op from the first on (taken again for the peer
+ * now: one that no longer sends a block while it is filled gets it whole,
+ * at the job's end) and is told of each next. Returns the marks seen.
+ */
+static int job_marks(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_job *j)
+{
+	struct op *op = j->op;
+	struct backend *t;
+	int n = 0;
+
+	while (j->marks_seen < j->nmarks && !j->res) {
+		cuda_err_t err = rt->EventQuery(j->marks[j->marks_seen]);
+
+		if (err == CUDA_ERR_NOT_READY)
+			break;
+		if (err != CUDA_OK) {
+			/* A piece before it failed: the block is never whole (the job ends so). */
+			log_error("cuda: engine %s: op %llx: a device copy failed: %s", s->e->name,
+				  (unsigned long long)op->user_data, cuda_rt_strerror(err));
+			rt->GetLastError();
+			STAT_ADD(s->errors, 1);
+			j->res = -EIO;
+			break;
+		}
+		j->fill->share_root->filled = j->mark_at[j->marks_seen++];
+		n++;
+	}
+	if (!n)
+		return 0;
+	if (j->handed) {
+		if (j->tx->ops->staged_more) {
+			backend_busy(j->tx);
+			j->tx->ops->staged_more(s->e, j->tx);
+		}
+		return n;
+	}
+	if (op->state != OP_DEVICE || op->gen != j->gen || !(t = peer_transport(s->e, op->peer)) ||
+	    !t->ops->sends_filling)
+		return n;
+	j->handed = true;
+	j->tx = t;
+	op->flags |= OP_F_FILLING;
+	STAT_ADD(s->pipelined_puts, 1);
+	reactor_put_staged(s->e, op, 0); /* its deadline runs from now, as for any staged PUT */
+	return n;
 }
 
 /* The result of a job whose event completed, or 1 while it runs. */
@@ -1203,6 +1370,8 @@ static int cuda_progress(struct ferry_engine *e, struct backend *b)
 		 * ended between the two queries, and jobs of a stream end in order.
 		 */
 		if ((blocked & (1u << j->dev)) || (res = job_poll(s, rt, j)) == 1) {
+			if (!(blocked & (1u << j->dev)) && j->marks_seen < j->nmarks)
+				n += job_marks(s, rt, j);
 			blocked |= 1u << j->dev;
 			prev = j;
 			continue;
@@ -1229,7 +1398,9 @@ static bool cuda_has_work(struct ferry_engine *e, struct backend *b)
 		return false;
 	rt = atomic_load(&s->rt);
 	for (struct cuda_job *j = s->busy; j; j = j->next)
-		if (rt->EventQuery(j->done) != CUDA_ERR_NOT_READY)
+		if (rt->EventQuery(j->done) != CUDA_ERR_NOT_READY ||
+		    (j->marks_seen < j->nmarks &&
+		     rt->EventQuery(j->marks[j->marks_seen]) != CUDA_ERR_NOT_READY))
 			return true;
 	return false;
 }
@@ -1314,6 +1485,9 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 				rt->EventDestroy(s->jobs[i].done);
 			if (s->jobs[i].wait)
 				rt->EventDestroy(s->jobs[i].wait);
+			for (unsigned k = 0; k < CUDA_MARKS; k++)
+				if (s->jobs[i].marks[k])
+					rt->EventDestroy(s->jobs[i].marks[k]);
 		}
 		for (unsigned i = 0; i < IPC_CACHE; i++)
 			if (s->ipc_cache[i].used)
@@ -1415,7 +1589,8 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			"\"errors\":%llu,\"ipc_regions\":%u,\"ipc_puts\":%llu,\"staged_puts\":%llu,"
 			"\"ipc_gets\":%llu,\"ipc_bytes\":%llu,\"ipc_opens\":%llu,\"ipc_closes\":%llu,"
 			"\"ipc_open\":%u,\"ipc_resends\":%llu,\"ipc_restaged\":%llu,\"jobs_ended\":%llu,"
-			"\"job_ns\":%llu,\"direct_puts\":%llu,\"direct_restaged\":%llu}",
+			"\"job_ns\":%llu,\"direct_puts\":%llu,\"direct_restaged\":%llu,"
+			"\"pipelined_puts\":%llu}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
 			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
@@ -1435,7 +1610,8 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)STAT_GET(s->jobs_ended),
 			(unsigned long long)STAT_GET(s->job_ns),
 			(unsigned long long)STAT_GET(s->direct_puts),
-			(unsigned long long)STAT_GET(s->direct_restaged));
+			(unsigned long long)STAT_GET(s->direct_restaged),
+			(unsigned long long)STAT_GET(s->pipelined_puts));
 }
 
 const struct backend_ops ferry__cuda_backend = {

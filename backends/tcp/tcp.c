@@ -449,6 +449,8 @@ static int tcp_progress(struct ferry_engine *e, struct backend *b)
 		n += tcp_retry_stalled(st);
 	if (st->tick_due) {
 		st->tick_due = false;
+		if (st->fill_waits)
+			tcp_fill_check(st); /* (a filling that failed after the hook ran: it asked) */
 		tcp_check_time(st);
 		tcp_reap_links(st);
 		tcp_health_count(st);
@@ -776,12 +778,25 @@ static int tcp_health(struct ferry_engine *e, struct backend *b, char *buf, size
 	(void)e;
 	return snprintf(buf, len,
 			",\"tcp\":{\"address\":\"%s\",\"links_up\":%u,\"links_other\":%u,"
-			"\"connections_ready\":%u,\"connections_wanted\":%u,\"sockets\":%u}",
+			"\"connections_ready\":%u,\"connections_wanted\":%u,\"sockets\":%u,"
+			"\"fill_waits\":%llu}",
 			st->bound, atomic_load_explicit(&st->h_links_up, memory_order_relaxed),
 			atomic_load_explicit(&st->h_links_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_conns_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_conns_wanted, memory_order_relaxed),
-			atomic_load_explicit(&st->h_sockets, memory_order_relaxed));
+			atomic_load_explicit(&st->h_sockets, memory_order_relaxed),
+			(unsigned long long)atomic_load_explicit(&st->h_fill_waits,
+								 memory_order_relaxed));
+}
+
+/* A block being filled has more (or failed): the links waiting for it look again. */
+static void tcp_staged_more(struct ferry_engine *e, struct backend *b)
+{
+	struct tcp_state *st = b->data;
+
+	(void)e;
+	if (st && st->fill_waits)
+		tcp_fill_check(st);
 }
 
 const struct backend_ops ferry__tcp_backend = {
@@ -806,6 +821,8 @@ const struct backend_ops ferry__tcp_backend = {
 	.connect = tcp_connect,
 	.address = tcp_address,
 	.peer_event = tcp_peer_event,
+	.sends_filling = true,
+	.staged_more = tcp_staged_more,
 };
 
 /* ------------------------------------------------------------------ */

@@ -219,6 +219,11 @@ struct tcp_link {
 	struct tcp_msg *msgs;                   /* every message of the link */
 	struct tcp_msg *wait_head, *wait_tail;  /* PUTs before the link was up */
 	struct tcp_msg *rdv_head, *rdv_tail;    /* data to send */
+	/*
+	 * The head of rdv waits for its block to be filled further (pipelined
+	 * staging of device memory: pool_filled): tcp_fill_check looks again.
+	 */
+	bool fill_wait;
 	uint64_t last_rx_ns, last_ping_ns;
 	uint64_t ended_ns;     /* when it began ENDING */
 	uint32_t rr;
@@ -262,6 +267,7 @@ struct tcp_state {
 	uint32_t nctls;
 	struct tcp_ctl *free_ctls;
 	struct tcp_conn *stalled;
+	uint32_t fill_waits;   /* links with fill_wait set */
 	uint32_t ndead;        /* dead connections not yet freed */
 	/* Connections read with recv() each round instead of an armed RECV. */
 	struct tcp_conn *hot[TCP_MAX_SOCKS];
@@ -276,6 +282,7 @@ struct tcp_state {
 	 * connections as tcp_check_time last counted them, at each tick.
 	 */
 	_Atomic uint32_t h_links_up, h_links_other, h_conns_ready, h_conns_wanted, h_sockets;
+	_Atomic uint64_t h_fill_waits; /* times a link's data waited for its block to be filled */
 };
 
 /* ------------------------------------------------------------------ */
@@ -571,5 +578,11 @@ void tcp_rx_parse(struct tcp_state *st, struct tcp_conn *c);
 void tcp_rx_bytes(struct tcp_state *st, struct tcp_conn *c, uint64_t n);
 int tcp_retry_wait_mem(struct tcp_state *st);
 int tcp_retry_stalled(struct tcp_state *st);
+/*
+ * Links whose next rendezvous data waits for its block to be filled
+ * (fill_wait): sent on when there is more, the link failed when the filling
+ * failed (POOL_FILL_FAILED: that PUT must not be delivered). Reactor only.
+ */
+void tcp_fill_check(struct tcp_state *st);
 
 #endif

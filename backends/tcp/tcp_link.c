@@ -297,6 +297,10 @@ void tcp_link_fail(struct tcp_state *st, struct tcp_link *l, int res, const char
 		if (l->conns[i])
 			tcp_conn_kill(st, l->conns[i]);
 	l->rdv_head = l->rdv_tail = NULL;
+	if (l->fill_wait) {
+		l->fill_wait = false;
+		st->fill_waits--;
+	}
 	while (l->wait_head) {
 		struct tcp_msg *m = l->wait_head;
 

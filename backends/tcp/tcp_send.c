@@ -3,7 +3,8 @@
  *
  * Owns: taking a PUT (tcp_put: its message, its eager frame or offer,
  * queued on the link's primary connection or held until the link is up),
- * the rendezvous chunks handed to each connection's chunk slots, and
+ * the rendezvous chunks handed to each connection's chunk slots (never
+ * past what a block still being filled holds: tcp_fill_check), and
  * flushing the send queues: gathered into one send() when small, iovecs
  * and sendmsg otherwise, a SENDMSG on the ring for what the socket had no
  * room for, RESULTs held a moment for a PUT to share their send
@@ -115,17 +116,32 @@ int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 /* Sending                                                            */
 /* ------------------------------------------------------------------ */
 
-/* Give the connection's free chunk slots the next pieces of rendezvous data. */
-static void conn_take_chunks(struct tcp_link *l, struct tcp_conn *c)
+/*
+ * Give the connection's free chunk slots the next pieces of rendezvous
+ * data: no byte past what its block holds so far (a block still being
+ * filled, pool_filled: then the link waits, fill_wait, for tcp_fill_check).
+ */
+static void conn_take_chunks(struct tcp_state *st, struct tcp_link *l, struct tcp_conn *c)
 {
 	for (unsigned i = 0; i < TCP_CHUNKS_PER_CONN && l->rdv_head; i++) {
 		struct tcp_chunk *k = &c->chunks[i];
 		struct tcp_msg *m = l->rdv_head;
-		uint64_t n;
+		uint64_t n, filled;
 
 		if (k->busy)
 			continue;
-		n = m->len - m->next_off;
+		filled = pool_filled(m->buf);
+		if (unlikely(filled == POOL_FILL_FAILED || filled <= m->next_off)) {
+			if (!l->fill_wait) {
+				l->fill_wait = true;
+				st->fill_waits++;
+				atomic_fetch_add_explicit(&st->h_fill_waits, 1, memory_order_relaxed);
+			}
+			if (filled == POOL_FILL_FAILED)
+				st->tick_due = true; /* failed before we got here: the next round ends it */
+			break;
+		}
+		n = filled - m->next_off;
 		if (n > TCP_CHUNK)
 			n = TCP_CHUNK;
 		tcp_frame_pack(k->tx.hdr, TCP_F_DATA, 0, 0, (uint32_t)n, m->rx_slot, m->next_off);
@@ -173,12 +189,12 @@ static unsigned tx_unsent(const struct tcp_tx *t, const uint8_t *p[3], uint64_t 
 }
 
 /* The iovecs of what is queued (up to TCP_IOV_MAX); returns how many. */
-static unsigned conn_iov(struct tcp_conn *c)
+static unsigned conn_iov(struct tcp_state *st, struct tcp_conn *c)
 {
 	unsigned n = 0;
 
 	if (c->link && c->link->rdv_head)
-		conn_take_chunks(c->link, c);
+		conn_take_chunks(st, c->link, c);
 	for (struct tcp_tx *t = c->txq; t && n + 3 <= TCP_IOV_MAX; t = t->next) {
 		const uint8_t *p[3];
 		uint64_t len[3];
@@ -265,7 +281,7 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 		if ((small = conn_gather(st, c))) {
 			n = send(c->fd, st->coalesce, small, MSG_NOSIGNAL | MSG_DONTWAIT);
 		} else {
-			if (!conn_iov(c))
+			if (!conn_iov(st, c))
 				return;
 			n = sendmsg(c->fd, &c->mh, MSG_NOSIGNAL | MSG_DONTWAIT);
 		}
@@ -281,7 +297,7 @@ static void conn_flush(struct tcp_state *st, struct tcp_conn *c)
 		if (!c->txq && !(c->link && c->link->rdv_head))
 			return; /* all of it left (the common case): no other look */
 	}
-	if (c->send_armed || c->dead || !conn_iov(c))
+	if (c->send_armed || c->dead || !conn_iov(st, c))
 		return;
 	sqe = tcp_get_sqe(st);
 	if (!sqe) {
@@ -372,5 +388,28 @@ void tcp_flush_all(struct tcp_state *st, bool hold)
 		c->flush_queued = false;
 		c->flush_held = false;
 		conn_flush(st, c);
+	}
+}
+
+void tcp_fill_check(struct tcp_state *st)
+{
+again:
+	for (struct tcp_link *l = st->links; l && st->fill_waits; l = l->next) {
+		struct tcp_msg *m = l->rdv_head;
+		uint64_t filled = m ? pool_filled(m->buf) : 0;
+
+		if (!l->fill_wait || (m && filled != POOL_FILL_FAILED && filled <= m->next_off))
+			continue;
+		l->fill_wait = false;
+		st->fill_waits--;
+		if (m && filled == POOL_FILL_FAILED) {
+			/* Its receiver has part of it: only the link's end makes it drop that. */
+			tcp_link_fail(st, l, -ECONNRESET, "a PUT's device memory could not be staged "
+				      "while it was sent");
+			goto again; /* (the list may have changed) */
+		}
+		for (unsigned i = 0; i < TCP_MAX_CONNS; i++)
+			if (l->conns[i])
+				conn_kick(st, l->conns[i]);
 	}
 }

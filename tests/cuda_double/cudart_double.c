@@ -90,6 +90,7 @@ static int g_devices = -1;
 static int g_cur_dev;
 static unsigned g_copy_delay_us;
 static int g_fail_next_copy; /* inject: the next copy to run, on any stream, fails with this */
+static int g_fail_copy_skip; /* ... after this many more have run */
 static struct {
 	char *base;
 	size_t len;
@@ -173,8 +174,11 @@ static void *stream_main(void *arg)
 			if (g_copy_delay_us)
 				usleep(g_copy_delay_us);
 			pthread_mutex_lock(&g_lock);
-			fail = g_fail_next_copy;
-			g_fail_next_copy = 0;
+			fail = g_fail_copy_skip ? 0 : g_fail_next_copy;
+			if (g_fail_copy_skip)
+				g_fail_copy_skip--;
+			else
+				g_fail_next_copy = 0;
 			pthread_mutex_unlock(&g_lock);
 			if (fail)
 				s->error = fail;
@@ -806,6 +810,15 @@ API void cudadouble_fail_next_copy(cuda_stream_t st, int err)
 {
 	(void)st;
 	pthread_mutex_lock(&g_lock);
+	g_fail_next_copy = err;
+	pthread_mutex_unlock(&g_lock);
+}
+
+/* The copy to run after skip more have run, on any stream, fails with err. */
+API void cudadouble_fail_copy_after(int skip, int err)
+{
+	pthread_mutex_lock(&g_lock);
+	g_fail_copy_skip = skip;
 	g_fail_next_copy = err;
 	pthread_mutex_unlock(&g_lock);
 }
