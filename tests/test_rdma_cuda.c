@@ -60,6 +60,8 @@ static int (*d_gate)(void *st);
 static int (*d_stream_create)(void **st, unsigned flags);
 static int (*d_stream_destroy)(void *st);
 static int (*d_memcpy_async)(void *dst, const void *src, size_t n, int kind, void *st);
+static void (*d_delay)(unsigned us);
+static void (*d_fail_copy_after)(int skip, int err);
 
 /* ---- the TEST DOUBLE of a NIC's dma-buf registration ---------------------- */
 
@@ -534,6 +536,71 @@ static void test_gpudirect_no_export(void **state)
 	d_set_dmabuf(1);
 }
 
+/* Wait (60 s at most: the guest is slow) until e's health section.name reaches want. */
+static void health_reaches(struct ferry_engine *e, const char *section, const char *name,
+			   long long want)
+{
+	int64_t end = t_now() + 60 * SEC;
+
+	while (t_health_num(e, section, name) < want && t_now() < end)
+		usleep(5000);
+	if (t_health_num(e, section, name) < want)
+		fail_msg("health %s%s stays below %lld", section, name, want);
+}
+
+/*
+ * Staged device memory over rdma (the real rxe: no GPUDirect) is
+ * pipelined: announced once its first part is copied into the pool (each
+ * "copy" of the double takes 300 ms here), the receiver READing only what
+ * the sender's RM_FILLED messages say is there; the data arrives whole. A
+ * copy that fails after the announcement: the receiver answers -EIO,
+ * delivers nothing, and the connection stays (nothing malformed).
+ */
+static void test_rdma_pipelined_staging(void **state)
+{
+	const size_t n = (24u << 20) + 777; /* four pieces of the domain's copies */
+	struct pair p;
+	struct ferry_seg s;
+	struct ferry_cqe c;
+	uint8_t *got = malloc(n);
+
+	(void)state;
+	assert_non_null(got);
+	atomic_store(&dmabuf_double, 0);
+	pair_open(&p, n);
+	assert_int_equal(rh(p.a, "gpudirect_regions"), 0);
+	pattern(p.src, n, 21);
+	d_delay(300000);
+	s = (struct ferry_seg){ p.rs, 0, n };
+	put_segs(p.a, p.ab, "piped", &s, 1, 1, 0, NULL);
+	health_reaches(p.a, "\"cuda\":{", "pipelined_puts", 1);
+	assert_int_equal(ch(p.a, "in_flight"), 1); /* announced while it still copies */
+	t_get(p.b, p.ba, "piped", t_iov_of(got, n), 1, 2, 0, 120 * SEC);
+	assert_true(t_wait_cqe(p.a, NULL, &c, 120 * SEC));
+	assert_int_equal(c.user_data, 1);
+	assert_int_equal(c.res, 0);
+	assert_true(t_wait_cqe(p.b, NULL, &c, 120 * SEC));
+	assert_int_equal(c.res, 0);
+	assert_int_equal(c.len, n);
+	assert_true(pattern_ok(got, n, 21));
+	/* A copy fails after the announcement: -EIO, nothing delivered, the connection stays. */
+	t_log_capture(FERRY_LOG_ERROR);
+	d_fail_copy_after(1, 719);
+	put_segs(p.a, p.ab, "broken", &s, 1, 3, 0, NULL);
+	assert_true(t_wait_cqe(p.a, NULL, &c, 120 * SEC));
+	assert_int_equal(c.user_data, 3);
+	assert_int_equal(c.res, -EIO);
+	t_get(p.b, p.ba, "broken", t_iov_of(got, n), 1, 4, FERRY_SQE_NOWAIT, 0);
+	t_expect(p.b, NULL, 4, -EAGAIN, NULL);
+	assert_int_equal(ch(p.a, "pipelined_puts"), 2);
+	assert_int_equal(rh(p.a, "connections_ready"), 1);
+	assert_int_equal(t_health_num(p.a, "\"pool\":{", "bytes_in_use"), 0);
+	assert_int_equal(t_health_num(p.b, "\"pool\":{", "bytes_in_use"), 0);
+	d_delay(0);
+	pair_close(&p);
+	free(got);
+}
+
 /* Each case runs in a process of its own: the double is loaded here, as ferry loads it. */
 static int setup(void **state)
 {
@@ -553,6 +620,8 @@ static int setup(void **state)
 	SYM(d_stream_create, "cudaStreamCreateWithFlags");
 	SYM(d_stream_destroy, "cudaStreamDestroy");
 	SYM(d_memcpy_async, "cudaMemcpyAsync");
+	SYM(d_delay, "cudadouble_set_copy_delay_us");
+	SYM(d_fail_copy_after, "cudadouble_fail_copy_after");
 	return 0;
 }
 
@@ -564,6 +633,7 @@ int main(void)
 		cmocka_unit_test_setup(test_gpudirect_small_and_stored, setup),
 		cmocka_unit_test_setup(test_gpudirect_caller_stream, setup),
 		cmocka_unit_test_setup(test_gpudirect_no_export, setup),
+		cmocka_unit_test_setup(test_rdma_pipelined_staging, setup),
 	};
 	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
 

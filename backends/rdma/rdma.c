@@ -429,6 +429,19 @@ static void rdma_mem_deregister(struct ferry_engine *e, struct backend *b, void 
 	mem_free(m);
 }
 
+/* A block being filled has more (or failed): its receivers are told (rdma_conn_pump). */
+static void rdma_staged_more(struct ferry_engine *e, struct backend *b)
+{
+	struct rdma_state *st = b->data;
+
+	(void)e;
+	if (!st)
+		return;
+	for (struct rdma_conn *c = st->conn_list; c; c = c->next)
+		if (c->nfilling)
+			rdma_conn_pump(st, c);
+}
+
 /*
  * Device segments sent where they are (GPUDirect RDMA): each non-empty one
  * of a region registered through its dma-buf on every device, and no more
@@ -890,4 +903,6 @@ const struct backend_ops ferry__rdma_backend = {
 	.mem_register = rdma_mem_register,
 	.mem_deregister = rdma_mem_deregister,
 	.device_in_place = rdma_device_in_place,
+	.sends_filling = true,
+	.staged_more = rdma_staged_more,
 };

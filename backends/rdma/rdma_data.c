@@ -11,7 +11,7 @@
  * many credits: a message costs one, and every message carries back the
  * receives its sender posted again since its last one (a CREDIT message
  * alone when half of them wait to be told and nothing else goes). A data
- * message (EAGER, ANNOUNCE, RESULT) needs two credits, so the last one is
+ * message (EAGER, ANNOUNCE, RESULT, FILLED) needs two credits, so the last one is
  * always left for a CREDIT: two ends that both ran out still tell each
  * other, and a receiver is never sent more than it posted.
  *
@@ -27,6 +27,11 @@
  * flight per connection) and answers RESULT, which frees the sender's
  * block: no CPU of the sender touches the bytes. A receiver whose pool is
  * full answers -ENOBUFS at once (eager and announced alike).
+ *
+ * A block still being filled (pipelined staging of device memory:
+ * pool_filled) is announced with RDMA_HF_FILLING, then RM_FILLED says how
+ * far it holds data (fill_tell) or that it never will (-EIO); the receiver
+ * READs it into its pool no further than that (limit, on_filled).
  *
  * Order: incoming PUTs are delivered in the order they arrived on the QP
  * (an eager PUT behind an announced one waits for its READs), and answered
@@ -141,6 +146,9 @@ static void msg_free(struct rdma_state *st, struct rdma_msg *m)
 {
 	struct rdma_conn *c = m->c;
 
+	if (m->filling)
+		c->nfilling--;
+	m->filling = false;
 	if (m->buf)
 		pool_free(m->buf);
 	m->buf = NULL;
@@ -191,6 +199,7 @@ int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->posted = false;
 	m->resulted = false;
 	m->inplace = false;
+	m->filling = false;
 	m->device = (op->flags & OP_F_DEVICE_DIRECT) != 0;
 	m->gen++;
 	m->op = op;
@@ -331,8 +340,15 @@ static int msg_post(struct rdma_state *st, struct rdma_conn *c, struct rdma_msg 
 		seg.rkey = rkey;
 		h.type = RM_ANNOUNCE;
 		h.nseg = 1;
-		return rdma_post_msg(st, c, &h, m->key, m->key_len, &seg, sizeof(seg), NULL, 0,
-				     true);
+		if (pool_filled(m->buf) != m->len)
+			h.flags |= RDMA_HF_FILLING; /* READ only what RM_FILLED says */
+		rc = rdma_post_msg(st, c, &h, m->key, m->key_len, &seg, sizeof(seg), NULL, 0, true);
+		if (!rc && (h.flags & RDMA_HF_FILLING)) {
+			m->filling = true;
+			m->told = 0;
+			c->nfilling++;
+		}
+		return rc;
 	}
 }
 
@@ -389,7 +405,7 @@ static void post_reads(struct rdma_state *st, struct rdma_conn *c, struct rdma_r
 {
 	uint32_t lkey = r->get ? 0 : rdma_lkey(st, c->dev, r->buf, NULL);
 
-	while (r->seg_next < r->nseg && c->reads_out < RDMA_READS_MAX &&
+	while (r->seg_next < r->nseg && r->dst_off < r->limit && c->reads_out < RDMA_READS_MAX &&
 	       c->wr_out < RDMA_SQ_DEPTH) {
 		struct rdma_seg_wire *s = &r->segs[r->seg_next];
 		uint64_t piece = s->len - r->seg_off;
@@ -398,6 +414,8 @@ static void post_reads(struct rdma_state *st, struct rdma_conn *c, struct rdma_r
 
 		if (piece > RDMA_READ_PIECE)
 			piece = RDMA_READ_PIECE;
+		if (piece > r->limit - r->dst_off)
+			piece = r->limit - r->dst_off; /* (a block still being filled) */
 		read_dst(st, c, r, lkey, &piece, &sge);
 		sge.length = (uint32_t)piece;
 		memset(&wr, 0, sizeof(wr));
@@ -445,6 +463,35 @@ static int deliver(struct rdma_state *st, struct rdma_conn *c, struct rdma_rx *r
 	return rc;
 }
 
+/*
+ * c's PUTs announced while their blocks are filled: each receiver is told
+ * how far its block holds data now (RM_FILLED), or that the rest never
+ * comes (the block's filling failed: res -EIO), as far as credits allow.
+ */
+static void fill_tell(struct rdma_state *st, struct rdma_conn *c)
+{
+	for (struct rdma_msg *m = c->msgs; m && c->nfilling; m = m->lnext) {
+		struct rdma_hdr h = { .type = RM_FILLED, .id = m->id, .gen = m->gen };
+		uint64_t filled;
+
+		if (!m->filling || !m->posted)
+			continue;
+		filled = pool_filled(m->buf);
+		if (filled == POOL_FILL_FAILED)
+			h.res = -EIO;
+		else if (filled <= m->told)
+			continue;
+		h.len = filled == POOL_FILL_FAILED ? m->told : filled;
+		if (rdma_post_msg(st, c, &h, NULL, 0, NULL, 0, NULL, 0, true))
+			return; /* no room now: the next pump */
+		m->told = h.len;
+		if (h.res || filled == m->len) {
+			m->filling = false;
+			c->nfilling--;
+		}
+	}
+}
+
 /* Everything c can do now: READs, deliveries and RESULTs in order, PUTs, credits. */
 void rdma_conn_pump(struct rdma_state *st, struct rdma_conn *c)
 {
@@ -489,6 +536,8 @@ void rdma_conn_pump(struct rdma_state *st, struct rdma_conn *c)
 		if (m->inplace && m->op)
 			reactor_put_held(st->engine, m->op, m->op_gen); /* read in place from now on */
 	}
+	if (unlikely(c->nfilling) && c->state == RC_READY)
+		fill_tell(st, c);
 	if (c->state == RC_READY && c->owed >= RDMA_RECVS / 2) {
 		struct rdma_hdr h = { .type = RM_CREDIT };
 
@@ -566,6 +615,42 @@ static bool direct_get(struct rdma_state *st, struct rdma_conn *c, struct rdma_r
 	return true;
 }
 
+/*
+ * RM_FILLED: the sender's block of an announcement with RDMA_HF_FILLING
+ * holds more (READ on up to h->len), or never will (res < 0: it is
+ * answered -EIO once its READs are back, nothing delivered). One for a PUT
+ * no longer read here (answered already: -ENOBUFS, say, while the sender
+ * was telling) changes nothing and is let go; one for a PUT being read
+ * must say more than before, within it.
+ */
+static void on_filled(struct rdma_state *st, struct rdma_conn *c, const struct rdma_hdr *h,
+		      uint32_t blen)
+{
+	struct rdma_rx *r = c->rx_head;
+
+	if (h->key_len || blen || h->nseg || h->res > 0 || (h->res && h->res != -EIO)) {
+		malformed(st, c, "bad FILLED");
+		return;
+	}
+	while (r && (r->id != h->id || r->gen != h->gen))
+		r = r->next;
+	if (!r || r->state != RX_READING)
+		return;
+	if (r->limit == r->len || (!h->res && (h->len <= r->limit || h->len > r->len))) {
+		malformed(st, c, "a FILLED that does not follow its announcement");
+		return;
+	}
+	if (h->res) {
+		r->res = -EIO;
+		r->limit = r->len; /* (nothing more comes) */
+		r->seg_next = r->nseg;
+		if (!r->reads_left)
+			r->state = RX_READY;
+		return;
+	}
+	r->limit = h->len;
+}
+
 static bool key_ok(const uint8_t *key, uint16_t key_len)
 {
 	return key_len > 0 && key_len < FERRY_KEY_MAX && !memchr(key, '\0', key_len);
@@ -587,7 +672,8 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 	body = p + sizeof(h);
 	blen = n - (uint32_t)sizeof(h);
 	if (h.magic != RDMA_MAGIC || h.type == 0 || h.type >= RM__MAX || h.rsvd ||
-	    (h.flags & ~RDMA_ALL_WIRE) || h.key_len > blen) {
+	    (h.flags & ~(RDMA_ALL_WIRE | (h.type == RM_ANNOUNCE ? RDMA_HF_FILLING : 0))) ||
+	    h.key_len > blen) {
 		malformed(st, c, "bad header");
 		return;
 	}
@@ -653,7 +739,17 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 			return;
 		}
 		r->nseg = h.nseg;
-		if (direct_get(st, c, r)) {
+		/* A block still being filled: READ as RM_FILLED says, into a block of ours. */
+		r->limit = (h.flags & RDMA_HF_FILLING) ? 0 : h.len;
+		if (!r->limit) {
+			if (pool_alloc(st->engine->pool, h.len, &r->buf)) {
+				r->res = -ENOBUFS;
+				r->state = RX_READY;
+			} else {
+				r->state = RX_READING;
+				atomic_fetch_add_explicit(&st->h_read_bytes, h.len, memory_order_relaxed);
+			}
+		} else if (direct_get(st, c, r)) {
 			r->state = RX_READING;
 			atomic_fetch_add_explicit(&st->h_read_bytes, h.len, memory_order_relaxed);
 			atomic_fetch_add_explicit(&st->h_into_get, 1, memory_order_relaxed);
@@ -680,6 +776,9 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 	case RM_CREDIT:
 		if (h.key_len || blen)
 			malformed(st, c, "bad credit");
+		return;
+	case RM_FILLED:
+		on_filled(st, c, &h, blen);
 		return;
 	default:
 		malformed(st, c, "a handshake message after the handshake");

@@ -73,8 +73,19 @@ enum {
 	RM_ANNOUNCE,  /* key, then nseg segments (struct rdma_seg_wire) of len bytes in all */
 	RM_RESULT,    /* id, gen: which PUT; res: its result; the sender may free its block */
 	RM_CREDIT,    /* only the credits */
+	/*
+	 * id, gen: an ANNOUNCE with RDMA_HF_FILLING; len: its bytes from the
+	 * start that hold data now (more than it said before, at most the
+	 * PUT's); res < 0: the rest never comes (the receiver answers it so)
+	 */
+	RM_FILLED,
 	RM__MAX
 };
+/*
+ * ANNOUNCE: the block is still being filled (pipelined staging of device
+ * memory): READ no byte past what RM_FILLED says, none before the first.
+ */
+#define RDMA_HF_FILLING 0x80u
 
 struct rdma_hdr {
 	uint8_t magic;
@@ -197,6 +208,8 @@ struct rdma_msg {
 	bool resulted;
 	bool inplace;      /* announced from the caller's segments (its op is held) */
 	bool device;       /* its segments are device memory (OP_F_DEVICE_DIRECT): never CPU-copied */
+	bool filling;      /* announced while its block is filled (RDMA_HF_FILLING): told goes on */
+	uint64_t told;     /* ... the bytes the receiver was told hold data (RM_FILLED) */
 	struct rdma_conn *c;
 	struct ferry_buf *buf; /* its data (announced, or NULL: copied into its SEND) */
 	/*
@@ -228,6 +241,7 @@ struct rdma_rx {
 	uint32_t nseg, seg_next;
 	uint64_t seg_off;    /* into the current segment */
 	uint64_t dst_off;    /* into buf */
+	uint64_t limit;      /* READ no byte past it (RDMA_HF_FILLING: what RM_FILLED said) */
 	/* READ straight into a parked GET's segments (reactor_claim_get), not into buf: */
 	struct op *get;
 	uint32_t gseg;       /* its segment the next READ writes into */
@@ -266,6 +280,7 @@ struct rdma_conn {
 	uint32_t credits;    /* messages we may still send: the peer's posted receives */
 	uint32_t max_inline; /* bytes its QP sends inline (what the device granted; 0: none) */
 	uint32_t owed;       /* receives posted again, not yet told to the peer */
+	uint32_t nfilling;   /* its messages with filling set */
 	uint32_t reads_out;
 	/* Outgoing PUTs: those to post, in order; every live one. */
 	struct rdma_msg *q_head, *q_tail;
