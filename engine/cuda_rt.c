@@ -69,7 +69,7 @@ static const struct {
 	E(EventDestroy, 1), E(EventRecord, 1), E(EventQuery, 1), E(MemcpyAsync, 1),
 	E(LaunchHostFunc, 1), E(HostRegister, 1), E(HostUnregister, 1),
 	E(PointerGetAttributes, 1), E(GetLastError, 1), E(GetErrorString, 1),
-	E(IpcGetMemHandle, 0), E(IpcOpenMemHandle, 0), E(IpcCloseMemHandle, 0),
+	E(IpcGetMemHandle, 0), E(IpcOpenMemHandle, 0), E(IpcCloseMemHandle, 0), E(GetDevice, 0),
 };
 #undef E
 

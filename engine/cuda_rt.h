@@ -55,6 +55,7 @@ struct cuda_ipc_handle { /* cudaIpcMemHandle_t */
 struct cuda_rt {
 	cuda_err_t (*GetDeviceCount)(int *n);
 	cuda_err_t (*SetDevice)(int dev);
+	cuda_err_t (*GetDevice)(int *dev); /* optional (NULL: not there) */
 	cuda_err_t (*StreamCreateWithFlags)(cuda_stream_t *s, unsigned flags);
 	cuda_err_t (*StreamDestroy)(cuda_stream_t s);
 	cuda_err_t (*StreamSynchronize)(cuda_stream_t s); /* only at teardown, never on the reactor's rounds */

@@ -299,6 +299,17 @@ int memory_device_restage(struct ferry_engine *e, struct op *op)
 	return b->ops->device_restage(e, b, op);
 }
 
+bool memory_device_defer(struct ferry_engine *e, struct op *op, int res, uint64_t len)
+{
+	struct backend *b = device_domain(e);
+
+	if (!b || !b->ops->device_defer) {
+		op->flags &= ~OP_F_FILLING;
+		return false;
+	}
+	return b->ops->device_defer(e, b, op, res, len);
+}
+
 int memory_device_dmabuf(struct ferry_engine *e, void *addr, size_t len, int device, int *fd,
 			 uint64_t *offset, const char **why)
 {

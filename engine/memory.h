@@ -171,6 +171,13 @@ int memory_device_restage(struct ferry_engine *e, struct op *op);
  */
 int memory_device_dmabuf(struct ferry_engine *e, void *addr, size_t len, int device, int *fd,
 			 uint64_t *offset, const char **why);
+/*
+ * op_complete of a PUT handed on while its block is filled (OP_F_FILLING):
+ * true when the domain's copies still read its device memory (the domain
+ * completes it with res and len when they end: device_defer); false: it
+ * ends now (the flag is cleared). Reactor only.
+ */
+bool memory_device_defer(struct ferry_engine *e, struct op *op, int res, uint64_t len);
 /* The op's end: its segments' regions are unpinned. */
 void memory_unpin(const struct ferry_seg *seg, uint32_t n);
 /*

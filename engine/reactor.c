@@ -139,6 +139,9 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		op->peer->backend->ops->forget(e, op->peer->backend, op);
 	}
 	if (unlikely(op->flags & OP_F_PINNED)) {
+		/* (A PUT handed on while it is staged is pinned: it names device segments.) */
+		if (unlikely(op->flags & OP_F_FILLING) && memory_device_defer(e, op, res, len))
+			return; /* its copies still read the caller's device memory: it ends then */
 		memory_unpin(op->segs, op->iovcnt); /* its regions may go now */
 		op->flags &= ~OP_F_PINNED;
 	}
@@ -586,8 +589,15 @@ void reactor_unresolve(struct ferry_engine *e, struct ferry_peer *peer)
  */
 static int direct_restage(struct ferry_engine *e, struct op *op)
 {
+	uint8_t state = op->state;
+	int rc;
+
+	if (op->heap_idx != NO_SLOT)
+		timer_del(&e->timers, op); /* (it waited for its peer: the staged PUT's deadline comes) */
 	op->state = OP_FREE;
-	return memory_device_restage(e, op);
+	if ((rc = memory_device_restage(e, op)))
+		op->state = state; /* the caller ends it (reactor_put_done wants it AWAY) */
+	return rc;
 }
 
 /* Find the transport that reaches op->peer and hand it the PUT. */

@@ -246,7 +246,8 @@ struct backend_ops {
 	/*
 	 * Optional, for the memory domain, any thread: a dma-buf file
 	 * descriptor of the device memory [addr, addr + len) of device (a
-	 * region it vetted) in *fd (the caller closes it), and in *offset
+	 * region being registered: the domain's own mem_register, which vets
+	 * it, may come after the asking transport's) in *fd (the caller closes it), and in *offset
 	 * where addr lies in it; 0, or a negative errno with *why saying why
 	 * in a sentence (not logged: the caller says what it gives up).
 	 * A transport registers device memory with its NIC through it
@@ -265,7 +266,7 @@ struct backend_ops {
 	 */
 	bool (*device_in_place)(struct ferry_engine *e, struct backend *b, const struct op *op);
 	/*
-	 * Optional (tcp): the transport sends a block while it is still being
+	 * Optional (tcp, rdma): the transport sends a block while it is still being
 	 * filled (pipelined staging: the memory domain copies a large device
 	 * PUT into the pool piece by piece and hands it on after the first
 	 * pieces, OP_F_FILLING). It sends no byte past pool_filled(buf);
@@ -275,6 +276,15 @@ struct backend_ops {
 	 */
 	bool sends_filling;
 	void (*staged_more)(struct ferry_engine *e, struct backend *b);
+	/*
+	 * Optional, for the memory domain, reactor only: op (OP_F_FILLING) is
+	 * ending with res and len (its transport already forgot it) while the
+	 * domain's copies may still read its device memory: true, the domain
+	 * keeps it (OP_DEVICE) and calls op_complete(e, op, res, len, NULL)
+	 * when they end; false (and OP_F_FILLING cleared): it ends now.
+	 */
+	bool (*device_defer)(struct ferry_engine *e, struct backend *b, struct op *op, int res,
+			     uint64_t len);
 };
 
 struct backend {

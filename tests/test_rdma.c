@@ -23,7 +23,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "helpers.h"
+#include "rdma_helpers.h"
 
 #ifdef FERRY_HAVE_RDMA_TRANSPORT
 #include "rdma_int.h"
@@ -62,46 +62,6 @@ static struct ferry_engine *mk(const char *name, const char *ip, const char *sec
 	if (rc)
 		fail_msg("engine %s: %s", name, ferry_strerror(rc));
 	return e;
-}
-
-static void addr_of(struct ferry_engine *e, char *out, size_t len)
-{
-	char all[512];
-	const char *s;
-
-	assert_true(ferry_engine_addresses(e, all, sizeof(all)) > 0);
-	s = strstr(all, "rdma://");
-	assert_non_null(s);
-	snprintf(out, len, "%.*s", (int)strcspn(s, " "), s);
-}
-
-static struct ferry_peer *peer_at(struct ferry_engine *e, const char *name, struct ferry_engine *at)
-{
-	char a[128];
-	struct ferry_peer *p = t_peer(e, name);
-
-	addr_of(at, a, sizeof(a));
-	assert_int_equal(ferry_peer_connect_uri(p, a), 0);
-	return p;
-}
-
-static long long rh(struct ferry_engine *e, const char *name)
-{
-	return t_health_num(e, "\"rdma\":{", name);
-}
-
-static void pattern(uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (uint8_t)(i * 131u + seed * 7u + (i >> 11));
-}
-
-static bool pattern_ok(const uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != (uint8_t)(i * 131u + seed * 7u + (i >> 11)))
-			return false;
-	return true;
 }
 
 /* PUT n bytes from a to b under key and GET them there into fresh memory. */
@@ -529,7 +489,7 @@ static int child_b(int in, int out)
 	if (t_read(in, at, sizeof(at)) != (ssize_t)sizeof(at))
 		_exit(0); /* not needed */
 	b = mk("b", ip0, SECRET, FERRY_PROGRESS_THREAD, 0, at[0] ? at : NULL);
-	addr_of(b, addr, sizeof(addr));
+	rdma_addr_of(b, addr, sizeof(addr));
 	if (t_write(out, addr, sizeof(addr)) != (ssize_t)sizeof(addr))
 		_exit(3);
 	for (;;)

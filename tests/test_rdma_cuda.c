@@ -38,7 +38,7 @@
 #include <stdatomic.h>
 #include <sys/mman.h>
 
-#include "helpers.h"
+#include "rdma_helpers.h"
 
 #ifdef FERRY_HAVE_RDMA_TRANSPORT
 #include <infiniband/verbs.h>
@@ -48,6 +48,8 @@
 #define MIB (1024ull * 1024ull)
 
 static char ip0[64], ip1[64];
+/* Engines made by mk() get these (0: the defaults); test_rdma_filling_stalls sets them. */
+static uint32_t hb_ms, peer_to_ms;
 static void *dbl;
 static void *(*d_malloc)(int dev, size_t n);
 static void (*d_free)(void *p);
@@ -167,29 +169,12 @@ static struct ferry_engine *mk(const char *name, const char *ip)
 	p.rdma_listen = listen;
 	p.secret = SECRET;
 	p.handshake_ms = t_handshake_ms();
+	p.heartbeat_ms = hb_ms;
+	p.peer_timeout_ms = peer_to_ms;
 	rc = ferry_engine_create(&p, &e);
 	if (rc)
 		fail_msg("engine %s: %s", name, ferry_strerror(rc));
 	return e;
-}
-
-static struct ferry_peer *peer_at(struct ferry_engine *e, const char *name, struct ferry_engine *at)
-{
-	char all[512], a[128];
-	const char *s;
-	struct ferry_peer *p = t_peer(e, name);
-
-	assert_true(ferry_engine_addresses(at, all, sizeof(all)) > 0);
-	s = strstr(all, "rdma://");
-	assert_non_null(s);
-	snprintf(a, sizeof(a), "%.*s", (int)strcspn(s, " "), s);
-	assert_int_equal(ferry_peer_connect_uri(p, a), 0);
-	return p;
-}
-
-static long long rh(struct ferry_engine *e, const char *name)
-{
-	return t_health_num(e, "\"rdma\":{", name);
 }
 
 static long long ch(struct ferry_engine *e, const char *name)
@@ -222,20 +207,6 @@ static struct ferry_region *dev_reg(struct ferry_engine *e, void *p, size_t len)
 	rp.device = 0;
 	assert_int_equal(ferry_region_register(e, &rp, &r), 0);
 	return r;
-}
-
-static void pattern(uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		p[i] = (uint8_t)(i * 131u + seed * 7u + (i >> 11));
-}
-
-static bool pattern_ok(const uint8_t *p, size_t n, unsigned seed)
-{
-	for (size_t i = 0; i < n; i++)
-		if (p[i] != (uint8_t)(i * 131u + seed * 7u + (i >> 11)))
-			return false;
-	return true;
 }
 
 static void put_segs(struct ferry_engine *e, struct ferry_peer *to, const char *key,
@@ -601,6 +572,50 @@ static void test_rdma_pipelined_staging(void **state)
 	free(got);
 }
 
+/*
+ * A sender whose block stops filling (each "copy" takes 1.5 s here, the
+ * engines' peer_timeout_ms is 1 s): the receiver refuses that PUT once it
+ * has heard nothing more for peer_timeout_ms (-ETIMEDOUT, logged), delivers
+ * nothing, and keeps the connection; the sender's PUT ends with that
+ * result once its copies are done.
+ */
+static void test_rdma_filling_stalls(void **state)
+{
+	const size_t n = (24u << 20) + 777;
+	struct pair p;
+	struct ferry_seg s;
+	struct ferry_cqe c;
+	uint8_t *got = malloc(n);
+
+	(void)state;
+	assert_non_null(got);
+	atomic_store(&dmabuf_double, 0);
+	hb_ms = 200;
+	peer_to_ms = 1000;
+	pair_open(&p, n);
+	pattern(p.src, n, 22);
+	d_delay(1500000);
+	s = (struct ferry_seg){ p.rs, 0, n };
+	put_segs(p.a, p.ab, "stalled", &s, 1, 1, 0, NULL);
+	assert_true(t_wait_cqe(p.a, NULL, &c, 120 * SEC));
+	assert_int_equal(c.user_data, 1);
+	assert_int_equal(c.res, -ETIMEDOUT);
+	assert_int_equal(ch(p.a, "in_flight"), 0); /* (its CQE came after its copies) */
+	assert_true(t_log_seen(FERRY_LOG_WARN, "said nothing more of a block", NULL));
+	t_get(p.b, p.ba, "stalled", t_iov_of(got, n), 1, 2, FERRY_SQE_NOWAIT, 0);
+	t_expect(p.b, NULL, 2, -EAGAIN, NULL);
+	assert_int_equal(rh(p.b, "malformed"), 0);
+	assert_int_equal(rh(p.a, "connections_ready"), 1);
+	d_delay(0);
+	/* The connection still carries: a small PUT arrives. */
+	t_put(p.a, p.ab, "after", "x", 1, 3, 0);
+	t_expect(p.a, NULL, 3, 0, NULL);
+	t_get(p.b, p.ba, "after", t_iov_of(got, 1), 1, 4, 0, 10 * SEC);
+	t_expect(p.b, NULL, 4, 0, NULL);
+	pair_close(&p);
+	free(got);
+}
+
 /* Each case runs in a process of its own: the double is loaded here, as ferry loads it. */
 static int setup(void **state)
 {
@@ -634,6 +649,7 @@ int main(void)
 		cmocka_unit_test_setup(test_gpudirect_caller_stream, setup),
 		cmocka_unit_test_setup(test_gpudirect_no_export, setup),
 		cmocka_unit_test_setup(test_rdma_pipelined_staging, setup),
+		cmocka_unit_test_setup(test_rdma_filling_stalls, setup),
 	};
 	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
 

@@ -12,9 +12,10 @@
  * GET's device segments).
  *
  * A large staged PUT to a transport that sends a block while it is filled
- * (tcp) is pipelined: marks behind its pieces, the op handed on at the
- * first (the block shared with the job until its copies end: fill_begin,
- * job_marks).
+ * (tcp, rdma) is pipelined: marks behind its pieces, the op handed on at
+ * the first (the block shared with the job until its copies end, and an op
+ * that ends before they do completed only then: fill_begin, job_marks,
+ * cuda_device_defer).
  *
  * Every copy runs on ferry's own stream of the device (non-blocking,
  * created on the first use), cut into pieces of CUDA_PIECE bytes; a copy
@@ -73,8 +74,8 @@
 #define CUDA_PIECE (8ull << 20)
 /*
  * Pipelined staging: a PUT of at least two pieces to a transport that
- * sends a block while it is being filled (sends_filling: tcp) gets up to
- * CUDA_MARKS events behind its pieces, about evenly spaced; the transport
+ * sends a block while it is being filled (sends_filling: tcp, rdma) gets up
+ * to CUDA_MARKS - 1 events behind its pieces (its end is the job's own), about evenly spaced; the transport
  * has the op after the first and is told of each next (staged_more).
  */
 #define CUDA_MARKS 8
@@ -140,11 +141,14 @@ struct cuda_job {
 	 * block (pool_share: the op has the other), held until its copies
 	 * end; events behind the pieces up to mark_at[i] bytes (made on first
 	 * use, kept with the slot), marks_seen of them seen done; handed: the
-	 * op went to its transport tx after the first.
+	 * op went to its transport after the first (an op that ends before
+	 * its copies do is kept until then: deferred, cuda_device_defer).
 	 */
 	struct ferry_buf *fill;
-	struct backend *tx;
 	bool handed;
+	bool deferred;           /* the op ended meanwhile: op_complete when the copies end */
+	int deferred_res;
+	uint64_t deferred_len;
 	uint8_t nmarks, marks_seen;
 	uint64_t mark_step, mark_next;
 	uint64_t mark_at[CUDA_MARKS];
@@ -399,8 +403,8 @@ static int job_take(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_jo
 	j->res = 0;
 	j->buf = NULL;
 	j->fill = NULL;
-	j->tx = NULL;
 	j->handed = false;
+	j->deferred = false;
 	j->nmarks = j->marks_seen = 0;
 	*out = j;
 	return 0;
@@ -1227,6 +1231,19 @@ static int cuda_device_restage(struct ferry_engine *e, struct backend *b, struct
 	return rc ? rc : put_issue(s, rt, j, op, CUDA_WAIT_RESTAGE, 0);
 }
 
+/* A block being filled has more, or failed: every transport that sends such blocks looks. */
+static void tell_filling(struct cuda_svc *s)
+{
+	for (unsigned i = 0; i < s->e->nbackends; i++) {
+		struct backend *t = &s->e->backends[i];
+
+		if (t->data && t->ops->sends_filling && t->ops->staged_more) {
+			backend_busy(t);
+			t->ops->staged_more(s->e, t);
+		}
+	}
+}
+
 /* A job whose event says it is done (res: its result): the op goes on, or ends. */
 static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 {
@@ -1235,8 +1252,9 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	uint64_t len = j->len;
 	uint32_t gen = j->gen; /* read before j is given back: a waiting op may take it at once */
 	enum job_kind kind = j->kind;
-	struct backend *tx = j->tx;
-	bool handed = j->handed;
+	bool handed = j->handed, deferred = j->deferred;
+	int deferred_res = j->deferred_res;
+	uint64_t deferred_len = j->deferred_len;
 
 	atomic_fetch_sub(&s->inflight, 1);
 	STAT_ADD(s->jobs_ended, 1);
@@ -1254,13 +1272,17 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 	job_give_back(s, j);
 	svc_start_waiting(s); /* before this op goes on: the ones waiting keep their order */
 	if (handed) {
-		/* The op is its transport's (or over): tell it, it sends the rest or gives up. */
+		/* The op is its transport's (or ended, kept for now): it sends the rest or gives up. */
 		if (res)
 			log_error("cuda: engine %s: a PUT's device copy failed while its first part "
 				  "was being sent: its transport drops it", s->e->name);
-		if (tx->data && tx->ops->staged_more) {
-			backend_busy(tx);
-			tx->ops->staged_more(s->e, tx);
+		tell_filling(s);
+		if (op->gen == gen && (op->flags & OP_F_FILLING)) {
+			op->flags &= ~OP_F_FILLING; /* its device memory is not read any more */
+			if (deferred) {
+				op->state = OP_FREE;
+				op_complete(s->e, op, deferred_res, deferred_len, NULL);
+			}
 		}
 		return;
 	}
@@ -1311,21 +1333,42 @@ static int job_marks(struct cuda_svc *s, const struct cuda_rt *rt, struct cuda_j
 	if (!n)
 		return 0;
 	if (j->handed) {
-		if (j->tx->ops->staged_more) {
-			backend_busy(j->tx);
-			j->tx->ops->staged_more(s->e, j->tx);
-		}
+		tell_filling(s); /* (the op may have moved to another transport since) */
 		return n;
 	}
 	if (op->state != OP_DEVICE || op->gen != j->gen || !(t = peer_transport(s->e, op->peer)) ||
 	    !t->ops->sends_filling)
 		return n;
 	j->handed = true;
-	j->tx = t;
 	op->flags |= OP_F_FILLING;
 	STAT_ADD(s->pipelined_puts, 1);
 	reactor_put_staged(s->e, op, 0); /* its deadline runs from now, as for any staged PUT */
 	return n;
+}
+
+/*
+ * A pipelined PUT ends (a CANCEL, its deadline, its link lost) while its
+ * copies still read the caller's device memory: kept (OP_DEVICE), and
+ * completed with res when they end (job_end), so that the caller never
+ * frees or writes memory that is still read. Its pins stay until then.
+ */
+static bool cuda_device_defer(struct ferry_engine *e, struct backend *b, struct op *op, int res,
+			      uint64_t len)
+{
+	struct cuda_svc *s = b->data;
+
+	(void)e;
+	for (struct cuda_job *j = s ? s->busy : NULL; j; j = j->next) {
+		if (j->op != op || j->gen != op->gen || !j->handed || j->deferred)
+			continue;
+		j->deferred = true;
+		j->deferred_res = res;
+		j->deferred_len = len;
+		op->state = OP_DEVICE;
+		return true;
+	}
+	op->flags &= ~OP_F_FILLING;
+	return false;
 }
 
 /* The result of a job whose event completed, or 1 while it runs. */
@@ -1536,9 +1579,12 @@ static void cuda_peer_event(struct ferry_engine *e, struct backend *b, const cha
  * NIC's registration. The driver exports whole host pages: the range asked
  * for is [addr, addr + len) widened to them (a device allocation is
  * aligned far beyond a page, so the widened range stays inside it). It is
- * asked on the calling thread, which has the context current that its
- * allocation was made in (the runtime's primary context of device, where
- * the application's allocator runs).
+ * asked on the calling thread (the one registering the region; the other
+ * transports' mem_register runs before this domain's vets the region: a
+ * pointer that is no device memory fails here too, and then there), with
+ * the region's device made current for the call (the runtime's primary
+ * context, where the application's allocator runs), and the thread's own
+ * current device given back after.
  */
 static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			      int device, int *fd, uint64_t *offset, const char **why)
@@ -1547,10 +1593,9 @@ static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *a
 	struct cuda_svc *s = b->data;
 	const struct cuda_rt *rt = svc_runtime(s, why);
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start, end;
-	int h = -1, err;
+	int h = -1, err, cur = -1, back = -1;
 
 	(void)e;
-	(void)device;
 	*fd = -1;
 	if (!rt)
 		return -ENODEV;
@@ -1560,8 +1605,17 @@ static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *a
 	}
 	start = (uintptr_t)addr & ~(page - 1);
 	end = ((uintptr_t)addr + len + page - 1) & ~(page - 1);
+	/* The driver asks the calling thread's context: the region's device's, for the call. */
+	if (rt->GetDevice && rt->GetDevice(&cur) == CUDA_OK && cur != device &&
+	    rt->SetDevice(device) == CUDA_OK)
+		back = cur;
+	rt->GetLastError();
 	err = rt->MemGetHandleForAddressRange(&h, start, (size_t)(end - start),
 					      CUDA_RANGE_DMA_BUF_FD, 0);
+	if (back >= 0) {
+		rt->SetDevice(back);
+		rt->GetLastError();
+	}
 	if (err != 0 || h < 0) {
 		/* A CUresult, not a cudaError_t: 801 is CUDA_ERROR_NOT_SUPPORTED. */
 		snprintf(text, sizeof(text), "cuMemGetHandleForAddressRange: CUresult %d%s", err,
@@ -1631,4 +1685,5 @@ const struct backend_ops ferry__cuda_backend = {
 	.device_get = cuda_device_get,
 	.device_restage = cuda_device_restage,
 	.device_dmabuf = cuda_device_dmabuf,
+	.device_defer = cuda_device_defer,
 };

@@ -111,9 +111,9 @@ static struct ibv_mr *reg_dmabuf(struct rdma_dev *d, struct rdma_mem *m)
 }
 
 /*
- * Why GPUDirect is not used (health), with mem_lock held: true when that
- * is news, to be told (gpudirect_tell) once the lock is let go (a log sink
- * may read health, which takes it).
+ * Why GPUDirect is not used (health; under why_lock, which nothing holds
+ * while it logs or takes another lock): true when that is news, to be told
+ * (gpudirect_tell) once mem_lock, if held, is let go.
  */
 static bool gpudirect_refused(struct rdma_state *st, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
@@ -122,13 +122,17 @@ static bool gpudirect_refused(struct rdma_state *st, const char *fmt, ...)
 	char why[sizeof(st->gpudirect_why)];
 	va_list ap;
 
+	bool news;
+
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	if (!strcmp(why, st->gpudirect_why))
-		return false;
-	memcpy(st->gpudirect_why, why, sizeof(why));
-	return true;
+	pthread_mutex_lock(&st->why_lock);
+	news = strcmp(why, st->gpudirect_why) != 0;
+	if (news)
+		memcpy(st->gpudirect_why, why, sizeof(why));
+	pthread_mutex_unlock(&st->why_lock);
+	return news;
 }
 
 /* Log why GPUDirect is not used (mem_lock not held). */
@@ -136,9 +140,9 @@ static void gpudirect_tell(struct rdma_state *st)
 {
 	char why[sizeof(st->gpudirect_why)];
 
-	pthread_mutex_lock(&st->mem_lock);
+	pthread_mutex_lock(&st->why_lock);
 	memcpy(why, st->gpudirect_why, sizeof(why));
-	pthread_mutex_unlock(&st->mem_lock);
+	pthread_mutex_unlock(&st->why_lock);
 	log_info("rdma: engine %s: device memory goes staged through the pool, not by GPUDirect "
 		 "RDMA: %s", st->engine->name, why);
 }
@@ -217,11 +221,12 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	d->max_rd = (uint32_t)(attr.max_qp_rd_atom < attr.max_qp_init_rd_atom ?
 				       attr.max_qp_rd_atom : attr.max_qp_init_rd_atom);
 	d->notify_armed = true;
-	st->ndevs++;
 	if (st->b)
 		backend_busy(st->b); /* rdma_progress polls it from the next round on */
 	d->poll_armed = arm_fd(st, d->ch->fd, K_CH | ((uint64_t)d->idx << 8));
+	/* Counted under mem_lock: the memory hooks (any thread) register on devs[0..ndevs). */
 	pthread_mutex_lock(&st->mem_lock);
+	st->ndevs++;
 	for (struct rdma_mem *m = st->mems; m; m = m->next)
 		tell |= mem_reg_on(st, d, m);
 	pthread_mutex_unlock(&st->mem_lock);
@@ -346,17 +351,13 @@ static int device_dmabuf(struct rdma_state *st, struct rdma_mem *m, int device)
 	(void)device;
 	(void)rc;
 	(void)why;
-	pthread_mutex_lock(&st->mem_lock);
 	rc = gpudirect_refused(st, "this build's libibverbs has no ibv_reg_dmabuf_mr (rdma-core "
 				   "34 on has it)");
-	pthread_mutex_unlock(&st->mem_lock);
 #else
 	if (!(rc = memory_device_dmabuf(st->engine, m->addr, m->len, device, &m->dmabuf_fd,
 					&m->dmabuf_off, &why)))
 		return 0;
-	pthread_mutex_lock(&st->mem_lock);
 	rc = gpudirect_refused(st, "no dma-buf of CUDA device %d's memory: %s", device, why);
-	pthread_mutex_unlock(&st->mem_lock);
 #endif
 	if (rc)
 		gpudirect_tell(st);
@@ -703,6 +704,7 @@ static int rdma_init(struct ferry_engine *e, struct backend *b)
 	st->b = b;
 	b->data = st;
 	pthread_mutex_init(&st->mem_lock, NULL);
+	pthread_mutex_init(&st->why_lock, NULL);
 	if (p && p->size > offsetof(struct ferry_engine_params, rdma_listen) && p->rdma_listen) {
 		struct sockaddr_storage ss;
 
@@ -720,6 +722,7 @@ static int rdma_init(struct ferry_engine *e, struct backend *b)
 		goto fail;
 	st->hs_ns = p && p->handshake_ms ? (uint64_t)p->handshake_ms * 1000000ull : RDMA_HS_NS;
 	st->heartbeat_ns = hb;
+	st->peer_timeout_ns = to;
 	st->ack_timeout = rdma_ack_timeout_for(to);
 	st->nmsgs = 2 * e->max_ops;
 	st->nrxs = 2 * e->max_ops;
@@ -790,6 +793,7 @@ static void rdma_fini(struct ferry_engine *e, struct backend *b)
 		rdma_destroy_event_channel(st->ec);
 	tables_free(st);
 	pthread_mutex_destroy(&st->mem_lock);
+	pthread_mutex_destroy(&st->why_lock);
 	free(st);
 	b->data = NULL;
 }
@@ -844,9 +848,9 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 	(void)e;
 	if (!st->ndevs)
 		return snprintf(buf, len, ",\"rdma\":{\"devices\":[],\"why\":\"%s\"}", st->why);
-	pthread_mutex_lock(&st->mem_lock);
+	pthread_mutex_lock(&st->why_lock);
 	snprintf(gd_why, sizeof(gd_why), "%s", st->gpudirect_why);
-	pthread_mutex_unlock(&st->mem_lock);
+	pthread_mutex_unlock(&st->why_lock);
 	for (char *p = gd_why; *p; p++) /* a JSON string: nothing that would end it */
 		if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20)
 			*p = '?';

@@ -255,7 +255,9 @@ uint8_t rdma_ack_timeout_for(uint64_t peer_timeout_ns)
 }
 
 /*
- * Handshakes past their deadline fail; a READY connection idle for
+ * Handshakes past their deadline fail; an incoming PUT of a block being
+ * filled whose sender said nothing more for peer_timeout_ns is refused
+ * (rdma_rx_unfilled: -ETIMEDOUT); a READY connection idle for
  * heartbeat_ns posts a CREDIT (a heartbeat). The peer's device must
  * acknowledge it: if the peer's host is gone or cut off (no DREQ ever
  * comes), the QP's retries run out and the send completes in error, which
@@ -270,6 +272,21 @@ void rdma_check_time(struct rdma_state *st)
 	for (struct rdma_conn *c = st->conn_list; c; c = c->next) {
 		if (c->state == RC_READY) {
 			struct rdma_hdr h = { .type = RM_CREDIT };
+			bool stopped = false;
+
+			for (struct rdma_rx *r = c->rx_head; r; r = r->next) {
+				if (r->state == RX_READING && r->limit < r->len &&
+				    now - r->fill_ns >= st->peer_timeout_ns) {
+					log_warn("rdma: engine %s: %s said nothing more of a block "
+						 "it is filling for %llu ms: that PUT is refused",
+						 st->engine->name, c->peer_name,
+						 (unsigned long long)(st->peer_timeout_ns / 1000000));
+					rdma_rx_unfilled(r, -ETIMEDOUT);
+					stopped = true;
+				}
+			}
+			if (stopped)
+				rdma_conn_pump(st, c);
 
 			if (now - c->last_tx_ns >= st->heartbeat_ns && !c->wr_out &&
 			    rdma_post_msg(st, c, &h, NULL, 0, NULL, 0, NULL, 0, true) == 0)

@@ -328,6 +328,13 @@ static int msg_post(struct rdma_state *st, struct rdma_conn *c, struct rdma_msg 
 			/* Not of our registered pool (a peer's block, say): into one of ours. */
 			struct ferry_buf *nb;
 
+			if (pool_filled(m->buf) != m->len) {
+				/* Still being filled: a copy now would send what is not there yet. */
+				log_error("rdma: engine %s: a block still being filled is not "
+					  "registered with %s", st->engine->name, c->dev->name);
+				return -EIO;
+			}
+
 			if (pool_alloc(st->engine->pool, m->len, &nb))
 				return -ENOBUFS;
 			ferry__payload_copy(nb->data, m->buf->data, m->len);
@@ -641,14 +648,20 @@ static void on_filled(struct rdma_state *st, struct rdma_conn *c, const struct r
 		return;
 	}
 	if (h->res) {
-		r->res = -EIO;
-		r->limit = r->len; /* (nothing more comes) */
-		r->seg_next = r->nseg;
-		if (!r->reads_left)
-			r->state = RX_READY;
+		rdma_rx_unfilled(r, -EIO);
 		return;
 	}
 	r->limit = h->len;
+	r->fill_ns = ferry__now_ns();
+}
+
+void rdma_rx_unfilled(struct rdma_rx *r, int res)
+{
+	r->res = res;
+	r->limit = r->len; /* (nothing more comes) */
+	r->seg_next = r->nseg;
+	if (!r->reads_left)
+		r->state = RX_READY;
 }
 
 static bool key_ok(const uint8_t *key, uint16_t key_len)
@@ -742,6 +755,7 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 		/* A block still being filled: READ as RM_FILLED says, into a block of ours. */
 		r->limit = (h.flags & RDMA_HF_FILLING) ? 0 : h.len;
 		if (!r->limit) {
+			r->fill_ns = ferry__now_ns();
 			if (pool_alloc(st->engine->pool, h.len, &r->buf)) {
 				r->res = -ENOBUFS;
 				r->state = RX_READY;

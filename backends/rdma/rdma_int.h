@@ -242,6 +242,7 @@ struct rdma_rx {
 	uint64_t seg_off;    /* into the current segment */
 	uint64_t dst_off;    /* into buf */
 	uint64_t limit;      /* READ no byte past it (RDMA_HF_FILLING: what RM_FILLED said) */
+	uint64_t fill_ns;    /* ... when the sender last said more (rdma_check_time) */
 	/* READ straight into a parked GET's segments (reactor_claim_get), not into buf: */
 	struct op *get;
 	uint32_t gseg;       /* its segment the next READ writes into */
@@ -311,6 +312,7 @@ struct rdma_state {
 	 * peer_timeout_ms).
 	 */
 	uint64_t heartbeat_ns;
+	uint64_t peer_timeout_ns; /* also: a block being filled that says nothing more for it fails */
 	uint8_t ack_timeout;
 	bool ack_timeout_warned;
 	bool tick_armed;        /* a TIMEOUT of ours is on the reactor's ring */
@@ -348,8 +350,9 @@ struct rdma_state {
 	 * GPUDirect RDMA: device regions registered with every device (their
 	 * PUTs read in place by the peer's NIC, their GETs written by ours),
 	 * and why the last one that could not be is staged instead (under
-	 * mem_lock; "" while none failed).
+	 * why_lock, held only to copy it; "" while none failed).
 	 */
+	pthread_mutex_t why_lock;
 	_Atomic uint32_t h_gpudirect_regions;
 	_Atomic uint64_t h_gpudirect_puts;
 	char gpudirect_why[200];
@@ -395,6 +398,13 @@ void rdma_msg_forget(struct rdma_state *st, struct rdma_conn *c, struct op *op);
 void rdma_on_wc(struct rdma_state *st, const struct ibv_wc *wc);
 void rdma_post_recvs(struct rdma_state *st, struct rdma_conn *c);
 void rdma_conn_pump(struct rdma_state *st, struct rdma_conn *c);
+/*
+ * An incoming PUT of a block being filled whose filling failed (res -EIO:
+ * its sender said so) or stopped (-ETIMEDOUT: nothing more said for
+ * peer_timeout_ns): nothing more is READ, and it is answered res, nothing
+ * delivered, once its READs are back.
+ */
+void rdma_rx_unfilled(struct rdma_rx *r, int res);
 void rdma_conn_drop_data(struct rdma_state *st, struct rdma_conn *c, int res);
 /* Post one message buffer: 0, or -EAGAIN (no slot, no credit), -EIO. */
 int rdma_post_msg(struct rdma_state *st, struct rdma_conn *c, struct rdma_hdr *h,

@@ -297,6 +297,12 @@ API cuda_err_t cudaSetDevice(int dev)
 	return 0;
 }
 
+API cuda_err_t cudaGetDevice(int *dev)
+{
+	*dev = g_cur_dev;
+	return 0;
+}
+
 API cuda_err_t cudaStreamCreateWithFlags(cuda_stream_t *st, unsigned flags)
 {
 	int err = injected("cudaStreamCreateWithFlags");
