@@ -25,6 +25,7 @@
  * checksum, 8 bytes of host memory).
  */
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <signal.h>
@@ -459,6 +460,35 @@ static double t_ferry_staged = -1, t_ferry_d2d_put = -1, lat_host64 = -1, t_page
 static double done_spin_us = -1, done_hostfn_us = -1, job_us = -1, ipc_copy_us = -1, local_copy_us = -1,
 	      alt_copy_us = -1;
 static long long ipc_puts = -1, staged_puts = -1;
+/*
+ * GPUDirect RDMA's GPU half on this machine (no RDMA NIC here: the rest
+ * cannot run): whether the driver exports a dma-buf of device memory, as
+ * ferry asks it to (cuMemGetHandleForAddressRange). A figure, not a case.
+ */
+static char dmabuf_export[96] = "not asked";
+
+static void probe_dmabuf(void *dptr, size_t n)
+{
+	typedef int (*get_handle_fn)(void *, unsigned long long, size_t, int, unsigned long long);
+	void *drv = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	get_handle_fn f = drv ? (get_handle_fn)dlsym(drv, "cuMemGetHandleForAddressRange") : NULL;
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	int fd = -1, rc;
+
+	if (!f) {
+		snprintf(dmabuf_export, sizeof(dmabuf_export), "the driver has no "
+			 "cuMemGetHandleForAddressRange");
+	} else if ((rc = f(&fd, (unsigned long long)(uintptr_t)dptr, n & ~(page - 1), 1, 0)) ||
+		   fd < 0) {
+		snprintf(dmabuf_export, sizeof(dmabuf_export), "CUresult %d%s", rc,
+			 rc == 801 ? " (not supported)" : "");
+	} else {
+		snprintf(dmabuf_export, sizeof(dmabuf_export), "ok");
+		close(fd);
+	}
+	if (drv)
+		dlclose(drv);
+}
 
 /* The JSON report; error: why the run stopped early (NULL: it ran to the end). */
 static void write_json(const char *error)
@@ -488,6 +518,7 @@ static void write_json(const char *error)
 	fprintf(f, "\"alternating_copy64_half_rt_us\":%.2f,", alt_copy_us);
 	fprintf(f, "\"ipc_puts\":%lld,", ipc_puts);
 	fprintf(f, "\"staged_puts_before_staged_bench\":%lld,", staged_puts);
+	fprintf(f, "\"dmabuf_export\":\"%s\",", dmabuf_export);
 	fprintf(f, "\"note\":\"times are the best of the reps, PUT submit to the receiver's GET done; "
 		   "d2d_190MiB_ferry_ms is the CUDA IPC path (descriptor over shm, the child's D2D copy "
 		   "from the opened handle) when ipc_path_taken passed; staged_190MiB_ferry_ms is D2H, "
@@ -634,6 +665,7 @@ int main(int argc, char **argv)
 	CK(cudaMalloc(&src2, MAXSZ));
 	CK(cudaMalloc(&d_sum, sizeof(*d_sum)));
 	CK(cudaMallocHost(&host, MAXSZ));
+	probe_dmabuf(src, MAXSZ);
 	rs = dev_region(pe, src, MAXSZ);
 
 	/* Device -> device across the processes, every size. */
