@@ -22,6 +22,9 @@
  *
  * Buffer handles (struct ferry_buf) come from a preallocated descriptor
  * table with a lock-free free list; allocating a handle never calls malloc.
+ A block can be shared by several handles (pool_share); a shared
+ * block's root can say that it is still being filled, and how far
+ * (POOL_BUF_F_FILLING, pool_filled): whoever fills it moves that on.
  *
  * Errors: negative errno, never abort. A double free, a free of a foreign
  * handle, or a free that points into a free block returns -EINVAL, logs one
