@@ -227,8 +227,14 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	/* Counted under mem_lock: the memory hooks (any thread) register on devs[0..ndevs). */
 	pthread_mutex_lock(&st->mem_lock);
 	st->ndevs++;
-	for (struct rdma_mem *m = st->mems; m; m = m->next)
+	for (struct rdma_mem *m = st->mems; m; m = m->next) {
 		tell |= mem_reg_on(st, d, m);
+		if (m->gpudirect && !m->mr[d->idx]) {
+			/* Not on this device: its PUTs are staged from now on (device_in_place). */
+			m->gpudirect = false;
+			atomic_fetch_sub_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+		}
+	}
 	pthread_mutex_unlock(&st->mem_lock);
 	if (tell)
 		gpudirect_tell(st);
@@ -402,9 +408,11 @@ static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 	}
 	m->next = st->mems;
 	st->mems = m;
-	pthread_mutex_unlock(&st->mem_lock);
-	if (mem == FERRY_MEM_CUDA)
+	if (mem == FERRY_MEM_CUDA) {
+		m->gpudirect = true;
 		atomic_fetch_add_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+	}
+	pthread_mutex_unlock(&st->mem_lock);
 	*handle = m;
 	return 0;
 }
@@ -424,9 +432,9 @@ static void rdma_mem_deregister(struct ferry_engine *e, struct backend *b, void 
 			break;
 		}
 	}
-	pthread_mutex_unlock(&st->mem_lock);
-	if (m->dmabuf_fd >= 0)
+	if (m->gpudirect)
 		atomic_fetch_sub_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+	pthread_mutex_unlock(&st->mem_lock);
 	mem_free(m);
 }
 

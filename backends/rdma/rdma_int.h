@@ -183,6 +183,7 @@ struct rdma_mem {
 	 */
 	int dmabuf_fd;
 	uint64_t dmabuf_off;
+	bool gpudirect;  /* counted in h_gpudirect_regions: registered on every device (mem_lock) */
 	struct rdma_mem *next;
 };
 
