@@ -69,7 +69,7 @@ static const struct {
 	E(EventDestroy, 1), E(EventRecord, 1), E(EventQuery, 1), E(MemcpyAsync, 1),
 	E(LaunchHostFunc, 1), E(HostRegister, 1), E(HostUnregister, 1),
 	E(PointerGetAttributes, 1), E(GetLastError, 1), E(GetErrorString, 1),
-	E(IpcGetMemHandle, 0), E(IpcOpenMemHandle, 0), E(IpcCloseMemHandle, 0), E(GetDevice, 0),
+	E(IpcGetMemHandle, 0), E(IpcOpenMemHandle, 0), E(IpcCloseMemHandle, 0),
 };
 #undef E
 
@@ -148,6 +148,11 @@ static void rt_load(void)
 	rt.devices = n;
 	*(void **)&rt.MemGetAddressRange = driver_sym(h, "cuMemGetAddressRange_v2");
 	*(void **)&rt.MemGetHandleForAddressRange = driver_sym(h, "cuMemGetHandleForAddressRange");
+	*(void **)&rt.DeviceGet = driver_sym(h, "cuDeviceGet");
+	*(void **)&rt.DevicePrimaryCtxRetain = driver_sym(h, "cuDevicePrimaryCtxRetain");
+	*(void **)&rt.CtxPushCurrent = driver_sym(h, "cuCtxPushCurrent_v2");
+	*(void **)&rt.CtxPopCurrent = driver_sym(h, "cuCtxPopCurrent_v2");
+	*(void **)&rt.DevicePrimaryCtxRelease = driver_sym(h, "cuDevicePrimaryCtxRelease_v2");
 	rt_ok = &rt;
 	log_info("CUDA: %s loaded, %d device(s)", rt.library, n);
 	atomic_store(&rt_tried, 1);

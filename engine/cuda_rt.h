@@ -55,7 +55,6 @@ struct cuda_ipc_handle { /* cudaIpcMemHandle_t */
 struct cuda_rt {
 	cuda_err_t (*GetDeviceCount)(int *n);
 	cuda_err_t (*SetDevice)(int dev);
-	cuda_err_t (*GetDevice)(int *dev); /* optional (NULL: not there) */
 	cuda_err_t (*StreamCreateWithFlags)(cuda_stream_t *s, unsigned flags);
 	cuda_err_t (*StreamDestroy)(cuda_stream_t s);
 	cuda_err_t (*StreamSynchronize)(cuda_stream_t s); /* only at teardown, never on the reactor's rounds */
@@ -91,6 +90,18 @@ struct cuda_rt {
 	 */
 	int (*MemGetHandleForAddressRange)(void *handle, unsigned long long p, size_t size,
 					   int type, unsigned long long flags);
+	/*
+	 * The driver API's calls that make a device's primary context current
+	 * on this thread for a driver call and then give the thread back as it
+	 * was (CUdevice as int, CUcontext as void *): cuDeviceGet,
+	 * cuDevicePrimaryCtxRetain, cuCtxPushCurrent_v2, cuCtxPopCurrent_v2,
+	 * cuDevicePrimaryCtxRelease_v2. Optional, found as the two above.
+	 */
+	int (*DeviceGet)(int *dev, int ordinal);
+	int (*DevicePrimaryCtxRetain)(void **ctx, int dev);
+	int (*CtxPushCurrent)(void *ctx);
+	int (*CtxPopCurrent)(void **ctx);
+	int (*DevicePrimaryCtxRelease)(int dev);
 	int devices;         /* what GetDeviceCount said (0 when it failed) */
 	char library[128];   /* the file loaded */
 };

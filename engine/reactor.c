@@ -643,8 +643,16 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 		/* Device memory the domain did not stage whole (backends/cuda). */
 		const struct backend_ops *t = peer->backend->ops;
 
+		uint64_t filled = (op->flags & OP_F_FILLING) && op->buf ? pool_filled(op->buf) : 0;
+
+		if (filled == POOL_FILL_FAILED) {
+			/* Its block was given back (its peer was away), then its copies failed. */
+			log_error("PUT %llx: its device memory could not be staged",
+				  (unsigned long long)op->user_data);
+			return -EIO;
+		}
 		if ((op->flags & OP_F_FILLING) && !t->sends_filling && op->buf &&
-		    pool_filled(op->buf) != op->buf->len) {
+		    filled != op->buf->len) {
 			/* Not reached: the domain hands a block on early only to such a transport. */
 			log_error("PUT %llx: a block still being filled, for a transport that sends "
 				  "only whole ones", (unsigned long long)op->user_data);

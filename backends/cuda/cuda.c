@@ -1278,10 +1278,17 @@ static void job_end(struct cuda_svc *s, struct cuda_job *j, int res)
 				  "was being sent: its transport drops it", s->e->name);
 		tell_filling(s);
 		if (op->gen == gen && (op->flags & OP_F_FILLING)) {
-			op->flags &= ~OP_F_FILLING; /* its device memory is not read any more */
+			/*
+			 * Its device memory is not read any more. A failed one keeps
+			 * the flag: its block, if it is ever given back to be sent
+			 * again, is refused (reactor_send).
+			 */
 			if (deferred) {
+				op->flags &= ~OP_F_FILLING;
 				op->state = OP_FREE;
 				op_complete(s->e, op, deferred_res, deferred_len, NULL);
+			} else if (!res) {
+				op->flags &= ~OP_F_FILLING;
 			}
 		}
 		return;
@@ -1582,9 +1589,8 @@ static void cuda_peer_event(struct ferry_engine *e, struct backend *b, const cha
  * asked on the calling thread (the one registering the region; the other
  * transports' mem_register runs before this domain's vets the region: a
  * pointer that is no device memory fails here too, and then there), with
- * the region's device made current for the call (the runtime's primary
- * context, where the application's allocator runs), and the thread's own
- * current device given back after.
+ * the region's device's primary context (the runtime's, where the
+ * application's allocator runs) pushed for the call and popped after.
  */
 static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			      int device, int *fd, uint64_t *offset, const char **why)
@@ -1593,7 +1599,9 @@ static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *a
 	struct cuda_svc *s = b->data;
 	const struct cuda_rt *rt = svc_runtime(s, why);
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start, end;
-	int h = -1, err, cur = -1, back = -1;
+	int h = -1, err, cudev = 0;
+	void *ctx = NULL;
+	bool pushed = false;
 
 	(void)e;
 	*fd = -1;
@@ -1605,16 +1613,26 @@ static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *a
 	}
 	start = (uintptr_t)addr & ~(page - 1);
 	end = ((uintptr_t)addr + len + page - 1) & ~(page - 1);
-	/* The driver asks the calling thread's context: the region's device's, for the call. */
-	if (rt->GetDevice && rt->GetDevice(&cur) == CUDA_OK && cur != device &&
-	    rt->SetDevice(device) == CUDA_OK)
-		back = cur;
-	rt->GetLastError();
+	/*
+	 * The driver asks the calling thread's current context: the device's
+	 * primary one (the runtime's) is pushed for the call and popped after,
+	 * so the thread is given back as it was (no context, or its own).
+	 */
+	if (rt->DeviceGet && rt->DevicePrimaryCtxRetain && rt->CtxPushCurrent &&
+	    rt->CtxPopCurrent && rt->DevicePrimaryCtxRelease && rt->DeviceGet(&cudev, device) == 0 &&
+	    rt->DevicePrimaryCtxRetain(&ctx, cudev) == 0) {
+		if (rt->CtxPushCurrent(ctx) == 0)
+			pushed = true;
+		else
+			rt->DevicePrimaryCtxRelease(cudev);
+	}
 	err = rt->MemGetHandleForAddressRange(&h, start, (size_t)(end - start),
 					      CUDA_RANGE_DMA_BUF_FD, 0);
-	if (back >= 0) {
-		rt->SetDevice(back);
-		rt->GetLastError();
+	if (pushed) {
+		void *was;
+
+		rt->CtxPopCurrent(&was);
+		rt->DevicePrimaryCtxRelease(cudev);
 	}
 	if (err != 0 || h < 0) {
 		/* A CUresult, not a cudaError_t: 801 is CUDA_ERROR_NOT_SUPPORTED. */

@@ -511,10 +511,16 @@ static void on_connect_request(struct rdma_state *st, struct rdma_cm_id *id,
 	struct rdma_conn *c;
 	struct sockaddr *sa = rdma_get_peer_addr(id);
 
-	if (pd_len < sizeof(*pd) || pd->magic != RDMA_CM_MAGIC || pd->version != RDMA_VERSION) {
+	if (pd_len < sizeof(*pd) || pd->magic != RDMA_CM_MAGIC) {
 		atomic_fetch_add_explicit(&st->h_malformed, 1, memory_order_relaxed);
 		log_limited(FERRY__LOG_WARN, "rdma: engine %s: a connect request that is not "
 			    "ferry's (private data %u bytes): rejected", st->engine->name, pd_len);
+		goto reject;
+	}
+	if (pd->version != RDMA_VERSION) {
+		log_limited(FERRY__LOG_WARN, "rdma: engine %s: a connect request of ferry's rdma "
+			    "wire version %u (this engine speaks %u): rejected", st->engine->name,
+			    (unsigned)pd->version, (unsigned)RDMA_VERSION);
 		goto reject;
 	}
 	if (!sec_peer_allowed(&st->secret, sa)) {

@@ -641,8 +641,8 @@ static void on_filled(struct rdma_state *st, struct rdma_conn *c, const struct r
 	}
 	while (r && (r->id != h->id || r->gen != h->gen))
 		r = r->next;
-	if (!r || r->state != RX_READING)
-		return;
+	if (!r || r->state != RX_READING || r->res)
+		return; /* (refused meanwhile: -ETIMEDOUT, its READs still out) */
 	if (r->limit == r->len || (!h->res && (h->len <= r->limit || h->len > r->len))) {
 		malformed(st, c, "a FILLED that does not follow its announcement");
 		return;

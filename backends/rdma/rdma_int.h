@@ -63,7 +63,12 @@
 
 #define RDMA_MAGIC 0xfe
 #define RDMA_CM_MAGIC 0x4652444du /* "FRDM": rdma_cm private data of a connect */
-#define RDMA_VERSION 1
+/*
+ * 2: RM_FILLED and RDMA_HF_FILLING, announcements of any non-zero length (a
+ * peer of version 1 would call them malformed mid-transfer: refused at the
+ * connect instead).
+ */
+#define RDMA_VERSION 2
 
 enum {
 	RM_HELLO = 1, /* caller: key = its name, body = its nonce */

@@ -32,8 +32,10 @@
  * memfd, and remembers where in the memfd the range starts
  * (cudadouble_dmabuf_origin), which a test double of the NIC's dma-buf
  * registration maps (the memfd is not a real dma-buf: no driver here
- * takes one). cudadouble_set_dmabuf(0) makes the driver one without dma-buf
- * export (CUDA_ERROR_NOT_SUPPORTED).
+ * takes one), with the allocation's device's context current on the
+ * calling thread (cuCtxPushCurrent_v2 of its primary context), else
+ * CUDA_ERROR_INVALID_CONTEXT. cudadouble_set_dmabuf(0) makes the driver one
+ * without dma-buf export (CUDA_ERROR_NOT_SUPPORTED).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -297,9 +299,49 @@ API cuda_err_t cudaSetDevice(int dev)
 	return 0;
 }
 
-API cuda_err_t cudaGetDevice(int *dev)
+/*
+ * The driver's contexts, as far as ferry uses them: a device's primary
+ * context (named by its ordinal + 1), pushed on and popped off this
+ * thread's stack. cuMemGetHandleForAddressRange wants the allocation's
+ * device's context current, as the driver does (CUDA_ERROR_INVALID_CONTEXT).
+ */
+#define ERR_INVALID_CONTEXT 201
+static __thread int t_ctx_stack[8];
+static __thread int t_ctx_depth;
+
+API int cuDeviceGet(int *dev, int ordinal)
 {
-	*dev = g_cur_dev;
+	if (ordinal < 0 || ordinal >= g_devices)
+		return ERR_INVALID_DEVICE;
+	*dev = ordinal;
+	return 0;
+}
+
+API int cuDevicePrimaryCtxRetain(void **ctx, int dev)
+{
+	*ctx = (void *)(uintptr_t)(dev + 1);
+	return 0;
+}
+
+API int cuDevicePrimaryCtxRelease_v2(int dev)
+{
+	(void)dev;
+	return 0;
+}
+
+API int cuCtxPushCurrent_v2(void *ctx)
+{
+	if (t_ctx_depth == 8)
+		return ERR_INVALID_VALUE;
+	t_ctx_stack[t_ctx_depth++] = (int)(uintptr_t)ctx;
+	return 0;
+}
+
+API int cuCtxPopCurrent_v2(void **ctx)
+{
+	if (!t_ctx_depth)
+		return ERR_INVALID_CONTEXT;
+	*ctx = (void *)(uintptr_t)t_ctx_stack[--t_ctx_depth];
 	return 0;
 }
 
@@ -668,6 +710,10 @@ API int cuMemGetHandleForAddressRange(void *handle, unsigned long long p, size_t
 		return ERR_INVALID_VALUE;
 	pthread_mutex_lock(&g_lock);
 	i = alloc_of((const void *)(uintptr_t)p);
+	if (i >= 0 && (!t_ctx_depth || t_ctx_stack[t_ctx_depth - 1] != g_alloc[i].dev + 1)) {
+		pthread_mutex_unlock(&g_lock);
+		return ERR_INVALID_CONTEXT; /* no context current, or another device's */
+	}
 	if (i < 0 || g_alloc[i].fd < 0 ||
 	    p + size > (((uintptr_t)g_alloc[i].base + g_alloc[i].len + page - 1) & ~(page - 1)) ||
 	    (fd = fcntl(g_alloc[i].fd, F_DUPFD_CLOEXEC, 0)) < 0) {
