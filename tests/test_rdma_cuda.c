@@ -318,6 +318,14 @@ static void test_gpudirect_refused_by_device(void **state)
 	why = gpudirect_why(p.a);
 	if (!strstr(why, "ibv_reg_dmabuf_mr") || !strstr(why, "rxe"))
 		fail_msg("gpudirect_why: \"%s\"", why);
+	{
+		/* Refused for good by the device: the next region is not even exported. */
+		uint64_t exports = d_stat("dmabuf_exports");
+		struct ferry_region *r2 = dev_reg(p.a, p.src, 4096);
+
+		assert_int_equal(d_stat("dmabuf_exports"), exports);
+		assert_int_equal(ferry_region_release(&r2), 0);
+	}
 	pattern(p.src, p.n, 3);
 	s = (struct ferry_seg){ p.rs, 0, p.n };
 	put_segs(p.a, p.ab, "staged", &s, 1, 1, 0, NULL);
@@ -495,6 +503,14 @@ static void test_gpudirect_no_export(void **state)
 	why = gpudirect_why(p.a);
 	if (!strstr(why, "cuMemGetHandleForAddressRange") || !strstr(why, "not supported"))
 		fail_msg("gpudirect_why: \"%s\"", why);
+	{
+		/* A driver without export is not asked again. */
+		uint64_t asked = d_stat("dmabuf_asked");
+		struct ferry_region *r2 = dev_reg(p.a, p.src, 4096);
+
+		assert_int_equal(d_stat("dmabuf_asked"), asked);
+		assert_int_equal(ferry_region_release(&r2), 0);
+	}
 	pattern(p.src, p.n, 8);
 	s = (struct ferry_seg){ p.rs, 0, p.n };
 	put_segs(p.a, p.ab, "x", &s, 1, 1, 0, NULL);

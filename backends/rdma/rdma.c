@@ -159,11 +159,16 @@ static bool mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_me
 	if (m->mr[d->idx])
 		return false;
 	if (m->dmabuf_fd >= 0) {
-		if (!(m->mr[d->idx] = reg_dmabuf(d, m)))
+		if (!(m->mr[d->idx] = reg_dmabuf(d, m))) {
+			int err = errno;
+
+			if (err == EOPNOTSUPP || err == ENOSYS || err == EPROTONOSUPPORT)
+				atomic_store(&st->gpudirect_off, 1); /* that device never will */
 			return gpudirect_refused(st, "%s: ibv_reg_dmabuf_mr: %s", d->name,
-						 errno == ENOSYS ? "this build's libibverbs has none "
-								   "(rdma-core 34 on has it)"
-								 : strerror(errno));
+						 err == ENOSYS ? "this build's libibverbs has none "
+								 "(rdma-core 34 on has it)"
+							       : strerror(err));
+		}
 		return false;
 	}
 	m->mr[d->idx] = ibv_reg_mr(d->pd, m->addr, m->len,
@@ -353,16 +358,20 @@ static int device_dmabuf(struct rdma_state *st, struct rdma_mem *m, int device)
 	const char *why = "";
 	int rc;
 
+	if (atomic_load(&st->gpudirect_off))
+		return 1; /* refused for good before (said then): not asked again */
 #ifndef FERRY_HAVE_IBV_DMABUF
 	(void)device;
-	(void)rc;
 	(void)why;
+	atomic_store(&st->gpudirect_off, 1);
 	rc = gpudirect_refused(st, "this build's libibverbs has no ibv_reg_dmabuf_mr (rdma-core "
 				   "34 on has it)");
 #else
 	if (!(rc = memory_device_dmabuf(st->engine, m->addr, m->len, device, &m->dmabuf_fd,
 					&m->dmabuf_off, &why)))
 		return 0;
+	if (rc == -EOPNOTSUPP)
+		atomic_store(&st->gpudirect_off, 1); /* the driver has no dma-buf export */
 	rc = gpudirect_refused(st, "no dma-buf of CUDA device %d's memory: %s", device, why);
 #endif
 	if (rc)

@@ -360,6 +360,12 @@ struct rdma_state {
 	 */
 	pthread_mutex_t why_lock;
 	_Atomic uint32_t h_gpudirect_regions;
+	/*
+	 * GPUDirect refused for good (a device without dma-buf MRs, a driver
+	 * without export, a libibverbs without the call): later device regions
+	 * are staged without asking again (no dma-buf made per registration).
+	 */
+	_Atomic int gpudirect_off;
 	_Atomic uint64_t h_gpudirect_puts;
 	char gpudirect_why[200];
 };

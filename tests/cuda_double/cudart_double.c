@@ -101,7 +101,7 @@ static struct {
 } g_alloc[MAX_ALLOCS];
 static int g_ipc_off;
 static int g_dmabuf_off;
-static uint64_t g_dmabuf_exports;
+static uint64_t g_dmabuf_exports, g_dmabuf_asked;
 /* Descriptors exported by cuMemGetHandleForAddressRange (fd1: fd + 1): where each range starts. */
 static struct {
 	int fd1;
@@ -701,6 +701,7 @@ API int cuMemGetHandleForAddressRange(void *handle, unsigned long long p, size_t
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
 	int i, fd, err = injected("cuMemGetHandleForAddressRange");
 
+	g_dmabuf_asked++;
 	if (err)
 		return err;
 	if (g_dmabuf_off)
@@ -932,6 +933,8 @@ API uint64_t cudadouble_stat(const char *name)
 		v = g_streams;
 	else if (!strcmp(name, "dmabuf_exports"))
 		v = g_dmabuf_exports;
+	else if (!strcmp(name, "dmabuf_asked"))
+		v = g_dmabuf_asked;
 	else if (!strcmp(name, "ipc_gets"))
 		v = g_ipc_gets;
 	else if (!strcmp(name, "ipc_opens"))
