@@ -36,6 +36,8 @@ _Static_assert(CUDA_IPC_HANDLE_BYTES == CUDA_IPC_HANDLE_SIZE, "CUDA_IPC_HANDLE_S
 #include <cuda.h>
 _Static_assert(CUDA_RANGE_DMA_BUF_FD == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
 	       "CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD");
+_Static_assert(CUDA_POINTER_ATTR_BUFFER_ID == CU_POINTER_ATTRIBUTE_BUFFER_ID,
+	       "CU_POINTER_ATTRIBUTE_BUFFER_ID");
 #endif
 _Static_assert(sizeof(struct cuda_ipc_handle) == sizeof(cudaIpcMemHandle_t), "cudaIpcMemHandle_t");
 _Static_assert(sizeof(cuda_err_t) == sizeof(cudaError_t), "cudaError_t");
@@ -153,6 +155,7 @@ static void rt_load(void)
 	*(void **)&rt.CtxPushCurrent = driver_sym(h, "cuCtxPushCurrent_v2");
 	*(void **)&rt.CtxPopCurrent = driver_sym(h, "cuCtxPopCurrent_v2");
 	*(void **)&rt.DevicePrimaryCtxRelease = driver_sym(h, "cuDevicePrimaryCtxRelease_v2");
+	*(void **)&rt.PointerGetAttribute = driver_sym(h, "cuPointerGetAttribute");
 	rt_ok = &rt;
 	log_info("CUDA: %s loaded, %d device(s)", rt.library, n);
 	atomic_store(&rt_tried, 1);

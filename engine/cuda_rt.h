@@ -39,6 +39,7 @@ typedef void (*cuda_host_fn)(void *arg); /* cudaHostFn_t */
 #define CUDA_MEM_TYPE_MANAGED 3     /* cudaMemoryTypeManaged */
 #define CUDA_IPC_HANDLE_BYTES 64    /* CUDA_IPC_HANDLE_SIZE */
 #define CUDA_RANGE_DMA_BUF_FD 1     /* CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD (driver API) */
+#define CUDA_POINTER_ATTR_BUFFER_ID 7 /* CU_POINTER_ATTRIBUTE_BUFFER_ID (driver API) */
 
 struct cuda_ptr_attr { /* struct cudaPointerAttributes, with room to spare */
 	int type;
@@ -102,6 +103,8 @@ struct cuda_rt {
 	int (*CtxPushCurrent)(void *ctx);
 	int (*CtxPopCurrent)(void **ctx);
 	int (*DevicePrimaryCtxRelease)(int dev);
+	/* The driver API's cuPointerGetAttribute (CUdeviceptr as unsigned long long). Optional. */
+	int (*PointerGetAttribute)(void *data, int attr, unsigned long long p);
 	int devices;         /* what GetDeviceCount said (0 when it failed) */
 	char library[128];   /* the file loaded */
 };

@@ -310,6 +310,16 @@ bool memory_device_defer(struct ferry_engine *e, struct op *op, int res, uint64_
 	return b->ops->device_defer(e, b, op, res, len);
 }
 
+int memory_device_allocation(struct ferry_engine *e, void *addr, int device, uint64_t *base,
+			     uint64_t *size, uint64_t *id)
+{
+	struct backend *b = device_domain(e);
+
+	if (!b || !b->ops->device_allocation)
+		return -EOPNOTSUPP;
+	return b->ops->device_allocation(e, b, addr, device, base, size, id);
+}
+
 int memory_device_dmabuf(struct ferry_engine *e, void *addr, size_t len, int device, int *fd,
 			 uint64_t *offset, const char **why)
 {

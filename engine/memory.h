@@ -172,6 +172,12 @@ int memory_device_restage(struct ferry_engine *e, struct op *op);
 int memory_device_dmabuf(struct ferry_engine *e, void *addr, size_t len, int device, int *fd,
 			 uint64_t *offset, const char **why);
 /*
+ * The allocation holding device memory addr (the domain's device_allocation:
+ * base, size, an id never given twice); -EOPNOTSUPP without one. Any thread.
+ */
+int memory_device_allocation(struct ferry_engine *e, void *addr, int device, uint64_t *base,
+			     uint64_t *size, uint64_t *id);
+/*
  * op_complete of a PUT handed on while its block is filled (OP_F_FILLING):
  * true when the domain's copies still read its device memory (the domain
  * completes it with res and len when they end: device_defer); false: it

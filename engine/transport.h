@@ -256,6 +256,15 @@ struct backend_ops {
 	int (*device_dmabuf)(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			     int device, int *fd, uint64_t *offset, const char **why);
 	/*
+	 * Optional, for the memory domain, any thread: the allocation that
+	 * holds device memory addr of device: its base, size and an id the
+	 * driver never gives two allocations of the process (a registration
+	 * of it made earlier is of the same memory while the id matches). 0,
+	 * or a negative errno. memory_device_allocation.
+	 */
+	int (*device_allocation)(struct ferry_engine *e, struct backend *b, void *addr, int device,
+				 uint64_t *base, uint64_t *size, uint64_t *id);
+	/*
 	 * Optional, for a transport that moves device memory itself (rdma:
 	 * regions registered for GPUDirect), reactor only: can it send op's
 	 * device segments from where they are (segs_in_place, its NIC reading

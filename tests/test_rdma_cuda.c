@@ -395,13 +395,48 @@ static void test_gpudirect_device_to_device(void **state)
 	assert_int_equal(ch(p.a, "bytes_d2h"), 0);
 	assert_int_equal(ch(p.b, "gets"), 0);
 	assert_int_equal(ch(p.b, "bytes_h2d"), 0);
-	/* Each region's dma-buf descriptor closed with it, every mapping with its MR. */
+	/*
+	 * A region of an allocation registered before borrows that registration
+	 * (no dma-buf, no memory registration: as pyferry registers one per op),
+	 * and a PUT from it is read in place too.
+	 */
 	assert_int_equal(double_maps(), 4);
+	{
+		uint64_t exports = d_stat("dmabuf_exports");
+		struct ferry_region *r2 = dev_reg(p.a, p.src + 4096, 65536);
+		struct ferry_seg s2 = { r2, 100, 5000 }, d2 = { p.rd, 0, 5000 };
+
+		assert_int_equal(d_stat("dmabuf_exports"), exports);
+		assert_int_equal(double_maps(), 4);
+		assert_int_equal(rh(p.a, "gpudirect_regions"), 2);
+		assert_int_equal(rh(p.a, "gpudirect_cached"), 1);
+		get_segs(p.b, p.ba, "sub", &d2, 1, 4);
+		put_segs(p.a, p.ab, "sub", &s2, 1, 3, 0, NULL);
+		t_expect(p.a, NULL, 3, 0, NULL);
+		t_expect(p.b, NULL, 4, 0, NULL);
+		assert_memory_equal(p.dst, p.src + 4096 + 100, 5000);
+		assert_int_equal(rh(p.a, "gpudirect_puts"), 2);
+		assert_int_equal(ferry_region_release(&r2), 0);
+	}
+	/*
+	 * Released, the regions leave their allocations' registrations cached a
+	 * while (RDMA_GD_IDLE_NS), then those go: each dma-buf descriptor closed,
+	 * every mapping with its MR.
+	 */
 	assert_int_equal(ferry_region_release(&p.rs), 0);
 	assert_int_equal(ferry_region_release(&p.rd), 0);
-	assert_int_equal(open_fds(), fds - 2);
-	assert_int_equal(double_maps(), 0);
 	assert_int_equal(rh(p.a, "gpudirect_regions"), 0);
+	assert_int_equal(rh(p.a, "gpudirect_cached"), 1);
+	{
+		int64_t end = t_now() + 30 * SEC;
+
+		while ((double_maps() || rh(p.a, "gpudirect_cached") || rh(p.b, "gpudirect_cached")) &&
+		       t_now() < end)
+			usleep(20000);
+	}
+	assert_int_equal(double_maps(), 0);
+	assert_int_equal(rh(p.a, "gpudirect_cached"), 0);
+	assert_int_equal(open_fds(), fds - 2);
 	pair_close(&p);
 	free(tmp);
 }

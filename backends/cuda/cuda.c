@@ -1582,6 +1582,72 @@ static void cuda_peer_event(struct ferry_engine *e, struct backend *b, const cha
 }
 
 /*
+ * The driver asks the calling thread's current context: the device's
+ * primary one (the runtime's) is pushed for a driver call (ctx_enter) and
+ * popped after (ctx_leave), so the thread is given back as it was (no
+ * context, or its own). *cudev: the device pushed, -1 when none was.
+ */
+static void ctx_enter(const struct cuda_rt *rt, int device, int *cudev)
+{
+	void *ctx = NULL;
+	int d;
+
+	*cudev = -1;
+	if (!rt->DeviceGet || !rt->DevicePrimaryCtxRetain || !rt->CtxPushCurrent ||
+	    !rt->CtxPopCurrent || !rt->DevicePrimaryCtxRelease || rt->DeviceGet(&d, device) != 0 ||
+	    rt->DevicePrimaryCtxRetain(&ctx, d) != 0)
+		return;
+	if (rt->CtxPushCurrent(ctx) == 0)
+		*cudev = d;
+	else
+		rt->DevicePrimaryCtxRelease(d);
+}
+
+static void ctx_leave(const struct cuda_rt *rt, int cudev)
+{
+	void *was;
+
+	if (cudev < 0)
+		return;
+	rt->CtxPopCurrent(&was);
+	rt->DevicePrimaryCtxRelease(cudev);
+}
+
+/*
+ * The allocation that holds device memory at addr: its base and size, and
+ * the driver's id of it (CU_POINTER_ATTRIBUTE_BUFFER_ID: never the same for
+ * two allocations of a process), by which a registration of it made before
+ * is known to be of the same memory still. 0, or a negative errno.
+ */
+static int cuda_device_allocation(struct ferry_engine *e, struct backend *b, void *addr,
+				  int device, uint64_t *base, uint64_t *size, uint64_t *id)
+{
+	struct cuda_svc *s = b->data;
+	const char *why = "";
+	const struct cuda_rt *rt = svc_runtime(s, &why);
+	unsigned long long bs = 0, bid = 0;
+	size_t sz = 0;
+	int cudev, err;
+
+	(void)e;
+	if (!rt)
+		return -ENODEV;
+	if (!rt->MemGetAddressRange || !rt->PointerGetAttribute)
+		return -EOPNOTSUPP;
+	ctx_enter(rt, device, &cudev);
+	err = rt->MemGetAddressRange(&bs, &sz, (uintptr_t)addr);
+	if (!err)
+		err = rt->PointerGetAttribute(&bid, CUDA_POINTER_ATTR_BUFFER_ID, (uintptr_t)addr);
+	ctx_leave(rt, cudev);
+	if (err)
+		return -EIO;
+	*base = bs;
+	*size = sz;
+	*id = bid;
+	return 0;
+}
+
+/*
  * GPUDirect RDMA: a dma-buf of the device memory [addr, addr + len), for a
  * NIC's registration. The driver exports whole host pages: the range asked
  * for is [addr, addr + len) widened to them (a device allocation is
@@ -1599,9 +1665,7 @@ static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *a
 	struct cuda_svc *s = b->data;
 	const struct cuda_rt *rt = svc_runtime(s, why);
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), start, end;
-	int h = -1, err, cudev = 0;
-	void *ctx = NULL;
-	bool pushed = false;
+	int h = -1, err, cudev = -1;
 
 	(void)e;
 	*fd = -1;
@@ -1613,27 +1677,10 @@ static int cuda_device_dmabuf(struct ferry_engine *e, struct backend *b, void *a
 	}
 	start = (uintptr_t)addr & ~(page - 1);
 	end = ((uintptr_t)addr + len + page - 1) & ~(page - 1);
-	/*
-	 * The driver asks the calling thread's current context: the device's
-	 * primary one (the runtime's) is pushed for the call and popped after,
-	 * so the thread is given back as it was (no context, or its own).
-	 */
-	if (rt->DeviceGet && rt->DevicePrimaryCtxRetain && rt->CtxPushCurrent &&
-	    rt->CtxPopCurrent && rt->DevicePrimaryCtxRelease && rt->DeviceGet(&cudev, device) == 0 &&
-	    rt->DevicePrimaryCtxRetain(&ctx, cudev) == 0) {
-		if (rt->CtxPushCurrent(ctx) == 0)
-			pushed = true;
-		else
-			rt->DevicePrimaryCtxRelease(cudev);
-	}
+	ctx_enter(rt, device, &cudev);
 	err = rt->MemGetHandleForAddressRange(&h, start, (size_t)(end - start),
 					      CUDA_RANGE_DMA_BUF_FD, 0);
-	if (pushed) {
-		void *was;
-
-		rt->CtxPopCurrent(&was);
-		rt->DevicePrimaryCtxRelease(cudev);
-	}
+	ctx_leave(rt, cudev);
 	if (err != 0 || h < 0) {
 		/* A CUresult, not a cudaError_t: 801 is CUDA_ERROR_NOT_SUPPORTED. */
 		snprintf(text, sizeof(text), "cuMemGetHandleForAddressRange: CUresult %d%s", err,
@@ -1703,5 +1750,6 @@ const struct backend_ops ferry__cuda_backend = {
 	.device_get = cuda_device_get,
 	.device_restage = cuda_device_restage,
 	.device_dmabuf = cuda_device_dmabuf,
+	.device_allocation = cuda_device_allocation,
 	.device_defer = cuda_device_defer,
 };

@@ -232,12 +232,21 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	/* Counted under mem_lock: the memory hooks (any thread) register on devs[0..ndevs). */
 	pthread_mutex_lock(&st->mem_lock);
 	st->ndevs++;
-	for (struct rdma_mem *m = st->mems; m; m = m->next) {
-		tell |= mem_reg_on(st, d, m);
-		if (m->gpudirect && !m->mr[d->idx]) {
-			/* Not on this device: its PUTs are staged from now on (device_in_place). */
-			m->gpudirect = false;
-			atomic_fetch_sub_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+	for (int pass = 0; pass < 2; pass++) {
+		/* Owners first, then the regions that borrow a GPUDirect entry's registrations. */
+		for (struct rdma_mem *m = st->mems; m; m = m->next) {
+			if (!pass && !m->gd)
+				tell |= mem_reg_on(st, d, m);
+			else if (pass && m->gd)
+				m->mr[d->idx] = m->gd->mr[d->idx];
+			else
+				continue;
+			if (m->gpudirect && !m->mr[d->idx]) {
+				/* Not on this device: its PUTs are staged from now on (device_in_place). */
+				m->gpudirect = false;
+				atomic_fetch_sub_explicit(&st->h_gpudirect_regions, 1,
+							  memory_order_relaxed);
+			}
 		}
 	}
 	pthread_mutex_unlock(&st->mem_lock);
@@ -379,6 +388,156 @@ static int device_dmabuf(struct rdma_state *st, struct rdma_mem *m, int device)
 	return 1;
 }
 
+/* An entry unlinked from st->mems (mem_lock held) and freed: its MRs, its dma-buf. */
+static void gd_drop(struct rdma_state *st, struct rdma_mem *ent)
+{
+	for (struct rdma_mem **pp = &st->mems; *pp; pp = &(*pp)->next) {
+		if (*pp == ent) {
+			*pp = ent->next;
+			break;
+		}
+	}
+	atomic_fetch_sub_explicit(&st->gd_entries, 1, memory_order_relaxed);
+	mem_free(ent);
+}
+
+void rdma_gd_sweep(struct rdma_state *st, uint64_t now)
+{
+	struct rdma_mem *m, *next;
+
+	if (!atomic_load_explicit(&st->gd_entries, memory_order_relaxed))
+		return;
+	pthread_mutex_lock(&st->mem_lock);
+	for (m = st->mems; m; m = next) {
+		next = m->next;
+		if (m->gd_entry && !m->gd_refs && now - m->gd_idle_since >= RDMA_GD_IDLE_NS)
+			gd_drop(st, m);
+	}
+	pthread_mutex_unlock(&st->mem_lock);
+}
+
+/*
+ * m (device memory at addr, len bytes) borrows ent's registrations (mem_lock
+ * held): linked, counted, its region's PUTs read in place.
+ */
+static void gd_borrow(struct rdma_state *st, struct rdma_mem *m, struct rdma_mem *ent)
+{
+	ent->gd_refs++;
+	m->gd = ent;
+	for (unsigned i = 0; i < RDMA_MAX_DEV; i++)
+		m->mr[i] = ent->mr[i];
+	m->gpudirect = true;
+	m->next = st->mems;
+	st->mems = m;
+	atomic_fetch_add_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+}
+
+/*
+ * An entry of the allocation (device, base, size, id) registered on every
+ * device, or NULL (mem_lock held). On the way an entry of the same base
+ * whose allocation is gone (another id) and no region uses is dropped.
+ */
+static struct rdma_mem *gd_find(struct rdma_state *st, int device, uint64_t base, uint64_t size,
+				uint64_t id)
+{
+	struct rdma_mem *m, *next;
+
+	for (m = st->mems; m; m = next) {
+		next = m->next;
+		if (!m->gd_entry || m->gd_device != device || (uintptr_t)m->addr != base)
+			continue;
+		if (m->gd_id == id && m->len == size) {
+			for (unsigned i = 0; i < st->ndevs; i++)
+				if (!m->mr[i])
+					return NULL;
+			return m;
+		}
+		if (!m->gd_refs)
+			gd_drop(st, m); /* freed and its address given out again */
+	}
+	return NULL;
+}
+
+/* Room for one more entry (mem_lock held): the one idle longest goes if all are taken. */
+static bool gd_room(struct rdma_state *st)
+{
+	struct rdma_mem *oldest = NULL;
+
+	if (atomic_load_explicit(&st->gd_entries, memory_order_relaxed) < RDMA_GD_ENTRIES)
+		return true;
+	for (struct rdma_mem *m = st->mems; m; m = m->next)
+		if (m->gd_entry && !m->gd_refs && (!oldest || m->gd_idle_since < oldest->gd_idle_since))
+			oldest = m;
+	if (oldest)
+		gd_drop(st, oldest);
+	return oldest != NULL;
+}
+
+/*
+ * A device region through GPUDirect's registration of its whole allocation
+ * (made once, kept while regions use it and a while after: a region
+ * registered for each op, as pyferry's are, costs no dma-buf and no memory
+ * registration after the first). 0: m is registered (it borrows); 1: no
+ * entry for it (the domain cannot say its allocation, or the table is
+ * full of busy ones): the caller registers the region alone; 2: GPUDirect
+ * refused (said): staged.
+ */
+static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
+{
+	struct rdma_mem *ent, *found;
+	uint64_t base, size, id;
+	bool tell = false, all = true;
+
+	if (memory_device_allocation(st->engine, m->addr, device, &base, &size, &id) ||
+	    (uintptr_t)m->addr < base || (uintptr_t)m->addr + m->len > base + size)
+		return 1;
+	pthread_mutex_lock(&st->mem_lock);
+	if ((found = gd_find(st, device, base, size, id))) {
+		gd_borrow(st, m, found);
+		pthread_mutex_unlock(&st->mem_lock);
+		return 0;
+	}
+	pthread_mutex_unlock(&st->mem_lock);
+	if (!(ent = calloc(1, sizeof(*ent))))
+		return 1;
+	ent->addr = (void *)(uintptr_t)base;
+	ent->len = size;
+	ent->dmabuf_fd = -1;
+	ent->gd_entry = true;
+	ent->gd_device = device;
+	ent->gd_id = id;
+	if (device_dmabuf(st, ent, device)) {
+		free(ent);
+		return 2;
+	}
+	pthread_mutex_lock(&st->mem_lock);
+	if ((found = gd_find(st, device, base, size, id))) {
+		/* Another thread made it meanwhile: that one is used. */
+		gd_borrow(st, m, found);
+		pthread_mutex_unlock(&st->mem_lock);
+		mem_free(ent);
+		return 0;
+	}
+	for (unsigned i = 0; i < st->ndevs; i++)
+		tell |= mem_reg_on(st, &st->devs[i], ent);
+	for (unsigned i = 0; i < st->ndevs; i++)
+		all = all && ent->mr[i];
+	if (!all || !gd_room(st)) {
+		/* A device refused it (staged), or every entry is in use (the region alone). */
+		pthread_mutex_unlock(&st->mem_lock);
+		if (tell)
+			gpudirect_tell(st);
+		mem_free(ent);
+		return all ? 1 : 2;
+	}
+	ent->next = st->mems;
+	st->mems = ent;
+	atomic_fetch_add_explicit(&st->gd_entries, 1, memory_order_relaxed);
+	gd_borrow(st, m, ent);
+	pthread_mutex_unlock(&st->mem_lock);
+	return 0;
+}
+
 static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *addr, size_t len,
 			     enum ferry_mem_type mem, int device, void **handle)
 {
@@ -398,6 +557,18 @@ static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 	m->addr = addr;
 	m->len = len;
 	m->dmabuf_fd = -1;
+	if (mem == FERRY_MEM_CUDA && !atomic_load(&st->gpudirect_off)) {
+		int rc = gd_register(st, m, device);
+
+		if (rc == 0) {
+			*handle = m;
+			return 0;
+		}
+		if (rc == 2) {
+			free(m);
+			return 0; /* staged by the memory domain, as without rdma */
+		}
+	}
 	if (mem == FERRY_MEM_CUDA && device_dmabuf(st, m, device)) {
 		free(m);
 		return 0; /* staged by the memory domain, as without rdma */
@@ -443,8 +614,17 @@ static void rdma_mem_deregister(struct ferry_engine *e, struct backend *b, void 
 	}
 	if (m->gpudirect)
 		atomic_fetch_sub_explicit(&st->h_gpudirect_regions, 1, memory_order_relaxed);
+	if (m->gd) {
+		/* Borrowed: its entry stays a while for the next region of that allocation. */
+		if (!--m->gd->gd_refs)
+			m->gd->gd_idle_since = ferry__now_ns();
+		memset(m->mr, 0, sizeof(m->mr));
+	} else if (m->gd_entry) {
+		atomic_fetch_sub_explicit(&st->gd_entries, 1, memory_order_relaxed);
+	}
 	pthread_mutex_unlock(&st->mem_lock);
 	mem_free(m);
+	rdma_gd_sweep(st, ferry__now_ns());
 }
 
 /* A block being filled has more (or failed): its receivers are told (rdma_conn_pump). */
@@ -800,7 +980,16 @@ static void rdma_fini(struct ferry_engine *e, struct backend *b)
 	if (st->ndead)
 		log_warn("rdma: engine %s: %u connections did not drain", e->name, st->ndead);
 	/* Registrations the engine did not give back (it gives them all back first). */
-	while (st->mems)
+	for (;;) { /* (from the head each time: a deregistration may drop idle entries) */
+		struct rdma_mem *m = st->mems;
+
+		while (m && m->gd_entry)
+			m = m->next;
+		if (!m)
+			break;
+		rdma_mem_deregister(e, b, m);
+	}
+	while (st->mems) /* the GPUDirect entries, once no region borrows from them */
 		rdma_mem_deregister(e, b, st->mems);
 	for (unsigned i = 0; i < st->ndevs; i++)
 		dev_close(&st->devs[i]);
@@ -879,7 +1068,8 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
 			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu,\"announced_in_place\":%llu,"
 			"\"read_into_get\":%llu,\"inline_sends\":%llu,\"heartbeats\":%llu,"
-			"\"gpudirect_regions\":%u,\"gpudirect_puts\":%llu,\"gpudirect_why\":\"%s\"}",
+			"\"gpudirect_regions\":%u,\"gpudirect_cached\":%u,\"gpudirect_puts\":%llu,"
+			"\"gpudirect_why\":\"%s\"}",
 			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
@@ -894,6 +1084,7 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)atomic_load_explicit(&st->h_heartbeats,
 								 memory_order_relaxed),
 			atomic_load_explicit(&st->h_gpudirect_regions, memory_order_relaxed),
+			atomic_load_explicit(&st->gd_entries, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_gpudirect_puts,
 								 memory_order_relaxed),
 			gd_why);

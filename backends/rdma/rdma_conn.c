@@ -269,6 +269,7 @@ void rdma_check_time(struct rdma_state *st)
 {
 	uint64_t now = ferry__now_ns();
 
+	rdma_gd_sweep(st, now);
 	for (struct rdma_conn *c = st->conn_list; c; c = c->next) {
 		if (c->state == RC_READY) {
 			struct rdma_hdr h = { .type = RM_CREDIT };

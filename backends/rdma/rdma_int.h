@@ -189,6 +189,20 @@ struct rdma_mem {
 	int dmabuf_fd;
 	uint64_t dmabuf_off;
 	bool gpudirect;  /* counted in h_gpudirect_regions: registered on every device (mem_lock) */
+	/*
+	 * GPUDirect's registrations by allocation (under mem_lock): an entry
+	 * (gd_entry) registers a whole CUDA allocation of gd_device, known by
+	 * the driver's id of it (gd_id), once; the regions within it borrow its
+	 * memory regions (gd: their entry; they own none), gd_refs of them. An
+	 * entry no region uses is kept RDMA_GD_IDLE_NS (gd_idle_since), then
+	 * dropped (rdma_gd_sweep); at most RDMA_GD_ENTRIES of them.
+	 */
+	struct rdma_mem *gd;
+	bool gd_entry;
+	int gd_device;
+	uint64_t gd_id;
+	uint32_t gd_refs;
+	uint64_t gd_idle_since;
 	struct rdma_mem *next;
 };
 
@@ -366,6 +380,7 @@ struct rdma_state {
 	 * are staged without asking again (no dma-buf made per registration).
 	 */
 	_Atomic int gpudirect_off;
+	_Atomic uint32_t gd_entries; /* GPUDirect registrations of whole allocations (rdma_mem) */
 	_Atomic uint64_t h_gpudirect_puts;
 	char gpudirect_why[200];
 };
@@ -375,6 +390,10 @@ struct rdma_state {
 /* ------------------------------------------------------------------ */
 
 /* rdma.c */
+#define RDMA_GD_ENTRIES 16
+#define RDMA_GD_IDLE_NS (1000ull * 1000 * 1000)
+/* GPUDirect registrations no region has used for RDMA_GD_IDLE_NS go (reactor). */
+void rdma_gd_sweep(struct rdma_state *st, uint64_t now);
 /*
  * Fault injection for tests, any thread: in e's next round every ready
  * queue pair of its rdma transport is moved to the error state (what a NIC

@@ -98,7 +98,9 @@ static struct {
 	size_t len;
 	int dev;
 	int fd;       /* its memfd (-1: a mapping opened from another process's handle) */
+	uint64_t id;  /* CU_POINTER_ATTRIBUTE_BUFFER_ID: never the same twice */
 } g_alloc[MAX_ALLOCS];
+static uint64_t g_next_id = 1;
 static int g_ipc_off;
 static int g_dmabuf_off;
 static uint64_t g_dmabuf_exports, g_dmabuf_asked;
@@ -630,6 +632,7 @@ API void *cudadouble_malloc(int dev, size_t n)
 		g_alloc[i].len = n;
 		g_alloc[i].dev = dev;
 		g_alloc[i].fd = fd;
+		g_alloc[i].id = g_next_id++;
 		break;
 	}
 	pthread_mutex_unlock(&g_lock);
@@ -745,6 +748,22 @@ API int cudadouble_dmabuf_origin(int fd, uint64_t *at)
 	}
 	pthread_mutex_unlock(&g_lock);
 	return rc;
+}
+
+/* The driver API's cuPointerGetAttribute: CU_POINTER_ATTRIBUTE_BUFFER_ID only. */
+API int cuPointerGetAttribute(void *data, int attr, unsigned long long p)
+{
+	int i, err = ERR_INVALID_VALUE;
+
+	if (attr != CUDA_POINTER_ATTR_BUFFER_ID)
+		return ERR_INVALID_VALUE;
+	pthread_mutex_lock(&g_lock);
+	if ((i = alloc_of((const void *)(uintptr_t)p)) >= 0) {
+		*(unsigned long long *)data = g_alloc[i].id;
+		err = 0;
+	}
+	pthread_mutex_unlock(&g_lock);
+	return err;
 }
 
 API cuda_err_t cudaIpcGetMemHandle(struct cuda_ipc_handle *h, void *p)
