@@ -410,7 +410,8 @@ void rdma_gd_sweep(struct rdma_state *st, uint64_t now)
 	pthread_mutex_lock(&st->mem_lock);
 	for (m = st->mems; m; m = next) {
 		next = m->next;
-		if (m->gd_entry && !m->gd_refs && now - m->gd_idle_since >= RDMA_GD_IDLE_NS)
+		if (m->gd_entry && !m->gd_refs && now > m->gd_idle_since &&
+		    now - m->gd_idle_since >= RDMA_GD_IDLE_NS)
 			gd_drop(st, m);
 	}
 	pthread_mutex_unlock(&st->mem_lock);
@@ -478,9 +479,12 @@ static bool gd_room(struct rdma_state *st)
  * (made once, kept while regions use it and a while after: a region
  * registered for each op, as pyferry's are, costs no dma-buf and no memory
  * registration after the first). 0: m is registered (it borrows); 1: no
- * entry for it (the domain cannot say its allocation, or the table is
- * full of busy ones): the caller registers the region alone; 2: GPUDirect
- * refused (said): staged.
+ * entry for it (the domain cannot say its allocation, the table is full of
+ * busy ones, or the whole allocation could not be exported or registered
+ * where the region alone may be): the caller registers the region alone;
+ * 2: GPUDirect refused for good (said): staged. The rkey of an entry
+ * covers its whole allocation: a peer that proved the cluster secret may
+ * READ any of it, not only the region announced.
  */
 static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
 {
@@ -508,7 +512,7 @@ static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
 	ent->gd_id = id;
 	if (device_dmabuf(st, ent, device)) {
 		free(ent);
-		return 2;
+		return atomic_load(&st->gpudirect_off) ? 2 : 1; /* (the region alone may do) */
 	}
 	pthread_mutex_lock(&st->mem_lock);
 	if ((found = gd_find(st, device, base, size, id))) {
@@ -528,7 +532,7 @@ static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
 		if (tell)
 			gpudirect_tell(st);
 		mem_free(ent);
-		return all ? 1 : 2;
+		return all || !atomic_load(&st->gpudirect_off) ? 1 : 2;
 	}
 	ent->next = st->mems;
 	st->mems = ent;
@@ -549,6 +553,7 @@ static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 	*handle = NULL;
 	if (mem != FERRY_MEM_HOST && mem != FERRY_MEM_CUDA)
 		return 0; /* not ours to move: it goes as unregistered memory */
+	rdma_gd_sweep(st, ferry__now_ns());
 	if (!st->ndevs)
 		return 0; /* no device: nothing to register with */
 	m = calloc(1, sizeof(*m));

@@ -45,8 +45,9 @@
  * and generation against a PUT of ours posted on that very connection. The
  * READ itself is checked by the hardware against the sender's memory
  * region (an rkey or range it did not register fails the READ, which ends
- * the connection). A peer that breaks a rule is disconnected; nobody else
- * notices.
+ * the connection; a GPUDirect registration covers its whole CUDA
+ * allocation, not only the region: see gd_register). A peer that breaks a
+ * rule is disconnected; nobody else notices.
  */
 #include "rdma_int.h"
 
