@@ -9,6 +9,25 @@
 
 #include "helpers.h"
 
+/*
+ * The guest's two addresses (RDMA_IP0 on rxe0, RDMA_IP1 on rxe1, set only in
+ * ferry's RDMA test guest) into ip0 / ip1 (len bytes each): true; false,
+ * and a SKIP line for prog, anywhere else.
+ */
+static inline bool rdma_guest_ips(const char *prog, char *ip0, char *ip1, size_t len)
+{
+	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
+
+	if (!a || !z) {
+		printf("%s: SKIP (not in the RDMA test guest: RDMA_IP0/RDMA_IP1 unset, "
+		       "tests/rdma-vm)\n", prog);
+		return false;
+	}
+	snprintf(ip0, len, "%s", a);
+	snprintf(ip1, len, "%s", z);
+	return true;
+}
+
 /* The rdma:// address among e's addresses. */
 static inline void rdma_addr_of(struct ferry_engine *e, char *out, size_t len)
 {

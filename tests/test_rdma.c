@@ -844,15 +844,9 @@ int main(void)
 		cmocka_unit_test_setup(test_kill_reconnect, setup),
 		cmocka_unit_test_setup_teardown(test_silent_peer, setup, mend_wire),
 	};
-	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
 
-	if (!a || !z) {
-		printf("test_rdma: SKIP (not in the RDMA test guest: RDMA_IP0/RDMA_IP1 unset, "
-		       "tests/rdma-vm)\n");
+	if (!rdma_guest_ips("test_rdma", ip0, ip1, sizeof(ip0)))
 		return 77;
-	}
-	snprintf(ip0, sizeof(ip0), "%s", a);
-	snprintf(ip1, sizeof(ip1), "%s", z);
 	return t_run_cases_apart("test_rdma", cases, sizeof(cases) / sizeof(cases[0]), NULL, NULL);
 }
 

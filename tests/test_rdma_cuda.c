@@ -299,6 +299,39 @@ static void pair_close(struct pair *p)
 /* ---- the cases ---------------------------------------------------------------- */
 
 /*
+ * GPUDirect refused (pair p open): health says why (both of why_has in
+ * gpudirect_why), a further region is not asked for a dma-buf again (the
+ * double's counter stat unchanged), and a device PUT still arrives whole,
+ * staged through the pool.
+ */
+static void refused_then_staged(struct pair *p, const char *why_has, const char *why_also,
+				const char *stat, unsigned seed)
+{
+	static uint8_t got[MIB + 333];
+	struct ferry_seg s = { p->rs, 0, p->n };
+	const char *why = gpudirect_why(p->a);
+	uint64_t asked = d_stat(stat);
+	struct ferry_region *r2;
+
+	assert_true(p->n <= sizeof(got));
+	assert_int_equal(rh(p->a, "gpudirect_regions"), 0);
+	if (!strstr(why, why_has) || !strstr(why, why_also))
+		fail_msg("gpudirect_why: \"%s\"", why);
+	r2 = dev_reg(p->a, p->src, 4096); /* refused for good: not asked again */
+	assert_int_equal(d_stat(stat), asked);
+	assert_int_equal(ferry_region_release(&r2), 0);
+	pattern(p->src, p->n, seed);
+	put_segs(p->a, p->ab, "staged", &s, 1, 1, 0, NULL);
+	t_expect(p->a, NULL, 1, 0, NULL);
+	t_get(p->b, p->ba, "staged", t_iov_of(got, p->n), 1, 2, 0, 10 * SEC);
+	t_expect(p->b, NULL, 2, 0, NULL);
+	assert_true(pattern_ok(got, p->n, seed));
+	assert_int_equal(ch(p->a, "staged_puts"), 1);
+	assert_int_equal(ch(p->a, "direct_puts"), 0);
+	assert_int_equal(rh(p->a, "gpudirect_puts"), 0);
+}
+
+/*
  * The real Soft-RoCE: ferry asks the driver for the dma-buf, the device
  * refuses to register it, health says so, and device memory goes staged
  * through the pool as it did before GPUDirect (the data arrives whole).
@@ -306,36 +339,12 @@ static void pair_close(struct pair *p)
 static void test_gpudirect_refused_by_device(void **state)
 {
 	struct pair p;
-	struct ferry_seg s;
-	static uint8_t got[MIB + 333];
-	const char *why;
 
 	(void)state;
 	atomic_store(&dmabuf_double, 0);
 	pair_open(&p, MIB + 333);
 	assert_true(d_stat("dmabuf_exports") >= 2); /* asked, at both ends */
-	assert_int_equal(rh(p.a, "gpudirect_regions"), 0);
-	why = gpudirect_why(p.a);
-	if (!strstr(why, "ibv_reg_dmabuf_mr") || !strstr(why, "rxe"))
-		fail_msg("gpudirect_why: \"%s\"", why);
-	{
-		/* Refused for good by the device: the next region is not even exported. */
-		uint64_t exports = d_stat("dmabuf_exports");
-		struct ferry_region *r2 = dev_reg(p.a, p.src, 4096);
-
-		assert_int_equal(d_stat("dmabuf_exports"), exports);
-		assert_int_equal(ferry_region_release(&r2), 0);
-	}
-	pattern(p.src, p.n, 3);
-	s = (struct ferry_seg){ p.rs, 0, p.n };
-	put_segs(p.a, p.ab, "staged", &s, 1, 1, 0, NULL);
-	t_expect(p.a, NULL, 1, 0, NULL);
-	t_get(p.b, p.ba, "staged", t_iov_of(got, sizeof(got)), 1, 2, 0, 10 * SEC);
-	t_expect(p.b, NULL, 2, 0, NULL);
-	assert_true(pattern_ok(got, p.n, 3));
-	assert_int_equal(ch(p.a, "staged_puts"), 1);
-	assert_int_equal(ch(p.a, "direct_puts"), 0);
-	assert_int_equal(rh(p.a, "gpudirect_puts"), 0);
+	refused_then_staged(&p, "ibv_reg_dmabuf_mr", "rxe", "dmabuf_exports", 3);
 	pair_close(&p);
 }
 
@@ -525,35 +534,13 @@ static void test_gpudirect_caller_stream(void **state)
 static void test_gpudirect_no_export(void **state)
 {
 	struct pair p;
-	struct ferry_seg s;
-	static uint8_t got[100000];
-	const char *why;
 
 	(void)state;
 	atomic_store(&dmabuf_double, 1);
 	d_set_dmabuf(0);
-	pair_open(&p, sizeof(got));
+	pair_open(&p, 100000);
 	assert_int_equal(atomic_load(&dmabuf_double_regs), 0);
-	assert_int_equal(rh(p.a, "gpudirect_regions"), 0);
-	why = gpudirect_why(p.a);
-	if (!strstr(why, "cuMemGetHandleForAddressRange") || !strstr(why, "not supported"))
-		fail_msg("gpudirect_why: \"%s\"", why);
-	{
-		/* A driver without export is not asked again. */
-		uint64_t asked = d_stat("dmabuf_asked");
-		struct ferry_region *r2 = dev_reg(p.a, p.src, 4096);
-
-		assert_int_equal(d_stat("dmabuf_asked"), asked);
-		assert_int_equal(ferry_region_release(&r2), 0);
-	}
-	pattern(p.src, p.n, 8);
-	s = (struct ferry_seg){ p.rs, 0, p.n };
-	put_segs(p.a, p.ab, "x", &s, 1, 1, 0, NULL);
-	t_expect(p.a, NULL, 1, 0, NULL);
-	t_get(p.b, p.ba, "x", t_iov_of(got, sizeof(got)), 1, 2, 0, 10 * SEC);
-	t_expect(p.b, NULL, 2, 0, NULL);
-	assert_true(pattern_ok(got, p.n, 8));
-	assert_int_equal(ch(p.a, "staged_puts"), 1);
+	refused_then_staged(&p, "cuMemGetHandleForAddressRange", "not supported", "dmabuf_asked", 8);
 	pair_close(&p);
 	d_set_dmabuf(1);
 }
@@ -702,15 +689,9 @@ int main(void)
 		cmocka_unit_test_setup(test_rdma_pipelined_staging, setup),
 		cmocka_unit_test_setup(test_rdma_filling_stalls, setup),
 	};
-	const char *a = getenv("RDMA_IP0"), *z = getenv("RDMA_IP1");
 
-	if (!a || !z) {
-		printf("test_rdma_cuda: SKIP (not in the RDMA test guest: RDMA_IP0/RDMA_IP1 unset, "
-		       "tests/rdma-vm)\n");
+	if (!rdma_guest_ips("test_rdma_cuda", ip0, ip1, sizeof(ip0)))
 		return 77;
-	}
-	snprintf(ip0, sizeof(ip0), "%s", a);
-	snprintf(ip1, sizeof(ip1), "%s", z);
 	return t_run_cases_apart("test_rdma_cuda", cases, sizeof(cases) / sizeof(cases[0]), NULL,
 				 NULL);
 }
