@@ -237,6 +237,9 @@ static inline bool op_state_pending(uint8_t state)
  * Not a wire flag.
  */
 #define OP_F_FILLING (1u << 15)
+/* The flags this file adds never take a bit an SQE flag has. */
+_Static_assert(!(FERRY_SQE__ALL & (OP_F_FILLING | OP_F_DEVICE_DIRECT | WIRE_F_CUDA_IPC)),
+	       "op flags overlap the SQE flags");
 #define OP_F_INTERNAL (1u << 24)
 #define OP_F_SENT (1u << 25)     /* STREAM_PUT: handed to the transport */
 #define OP_F_REACTOR_CB (1u << 26) /* counted in e->reactor_cb_ops */
