@@ -17,8 +17,10 @@
  * (the connection ends on both sides, GETs waiting for the peer's keys end
  * with -ECONNRESET, the next PUT connects again), a peer killed and started
  * again at its address (PUTs fail with -ECONNRESET, then go again), a
- * peer fallen silent (its link down: found by the heartbeats), and no
- * memory region or connection left behind.
+ * peer fallen silent (its link down: found by the heartbeats), a device
+ * removed under a connection and made again (both engines let go of it,
+ * the removal completes, traffic resumes both ways), and no memory region
+ * or connection left behind.
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -822,6 +824,104 @@ static void test_silent_peer(void **state)
 	ferry_engine_destroy(b);
 }
 
+/* wire.sh CMD (unplug, replug) in a child; its pid. */
+static pid_t wire_spawn(const char *cmd)
+{
+	const char *wire = getenv("RDMA_WIRE");
+	pid_t pid;
+
+	assert_non_null(wire);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0) {
+		execl("/bin/bash", "bash", wire, cmd, (char *)NULL);
+		_exit(127);
+	}
+	return pid;
+}
+
+/* The child's exit status within ms, or -1 (then it is killed). */
+static int wire_wait(pid_t pid, int ms)
+{
+	int64_t end = t_now() + (int64_t)ms * MS;
+	int st;
+
+	while (t_now() < end) {
+		pid_t r = waitpid(pid, &st, WNOHANG);
+
+		if (r == pid)
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+		if (r < 0 && errno != EINTR)
+			return -1;
+		usleep(10000);
+	}
+	kill(pid, SIGKILL);
+	t_waitpid(pid, &st, 0);
+	return -1;
+}
+
+static pid_t unplugging;
+
+static void unplug_rxe1(struct ferry_engine *b)
+{
+	(void)b;
+	unplugging = wire_spawn("unplug");
+}
+
+/* After test_device_removed, even a failed one: rxe1 there again. */
+static int replug(void **state)
+{
+	(void)state;
+	if (unplugging > 0)
+		wire_wait(unplugging, 30000);
+	unplugging = 0;
+	return wire_wait(wire_spawn("replug"), 30000) == 0 ? 0 : -1;
+}
+
+/*
+ * a's device (rxe1) removed (`rdma link delete`, which returns only once
+ * every process let go of the device) under a live connection: a GET b
+ * parked for a key of a ends with -ECONNRESET; a, whose listener and
+ * connection were on rxe1, hears it from rdma_cm, and b, which only opened
+ * rxe1 (its pool registered there), from the kernel's device events; both
+ * let go of everything they held on it, so the removal completes. With the
+ * device made again, a's PUTs to b connect again, and b's to a reach a's
+ * listener, made again at its address.
+ */
+static void test_device_removed(void **state)
+{
+	struct ferry_engine *a, *b;
+	struct ferry_peer *ab, *ba;
+	int rc;
+
+	(void)state;
+	hb_ms = 20;
+	peer_to_ms = 1000;
+	ready_pair(&a, &b, &ab, &ba, 3 * MIB);
+	parked_get_ends(a, b, ba, unplug_rxe1);
+	rc = wire_wait(unplugging, 20000);
+	unplugging = 0;
+	if (rc)
+		fail_msg("the removal of rxe1 did not complete within 20 s (rc %d): something "
+			 "still holds the device", rc);
+	/* a heard it from rdma_cm, b (nothing of its on rxe1) from the kernel's events. */
+	assert_int_equal(rh(a, "devices_removed"), 1);
+	assert_int_equal(rh(b, "devices_removed"), 1);
+	assert_int_equal(rh(a, "connections_ready"), 0);
+	assert_int_equal(wire_wait(wire_spawn("replug"), 30000), 0);
+	put_get(a, ab, b, ba, "after_small", 100, 2);
+	put_get(a, ab, b, ba, "after_big", 2 * MIB + 5, 3);
+	{
+		struct ferry_peer *ba2 = peer_at(b, "a", a), *ab2 = t_peer(a, "b");
+
+		put_get(b, ba2, a, ab2, "back", 2 * MIB + 7, 4);
+	}
+	assert_int_equal(rh(a, "malformed"), 0);
+	assert_int_equal(rh(b, "malformed"), 0);
+	ferry_engine_destroy(a);
+	ferry_engine_destroy(b);
+}
+
 /* Without RDMA_IP0/1 (not in the guest), every case skips. */
 static int setup(void **state)
 {
@@ -843,6 +943,7 @@ int main(void)
 		cmocka_unit_test_setup(test_qp_error, setup),
 		cmocka_unit_test_setup(test_kill_reconnect, setup),
 		cmocka_unit_test_setup_teardown(test_silent_peer, setup, mend_wire),
+		cmocka_unit_test_setup_teardown(test_device_removed, setup, replug),
 	};
 
 	if (!rdma_guest_ips("test_rdma", ip0, ip1, sizeof(ip0)))

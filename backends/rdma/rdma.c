@@ -41,8 +41,6 @@
 #include "netaddr.h"
 #include "rdma_int.h"
 
-enum { K_EC = 1, K_CH = 2, K_TICK = 3 };
-
 /* ------------------------------------------------------------------ */
 /* Devices                                                            */
 /* ------------------------------------------------------------------ */
@@ -54,8 +52,7 @@ static int set_nonblock(int fd)
 	return fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 ? -errno : 0;
 }
 
-/* Watch fd from the reactor's ring (a multishot poll tagged cookie). */
-static bool arm_fd(struct rdma_state *st, int fd, uint64_t cookie)
+bool rdma_arm_fd(struct rdma_state *st, int fd, uint64_t cookie)
 {
 	struct ferry_engine *e = st->engine;
 	struct io_uring_sqe *sqe = ferry__ring_sqe(e);
@@ -81,7 +78,7 @@ static void arm_tick(struct rdma_state *st)
 	struct io_uring_sqe *sqe;
 	uint64_t ns = st->heartbeat_ns / 2;
 
-	if (st->tick_armed || !st->conn_list)
+	if (st->tick_armed || (!st->conn_list && !st->listen_lost))
 		return;
 	if (ns > RDMA_TICK_MAX_NS)
 		ns = RDMA_TICK_MAX_NS;
@@ -179,36 +176,58 @@ static bool mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_me
 	return false;
 }
 
-static void dev_close(struct rdma_dev *d)
+void rdma_dev_close(struct rdma_dev *d)
 {
-	if (d->cq)
-		ibv_destroy_cq(d->cq);
-	if (d->ch)
-		ibv_destroy_comp_channel(d->ch);
-	if (d->pd)
-		ibv_dealloc_pd(d->pd);
+	unsigned idx = d->idx;
+	uint32_t gen = d->gen;
+
+	if (d->cq && ibv_destroy_cq(d->cq))
+		log_warn("rdma: %s: ibv_destroy_cq: %s", d->name, strerror(errno));
+	if (d->ch && ibv_destroy_comp_channel(d->ch))
+		log_warn("rdma: %s: ibv_destroy_comp_channel: %s", d->name, strerror(errno));
+	if (d->pd && ibv_dealloc_pd(d->pd))
+		log_warn("rdma: %s: ibv_dealloc_pd: %s", d->name, strerror(errno));
 	memset(d, 0, sizeof(*d));
+	d->idx = idx;
+	d->gen = gen;
 }
 
-/* The device of ctx, opened on first use: PD, channel, CQ, every registration. */
+struct rdma_dev *rdma_dev_of(struct rdma_state *st, struct ibv_context *ctx)
+{
+	for (unsigned i = 0; i < st->ndevs; i++)
+		if (st->devs[i].live && st->devs[i].ctx == ctx)
+			return &st->devs[i];
+	return NULL;
+}
+
+/*
+ * The device of ctx, opened on first use: PD, channel, CQ, every
+ * registration. It takes the slot of a device removed earlier, if any.
+ */
 int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev **out)
 {
 	struct ibv_device_attr attr;
-	struct rdma_dev *d;
-	bool tell = false;
+	struct rdma_dev *d = NULL;
+	bool tell = false, append;
+	unsigned idx;
+	uint32_t gen;
 
-	for (unsigned i = 0; i < st->ndevs; i++) {
-		if (st->devs[i].ctx == ctx) {
-			*out = &st->devs[i];
-			return 0;
-		}
-	}
-	if (st->ndevs == RDMA_MAX_DEV)
+	if ((*out = rdma_dev_of(st, ctx)))
+		return 0;
+	for (unsigned i = 0; i < st->ndevs && !d; i++)
+		if (!st->devs[i].live)
+			d = &st->devs[i];
+	append = !d;
+	if (append && st->ndevs == RDMA_MAX_DEV)
 		return -ENOSPC;
-	d = &st->devs[st->ndevs];
+	if (append)
+		d = &st->devs[st->ndevs];
+	idx = append ? st->ndevs : d->idx;
+	gen = d->gen + 1;
 	memset(d, 0, sizeof(*d));
 	d->ctx = ctx;
-	d->idx = st->ndevs;
+	d->idx = idx;
+	d->gen = gen;
 	snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(ctx->device));
 	if (ibv_query_device(ctx, &attr) || !(d->pd = ibv_alloc_pd(ctx)) ||
 	    !(d->ch = ibv_create_comp_channel(ctx)) ||
@@ -219,7 +238,7 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 
 		log_error("rdma: engine %s: cannot open device %s: %s", st->engine->name, d->name,
 			  ferry_strerror(rc));
-		dev_close(d);
+		rdma_dev_close(d);
 		return rc;
 	}
 	d->max_sge = (uint32_t)attr.max_sge;
@@ -228,10 +247,13 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	d->notify_armed = true;
 	if (st->b)
 		backend_busy(st->b); /* rdma_progress polls it from the next round on */
-	d->poll_armed = arm_fd(st, d->ch->fd, K_CH | ((uint64_t)d->idx << 8));
-	/* Counted under mem_lock: the memory hooks (any thread) register on devs[0..ndevs). */
+	d->poll_armed = rdma_arm_fd(st, d->ch->fd,
+				    K_CH | ((uint64_t)d->idx << 8) | ((uint64_t)d->gen << 16));
+	/* Live under mem_lock: the memory hooks (any thread) register on the live devs[0..ndevs). */
 	pthread_mutex_lock(&st->mem_lock);
-	st->ndevs++;
+	d->live = true;
+	if (append)
+		st->ndevs++;
 	for (int pass = 0; pass < 2; pass++) {
 		/* Owners first, then the regions that borrow a GPUDirect entry's registrations. */
 		for (struct rdma_mem *m = st->mems; m; m = m->next) {
@@ -326,7 +348,8 @@ static int probe(struct rdma_state *st)
 		snprintf(st->why, sizeof(st->why), "no RDMA device could be opened");
 		return 0;
 	}
-	st->ec_armed = arm_fd(st, st->ec->fd, K_EC);
+	st->ec_armed = rdma_arm_fd(st, st->ec->fd, K_EC);
+	rdma_uevent_open(st);
 	return 0;
 }
 
@@ -449,7 +472,7 @@ static struct rdma_mem *gd_find(struct rdma_state *st, int device, uint64_t base
 			continue;
 		if (m->gd_id == id && m->len == size) {
 			for (unsigned i = 0; i < st->ndevs; i++)
-				if (!m->mr[i])
+				if (st->devs[i].live && !m->mr[i])
 					return NULL;
 			return m;
 		}
@@ -523,9 +546,10 @@ static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
 		return 0;
 	}
 	for (unsigned i = 0; i < st->ndevs; i++)
-		tell |= mem_reg_on(st, &st->devs[i], ent);
+		if (st->devs[i].live)
+			tell |= mem_reg_on(st, &st->devs[i], ent);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		all = all && ent->mr[i];
+		all = all && (!st->devs[i].live || ent->mr[i]);
 	if (!all || !gd_room(st)) {
 		/* A device refused it (staged), or every entry is in use (the region alone). */
 		pthread_mutex_unlock(&st->mem_lock);
@@ -580,9 +604,10 @@ static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 	}
 	pthread_mutex_lock(&st->mem_lock);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		tell |= mem_reg_on(st, &st->devs[i], m);
+		if (st->devs[i].live)
+			tell |= mem_reg_on(st, &st->devs[i], m);
 	for (unsigned i = 0; i < st->ndevs; i++) {
-		if (!m->mr[i]) {
+		if (st->devs[i].live && !m->mr[i]) {
 			pthread_mutex_unlock(&st->mem_lock);
 			if (tell)
 				gpudirect_tell(st);
@@ -667,7 +692,7 @@ static bool rdma_device_in_place(struct ferry_engine *e, struct backend *b, cons
 		if (++k > RDMA_MAX_SEG || !m)
 			return false;
 		for (unsigned d = 0; d < st->ndevs; d++)
-			if (!m->mr[d])
+			if (st->devs[d].live && !m->mr[d])
 				return false;
 	}
 	return true;
@@ -677,11 +702,13 @@ static bool rdma_device_in_place(struct ferry_engine *e, struct backend *b, cons
 /* The round                                                          */
 /* ------------------------------------------------------------------ */
 
-static int poll_dev(struct rdma_state *st, struct rdma_dev *d)
+int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d)
 {
 	struct ibv_wc wc[32];
 	int n, total = 0;
 
+	if (!d->live)
+		return 0;
 	if (d->event) {
 		struct ibv_cq *cq;
 		void *ctx;
@@ -757,14 +784,22 @@ static int rdma_progress(struct ferry_engine *e, struct backend *b)
 		rdma_cm_events(st);
 		n++;
 	}
+	if (unlikely(st->uev_event)) {
+		st->uev_event = false;
+		rdma_uevents(st);
+		n++;
+	}
 	if (unlikely(atomic_load_explicit(&st->fault_qp_error, memory_order_relaxed)))
 		n += fault_qp_error(st);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		n += poll_dev(st, &st->devs[i]);
-	if (st->conn_list && (st->tick_due || reactor_now(e) >= st->next_check)) {
+		n += rdma_poll_dev(st, &st->devs[i]);
+	if ((st->conn_list || st->listen_lost) &&
+	    (st->tick_due || reactor_now(e) >= st->next_check)) {
 		st->tick_due = false;
 		st->next_check = reactor_now(e) + 10000000ull;
 		rdma_check_time(st);
+		if (unlikely(st->listen_lost))
+			rdma_relisten(st);
 	}
 	arm_tick(st);
 	if (st->ndead)
@@ -784,7 +819,8 @@ static bool rdma_has_work(struct ferry_engine *e, struct backend *b)
 	(void)e;
 	if (!st->ndevs)
 		return false;
-	if (st->ec_event || st->ndead || atomic_load_explicit(&st->fault_qp_error, memory_order_relaxed))
+	if (st->ec_event || st->uev_event || st->ndead ||
+	    atomic_load_explicit(&st->fault_qp_error, memory_order_relaxed))
 		return true;
 	for (unsigned i = 0; i < st->ndevs; i++)
 		if (st->devs[i].event)
@@ -801,7 +837,7 @@ static bool rdma_prepare_sleep(struct ferry_engine *e, struct backend *b)
 	if (!st->ndevs)
 		return false;
 	for (unsigned i = 0; i < st->ndevs; i++)
-		n += poll_dev(st, &st->devs[i]);
+		n += rdma_poll_dev(st, &st->devs[i]);
 	return n > 0 || rdma_has_work(e, b);
 }
 
@@ -820,13 +856,19 @@ static void rdma_on_cqe(struct ferry_engine *e, struct backend *b, uint64_t cook
 	} else if (kind == K_EC) {
 		st->ec_event = true;
 		if (!(flags & IORING_CQE_F_MORE) || res < 0)
-			st->ec_armed = st->ec && arm_fd(st, st->ec->fd, K_EC);
+			st->ec_armed = st->ec && rdma_arm_fd(st, st->ec->fd, K_EC);
 	} else if (kind == K_CH && idx < st->ndevs) {
 		struct rdma_dev *d = &st->devs[idx];
 
+		if (!d->live || d->gen != (uint32_t)(cookie >> 16))
+			return; /* the poll of a device removed since (cancelled) */
 		d->event = true;
 		if (!(flags & IORING_CQE_F_MORE) || res < 0)
-			d->poll_armed = d->ch && arm_fd(st, d->ch->fd, cookie);
+			d->poll_armed = d->ch && rdma_arm_fd(st, d->ch->fd, cookie);
+	} else if (kind == K_UEV) {
+		st->uev_event = true;
+		if (!(flags & IORING_CQE_F_MORE) || res < 0)
+			st->uev_armed = st->uev_fd >= 0 && rdma_arm_fd(st, st->uev_fd, K_UEV);
 	}
 }
 
@@ -904,6 +946,7 @@ static int rdma_init(struct ferry_engine *e, struct backend *b)
 		return -ENOMEM;
 	st->engine = e;
 	st->b = b;
+	st->uev_fd = -1;
 	b->data = st;
 	pthread_mutex_init(&st->mem_lock, NULL);
 	pthread_mutex_init(&st->why_lock, NULL);
@@ -975,7 +1018,7 @@ static void rdma_fini(struct ferry_engine *e, struct backend *b)
 	for (int tries = 0; tries < 200 && st->ndead; tries++) {
 		for (unsigned i = 0; i < st->ndevs; i++) {
 			st->devs[i].event = true;
-			poll_dev(st, &st->devs[i]);
+			rdma_poll_dev(st, &st->devs[i]);
 		}
 		rdma_sweep(st);
 		if (st->ndead)
@@ -997,7 +1040,8 @@ static void rdma_fini(struct ferry_engine *e, struct backend *b)
 	while (st->mems) /* the GPUDirect entries, once no region borrows from them */
 		rdma_mem_deregister(e, b, st->mems);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		dev_close(&st->devs[i]);
+		rdma_dev_close(&st->devs[i]);
+	rdma_uevent_close(st);
 	if (st->dev_list)
 		rdma_free_devices(st->dev_list);
 	if (st->ec)
@@ -1065,16 +1109,19 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 	for (char *p = gd_why; *p; p++) /* a JSON string: nothing that would end it */
 		if (*p == '"' || *p == '\\' || (unsigned char)*p < 0x20)
 			*p = '?';
+	pthread_mutex_lock(&st->mem_lock); /* (a device removed goes not live under it) */
 	for (unsigned i = 0; i < st->ndevs && o < sizeof(devs); i++)
-		o += (size_t)snprintf(devs + o, sizeof(devs) - o, "%s\"%s\"", i ? "," : "",
-				      st->devs[i].name);
+		if (st->devs[i].live)
+			o += (size_t)snprintf(devs + o, sizeof(devs) - o, "%s\"%s\"", o ? "," : "",
+					      st->devs[i].name);
+	pthread_mutex_unlock(&st->mem_lock);
 	return snprintf(buf, len,
 			",\"rdma\":{\"devices\":[%s],\"address\":\"%s\",\"connections_ready\":%u,"
 			"\"connections_other\":%u,\"peers_refused\":%u,\"malformed\":%u,"
 			"\"reads\":%llu,\"read_bytes\":%llu,\"eager\":%llu,\"announced_in_place\":%llu,"
 			"\"read_into_get\":%llu,\"inline_sends\":%llu,\"heartbeats\":%llu,"
 			"\"gpudirect_regions\":%u,\"gpudirect_cached\":%u,\"gpudirect_puts\":%llu,"
-			"\"gpudirect_why\":\"%s\"}",
+			"\"gpudirect_why\":\"%s\",\"devices_removed\":%u}",
 			devs, st->bound, atomic_load_explicit(&st->h_ready, memory_order_relaxed),
 			atomic_load_explicit(&st->h_other, memory_order_relaxed),
 			atomic_load_explicit(&st->h_refused, memory_order_relaxed),
@@ -1092,7 +1139,7 @@ static int rdma_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			atomic_load_explicit(&st->gd_entries, memory_order_relaxed),
 			(unsigned long long)atomic_load_explicit(&st->h_gpudirect_puts,
 								 memory_order_relaxed),
-			gd_why);
+			gd_why, atomic_load_explicit(&st->h_devices_removed, memory_order_relaxed));
 }
 
 const struct backend_ops ferry__rdma_backend = {

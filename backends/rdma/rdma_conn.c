@@ -218,14 +218,18 @@ void rdma_conn_fail(struct rdma_state *st, struct rdma_conn *c, int res, const c
 	rdma_conn_unref(st, c);
 }
 
-/* Dead connections whose work requests all came back (or that waited 2 s) go. */
+/*
+ * Dead connections whose work requests all came back (or that waited 2 s,
+ * or whose device is gone) go.
+ */
 void rdma_sweep(struct rdma_state *st)
 {
 	uint64_t now = ferry__now_ns();
 
 	for (struct rdma_conn **pp = &st->conn_list, *c; (c = *pp);) {
 		if (c->state != RC_DEAD ||
-		    ((c->wr_out || c->recv_out) && now - c->dead_ns < 2000000000ull)) {
+		    ((c->wr_out || c->recv_out) && !c->drop_now &&
+		     now - c->dead_ns < 2000000000ull)) {
 			pp = &c->next;
 			continue;
 		}
@@ -595,12 +599,23 @@ static void on_event(struct rdma_state *st, enum rdma_cm_event_type type, struct
 		on_connect_request(st, id, pd, pd_len);
 		return;
 	}
-	if (!c || c->state == RC_DEAD) {
-		if (type == RDMA_CM_EVENT_DEVICE_REMOVAL && !c)
-			log_error("rdma: engine %s: the listener's device was removed",
-				  st->engine->name);
+	if (type == RDMA_CM_EVENT_DEVICE_REMOVAL) {
+		struct rdma_dev *d = c && c->dev ? c->dev : rdma_dev_of(st, id->verbs);
+
+		if (d) {
+			rdma_dev_gone(st, d, "rdma_cm said so");
+		} else if (c) {
+			/* (before its QP: on no device of ours yet) */
+			c->drop_now = true;
+			rdma_conn_fail(st, c, -ECONNRESET, "its device was removed");
+			rdma_sweep(st);
+		} else if (id == st->listen_id) {
+			rdma_listener_lost(st);
+		}
 		return;
 	}
+	if (!c || c->state == RC_DEAD)
+		return;
 	switch (type) {
 	case RDMA_CM_EVENT_ADDR_RESOLVED:
 		if (rdma_resolve_route(id, RDMA_CONNECT_MS))
@@ -633,9 +648,6 @@ static void on_event(struct rdma_state *st, enum rdma_cm_event_type type, struct
 		return;
 	case RDMA_CM_EVENT_DISCONNECTED:
 		rdma_conn_fail(st, c, -ECONNRESET, "the peer disconnected");
-		return;
-	case RDMA_CM_EVENT_DEVICE_REMOVAL:
-		rdma_conn_fail(st, c, -ECONNRESET, "its device was removed");
 		return;
 	default:
 		return;

@@ -15,6 +15,8 @@
  *   rdma_data.c  the data path: PUTs out (eager SEND, announcements),
  *                messages in (validation, RDMA READ, ordered delivery),
  *                RESULTs, credits
+ *   rdma_hotplug.c  devices removed under the engine (released at once),
+ *                the kernel's device events, listening again
  */
 #ifndef FERRY_RDMA_INT_H
 #define FERRY_RDMA_INT_H
@@ -162,8 +164,17 @@ static inline uint64_t rdma_wr_id(uint32_t slot, uint32_t gen, unsigned kind, ui
 	return ((uint64_t)gen << 32) | ((uint64_t)slot << 20) | ((uint64_t)kind << 16) | idx;
 }
 
-/* A device this engine opened: its protection domain, completion queue and channel. */
+/*
+ * A device this engine opened: its protection domain, completion queue and
+ * channel. A slot of devs[] whose device was removed is not live (every
+ * loop over devs[0..ndevs) skips it; set under mem_lock, which the memory
+ * hooks hold) until a device opened later takes it again; gen tells the
+ * reactor's completions of its channel poll from those of the slot's
+ * earlier device.
+ */
 struct rdma_dev {
+	bool live;
+	uint32_t gen;
 	struct ibv_context *ctx;
 	struct ibv_pd *pd;
 	struct ibv_comp_channel *ch;
@@ -284,6 +295,7 @@ struct rdma_conn {
 	bool qp_made;
 	bool established;
 	uint64_t dead_ns;    /* when it died (its QP is destroyed once drained) */
+	bool drop_now;       /* its device is gone: destroyed at the next sweep, drained or not */
 	int refs;            /* the table, each peer resolved to it */
 	int fail_res;        /* why it died, for PUTs still waiting */
 	uint64_t hs_deadline;
@@ -319,6 +331,8 @@ struct rdma_state {
 	struct rdma_event_channel *ec;
 	bool ec_armed;
 	struct rdma_cm_id *listen_id;
+	bool listen_lost;       /* its device was removed: listened again at bound (rdma_relisten) */
+	uint64_t relisten_at;   /* not before */
 	char listen_text[PEER_ADDR_MAX];
 	char bound[PEER_ADDR_MAX];
 	struct sec_secret secret;
@@ -342,6 +356,14 @@ struct rdma_state {
 	unsigned ndevs;
 	unsigned nsys_devs;     /* devices the system has (rdma_get_devices) */
 	struct ibv_context **dev_list;
+	/*
+	 * The kernel's device events (a NETLINK_KOBJECT_UEVENT socket, -1 when
+	 * it cannot be had): how an engine hears of a device removed that none
+	 * of its rdma_cm ids is on (rdma_hotplug.c).
+	 */
+	int uev_fd;
+	bool uev_armed, uev_event;
+	_Atomic uint32_t h_devices_removed;
 	/* Registrations: the memory hooks may run on any thread. */
 	pthread_mutex_t mem_lock;
 	struct rdma_mem *mems;
@@ -390,6 +412,8 @@ struct rdma_state {
 /* ------------------------------------------------------------------ */
 
 /* rdma.c */
+/* What the transport's io_uring cookies say (bits 0-7; K_CH: the slot in 8-15, its gen above). */
+enum { K_NONE = 0, K_EC = 1, K_CH = 2, K_TICK = 3, K_UEV = 4 };
 #define RDMA_GD_ENTRIES 16
 #define RDMA_GD_IDLE_NS (1000ull * 1000 * 1000)
 /* GPUDirect registrations no region has used for RDMA_GD_IDLE_NS go (reactor). */
@@ -402,6 +426,14 @@ void rdma_gd_sweep(struct rdma_state *st, uint64_t now);
  */
 int ferry__rdma_fault_qp_error(struct ferry_engine *e);
 int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev **out);
+/* The live device of ctx, or NULL. */
+struct rdma_dev *rdma_dev_of(struct rdma_state *st, struct ibv_context *ctx);
+/* d's CQ, channel and PD destroyed; the slot left not live (its gen kept). */
+void rdma_dev_close(struct rdma_dev *d);
+/* Watch fd from the reactor's ring (a multishot poll tagged cookie). */
+bool rdma_arm_fd(struct rdma_state *st, int fd, uint64_t cookie);
+/* Drain d's channel and poll its CQ: the completions handled. */
+int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d);
 uint32_t rdma_lkey(struct rdma_state *st, struct rdma_dev *d, const struct ferry_buf *buf,
 		   uint32_t *rkey);
 int rdma_parse_uri(const char *uri, struct sockaddr_storage *ss);
@@ -421,6 +453,26 @@ void rdma_hs_message(struct rdma_state *st, struct rdma_conn *c, const struct rd
 		     const uint8_t *body, uint32_t body_len);
 int rdma_send_ctl(struct rdma_state *st, struct rdma_conn *c, uint8_t type, const void *key,
 		  uint16_t key_len, const void *body, uint32_t body_len);
+
+/* rdma_hotplug.c */
+/*
+ * d was removed (how: what said so): every connection on it ends
+ * (-ECONNRESET) and goes at once, with its QP and id; the listener, if it
+ * was on d, goes and is made again once d's address has a device again;
+ * every memory registration on d, its CQ, channel and PD go; librdmacm's
+ * hold on it is given back. The kernel's removal, which waits for every
+ * user of the device, can then complete.
+ */
+void rdma_dev_gone(struct rdma_state *st, struct rdma_dev *d, const char *how);
+/* The kernel's device events: the socket made and watched (no error: -1 without it). */
+void rdma_uevent_open(struct rdma_state *st);
+void rdma_uevent_close(struct rdma_state *st);
+/* What the socket has: each removed device of this engine gone (rdma_dev_gone). */
+void rdma_uevents(struct rdma_state *st);
+/* The listener's device was removed: it goes, and is made again (rdma_relisten). */
+void rdma_listener_lost(struct rdma_state *st);
+/* The listener lost with its device, made again at the same address when it can be. */
+void rdma_relisten(struct rdma_state *st);
 
 /* rdma_data.c */
 int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op);

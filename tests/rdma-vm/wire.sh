@@ -18,6 +18,9 @@
 # either side.
 # wire.sh mend: the neighbour entries as at first: what a test that cut
 # the wire runs after it.
+# wire.sh unplug: rxe1 deleted (a device removed under its users: the
+# command returns once every process let go of it).
+# wire.sh replug: rxe1 made again on rxeth1 (after unplug; nothing if it is there).
 set -eu
 [ "$(cat /proc/sys/kernel/hostname)" = ferry-rdma-vm ] ||
 	{ echo "wire.sh rewrites routing: only inside ferry's RDMA guest" >&2; exit 1; }
@@ -44,6 +47,15 @@ if [ "${1:-}" = blackhole ]; then
 fi
 if [ "${1:-}" = mend ]; then
 	neighbours
+	exit 0
+fi
+if [ "${1:-}" = unplug ]; then
+	rdma link delete rxe1
+	exit 0
+fi
+if [ "${1:-}" = replug ]; then
+	[ -e /sys/class/infiniband/rxe1 ] || rdma link add rxe1 type rxe netdev rxeth1
+	wait_gids
 	exit 0
 fi
 modprobe -a rdma_rxe rdma_ucm veth
