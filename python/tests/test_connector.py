@@ -350,7 +350,7 @@ def test_small_bytes_frames_are_the_general_encoders(n, monkeypatch):
     got, size = _payload.decode(buf)
     assert isinstance(got, RawPayload) and bytes(got) == data and size == fast_size
     assert buf.released  # an inline payload is a private copy: the buffer goes back
-    monkeypatch.setattr(_payload, "_decode_small_raw", lambda whole, size: None)
+    monkeypatch.setattr(_payload, "_small_raw", lambda buf: None)
     got, _ = _payload.decode(_Received(fast[0]))
     assert bytes(got) == data
 
@@ -359,15 +359,15 @@ def test_frames_near_the_small_bytes_form_go_to_the_general_decoder():
     """Frames that look like the small-bytes form but are not it (a table
     entry, a cut header, a wrong ext type) are not taken by its reader."""
     frame = bytearray(_payload.encode(b"x" * 64, 1 << 20)[0][0])
-    ok = _payload._decode_small_raw(memoryview(bytes(frame)), len(frame))
+    ok = _payload._small_raw(bytes(frame))
     assert ok == b"x" * 64
     wrong_type = bytearray(frame)
     wrong_type[11] = _payload.EXT_NDARRAY  # the ext's type byte (ext 8: c7, length, type)
-    assert _payload._decode_small_raw(memoryview(bytes(wrong_type)), len(frame)) is None
+    assert _payload._small_raw(bytes(wrong_type)) is None
     with pytest.raises(_payload.FrameError):
         _payload.decode(_Received(wrong_type))
     cut = bytes(frame[:40])  # the header says more than there is
-    assert _payload._decode_small_raw(memoryview(cut), len(cut)) is None
+    assert _payload._small_raw(cut) is None
     with pytest.raises(_payload.FrameError):
         _payload.decode(_Received(cut))
     # hostile headers the general decoder meets: FrameError, never another error
@@ -384,7 +384,52 @@ def test_frames_near_the_small_bytes_form_go_to_the_general_decoder():
     # a segment-carrying frame (its table is not empty) is the general one's
     seg_parts, _ = _payload.encode(b"y" * 128, 64)
     seg = b"".join(bytes(x) for x in seg_parts)
-    assert _payload._decode_small_raw(memoryview(seg), len(seg)) is None
+    assert _payload._small_raw(seg) is None
+
+
+@pytest.mark.parametrize("n", [0, 4, 12, 64, 255, 256, 300])
+def test_the_small_bytes_reader_takes_nothing_else(n):
+    """The C reader of the small-bytes frame (_ext/frame.c) on every cut and
+    every one-byte change of a frame: the bytes, only where the frame is still
+    exactly one the encoder writes (a change inside the data, or in the
+    padding after the header), else None; never an error. The same payload
+    with a header msgpack would not write (ext 16 or bin 16 for a length that
+    fits a shorter one) is not taken either."""
+    data = bytes((i * 5 + 1) & 0xFF for i in range(n))
+    frame = _payload.encode(data, 1 << 20)[0][0]
+    assert _payload._small_raw(frame) == data
+    assert _payload._small_raw(bytearray(frame)) == data
+    assert _payload._small_raw(memoryview(frame)) == data
+    end = 8 + int.from_bytes(frame[4:8], "little")
+    start = end - 1 - n  # where the data begins
+    for cut in range(len(frame)):
+        got = _payload._small_raw(frame[:cut])
+        assert got is None or (cut >= end and got == data), cut
+    for i in range(len(frame)):
+        for flip in (0x01, 0x80):
+            bad = bytearray(frame)
+            bad[i] ^= flip
+            got = _payload._small_raw(bytes(bad))
+            if start <= i < end - 1:
+                assert got == bytes(bad[start:end - 1]), i
+            elif i >= end:
+                assert got == data, i
+            else:
+                assert got is None, (i, flip)
+    # the same root with a longer (non-canonical) bin or ext header
+    def frame_with(bin_header, ext16):
+        body = b"\x92\xc0" + bin_header + data
+        ext = (b"\xc8" + len(body).to_bytes(2, "big") if ext16 or len(body) > 0xFF else
+               b"\xc7" + bytes((len(body),))) + bytes((_payload.EXT_RAW,))
+        header = b"\x92" + ext + body + b"\x90"
+        return b"FYC1" + len(header).to_bytes(4, "little") + header
+    if n < 0x100:
+        assert _payload._small_raw(frame_with(b"\xc5" + n.to_bytes(2, "big"), False)) is None
+    if 2 + 2 + n < 0x100 and 2 + 2 + n not in (4, 8, 16):
+        assert _payload._small_raw(frame_with(b"\xc4" + bytes((n,)), False)) == data
+        assert _payload._small_raw(frame_with(b"\xc4" + bytes((n,)), True)) is None
+    with pytest.raises(TypeError):
+        _payload._small_raw("not a buffer")
 
 
 def test_the_methods_of_upstreams_base(stages):

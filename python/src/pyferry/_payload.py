@@ -46,6 +46,8 @@ import warnings
 
 import msgpack
 
+from ._ferry import _small_raw
+
 MAGIC = b"FYC1"
 ALIGN = 64
 EXT_RAW, EXT_NDARRAY, EXT_TENSOR, EXT_CUDA = 1, 2, 3, 4
@@ -408,7 +410,7 @@ def decode(buf, copy=False, fetch=None, key=None):
     whole = memoryview(buf)
     state = None
     try:
-        small = _decode_small_raw(whole, size)
+        small = _small_raw(buf)  # (_ext/frame.c: _encode_small_raw's frame, or None)
         if small is not None:  # the inline bytes root: a private copy
             return RawPayload(None, small), size
         if size < 8:
@@ -436,29 +438,6 @@ def decode(buf, copy=False, fetch=None, key=None):
         if state is None or not state.views:
             buf.release()
     return root, size + state.fetched
-
-
-def _decode_small_raw(whole, size):
-    """The bytes of a frame that is exactly what _encode_small_raw writes
-    (an inline bytes root, no segments), or None for any other frame (the
-    general decoder then takes it, and rejects what is malformed). The
-    header's length fixes the payload's to one of four (the ext and bin
-    headers' sizes), each checked against its cached prefix."""
-    if size < 16:
-        return None
-    head = bytes(whole[:24])  # (comparing bytes: a memoryview's == is slow)
-    if head[:4] != MAGIC:
-        return None
-    end = 8 + int.from_bytes(head[4:8], "little")  # the header's end
-    if end > size or whole[end - 1] != 0x90:
-        return None
-    for n in range(end - 16, end - 20, -1):  # end = n + 12 + ext (2-4) + bin (2-3)
-        if 0 <= n < 0xFF00:
-            prefix = _small_raw_frame(n)[0]
-            p = len(prefix)
-            if p + n + 1 == end and head.startswith(prefix):
-                return bytes(whole[p:p + n])
-    return None
 
 
 class _Seg:

@@ -273,6 +273,8 @@ static PyMethodDef module_methods[] = {
 	{ "features", m_features, METH_NOARGS,
 	  "What this build can do: a set of 'shm', 'tcp', 'control', 'yaml', 'rdma', 'cuda'." },
 	{ "strerror", m_strerror, METH_O, "ferry's text for an errno." },
+	{ "_small_raw", pyf_small_raw, METH_O,
+	  "The bytes of FerryConnector's inline bytes frame in a buffer, or None (frame.c)." },
 	{ NULL, NULL, 0, NULL },
 };
 

@@ -92,6 +92,8 @@ extern PyTypeObject *pyf_engine_class;
 extern PyObject *pyf_FerryError;
 /* Raise the FerryError subclass of err (< 0) with ferry's text and what. Returns NULL. */
 PyObject *pyf_raise(int err, const char *what);
+/* frame.c: _ferry._small_raw(buffer) -> bytes or None. */
+PyObject *pyf_small_raw(PyObject *mod, PyObject *obj);
 
 /* seconds (None: none) -> ns for an SQE deadline (0 = none); -1 with an exception set. */
 int pyf_timeout_ns(PyObject *timeout, uint64_t *out);
