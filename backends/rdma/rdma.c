@@ -82,6 +82,8 @@ static void arm_tick(struct rdma_state *st)
 		return;
 	if (ns > RDMA_TICK_MAX_NS)
 		ns = RDMA_TICK_MAX_NS;
+	if (st->listen_lost && ns > RDMA_RELISTEN_NS)
+		ns = RDMA_RELISTEN_NS;
 	sqe = ferry__ring_sqe(e);
 	if (!sqe)
 		return; /* the next round tries again */
@@ -176,20 +178,64 @@ static bool mem_reg_on(struct rdma_state *st, struct rdma_dev *d, struct rdma_me
 	return false;
 }
 
-void rdma_dev_close(struct rdma_dev *d)
+/* d's slot cleared but for its index and generation (under mem_lock: the hooks read live). */
+static void dev_clear(struct rdma_state *st, struct rdma_dev *d, unsigned idx, uint32_t gen)
 {
-	unsigned idx = d->idx;
-	uint32_t gen = d->gen;
+	pthread_mutex_lock(&st->mem_lock);
+	memset(d, 0, sizeof(*d));
+	d->idx = idx;
+	d->gen = gen;
+	pthread_mutex_unlock(&st->mem_lock);
+}
 
+void rdma_dev_close(struct rdma_state *st, struct rdma_dev *d)
+{
 	if (d->cq && ibv_destroy_cq(d->cq))
 		log_warn("rdma: %s: ibv_destroy_cq: %s", d->name, strerror(errno));
 	if (d->ch && ibv_destroy_comp_channel(d->ch))
 		log_warn("rdma: %s: ibv_destroy_comp_channel: %s", d->name, strerror(errno));
 	if (d->pd && ibv_dealloc_pd(d->pd))
 		log_warn("rdma: %s: ibv_dealloc_pd: %s", d->name, strerror(errno));
-	memset(d, 0, sizeof(*d));
-	d->idx = idx;
-	d->gen = gen;
+	dev_clear(st, d, d->idx, d->gen);
+}
+
+/*
+ * librdmacm's reference to ctx, kept in st->dev_list while the engine has
+ * the device open (a device opened after probe, from a connection's id, is
+ * in no list yet: without it librdmacm could close the context under us
+ * once the device is removed and its ids go). -ENODEV: the device is gone.
+ */
+static int dev_hold(struct rdma_state *st, struct ibv_context *ctx)
+{
+	struct ibv_context **fresh, **grown;
+	unsigned n = 0, k = 0;
+	bool found = false;
+	int nf = 0;
+
+	for (; st->dev_list && st->dev_list[n]; n++)
+		if (st->dev_list[n] == ctx)
+			return 0;
+	if (!(fresh = rdma_get_devices(&nf)))
+		return -ENODEV;
+	if (!(grown = realloc(st->dev_list, (n + 2) * sizeof(*grown)))) {
+		rdma_free_devices(fresh);
+		return -ENOMEM;
+	}
+	grown[n] = NULL;
+	st->dev_list = grown;
+	for (unsigned i = 0; fresh[i]; i++) {
+		if (fresh[i] == ctx)
+			found = true;
+		else
+			fresh[k++] = fresh[i];
+	}
+	fresh[k] = NULL;
+	if (found) { /* its reference moves to our list; the others' go back */
+		grown[n] = ctx;
+		grown[n + 1] = NULL;
+	}
+	rdma_free_devices(fresh);
+	return found ? 0 : -ENODEV;
 }
 
 struct rdma_dev *rdma_dev_of(struct rdma_state *st, struct ibv_context *ctx)
@@ -211,9 +257,16 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	bool tell = false, append;
 	unsigned idx;
 	uint32_t gen;
+	int rc;
 
 	if ((*out = rdma_dev_of(st, ctx)))
 		return 0;
+	if ((rc = dev_hold(st, ctx))) {
+		log_error("rdma: engine %s: device %s: %s", st->engine->name,
+			  ibv_get_device_name(ctx->device),
+			  rc == -ENODEV ? "no longer there" : ferry_strerror(rc));
+		return rc;
+	}
 	for (unsigned i = 0; i < st->ndevs && !d; i++)
 		if (!st->devs[i].live)
 			d = &st->devs[i];
@@ -224,21 +277,18 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 		d = &st->devs[st->ndevs];
 	idx = append ? st->ndevs : d->idx;
 	gen = d->gen + 1;
-	memset(d, 0, sizeof(*d));
+	dev_clear(st, d, idx, gen);
 	d->ctx = ctx;
-	d->idx = idx;
-	d->gen = gen;
 	snprintf(d->name, sizeof(d->name), "%s", ibv_get_device_name(ctx->device));
 	if (ibv_query_device(ctx, &attr) || !(d->pd = ibv_alloc_pd(ctx)) ||
 	    !(d->ch = ibv_create_comp_channel(ctx)) ||
 	    !(d->cq = ibv_create_cq(ctx, RDMA_CQ_DEPTH < attr.max_cqe ? RDMA_CQ_DEPTH : attr.max_cqe,
 				    NULL, d->ch, 0)) ||
 	    set_nonblock(d->ch->fd) || ibv_req_notify_cq(d->cq, 0)) {
-		int rc = errno ? -errno : -EIO;
-
+		rc = errno ? -errno : -EIO;
 		log_error("rdma: engine %s: cannot open device %s: %s", st->engine->name, d->name,
 			  ferry_strerror(rc));
-		rdma_dev_close(d);
+		rdma_dev_close(st, d);
 		return rc;
 	}
 	d->max_sge = (uint32_t)attr.max_sge;
@@ -252,6 +302,7 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 	/* Live under mem_lock: the memory hooks (any thread) register on the live devs[0..ndevs). */
 	pthread_mutex_lock(&st->mem_lock);
 	d->live = true;
+	st->nlive++;
 	if (append)
 		st->ndevs++;
 	for (int pass = 0; pass < 2; pass++) {
@@ -371,6 +422,11 @@ int rdma_parse_uri(const char *uri, struct sockaddr_storage *ss)
 /* The memory hooks                                                   */
 /* ------------------------------------------------------------------ */
 
+/*
+ * m's memory regions deregistered and m freed: under mem_lock, so that a
+ * device being removed (rdma_dev_gone) finds every registration on it
+ * either in st->mems or already gone.
+ */
 static void mem_free(struct rdma_mem *m)
 {
 	for (unsigned i = 0; i < RDMA_MAX_DEV; i++)
@@ -541,8 +597,8 @@ static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
 	if ((found = gd_find(st, device, base, size, id))) {
 		/* Another thread made it meanwhile: that one is used. */
 		gd_borrow(st, m, found);
-		pthread_mutex_unlock(&st->mem_lock);
 		mem_free(ent);
+		pthread_mutex_unlock(&st->mem_lock);
 		return 0;
 	}
 	for (unsigned i = 0; i < st->ndevs; i++)
@@ -552,10 +608,10 @@ static int gd_register(struct rdma_state *st, struct rdma_mem *m, int device)
 		all = all && (!st->devs[i].live || ent->mr[i]);
 	if (!all || !gd_room(st)) {
 		/* A device refused it (staged), or every entry is in use (the region alone). */
+		mem_free(ent);
 		pthread_mutex_unlock(&st->mem_lock);
 		if (tell)
 			gpudirect_tell(st);
-		mem_free(ent);
 		return all || !atomic_load(&st->gpudirect_off) ? 1 : 2;
 	}
 	ent->next = st->mems;
@@ -608,10 +664,10 @@ static int rdma_mem_register(struct ferry_engine *e, struct backend *b, void *ad
 			tell |= mem_reg_on(st, &st->devs[i], m);
 	for (unsigned i = 0; i < st->ndevs; i++) {
 		if (st->devs[i].live && !m->mr[i]) {
+			mem_free(m);
 			pthread_mutex_unlock(&st->mem_lock);
 			if (tell)
 				gpudirect_tell(st);
-			mem_free(m);
 			/* Device memory the NIC cannot take is staged; host memory it cannot is an error. */
 			return mem == FERRY_MEM_CUDA ? 0 : -ENOMEM;
 		}
@@ -652,8 +708,8 @@ static void rdma_mem_deregister(struct ferry_engine *e, struct backend *b, void 
 	} else if (m->gd_entry) {
 		atomic_fetch_sub_explicit(&st->gd_entries, 1, memory_order_relaxed);
 	}
-	pthread_mutex_unlock(&st->mem_lock);
 	mem_free(m);
+	pthread_mutex_unlock(&st->mem_lock);
 	rdma_gd_sweep(st, ferry__now_ns());
 }
 
@@ -884,7 +940,7 @@ static int rdma_resolve(struct ferry_engine *e, struct backend *b, struct ferry_
 	int rc;
 
 	(void)e;
-	if (!st->ndevs || !ferry__peer_addr_get(peer, "rdma", address, sizeof(address)))
+	if (!st->nlive || !ferry__peer_addr_get(peer, "rdma", address, sizeof(address)))
 		return -EHOSTUNREACH; /* no device here, or no rdma address: tcp may reach it */
 	for (struct rdma_conn *x = st->conn_list; x; x = x->next) {
 		if (x->caller && x->state != RC_DEAD && strcmp(x->peer_name, peer->name) == 0) {
@@ -1040,7 +1096,7 @@ static void rdma_fini(struct ferry_engine *e, struct backend *b)
 	while (st->mems) /* the GPUDirect entries, once no region borrows from them */
 		rdma_mem_deregister(e, b, st->mems);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		rdma_dev_close(&st->devs[i]);
+		rdma_dev_close(st, &st->devs[i]);
 	rdma_uevent_close(st);
 	if (st->dev_list)
 		rdma_free_devices(st->dev_list);

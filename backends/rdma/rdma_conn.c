@@ -348,6 +348,12 @@ int rdma_listen_start(struct rdma_state *st)
 		st->listen_id = NULL;
 		return rc;
 	}
+	{
+		const struct sockaddr *la = rdma_get_local_addr(st->listen_id);
+
+		memcpy(&st->bound_sa, la, la->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6)
+								   : sizeof(struct sockaddr_in));
+	}
 	netaddr_format(rdma_get_local_addr(st->listen_id), text, sizeof(text));
 	if (strlen(text) + 2 > sizeof(st->bound))
 		return -ENAMETOOLONG;

@@ -34,12 +34,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "netaddr.h"
 #include "rdma_int.h"
 
 #define UEV_BUF 8192
 #define UEV_PER_ROUND 64
-#define RELISTEN_EVERY_NS 100000000ull
 
 /*
  * librdmacm's hold on ctx (a device removed) given back. Its device list is
@@ -84,7 +82,8 @@ void rdma_listener_lost(struct rdma_state *st)
 	rdma_destroy_id(st->listen_id);
 	st->listen_id = NULL;
 	st->listen_lost = true;
-	st->relisten_at = ferry__now_ns() + RELISTEN_EVERY_NS;
+	st->relisten_told = false;
+	st->relisten_at = ferry__now_ns() + RDMA_RELISTEN_NS;
 }
 
 void rdma_dev_gone(struct rdma_state *st, struct rdma_dev *d, const char *how)
@@ -123,6 +122,7 @@ void rdma_dev_gone(struct rdma_state *st, struct rdma_dev *d, const char *how)
 	}
 	pthread_mutex_lock(&st->mem_lock);
 	d->live = false; /* the memory hooks skip it from now on */
+	st->nlive--;
 	for (struct rdma_mem *m = st->mems; m; m = m->next) {
 		if (!m->mr[idx])
 			continue;
@@ -132,7 +132,7 @@ void rdma_dev_gone(struct rdma_state *st, struct rdma_dev *d, const char *how)
 		m->mr[idx] = NULL;
 	}
 	pthread_mutex_unlock(&st->mem_lock);
-	rdma_dev_close(d);
+	rdma_dev_close(st, d);
 	cma_let_go(st, ctx);
 }
 
@@ -263,17 +263,20 @@ void rdma_uevents(struct rdma_state *st)
 
 void rdma_relisten(struct rdma_state *st)
 {
-	struct sockaddr_storage ss;
 	struct rdma_cm_id *id = NULL;
 	uint64_t now = ferry__now_ns();
 
 	if (!st->listen_lost || now < st->relisten_at)
 		return;
-	st->relisten_at = now + RELISTEN_EVERY_NS;
-	if (rdma_parse_uri(st->bound, &ss))
-		return;
+	st->relisten_at = now + RDMA_RELISTEN_NS;
 	if (rdma_create_id(st->ec, &id, NULL, RDMA_PS_TCP) ||
-	    rdma_bind_addr(id, (struct sockaddr *)&ss) || rdma_listen(id, 128)) {
+	    rdma_bind_addr(id, (struct sockaddr *)&st->bound_sa) || rdma_listen(id, 128)) {
+		if (!st->relisten_told) {
+			st->relisten_told = true;
+			log_info("rdma: engine %s: not listening at %s yet (%s): tried again every "
+				 "%llu ms", st->engine->name, st->bound, strerror(errno),
+				 (unsigned long long)(RDMA_RELISTEN_NS / 1000000));
+		}
 		if (id)
 			rdma_destroy_id(id); /* no device has the address yet */
 		return;

@@ -57,6 +57,7 @@
 #define RDMA_HS_NS 3000000000ull /* a handshake not done by then is dropped (params.handshake_ms) */
 #define RDMA_CONNECT_MS 2000  /* rdma_resolve_addr / _route */
 #define RDMA_TICK_MAX_NS 250000000ull /* the transport's timer ticks at least this often */
+#define RDMA_RELISTEN_NS 100000000ull /* a listener lost with its device: tried again this often */
 #define RDMA_RETRIES 6        /* a QP's retries of an unacknowledged message (retry_cnt) */
 
 /* ------------------------------------------------------------------ */
@@ -331,8 +332,10 @@ struct rdma_state {
 	struct rdma_event_channel *ec;
 	bool ec_armed;
 	struct rdma_cm_id *listen_id;
-	bool listen_lost;       /* its device was removed: listened again at bound (rdma_relisten) */
+	bool listen_lost;       /* its device was removed: listened again at bound_sa (rdma_relisten) */
+	bool relisten_told;     /* the first failed try of this loss was logged */
 	uint64_t relisten_at;   /* not before */
+	struct sockaddr_storage bound_sa; /* where the listener is bound (its scope id too) */
 	char listen_text[PEER_ADDR_MAX];
 	char bound[PEER_ADDR_MAX];
 	struct sec_secret secret;
@@ -354,6 +357,7 @@ struct rdma_state {
 	struct __kernel_timespec tick_ts;
 	struct rdma_dev devs[RDMA_MAX_DEV];
 	unsigned ndevs;
+	unsigned nlive;         /* of devs[0..ndevs): those live (under mem_lock) */
 	unsigned nsys_devs;     /* devices the system has (rdma_get_devices) */
 	struct ibv_context **dev_list;
 	/*
@@ -429,7 +433,7 @@ int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev
 /* The live device of ctx, or NULL. */
 struct rdma_dev *rdma_dev_of(struct rdma_state *st, struct ibv_context *ctx);
 /* d's CQ, channel and PD destroyed; the slot left not live (its gen kept). */
-void rdma_dev_close(struct rdma_dev *d);
+void rdma_dev_close(struct rdma_state *st, struct rdma_dev *d);
 /* Watch fd from the reactor's ring (a multishot poll tagged cookie). */
 bool rdma_arm_fd(struct rdma_state *st, int fd, uint64_t cookie);
 /* Drain d's channel and poll its CQ: the completions handled. */
