@@ -41,22 +41,46 @@ def _connector(mode, ns, stage):
                            "pool_size": 64 << 20})
 
 
+def _lockstep_put(put, n, sync, out):
+    """Producer: put key i once the consumer acknowledged i-1; the stamps to out."""
+    data = b"x" * 64
+    sync.recv_bytes()
+    stamps = []
+    for j in range(n):
+        if j:
+            sync.recv_bytes()
+        t = time.monotonic_ns()
+        put(f"k{j}", data)
+        stamps.append(t)
+    sync.recv_bytes()
+    out.send(stamps)
+    out.recv()
+
+
+def _lockstep_take(take, n, sync, out):
+    """Consumer: poll take(key) until it has key i, acknowledge; the stamps to out."""
+    sync.send_bytes(b"go")
+    stamps = []
+    deadline = time.monotonic() + 120
+    for j in range(n):
+        key = f"k{j}"
+        while not take(key):
+            if time.monotonic() > deadline:
+                raise TimeoutError(key)
+        stamps.append(time.monotonic_ns())
+        sync.send_bytes(b"a")
+    out.send(stamps)
+    out.recv()
+
+
 def _connector_producer(mode, ns, n, sync, out):
     c = _connector(mode, ns, 0)
+
+    def put(key, data):
+        if not c.put("0", "1", key, data)[0]:
+            raise RuntimeError(f"put {key} failed")
     try:
-        data = b"x" * 64
-        sync.recv_bytes()
-        stamps = []
-        for j in range(n):
-            if j:
-                sync.recv_bytes()
-            t = time.monotonic_ns()
-            if not c.put("0", "1", f"k{j}", data)[0]:
-                raise RuntimeError(f"put k{j} failed")
-            stamps.append(t)
-        sync.recv_bytes()
-        out.send(stamps)
-        out.recv()
+        _lockstep_put(put, n, sync, out)
     finally:
         c.close()
 
@@ -64,18 +88,7 @@ def _connector_producer(mode, ns, n, sync, out):
 def _connector_consumer(mode, ns, n, sync, out):
     c = _connector(mode, ns, 1)
     try:
-        sync.send_bytes(b"go")
-        stamps = []
-        deadline = time.monotonic() + 120
-        for j in range(n):
-            key = f"k{j}"
-            while c.get("0", "1", key) is None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(key)
-            stamps.append(time.monotonic_ns())
-            sync.send_bytes(b"a")
-        out.send(stamps)
-        out.recv()
+        _lockstep_take(lambda key: c.get("0", "1", key) is not None, n, sync, out)
     finally:
         c.close()
 
@@ -84,41 +97,22 @@ def _producer(mode, ns, n, sync, out):
     import pyferry
     with pyferry.Engine("lm0", ns=ns, pool_size=64 << 20, progress=mode) as e:
         peer = e.peer("lm1")
-        data = b"x" * 64
-        sync.recv_bytes()
-        stamps = []
-        for j in range(n):
-            if j:
-                sync.recv_bytes()
-            t = time.monotonic_ns()
-            e.put(peer, f"k{j}", data, timeout=60, wait_peer=True)
-            stamps.append(t)
-        sync.recv_bytes()
-        out.send(stamps)
-        out.recv()
+        _lockstep_put(lambda key, data: e.put(peer, key, data, timeout=60, wait_peer=True),
+                      n, sync, out)
 
 
 def _consumer(mode, ns, n, sync, out):
     import pyferry
     with pyferry.Engine("lm1", ns=ns, pool_size=64 << 20, progress=mode) as e:
         peer = e.peer("lm0")
-        sync.send_bytes(b"go")
-        stamps = []
-        deadline = time.monotonic() + 120
-        for j in range(n):
-            key = f"k{j}"
-            while True:
-                try:
-                    buf = e.get(peer, key, nowait=True)
-                    break
-                except pyferry.FerryWouldBlockError:
-                    if time.monotonic() > deadline:
-                        raise
-            stamps.append(time.monotonic_ns())
-            buf.release()
-            sync.send_bytes(b"a")
-        out.send(stamps)
-        out.recv()
+
+        def take(key):
+            try:
+                e.get(peer, key, nowait=True).release()
+                return True
+            except pyferry.FerryWouldBlockError:
+                return False
+        _lockstep_take(take, n, sync, out)
 
 
 def one_rep(mode, n):
