@@ -988,6 +988,60 @@ static void cf_peer_death(void **state)
 }
 
 /*
+ * The far end dies in the middle of large transfers both ways: a PUT of
+ * ours it is taking, and a PUT of its own that a GET of ours waits for.
+ * Each ends whole or with an error, never with part of the data: the GET
+ * with all its bytes right (they arrived before the death) or
+ * -ECONNRESET, our PUT with 0 or -ECONNRESET / -EHOSTUNREACH, within
+ * seconds of the death (their deadlines are a minute away); the blocks
+ * they took come home, and a new far end is served as before.
+ */
+static void cf_peer_death_mid_transfer(void **state)
+{
+	const size_t big = 12 * CF_MIB;
+	struct cf_done d;
+	int64_t t0;
+
+	(void)state;
+	cf_open(&(struct cf_cfg){ .near_pool = 32 * CF_MIB, .far_pool = 32 * CF_MIB });
+	/* Both ends know each other first (a peer that dies before it was ever seen is
+	 * one that has not come yet: a GET for its keys waits for its deadline). */
+	cf_get(FAR, "hello", 100, 5, CF_ZC, 0, 0, 10 * CF_SEC, 5, false);
+	assert_int_equal(cf_put(NEAR, "hello", 100, 5, CF_IOV, 0, 10 * CF_SEC, 5), 0);
+	cf_expect(NEAR, 5, 0);
+	cf_expect(FAR, 5, 0);
+	cf_get(NEAR, "hello_back", 100, 6, CF_ZC, 0, 0, 10 * CF_SEC, 6, false);
+	assert_int_equal(cf_put(FAR, "hello_back", 100, 6, CF_IOV, 0, 10 * CF_SEC, 6), 0);
+	cf_expect(FAR, 6, 0);
+	cf_expect(NEAR, 6, 0);
+	cf_get(NEAR, "from_far", big, 1, CF_ZC, 0, 0, 60 * CF_SEC, 1, false);
+	assert_int_equal(cf_put(NEAR, "to_far", big, 2, CF_BUF, 0, 60 * CF_SEC, 2), 0);
+	assert_int_equal(cf_put(FAR, "from_far", big, 1, CF_BUF, 0, 60 * CF_SEC, 3), 0);
+	t0 = t_now();
+	cf_kill_far();
+	d = cf_wait_for(NEAR, 1, CF_WAIT_NS);
+	if ((d.res != 0 && d.res != -ECONNRESET) || (d.res == 0 && (!d.ok || d.len != big)))
+		cf_fail("the GET of a dying peer's PUT: %d (%s), %llu bytes, %s", d.res,
+			ferry_err_name(d.res), (unsigned long long)d.len,
+			d.ok ? "right" : "wrong");
+	assert_true(d.at - t0 < 3 * SEC * cf_slow());
+	fprintf(stderr, "peer_death_mid_transfer: the GET: %s\n", ferry_err_name(d.res));
+	d = cf_wait_for(NEAR, 2, CF_WAIT_NS);
+	fprintf(stderr, "peer_death_mid_transfer: the PUT: %s\n", ferry_err_name(d.res));
+	if (d.res != 0 && d.res != -ECONNRESET && d.res != -EHOSTUNREACH)
+		cf_fail("a PUT to a dying peer: %d (%s)", d.res, ferry_err_name(d.res));
+	assert_true(d.at - t0 < 3 * SEC * cf_slow());
+	cf_blocks_settle(NEAR, 0); /* what the transfers took came home */
+
+	cf_restart_far();
+	cf_get(FAR, "again", big, 4, CF_ZC, 0, 0, 30 * CF_SEC, 4, false);
+	assert_int_equal(cf_put(NEAR, "again", big, 4, CF_BUF, 0, 30 * CF_SEC, 4), 0);
+	cf_expect(NEAR, 4, 0);
+	cf_expect(FAR, 4, 0);
+	cf_finish();
+}
+
+/*
  * A peer that dies holding our block gives it back; a new engine of its
  * name is reached by the very next PUT (not one that fails on the old
  * connection first).
@@ -1457,6 +1511,7 @@ static inline int cf_main(const struct cf_transport *const *ts, unsigned n)
 		CF_CASE(receiver_pool_full),
 		CF_CASE(sender_pool_full),
 		CF_CASE(peer_death),
+		CF_CASE(peer_death_mid_transfer),
 		CF_CASE(peer_restart),
 		CF_CASE(stream_order),
 		CF_CASE(stream_credits),
