@@ -78,7 +78,7 @@ static void arm_tick(struct rdma_state *st)
 	struct io_uring_sqe *sqe;
 	uint64_t ns = st->heartbeat_ns / 2;
 
-	if (st->tick_armed || (!st->conn_list && !st->listen_lost))
+	if (st->tick_armed || (!st->conn_list && !st->listen_lost && !st->uev_recheck_until))
 		return;
 	if (ns > RDMA_TICK_MAX_NS)
 		ns = RDMA_TICK_MAX_NS;
@@ -788,20 +788,34 @@ int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d)
 	return total;
 }
 
+/* e's rdma transport (its state set up), or NULL. */
+static struct backend *rdma_backend_of(struct ferry_engine *e)
+{
+	for (unsigned i = 0; e && i < e->nbackends; i++)
+		if (strcmp(e->backends[i].ops->name, "rdma") == 0 && e->backends[i].data)
+			return &e->backends[i];
+	return NULL;
+}
+
 int ferry__rdma_fault_qp_error(struct ferry_engine *e)
 {
-	for (unsigned i = 0; e && i < e->nbackends; i++) {
-		struct backend *b = &e->backends[i];
+	struct backend *b = rdma_backend_of(e);
 
-		if (strcmp(b->ops->name, "rdma") == 0 && b->data) {
-			struct rdma_state *st = b->data;
+	if (!b)
+		return -ENODEV;
+	atomic_store(&((struct rdma_state *)b->data)->fault_qp_error, 1);
+	ferry__backend_wake(e, b);
+	return 0;
+}
 
-			atomic_store(&st->fault_qp_error, 1);
-			ferry__backend_wake(e, b);
-			return 0;
-		}
-	}
-	return -ENODEV;
+int ferry__rdma_fault_uevents_lost(struct ferry_engine *e)
+{
+	struct backend *b = rdma_backend_of(e);
+
+	if (!b)
+		return -ENODEV;
+	atomic_store(&((struct rdma_state *)b->data)->fault_uev_lost, 1);
+	return 0;
 }
 
 /* The fault asked for: each ready QP to the error state; returns how many. */
@@ -849,13 +863,15 @@ static int rdma_progress(struct ferry_engine *e, struct backend *b)
 		n += fault_qp_error(st);
 	for (unsigned i = 0; i < st->ndevs; i++)
 		n += rdma_poll_dev(st, &st->devs[i]);
-	if ((st->conn_list || st->listen_lost) &&
+	if ((st->conn_list || st->listen_lost || st->uev_recheck_until) &&
 	    (st->tick_due || reactor_now(e) >= st->next_check)) {
 		st->tick_due = false;
 		st->next_check = reactor_now(e) + 10000000ull;
 		rdma_check_time(st);
 		if (unlikely(st->listen_lost))
 			rdma_relisten(st);
+		if (unlikely(st->uev_recheck_until))
+			rdma_uev_recheck(st, reactor_now(e));
 	}
 	arm_tick(st);
 	if (st->ndead)

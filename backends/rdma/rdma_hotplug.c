@@ -216,7 +216,11 @@ static void uev_one(struct rdma_state *st, const char *msg, size_t len)
 	cma_let_go(st, NULL); /* librdmacm's sync: a device it holds for nobody is closed */
 }
 
-/* Events were lost (the socket overran): a device whose verbs node is gone was removed. */
+/*
+ * Events were lost (the socket overran): a device whose verbs node is gone
+ * was removed. Asked again on every tick for a while (rdma_uev_recheck):
+ * the kernel sends a removal's event before the node goes.
+ */
 static void uev_lost(struct rdma_state *st)
 {
 	for (unsigned i = 0; i < st->ndevs; i++) {
@@ -229,6 +233,7 @@ static void uev_lost(struct rdma_state *st)
 
 void rdma_uevents(struct rdma_state *st)
 {
+	bool drop = atomic_load_explicit(&st->fault_uev_lost, memory_order_relaxed), dropped = false;
 	int n;
 
 	for (n = 0; n < UEV_PER_ROUND && st->uev_fd >= 0; n++) {
@@ -243,18 +248,34 @@ void rdma_uevents(struct rdma_state *st)
 			if (errno == EINTR)
 				continue;
 			if (errno == ENOBUFS) {
-				uev_lost(st);
+				dropped = true;
 				continue;
 			}
-			return; /* EAGAIN: all read */
+			break; /* EAGAIN: all read */
 		}
 		if (mh.msg_namelen != sizeof(from) || from.nl_pid != 0 || (mh.msg_flags & MSG_TRUNC))
 			continue; /* only the kernel's, whole */
+		if (unlikely(drop)) {
+			dropped = true; /* (a test: as if the socket had overrun) */
+			continue;
+		}
 		msg[r] = '\0';
 		uev_one(st, msg, (size_t)r);
 	}
+	if (dropped) {
+		uev_lost(st);
+		st->uev_recheck_until = ferry__now_ns() + RDMA_UEV_RECHECK_NS;
+	}
 	if (n == UEV_PER_ROUND)
 		st->uev_event = true; /* more: the next round */
+}
+
+void rdma_uev_recheck(struct rdma_state *st, uint64_t now)
+{
+	if (now >= st->uev_recheck_until)
+		st->uev_recheck_until = 0;
+	else
+		uev_lost(st);
 }
 
 /* ------------------------------------------------------------------ */

@@ -58,6 +58,7 @@
 #define RDMA_CONNECT_MS 2000  /* rdma_resolve_addr / _route */
 #define RDMA_TICK_MAX_NS 250000000ull /* the transport's timer ticks at least this often */
 #define RDMA_RELISTEN_NS 100000000ull /* a listener lost with its device: tried again this often */
+#define RDMA_UEV_RECHECK_NS 2000000000ull /* device events lost: devices looked for this long */
 #define RDMA_RETRIES 6        /* a QP's retries of an unacknowledged message (retry_cnt) */
 
 /* ------------------------------------------------------------------ */
@@ -367,6 +368,11 @@ struct rdma_state {
 	 */
 	int uev_fd;
 	bool uev_armed, uev_event;
+	/*
+	 * Events were lost: until then every tick looks for the verbs node of
+	 * each device (a removal's event comes before its node goes).
+	 */
+	uint64_t uev_recheck_until;
 	_Atomic uint32_t h_devices_removed;
 	/* Registrations: the memory hooks may run on any thread. */
 	pthread_mutex_t mem_lock;
@@ -387,6 +393,8 @@ struct rdma_state {
 	uint64_t next_check;    /* when handshake deadlines are looked at next */
 	/* Fault injection (ferry__rdma_fault_qp_error; tests): ready QPs to error next round. */
 	_Atomic int fault_qp_error;
+	/* (ferry__rdma_fault_uevents_lost; tests): the kernel's device events read as lost. */
+	_Atomic int fault_uev_lost;
 	/* Health (any thread reads). */
 	_Atomic uint32_t h_ready, h_other, h_refused, h_malformed;
 	_Atomic uint64_t h_reads, h_read_bytes, h_eager, h_inplace, h_into_get;
@@ -429,6 +437,13 @@ void rdma_gd_sweep(struct rdma_state *st, uint64_t now);
  * would then, from the flushed completions. -ENODEV: e has no rdma transport.
  */
 int ferry__rdma_fault_qp_error(struct ferry_engine *e);
+/*
+ * Fault injection for tests, any thread: from now on every kernel device
+ * event e's rdma transport reads is dropped as if its socket had overrun
+ * (ENOBUFS), so it must find removed devices by looking (uev_lost).
+ * -ENODEV: e has no rdma transport.
+ */
+int ferry__rdma_fault_uevents_lost(struct ferry_engine *e);
 int rdma_dev_for(struct rdma_state *st, struct ibv_context *ctx, struct rdma_dev **out);
 /* The live device of ctx, or NULL. */
 struct rdma_dev *rdma_dev_of(struct rdma_state *st, struct ibv_context *ctx);
@@ -477,6 +492,8 @@ void rdma_uevents(struct rdma_state *st);
 void rdma_listener_lost(struct rdma_state *st);
 /* The listener lost with its device, made again at the same address when it can be. */
 void rdma_relisten(struct rdma_state *st);
+/* After lost device events: each device whose verbs node is gone goes (rdma_dev_gone). */
+void rdma_uev_recheck(struct rdma_state *st, uint64_t now);
 
 /* rdma_data.c */
 int rdma_put(struct ferry_engine *e, struct backend *b, struct op *op);

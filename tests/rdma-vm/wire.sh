@@ -20,7 +20,8 @@
 # the wire runs after it.
 # wire.sh unplug: rxe1 deleted (a device removed under its users: the
 # command returns once every process let go of it).
-# wire.sh replug: rxe1 made again on rxeth1 (after unplug; nothing if it is there).
+# wire.sh replug: rxe1 made again on rxeth1 (after unplug; nothing if it is
+# there), once a removal under way has finished (up to 20 s).
 set -eu
 [ "$(cat /proc/sys/kernel/hostname)" = ferry-rdma-vm ] ||
 	{ echo "wire.sh rewrites routing: only inside ferry's RDMA guest" >&2; exit 1; }
@@ -54,7 +55,17 @@ if [ "${1:-}" = unplug ]; then
 	exit 0
 fi
 if [ "${1:-}" = replug ]; then
-	[ -e /sys/class/infiniband/rxe1 ] || rdma link add rxe1 type rxe netdev rxeth1
+	# A removal still under way (its command waits for the last user of the
+	# device, say a test process that failed and is ending) is let finish.
+	for _ in $(seq 400); do
+		if [ -e /sys/class/infiniband/rxe1 ]; then
+			pgrep -f "rdma link delete rxe1" >/dev/null || break
+		elif rdma link add rxe1 type rxe netdev rxeth1 2>/dev/null; then
+			break
+		fi
+		sleep 0.05
+	done
+	[ -e /sys/class/infiniband/rxe1 ] || { echo "wire.sh replug: no rxe1" >&2; exit 1; }
 	wait_gids
 	exit 0
 fi
