@@ -702,6 +702,15 @@ static void ready_pair(struct ferry_engine **a, struct ferry_engine **b, struct 
 	wait_ready(*b, 1, 10 * SEC);
 }
 
+/* ready_pair with heartbeats every 20 ms and a peer dead after 1 s of silence. */
+static void ready_pair_watched(struct ferry_engine **a, struct ferry_engine **b,
+			       struct ferry_peer **ab, struct ferry_peer **ba, size_t n)
+{
+	hb_ms = 20;
+	peer_to_ms = 1000;
+	ready_pair(a, b, ab, ba, n);
+}
+
 /*
  * A GET parked at b for a key of a (60 s deadline), then fault(b): the GET
  * ends with -ECONNRESET long before its deadline, and both ends'
@@ -802,9 +811,7 @@ static void test_silent_peer(void **state)
 	struct ferry_peer *ab, *ba;
 
 	(void)state;
-	hb_ms = 20;
-	peer_to_ms = 1000;
-	ready_pair(&a, &b, &ab, &ba, 100);
+	ready_pair_watched(&a, &b, &ab, &ba, 100);
 	usleep(2500 * 1000); /* idle: 2.5 peer_timeouts, heartbeats only (~125 each) */
 	/* More than the 64 credits an end starts with: each end's heartbeats carry back
 	 * the credits of the other's. */
@@ -927,9 +934,7 @@ static void test_device_removed(void **state)
 	struct ferry_peer *ab, *ba, *ba2 = NULL, *ab2 = NULL;
 
 	(void)state;
-	hb_ms = 20;
-	peer_to_ms = 1000;
-	ready_pair(&a, &b, &ab, &ba, 3 * MIB);
+	ready_pair_watched(&a, &b, &ab, &ba, 3 * MIB);
 	/*
 	 * Twice: the second time rxe1 is a device a opened after it started
 	 * (from its connection's id and its listener made again), not one of
@@ -954,9 +959,7 @@ static void test_device_removed_events_lost(void **state)
 	struct ferry_peer *ab, *ba, *ba2 = NULL, *ab2 = NULL;
 
 	(void)state;
-	hb_ms = 20;
-	peer_to_ms = 1000;
-	ready_pair(&a, &b, &ab, &ba, 100);
+	ready_pair_watched(&a, &b, &ab, &ba, 100);
 	assert_int_equal(ferry__rdma_fault_uevents_lost(b), 0);
 	unplug_round(a, b, ab, ba, &ba2, &ab2, 1);
 	ferry_engine_destroy(a);
