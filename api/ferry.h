@@ -41,8 +41,9 @@
  *    ferry_engine_destroy, on the destroying thread, for every op still
  *    there; and the callbacks of completions left in a CQ destroyed before
  *    they were polled run in the engine's next round, on whichever thread
- *    runs it (the reactor, a thread in ferry_sq_submit or ferry_cq_wait
- *    standing in for it, or in MANUAL mode the thread driving progress).
+ *    runs it (the reactor, a thread in ferry_sq_submit, ferry_cq_wait or
+ *    ferry_cq_poll standing in for it, or in MANUAL mode the thread driving
+ *    progress).
  *  - The log sink (ferry_log_set) runs on the thread that logs: the
  *    reactor thread, or any thread inside a ferry call (a bad argument is
  *    logged on the caller's thread).
@@ -610,7 +611,11 @@ FERRY_API struct ferry_cq *ferry_cq_default(struct ferry_engine *e);
  * Take up to max completions without blocking. CQEs whose op carried a
  * callback are not returned: their callback runs here, on this thread.
  * Returns the number of CQEs written to cqes (0 if none), or -EINVAL.
- * In MANUAL mode it first drives progress. Safe from several threads.
+ * In MANUAL mode it first drives progress. In THREAD mode a caller that
+ * polls in a loop runs the rounds itself: after a round without work the
+ * reactor thread parks under a lease each empty poll renews, and wakes
+ * when the polls stop (within 200 us; health ops.poll_leases counts those
+ * sleeps). Safe from several threads.
  */
 FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max);
 

@@ -279,9 +279,16 @@ int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
 		log_error("ferry_cq_poll: NULL %s", cq ? "cqes" : "cq");
 		return -EINVAL;
 	}
-	manual_progress(cq->engine);
-	if (!cq_slot_ready(cq))
-		return 0; /* nothing posted: what cq_reap would find, without its frame */
+	if (cq->engine->mode == FERRY_PROGRESS_MANUAL) {
+		if (progress_try_lock(cq->engine)) {
+			reactor_run_once(cq->engine);
+			progress_unlock(cq->engine);
+		}
+		if (!cq_slot_ready(cq))
+			return 0; /* nothing posted: what cq_reap would find, without its frame */
+	} else if (!cq_slot_ready(cq) && (!reactor_poll_watch(cq->engine) || !cq_slot_ready(cq))) {
+		return 0; /* a poll loop runs the rounds: what its round posted is taken at once */
+	}
 	return cq_reap(cq, cqes, max, &handled);
 }
 
@@ -309,7 +316,10 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	struct ferry_engine *e;
 	uint64_t start, deadline = 0, spin_until;
 	bool watching = false; /* THREAD mode: we poll for the sleeping reactor */
+	bool spinning;         /* counted in cq_spinners */
+	bool stamped = false;  /* our first empty look stamped (reactor_poll_stamp) */
 	uint32_t intr;
+	int ret;
 
 	if (unlikely(!cq || !cqes || !max)) {
 		log_error("ferry_cq_wait: %s", !cq ? "NULL cq" : !cqes ? "NULL cqes" : "max 0");
@@ -322,6 +332,9 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	if (timeout_ns >= 0)
 		deadline = start + (uint64_t)timeout_ns;
 	spin_until = start + e->spin_ns;
+	spinning = e->mode == FERRY_PROGRESS_THREAD;
+	if (spinning)
+		atomic_fetch_add_explicit(&e->cq_spinners, 1, memory_order_relaxed);
 
 	for (;;) {
 		unsigned handled;
@@ -333,29 +346,37 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		reactor_watch(e, &watching);
 		n = cq_reap(cq, cqes, max, &handled);
 		if (handled) {
-			reactor_unwatch(e, &watching);
-			return n;
+			ret = n;
+			break;
 		}
 		if (atomic_load(&cq->interrupts) != intr) {
-			reactor_unwatch(e, &watching);
 			atomic_store(&cq->interrupts_seen, atomic_load(&cq->interrupts));
-			return -EINTR;
+			ret = -EINTR;
+			break;
 		}
 		now = ferry__now_ns();
+		if (!stamped && e->mode == FERRY_PROGRESS_THREAD) {
+			stamped = true; /* the first look found nothing: stamped as a poll */
+			(void)reactor_poll_stamp(e, now);
+		}
 		if (deadline) {
 			if (now >= deadline) {
-				reactor_unwatch(e, &watching);
-				return -ETIMEDOUT;
+				ret = -ETIMEDOUT;
+				break;
 			}
 			left = (int64_t)(deadline - now);
 		} else if (timeout_ns == 0) {
-			reactor_unwatch(e, &watching);
-			return -ETIMEDOUT;
+			ret = -ETIMEDOUT;
+			break;
 		}
 		if (now < spin_until) {
 			if (ferry__spin_wait_step(e, now - start))
 				continue;
 			spin_until = 0; /* a busy CPU: sleep (reactor_sleep.c) */
+		}
+		if (spinning) {
+			spinning = false;
+			atomic_fetch_sub_explicit(&e->cq_spinners, 1, memory_order_relaxed);
 		}
 		reactor_unwatch(e, &watching);
 		if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {
@@ -364,9 +385,15 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 				reactor_sleep_unless(e, left, &cq->interrupts, intr);
 			progress_unlock(e);
 		} else {
+			if (e->mode == FERRY_PROGRESS_THREAD)
+				reactor_lease_end(e); /* nobody polls for the reactor while we sleep */
 			futex_sleep(e, cq, left, intr);
 		}
 	}
+	if (spinning)
+		atomic_fetch_sub_explicit(&e->cq_spinners, 1, memory_order_relaxed);
+	reactor_unwatch(e, &watching);
+	return ret;
 }
 
 int ferry_cq_wake(struct ferry_cq *cq)

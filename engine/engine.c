@@ -618,9 +618,10 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	J(refused);
 #undef J
 	jprintf(&j, "\"in_flight\":%u,\"keys_held\":%u,\"streams_open\":%u,\"threads\":%u,"
-		"\"yields_lost\":%llu},",
+		"\"yields_lost\":%llu,\"poll_leases\":%llu},",
 		STAT_GET(e->ops_in_use), STAT_GET(e->keys.present), stream_count(e),
-		atomic_load(&e->nsqs), (unsigned long long)STAT_GET(e->yields_lost));
+		atomic_load(&e->nsqs), (unsigned long long)STAT_GET(e->yields_lost),
+		(unsigned long long)STAT_GET(e->poll_leases));
 	jprintf(&j, "\"security\":{\"peers_refused\":%llu,\"handshakes_dropped\":%llu,"
 		"\"unproved_connections\":%u},",
 		(unsigned long long)STAT_GET(s->peers_refused),

@@ -611,7 +611,25 @@ struct ferry_engine {
 	 * so that a caller may run rounds in its place (reactor_stand_in).
 	 */
 	_Atomic int reactor_parked;
-	_Atomic int watcher;     /* a waiting caller polls in its place (reactor_watch) */
+	/* Who runs the rounds of the parked reactor: WATCH_NONE, WATCH_WAIT or WATCH_LEASE. */
+	_Atomic int watcher;
+	/*
+	 * Callers spinning in ferry_cq_wait: while there are any, the reactor
+	 * thread sleeps at once after a round without work (parked: one of
+	 * them keeps watch in its place), instead of spinning beside them.
+	 */
+	_Atomic uint32_t cq_spinners;
+	/*
+	 * Callers polling in a loop (ferry_cq_poll finding nothing, again and
+	 * again): when the last empty poll was, and the last one that came
+	 * within POLL_DENSE_NS of the one before it; while the polls are that
+	 * dense the reactor thread parks unannounced under a lease
+	 * (WATCH_LEASE) that each poll renews, until lease_until
+	 * (reactor_poll_watch). Their own cache line: pollers write it.
+	 */
+	_Atomic uint64_t polled_at cacheline_aligned;
+	_Atomic uint64_t dense_poll_at;
+	_Atomic uint64_t lease_until;
 	/*
 	 * When a spin's yield last lost its CPU (reactor_spin_yield), for how
 	 * long after it spins sleep instead of yielding, and how often.
@@ -619,6 +637,7 @@ struct ferry_engine {
 	_Atomic uint64_t yield_lost_at;
 	_Atomic uint64_t contended_ns;
 	_Atomic uint64_t yields_lost;
+	_Atomic uint64_t poll_leases; /* the reactor thread's sleeps under a pollers' lease */
 	/* CQ waiters sleep on this futex word. */
 	_Atomic uint32_t cq_seq cacheline_aligned;
 	_Atomic uint32_t cq_waiters;
@@ -654,6 +673,7 @@ struct ferry_engine {
 	bool standing_in;
 	bool stand_in_needs_reactor; /* it left work only the reactor thread may do */
 	uint64_t parked_until;       /* when the parked reactor wakes by itself (UINT64_MAX: never) */
+	uint64_t dense_seen;         /* the reactor thread's last look at dense_poll_at */
 	uint32_t reactor_cb_ops;     /* pending ops whose callback runs on the reactor thread */
 
 	/* The reactor's io_uring: doorbell reads and the sleep. */
@@ -798,6 +818,13 @@ void progress_unlock(struct ferry_engine *e);
  * left it something to do. Returns true if a round ran.
  */
 enum { REACTOR_RUNNING = 0, REACTOR_ASLEEP = 1, REACTOR_YIELDING = 2 };
+/*
+ * e->watcher: nobody; a caller spinning in ferry_cq_wait (reactor_watch:
+ * the reactor's sleep suspended until reactor_unwatch); or a lease taken
+ * for callers polling in a loop (reactor_poll_watch), which the reactor
+ * thread ends when it wakes and finds it run out.
+ */
+enum { WATCH_NONE = 0, WATCH_WAIT = 1, WATCH_LEASE = 2 };
 bool reactor_stand_in_parked(struct ferry_engine *e);
 /* Inline: every ferry_sq_submit asks, and mostly the answer is "not parked". */
 static inline bool reactor_stand_in(struct ferry_engine *e)
@@ -816,6 +843,27 @@ static inline bool reactor_stand_in(struct ferry_engine *e)
  */
 void reactor_watch(struct ferry_engine *e, bool *watching);
 void reactor_unwatch(struct ferry_engine *e, bool *watching);
+/*
+ * THREAD mode, ferry_cq_poll found nothing: callers that poll in a loop
+ * run the rounds while the reactor thread parks. Each empty poll is
+ * stamped; polls within POLL_DENSE_NS of each other make the reactor,
+ * after a round without work, park under a lease (unannounced: peers ring
+ * no doorbell) instead of spinning beside them. Each poll renews the
+ * lease (POLL_LEASE_NS) and runs a round in the reactor's place; the
+ * reactor's sleep ends when the lease runs out, so a poller that stops
+ * leaves work unseen for at most POLL_LEASE_NS. A dense poller that finds
+ * the reactor in an announced sleep rings it once, to park leased.
+ */
+#define POLL_DENSE_NS 20000ull
+#define POLL_LEASE_NS 200000ull
+bool reactor_poll_watch(struct ferry_engine *e); /* true: it ran a round */
+/*
+ * Only the stamp (true: dense), for ferry_cq_wait's first look: calls that
+ * wait a moment in a loop (a nowait GET each) poll as densely.
+ */
+bool reactor_poll_stamp(struct ferry_engine *e, uint64_t now);
+/* A caller about to sleep ends the lease (its rounds stop): announced again, woken if work is left. */
+void reactor_lease_end(struct ferry_engine *e);
 
 /* futex helpers */
 int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns);

@@ -1313,11 +1313,25 @@ int ferry_progress(struct ferry_engine *e)
 void *reactor_thread_main(void *arg)
 {
 	struct ferry_engine *e = arg;
-	uint64_t last_work = ferry__now_ns();
+	uint64_t last_work = ferry__now_ns(), lease_until;
 
 	while (!atomic_load_explicit(&e->stop, memory_order_relaxed)) {
 		if (reactor_run_once(e)) {
 			last_work = reactor_now(e);
+			continue;
+		}
+		if (atomic_load_explicit(&e->cq_spinners, memory_order_relaxed) &&
+		    e->spin_ns < SPIN_ADAPT_MAX_NS) {
+			/* A caller spins for a completion: it keeps watch, we do not spin beside it. */
+			reactor_thread_sleep(e, 0);
+			last_work = ferry__now_ns();
+			continue;
+		}
+		if (reactor_poll_lease(e, reactor_now(e), &lease_until)) {
+			/* Callers poll in a loop: they run the rounds until the lease runs out. */
+			atomic_fetch_add_explicit(&e->poll_leases, 1, memory_order_relaxed);
+			reactor_thread_sleep(e, lease_until);
+			last_work = ferry__now_ns();
 			continue;
 		}
 		if (reactor_now(e) - last_work < e->spin_ns) {
@@ -1348,7 +1362,7 @@ void *reactor_thread_main(void *arg)
 					continue;
 			}
 		}
-		reactor_thread_sleep(e);
+		reactor_thread_sleep(e, 0);
 		last_work = ferry__now_ns();
 	}
 	return NULL;

@@ -44,7 +44,15 @@ void reactor_reap_ring(struct ferry_engine *e);
  * is let go for the wait, so that a caller that submits or waits meanwhile
  * can run rounds itself (reactor_stand_in). Taken back after.
  */
-void reactor_thread_sleep(struct ferry_engine *e);
+void reactor_thread_sleep(struct ferry_engine *e, uint64_t lease_until);
+/*
+ * After a round without work: should the reactor thread park under a
+ * pollers' lease (reactor_poll_watch)? Then *until is when the lease ends.
+ * A lease run out with the polls stopped is ended here.
+ */
+bool reactor_poll_lease(struct ferry_engine *e, uint64_t now, uint64_t *until);
+/* How often a tight poll loop writes its stamps (they share a cache line). */
+#define POLL_STAMP_NS 1000ull
 
 /*
  * reactor_peer.c: a FERRY_SQE_WAIT_PEER PUT met a peer that is not up: it

@@ -328,7 +328,7 @@ static void wait_ring_unlocked(struct ferry_engine *e, int64_t budget_ns)
  * the wait, so that a caller that submits or waits meanwhile can run rounds
  * itself (reactor_stand_in) instead of waking this thread. Taken back after.
  */
-void reactor_thread_sleep(struct ferry_engine *e)
+void reactor_thread_sleep(struct ferry_engine *e, uint64_t lease_until)
 {
 	/* Under valgrind: ppoll on the doorbell and the ring (see sleep_in_ppoll). */
 	struct pollfd fds[2] = {
@@ -336,7 +336,7 @@ void reactor_thread_sleep(struct ferry_engine *e)
 		{ .fd = e->ring.ring_fd, .events = POLLIN },
 	};
 	int64_t budget;
-	uint64_t spun = 0, t0 = 0;
+	uint64_t spun = 0, t0 = 0, now;
 
 	if (!e->sleep_in_ppoll && !(e->ring.features & IORING_FEAT_EXT_ARG)) {
 		reactor_sleep(e, -1); /* an old kernel: no timed wait outside liburing, no parking */
@@ -344,13 +344,23 @@ void reactor_thread_sleep(struct ferry_engine *e)
 	}
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
-	announce_sleep(e);
-	if (reactor_sleep_check(e) || atomic_load(&e->stop)) {
-		atomic_store(&e->wake->sleeping, 0);
-		io_uring_submit(&e->ring);
-		return;
+	if (lease_until) {
+		/* Leased: the pollers run the rounds; unannounced, so nobody rings. */
+		if (atomic_load(&e->stop)) {
+			io_uring_submit(&e->ring);
+			return;
+		}
+		now = ferry__now_ns();
+		budget = sleep_budget(e, lease_until > now ? (int64_t)(lease_until - now) : 0);
+	} else {
+		announce_sleep(e);
+		if (reactor_sleep_check(e) || atomic_load(&e->stop)) {
+			atomic_store(&e->wake->sleeping, 0);
+			io_uring_submit(&e->ring);
+			return;
+		}
+		budget = sleep_budget(e, -1);
 	}
-	budget = sleep_budget(e, -1);
 	io_uring_submit(&e->ring);
 	if (budget == 0) {
 		atomic_store(&e->wake->sleeping, 0);
@@ -446,15 +456,116 @@ bool reactor_stand_in_parked(struct ferry_engine *e)
 	if (!stand_in_lock(e))
 		return false;
 	wake = stand_in_round(e);
-	/* Only a reactor asleep needs its doorbell; a yielding one comes back soon. */
-	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) == REACTOR_ASLEEP)
-		wake = wake || reactor_sleep_check(e); /* the reactor sleeps meanwhile */
-	else
+	/*
+	 * Only a reactor asleep needs its doorbell; a yielding one comes back
+	 * soon. One asleep under a lease is not announced: its pollers' rounds
+	 * find what is left, and it wakes by itself when the lease runs out.
+	 */
+	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP)
 		wake = false;
+	else if (atomic_load_explicit(&e->watcher, memory_order_relaxed) != WATCH_LEASE)
+		wake = wake || reactor_sleep_check(e); /* the reactor sleeps meanwhile */
 	progress_unlock(e);
 	if (wake)
 		ring_parked(e); /* its sleep is still announced */
 	return true;
+}
+
+/*
+ * A poller's round in the place of the reactor parked under a lease,
+ * which it renews (the store only once a microsecond: pollers share it).
+ */
+static bool lease_round(struct ferry_engine *e, uint64_t now)
+{
+	uint64_t until = atomic_load_explicit(&e->lease_until, memory_order_relaxed);
+
+	if (now + POLL_LEASE_NS - until >= POLL_STAMP_NS)
+		atomic_store_explicit(&e->lease_until, now + POLL_LEASE_NS, memory_order_relaxed);
+	if (!stand_in_lock(e))
+		return false; /* another poller's round, or the reactor is back */
+	if (stand_in_round(e)) {
+		progress_unlock(e);
+		ring_parked(e); /* a CB_REACTOR op, or a deadline before its lease ends */
+		return true;
+	}
+	progress_unlock(e);
+	return true;
+}
+
+bool reactor_poll_stamp(struct ferry_engine *e, uint64_t now)
+{
+	uint64_t last = atomic_load_explicit(&e->polled_at, memory_order_relaxed);
+	bool dense = now - last < POLL_DENSE_NS;
+
+	if (now - last >= POLL_STAMP_NS) { /* a tight loop stamps once a microsecond */
+		atomic_store_explicit(&e->polled_at, now, memory_order_relaxed);
+		if (dense)
+			atomic_store_explicit(&e->dense_poll_at, now, memory_order_relaxed);
+	}
+	return dense;
+}
+
+bool reactor_poll_watch(struct ferry_engine *e)
+{
+	uint64_t now = ferry__now_ns();
+	bool dense = reactor_poll_stamp(e, now);
+	if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP)
+		return false; /* running: it sees the stamps after a round without work */
+	switch (atomic_load_explicit(&e->watcher, memory_order_acquire)) {
+	case WATCH_LEASE:
+		return lease_round(e, now);
+	case WATCH_NONE:
+		/* Asleep, announced: dense polls wake it once, to park under a lease. */
+		if (dense && e->spin_ns < SPIN_ADAPT_MAX_NS)
+			ring_parked(e);
+		return false;
+	default:
+		return false; /* a waiting caller runs the rounds */
+	}
+}
+
+bool reactor_poll_lease(struct ferry_engine *e, uint64_t now, uint64_t *until)
+{
+	int w = atomic_load_explicit(&e->watcher, memory_order_relaxed);
+	uint64_t u, d;
+	bool fresh;
+
+	if (w == WATCH_LEASE && (u = atomic_load_explicit(&e->lease_until, memory_order_relaxed)) > now) {
+		*until = u;
+		return true;
+	}
+	/*
+	 * A dense poll stamped since the last look: a caller polls in a loop
+	 * beside us (by stamp, not by clock: under valgrind the threads take
+	 * turns of milliseconds, and a stamp is never that fresh).
+	 */
+	d = atomic_load_explicit(&e->dense_poll_at, memory_order_relaxed);
+	if ((fresh = d != e->dense_seen))
+		e->dense_seen = d;
+	if (fresh && e->spin_ns < SPIN_ADAPT_MAX_NS) {
+		int none = WATCH_NONE;
+
+		if (w == WATCH_LEASE || atomic_compare_exchange_strong(&e->watcher, &none, WATCH_LEASE)) {
+			*until = now + POLL_LEASE_NS;
+			atomic_store_explicit(&e->lease_until, *until, memory_order_relaxed);
+			return true;
+		}
+		return false; /* a waiting caller still holds its watch: it lets go soon */
+	}
+	if (w == WATCH_LEASE) /* run out, and the polls stopped: back to spinning, then announced sleeps */
+		atomic_compare_exchange_strong(&e->watcher, &w, WATCH_NONE);
+	return false;
+}
+
+void reactor_lease_end(struct ferry_engine *e)
+{
+	int lease = WATCH_LEASE;
+	bool watching = true;
+
+	/* Made our watch, then ended as one: its sleep announced again, woken if work is left. */
+	if (atomic_load_explicit(&e->watcher, memory_order_relaxed) == WATCH_LEASE &&
+	    atomic_compare_exchange_strong(&e->watcher, &lease, WATCH_WAIT))
+		reactor_unwatch(e, &watching);
 }
 
 void reactor_watch(struct ferry_engine *e, bool *watching)
@@ -465,17 +576,22 @@ void reactor_watch(struct ferry_engine *e, bool *watching)
 		if (e->mode != FERRY_PROGRESS_THREAD ||
 		    atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP)
 			return;
-		if (atomic_exchange(&e->watcher, 1)) {
-			reactor_stand_in(e); /* another caller keeps watch */
+		int none = WATCH_NONE;
+
+		if (!atomic_compare_exchange_strong(&e->watcher, &none, WATCH_WAIT)) {
+			if (none == WATCH_LEASE)
+				(void)lease_round(e, ferry__now_ns()); /* we poll like the lease's pollers */
+			else
+				reactor_stand_in(e); /* another caller keeps watch */
 			return;
 		}
 		if (!stand_in_lock(e)) {
-			atomic_store(&e->watcher, 0);
+			atomic_store(&e->watcher, WATCH_NONE);
 			return;
 		}
 		if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) != REACTOR_ASLEEP) {
 			progress_unlock(e);
-			atomic_store(&e->watcher, 0);
+			atomic_store(&e->watcher, WATCH_NONE);
 			return;
 		}
 		/* Suspend its announced sleep: we poll, nobody need ring. */
@@ -485,7 +601,7 @@ void reactor_watch(struct ferry_engine *e, bool *watching)
 		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP) {
 			/* The reactor woke and took over (its sleep ended). */
 			*watching = false;
-			atomic_store(&e->watcher, 0);
+			atomic_store(&e->watcher, WATCH_NONE);
 		}
 		return;
 	}
@@ -521,7 +637,7 @@ void reactor_unwatch(struct ferry_engine *e, bool *watching)
 		}
 		ferry__spin_step(ferry__now_ns() - t0); /* a submitter's stand-in round */
 	}
-	atomic_store(&e->watcher, 0);
+	atomic_store(&e->watcher, WATCH_NONE);
 	if (wake)
 		ring_parked(e);
 }
