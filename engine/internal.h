@@ -615,8 +615,8 @@ struct ferry_engine {
 	_Atomic int watcher;
 	/*
 	 * Callers spinning in ferry_cq_wait: while there are any, the reactor
-	 * thread sleeps at once after a round without work (parked: one of
-	 * them keeps watch in its place), instead of spinning beside them.
+	 * thread parks under a lease after a round without work (as for dense
+	 * polls below; their looks renew it), instead of spinning beside them.
 	 */
 	_Atomic uint32_t cq_spinners;
 	/*

@@ -1320,15 +1320,11 @@ void *reactor_thread_main(void *arg)
 			last_work = reactor_now(e);
 			continue;
 		}
-		if (atomic_load_explicit(&e->cq_spinners, memory_order_relaxed) &&
-		    e->spin_ns < SPIN_ADAPT_MAX_NS) {
-			/* A caller spins for a completion: it keeps watch, we do not spin beside it. */
-			reactor_thread_sleep(e, 0);
-			last_work = ferry__now_ns();
-			continue;
-		}
 		if (reactor_poll_lease(e, reactor_now(e), &lease_until)) {
-			/* Callers poll in a loop: they run the rounds until the lease runs out. */
+			/*
+			 * Callers poll in a loop or spin in ferry_cq_wait: they
+			 * run the rounds until the lease runs out.
+			 */
 			atomic_fetch_add_explicit(&e->poll_leases, 1, memory_order_relaxed);
 			reactor_thread_sleep(e, lease_until);
 			last_work = ferry__now_ns();

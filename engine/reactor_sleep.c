@@ -530,6 +530,12 @@ bool reactor_poll_lease(struct ferry_engine *e, uint64_t now, uint64_t *until)
 	uint64_t u, d;
 	bool fresh;
 
+	if (e->reactor_cb_ops) {
+		/* Callbacks of its own pending: no stand-in may run them, the reactor stays. */
+		if (w == WATCH_LEASE)
+			atomic_compare_exchange_strong(&e->watcher, &w, WATCH_NONE);
+		return false;
+	}
 	if (w == WATCH_LEASE && (u = atomic_load_explicit(&e->lease_until, memory_order_relaxed)) > now) {
 		*until = u;
 		return true;
@@ -542,6 +548,9 @@ bool reactor_poll_lease(struct ferry_engine *e, uint64_t now, uint64_t *until)
 	d = atomic_load_explicit(&e->dense_poll_at, memory_order_relaxed);
 	if ((fresh = d != e->dense_seen))
 		e->dense_seen = d;
+	/* Or a caller spins in ferry_cq_wait: it renews the lease as it looks (reactor_watch). */
+	if (atomic_load_explicit(&e->cq_spinners, memory_order_relaxed))
+		fresh = true;
 	if (fresh && e->spin_ns < SPIN_ADAPT_MAX_NS) {
 		int none = WATCH_NONE;
 
@@ -627,10 +636,14 @@ void reactor_unwatch(struct ferry_engine *e, bool *watching)
 		if (progress_try_lock(e)) {
 			if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) ==
 			    REACTOR_ASLEEP) {
-				/* Announce its sleep again, then look (pairs with wake_peer). */
+				/*
+				 * Announce its sleep again, then look (pairs with
+				 * wake_peer), each transport's last word included (rdma
+				 * arms its CQs: none was armed while we polled).
+				 */
 				atomic_store(&e->wake->sleeping, 1);
 				atomic_thread_fence(memory_order_seq_cst);
-				wake = reactor_has_work(e);
+				wake = reactor_sleep_check(e);
 			}
 			progress_unlock(e);
 			break;

@@ -6,7 +6,8 @@
  * sleeps), the polls carry every transfer meanwhile, and when the polls
  * stop the lease runs out: what came for the engine after its last poll
  * is still delivered, by the reactor thread, without any poll or wait on
- * that engine.
+ * that engine; and a callback that must run on the reactor thread keeps
+ * the reactor from parking while it is pending.
  */
 #include "helpers.h"
 #include "internal.h"
@@ -149,11 +150,60 @@ static void test_lease_runs_out(void **state)
 	pair_close(&p);
 }
 
+static void on_reactor(const struct ferry_cqe *cqe, void *arg)
+{
+	atomic_store((_Atomic int *)arg, cqe->res == 0 ? 1 : -1);
+}
+
+/*
+ * A GET whose callback runs on the reactor thread (FERRY_SQE_CB_REACTOR):
+ * no stand-in may run it, so while it is pending the reactor does not park
+ * under a lease however densely its engine is polled, and the callback runs.
+ */
+static void test_reactor_callback_keeps_the_reactor(void **state)
+{
+	char out[64] = "for the reactor's callback", in[64] = { 0 };
+	_Atomic int done = 0;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe c;
+	long long leases;
+	struct pair p;
+	int64_t end;
+
+	(void)state;
+	pair_open(&p, "cb");
+	poll_until_leased(&p, 0, 1);
+	sqe = t_sqe(p.b);
+	ferry_prep_get(sqe, p.from_a, "cb", t_iov_of(in, sizeof(in)), 1, 77);
+	ferry_sqe_set_callback(sqe, on_reactor, (void *)&done);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
+	t_submit(p.b);
+	/* The reactor takes the GET (a stand-in leaves it in the ring for it). */
+	end = t_now() + 5 * SEC;
+	while (t_health_num(p.b, "\"ops\":{", "in_flight") < 1 && t_now() < end)
+		ferry_cq_poll(ferry_cq_default(p.b), &c, 0);
+	assert_int_equal(t_health_num(p.b, "\"ops\":{", "in_flight"), 1);
+	leases = t_health_num(p.b, "\"ops\":{", "poll_leases");
+	end = t_now() + 50 * MS;
+	while (t_now() < end)
+		ferry_cq_poll(ferry_cq_default(p.b), &c, 0);
+	assert_int_equal(t_health_num(p.b, "\"ops\":{", "poll_leases"), leases);
+	t_put(p.a, p.to_b, "cb", out, sizeof(out), 78, 0);
+	assert_int_equal(t_wait_one(p.a, &c, 5 * SEC), 0);
+	end = t_now() + 5 * SEC;
+	while (!atomic_load(&done) && t_now() < end)
+		ferry_cq_poll(ferry_cq_default(p.b), &c, 0);
+	assert_int_equal(atomic_load(&done), 1);
+	assert_memory_equal(in, out, sizeof(out));
+	pair_close(&p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_polls_carry_the_transfers),
 		cmocka_unit_test(test_lease_runs_out),
+		cmocka_unit_test(test_reactor_callback_keeps_the_reactor),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,12 +16,14 @@
  *
  * Waiting on verbs: the reactor has one wait, its io_uring. Each device's
  * completion channel fd and the rdma_cm event channel fd are non-blocking
- * and watched there by a multishot poll tagged for this transport; a
- * completion queue is always armed (ibv_req_notify_cq), so a completion
- * while the reactor sleeps wakes it like a socket would. on_cqe only notes
- * which fd spoke; progress drains that channel, arms its CQ again and then
- * polls the CQ until it is empty. progress polls every CQ on each call, so
- * while the reactor spins completions are seen without any wake-up.
+ * and watched there by a multishot poll tagged for this transport. A
+ * completion queue is armed (ibv_req_notify_cq) before every sleep the
+ * peers are told of (prepare_sleep: armed, then polled once more), so a
+ * completion while the reactor sleeps wakes it like a socket would. on_cqe
+ * only notes which fd spoke; progress drains that channel and polls the CQ
+ * until it is empty, without arming it: while the reactor spins, or parks
+ * while callers run its rounds (engine/reactor_sleep.c), completions are
+ * seen by polling, without a wake-up per completion.
  *
  * Data path and wire (rdma_data.c): eager SENDs into receives posted in
  * advance, with credits; larger PUTs announced ({address, rkey, length}
@@ -758,7 +760,7 @@ static bool rdma_device_in_place(struct ferry_engine *e, struct backend *b, cons
 /* The round                                                          */
 /* ------------------------------------------------------------------ */
 
-int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d)
+int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d, bool arm)
 {
 	struct ibv_wc wc[32];
 	int n, total = 0;
@@ -777,8 +779,8 @@ int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d)
 			ibv_ack_cq_events(d->cq, got);
 		d->notify_armed = false;
 	}
-	if (!d->notify_armed && ibv_req_notify_cq(d->cq, 0) == 0)
-		d->notify_armed = true;
+	if (arm && !d->notify_armed && ibv_req_notify_cq(d->cq, 0) == 0)
+		d->notify_armed = true; /* armed, then polled: nothing falls between */
 	do {
 		n = ibv_poll_cq(d->cq, 32, wc);
 		for (int i = 0; i < n; i++)
@@ -862,7 +864,7 @@ static int rdma_progress(struct ferry_engine *e, struct backend *b)
 	if (unlikely(atomic_load_explicit(&st->fault_qp_error, memory_order_relaxed)))
 		n += fault_qp_error(st);
 	for (unsigned i = 0; i < st->ndevs; i++)
-		n += rdma_poll_dev(st, &st->devs[i]);
+		n += rdma_poll_dev(st, &st->devs[i], false);
 	if ((st->conn_list || st->listen_lost || st->uev_recheck_until) &&
 	    (st->tick_due || reactor_now(e) >= st->next_check)) {
 		st->tick_due = false;
@@ -909,7 +911,7 @@ static bool rdma_prepare_sleep(struct ferry_engine *e, struct backend *b)
 	if (!st->ndevs)
 		return false;
 	for (unsigned i = 0; i < st->ndevs; i++)
-		n += rdma_poll_dev(st, &st->devs[i]);
+		n += rdma_poll_dev(st, &st->devs[i], true);
 	return n > 0 || rdma_has_work(e, b);
 }
 
@@ -1090,7 +1092,7 @@ static void rdma_fini(struct ferry_engine *e, struct backend *b)
 	for (int tries = 0; tries < 200 && st->ndead; tries++) {
 		for (unsigned i = 0; i < st->ndevs; i++) {
 			st->devs[i].event = true;
-			rdma_poll_dev(st, &st->devs[i]);
+			rdma_poll_dev(st, &st->devs[i], false);
 		}
 		rdma_sweep(st);
 		if (st->ndead)

@@ -97,7 +97,7 @@ void rdma_dev_gone(struct rdma_state *st, struct rdma_dev *d, const char *how)
 	log_warn("rdma: engine %s: device %s was removed (%s): its connections end, and ferry "
 		 "lets go of everything it held on it", e->name, d->name, how);
 	atomic_fetch_add_explicit(&st->h_devices_removed, 1, memory_order_relaxed);
-	rdma_poll_dev(st, d); /* what completed before */
+	rdma_poll_dev(st, d, false); /* what completed before */
 	for (struct rdma_conn *c = st->conn_list; c; c = c->next) {
 		if (c->dev != d && !(c->id && c->id->verbs == ctx))
 			continue;

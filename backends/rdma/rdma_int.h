@@ -451,8 +451,13 @@ struct rdma_dev *rdma_dev_of(struct rdma_state *st, struct ibv_context *ctx);
 void rdma_dev_close(struct rdma_state *st, struct rdma_dev *d);
 /* Watch fd from the reactor's ring (a multishot poll tagged cookie). */
 bool rdma_arm_fd(struct rdma_state *st, int fd, uint64_t cookie);
-/* Drain d's channel and poll its CQ: the completions handled. */
-int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d);
+/*
+ * Drain d's channel and poll its CQ: the completions handled. With arm,
+ * the CQ is armed first (before a sleep the peers may not ring: its next
+ * completion wakes the reactor); a round polls without arming, so that a
+ * reactor parked while callers run its rounds is not woken per completion.
+ */
+int rdma_poll_dev(struct rdma_state *st, struct rdma_dev *d, bool arm);
 uint32_t rdma_lkey(struct rdma_state *st, struct rdma_dev *d, const struct ferry_buf *buf,
 		   uint32_t *rkey);
 int rdma_parse_uri(const char *uri, struct sockaddr_storage *ss);
