@@ -318,6 +318,7 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	bool watching = false; /* THREAD mode: we poll for the sleeping reactor */
 	bool spinning;         /* counted in cq_spinners */
 	bool stamped = false;  /* our first empty look stamped (reactor_poll_stamp) */
+	bool counted = false;  /* we were counted in cq_spinners (once) */
 	uint32_t intr;
 	int ret;
 
@@ -332,9 +333,9 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	if (timeout_ns >= 0)
 		deadline = start + (uint64_t)timeout_ns;
 	spin_until = start + e->spin_ns;
-	spinning = e->mode == FERRY_PROGRESS_THREAD;
-	if (spinning)
-		atomic_fetch_add_explicit(&e->cq_spinners, 1, memory_order_relaxed);
+	spinning = false; /* counted once the spin lasted POLL_DENSE_NS: short waits do not park it */
+	if (e->mode == FERRY_PROGRESS_THREAD)
+		reactor_lease_switch(e); /* a lease we kept on another engine ends */
 
 	for (;;) {
 		unsigned handled;
@@ -358,6 +359,11 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		if (!stamped && e->mode == FERRY_PROGRESS_THREAD) {
 			stamped = true; /* the first look found nothing: stamped as a poll */
 			(void)reactor_poll_stamp(e, now);
+		}
+		if (!spinning && !counted && now - start >= POLL_DENSE_NS && now < spin_until &&
+		    e->mode == FERRY_PROGRESS_THREAD) {
+			spinning = counted = true;
+			atomic_fetch_add_explicit(&e->cq_spinners, 1, memory_order_relaxed);
 		}
 		if (deadline) {
 			if (now >= deadline) {

@@ -273,6 +273,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	e->doorbell_fd = -1;
 	e->ring.ring_fd = -1;
 	e->wake_fd = -1;
+	e->lease_slot = -1;
 
 	pp.size = p.pool_size;
 	pp.max_bufs = p.max_bufs;
@@ -310,6 +311,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 			goto fail;
 		}
 		e->thread_started = true;
+		reactor_lease_slot_take(e);
 	}
 	log_debug("engine %s/%s created (%s mode, pool %zu bytes)", e->ns, e->name,
 		  e->mode == FERRY_PROGRESS_THREAD ? "thread" : "manual", p.pool_size);
@@ -329,6 +331,8 @@ int ferry_engine_destroy(struct ferry_engine *e)
 	atomic_store(&e->closing, 1);
 	if (e->thread_started) {
 		uint64_t one = 1;
+
+		reactor_lease_slot_give(e); /* no thread ends a lease here any more */
 
 		atomic_store(&e->stop, 1);
 		if (write(e->doorbell_fd, &one, sizeof(one)) < 0)

@@ -614,9 +614,10 @@ struct ferry_engine {
 	/* Who runs the rounds of the parked reactor: WATCH_NONE, WATCH_WAIT or WATCH_LEASE. */
 	_Atomic int watcher;
 	/*
-	 * Callers spinning in ferry_cq_wait: while there are any, the reactor
-	 * thread parks under a lease after a round without work (as for dense
-	 * polls below; their looks renew it), instead of spinning beside them.
+	 * Callers spinning in ferry_cq_wait for POLL_DENSE_NS or longer: while
+	 * there are any, the reactor thread parks under a lease after a round
+	 * without work (as for dense polls below; their looks renew it),
+	 * instead of spinning beside them.
 	 */
 	_Atomic uint32_t cq_spinners;
 	/*
@@ -674,6 +675,7 @@ struct ferry_engine {
 	bool stand_in_needs_reactor; /* it left work only the reactor thread may do */
 	uint64_t parked_until;       /* when the parked reactor wakes by itself (UINT64_MAX: never) */
 	uint64_t dense_seen;         /* the reactor thread's last look at dense_poll_at */
+	int lease_slot;              /* in the lease slot table (reactor_lease_slot_take), or -1 */
 	uint32_t reactor_cb_ops;     /* pending ops whose callback runs on the reactor thread */
 
 	/* The reactor's io_uring: doorbell reads and the sleep. */
@@ -846,15 +848,17 @@ void reactor_unwatch(struct ferry_engine *e, bool *watching);
 /*
  * THREAD mode, ferry_cq_poll found nothing: callers that poll in a loop
  * run the rounds while the reactor thread parks. Each empty poll is
- * stamped; polls within POLL_DENSE_NS of each other make the reactor,
- * after a round without work, park under a lease (unannounced: peers ring
- * no doorbell) instead of spinning beside them. Each poll renews the
+ * stamped; a thread's POLL_DENSE_LOOKS polls in a row at one engine, each
+ * within POLL_DENSE_NS of the last, are dense and make the reactor, after
+ * a round without work, park under a lease (unannounced: peers ring no
+ * doorbell) instead of spinning beside them. Each poll renews the
  * lease (POLL_LEASE_NS) and runs a round in the reactor's place; the
  * reactor's sleep ends when the lease runs out, so a poller that stops
  * leaves work unseen for at most POLL_LEASE_NS. A dense poller that finds
  * the reactor in an announced sleep rings it once, to park leased.
  */
 #define POLL_DENSE_NS 20000ull
+#define POLL_DENSE_LOOKS 8 /* looks in a row, each within POLL_DENSE_NS, before polls are dense */
 #define POLL_LEASE_NS 200000ull
 bool reactor_poll_watch(struct ferry_engine *e); /* true: it ran a round */
 /*
@@ -864,6 +868,18 @@ bool reactor_poll_watch(struct ferry_engine *e); /* true: it ran a round */
 bool reactor_poll_stamp(struct ferry_engine *e, uint64_t now);
 /* A caller about to sleep ends the lease (its rounds stop): announced again, woken if work is left. */
 void reactor_lease_end(struct ferry_engine *e);
+/*
+ * A thread that kept a lease on one engine and now waits on another
+ * (ferry_cq_wait) ends the first one's lease: its polls stopped, and what
+ * it waits for may need that engine (two stages of one thread: a PUT from
+ * one into the other, which the first one's leased reactor would see only
+ * when the lease ran out). The thread knows the engine by a slot of a
+ * process-wide table (the engine may be gone): taken at create, given back
+ * at destroy, which waits for a thread using the slot to let go of it.
+ */
+void reactor_lease_slot_take(struct ferry_engine *e);
+void reactor_lease_slot_give(struct ferry_engine *e);
+void reactor_lease_switch(struct ferry_engine *e);
 
 /* futex helpers */
 int ferry__futex_wait(_Atomic uint32_t *addr, uint32_t val, int64_t timeout_ns);

@@ -471,6 +471,61 @@ bool reactor_stand_in_parked(struct ferry_engine *e)
 	return true;
 }
 
+#define LEASE_SLOTS 256
+static struct {
+	struct ferry_engine *_Atomic e;
+	_Atomic uint32_t users;
+} lease_slots[LEASE_SLOTS];
+/* The engine this thread last kept a lease on: its slot and id (-1: none). */
+static __thread int tls_lease_slot = -1;
+static __thread uint64_t tls_lease_id;
+
+void reactor_lease_slot_take(struct ferry_engine *e)
+{
+	e->lease_slot = -1;
+	for (int i = 0; i < LEASE_SLOTS; i++) {
+		struct ferry_engine *none = NULL;
+
+		if (atomic_compare_exchange_strong(&lease_slots[i].e, &none, e)) {
+			e->lease_slot = i;
+			return;
+		}
+	}
+	/* More engines than slots: this one's leases end when they run out. */
+}
+
+void reactor_lease_slot_give(struct ferry_engine *e)
+{
+	if (e->lease_slot < 0)
+		return;
+	atomic_store(&lease_slots[e->lease_slot].e, NULL);
+	while (atomic_load(&lease_slots[e->lease_slot].users))
+		sched_yield(); /* a thread ending its lease: short */
+	e->lease_slot = -1;
+}
+
+/* This thread keeps (renews) e's lease. */
+static inline void lease_mine(struct ferry_engine *e)
+{
+	tls_lease_slot = e->lease_slot;
+	tls_lease_id = e->id;
+}
+
+void reactor_lease_switch(struct ferry_engine *e)
+{
+	int i = tls_lease_slot;
+	struct ferry_engine *other;
+
+	if (i < 0 || (i == e->lease_slot && tls_lease_id == e->id))
+		return;
+	tls_lease_slot = -1;
+	atomic_fetch_add(&lease_slots[i].users, 1);
+	other = atomic_load(&lease_slots[i].e);
+	if (other && other->id == tls_lease_id)
+		reactor_lease_end(other);
+	atomic_fetch_sub(&lease_slots[i].users, 1);
+}
+
 /*
  * A poller's round in the place of the reactor parked under a lease,
  * which it renews (the store only once a microsecond: pollers share it).
@@ -481,6 +536,7 @@ static bool lease_round(struct ferry_engine *e, uint64_t now)
 
 	if (now + POLL_LEASE_NS - until >= POLL_STAMP_NS)
 		atomic_store_explicit(&e->lease_until, now + POLL_LEASE_NS, memory_order_relaxed);
+	lease_mine(e);
 	if (!stand_in_lock(e))
 		return false; /* another poller's round, or the reactor is back */
 	if (stand_in_round(e)) {
@@ -492,10 +548,34 @@ static bool lease_round(struct ferry_engine *e, uint64_t now)
 	return true;
 }
 
+/*
+ * The engine this thread looked at last (ferry_cq_poll, ferry_cq_wait): its
+ * id, and how many looks in a row it took there, each within POLL_DENSE_NS
+ * of the engine's last one.
+ */
+static __thread uint64_t tls_looked_id;
+static __thread uint32_t tls_looks;
+
 bool reactor_poll_stamp(struct ferry_engine *e, uint64_t now)
 {
 	uint64_t last = atomic_load_explicit(&e->polled_at, memory_order_relaxed);
-	bool dense = now - last < POLL_DENSE_NS;
+	bool dense;
+
+	/*
+	 * Dense only for a thread that keeps looking at this engine, a few
+	 * times running: one that goes from one engine to another (two stages
+	 * of one thread) waits on each for what the other does, and a lease
+	 * would leave that unseen; a handful of looks while a GET is taken is
+	 * not a poll loop either.
+	 */
+	if (now - last < POLL_DENSE_NS && tls_looked_id == e->id) {
+		if (tls_looks < POLL_DENSE_LOOKS)
+			tls_looks++;
+	} else {
+		tls_looked_id = e->id;
+		tls_looks = 0;
+	}
+	dense = tls_looks >= POLL_DENSE_LOOKS;
 
 	if (now - last >= POLL_STAMP_NS) { /* a tight loop stamps once a microsecond */
 		atomic_store_explicit(&e->polled_at, now, memory_order_relaxed);
@@ -516,8 +596,10 @@ bool reactor_poll_watch(struct ferry_engine *e)
 		return lease_round(e, now);
 	case WATCH_NONE:
 		/* Asleep, announced: dense polls wake it once, to park under a lease. */
-		if (dense && e->spin_ns < SPIN_ADAPT_MAX_NS)
+		if (dense && e->spin_ns < SPIN_ADAPT_MAX_NS) {
+			lease_mine(e);
 			ring_parked(e);
+		}
 		return false;
 	default:
 		return false; /* a waiting caller runs the rounds */

@@ -6,7 +6,8 @@
  * sleeps), the polls carry every transfer meanwhile, and when the polls
  * stop the lease runs out: what came for the engine after its last poll
  * is still delivered, by the reactor thread, without any poll or wait on
- * that engine; and a callback that must run on the reactor thread keeps
+ * that engine, and a wait on another engine by the thread that polled
+ * it ends its lease at once; and a callback that must run on the reactor thread keeps
  * the reactor from parking while it is pending.
  */
 #include "helpers.h"
@@ -132,10 +133,10 @@ static void test_lease_runs_out(void **state)
 		/*
 		 * a's PUT completes once b's GET holds the key: b's reactor
 		 * must wake when its lease runs out (nobody rings it, nobody
-		 * polls b) and deliver. Only a is waited on.
+		 * polls b) and deliver. Only a is polled (a wait would end
+		 * b's lease: test_wait_elsewhere_ends_the_lease).
 		 */
-		memset(&c, 0, sizeof(c));
-		assert_int_equal(t_wait_one(p.a, &c, 5 * SEC), 0);
+		c = poll_one(p.a);
 		assert_int_equal(c.user_data, 2000 + round);
 		assert_int_equal(c.res, 0);
 		c = poll_one(p.b);
@@ -147,6 +148,35 @@ static void test_lease_runs_out(void **state)
 	}
 	if (!t_under_valgrind())
 		assert_true(leased_at_put >= 1); /* the case this test is for happened */
+	pair_close(&p);
+}
+
+/*
+ * One thread polls b, then waits on a (two stages of one thread): its wait
+ * ends the lease it kept on b at once (b's sleep announced again), rather
+ * than leaving b's reactor to find a's PUT when the lease runs out.
+ */
+static void test_wait_elsewhere_ends_the_lease(void **state)
+{
+	unsigned n = 0, seen = 0;
+	struct ferry_cqe c;
+	struct pair p;
+
+	(void)state;
+	pair_open(&p, "switch");
+	for (int round = 0; round < 20 && seen < 3; round++) {
+		n = poll_until_leased(&p, n, t_health_num(p.b, "\"ops\":{", "poll_leases") + 1);
+		for (int i = 0; i < 1000; i++) /* b polled right up to the wait on a */
+			ferry_cq_poll(ferry_cq_default(p.b), &c, 0);
+		if (atomic_load(&p.b->watcher) != WATCH_LEASE ||
+		    atomic_load(&p.b->reactor_parked) != REACTOR_ASLEEP)
+			continue; /* not the case this test is for (the reactor was up) */
+		assert_int_equal(ferry_cq_wait(ferry_cq_default(p.a), &c, 1, 0), -ETIMEDOUT);
+		assert_int_not_equal(atomic_load(&p.b->watcher), WATCH_LEASE);
+		seen++;
+	}
+	if (!t_under_valgrind())
+		assert_true(seen >= 1);
 	pair_close(&p);
 }
 
@@ -203,6 +233,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_polls_carry_the_transfers),
 		cmocka_unit_test(test_lease_runs_out),
+		cmocka_unit_test(test_wait_elsewhere_ends_the_lease),
 		cmocka_unit_test(test_reactor_callback_keeps_the_reactor),
 	};
 
