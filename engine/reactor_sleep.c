@@ -345,11 +345,16 @@ void reactor_thread_sleep(struct ferry_engine *e, uint64_t lease_until)
 	if (!e->sleep_in_ppoll)
 		arm_doorbell(e);
 	if (lease_until) {
-		/* Leased: the pollers run the rounds; unannounced, so nobody rings. */
+		/*
+		 * Leased: the pollers run the rounds; unannounced, so peers ring
+		 * nobody. A stand-in that needs us (ring_parked) may ring: the
+		 * mark of the last ring is cleared, as announce_sleep does.
+		 */
 		if (atomic_load(&e->stop)) {
 			io_uring_submit(&e->ring);
 			return;
 		}
+		atomic_store_explicit(&e->wake->doorbell_rung, 0, memory_order_relaxed);
 		now = ferry__now_ns();
 		budget = sleep_budget(e, lease_until > now ? (int64_t)(lease_until - now) : 0);
 	} else {
