@@ -673,6 +673,22 @@ static inline bool t_log_seen(int level, const char *a, const char *b)
 	return seen;
 }
 
+/*
+ * t_log_seen, waited for up to ms: a line another thread logs right after
+ * the counter the test waited on (a reactor counts, then logs).
+ */
+static inline bool t_log_wait(int level, const char *a, const char *b, int ms)
+{
+	int64_t end = t_now() + (int64_t)ms * MS;
+
+	while (!t_log_seen(level, a, b)) {
+		if (t_now() > end)
+			return false;
+		usleep(1000);
+	}
+	return true;
+}
+
 /* ------------------------------------------------------------------ */
 /* Running cases apart                                                 */
 /* ------------------------------------------------------------------ */
