@@ -263,9 +263,10 @@ static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, un
 	return (int)n;
 }
 
-static void manual_progress(struct ferry_engine *e)
+/* MANUAL mode: a round, unless another thread drives progress now. */
+static void manual_round(struct ferry_engine *e)
 {
-	if (e->mode == FERRY_PROGRESS_MANUAL && progress_try_lock(e)) {
+	if (progress_try_lock(e)) {
 		reactor_run_once(e);
 		progress_unlock(e);
 	}
@@ -280,10 +281,7 @@ int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
 		return -EINVAL;
 	}
 	if (cq->engine->mode == FERRY_PROGRESS_MANUAL) {
-		if (progress_try_lock(cq->engine)) {
-			reactor_run_once(cq->engine);
-			progress_unlock(cq->engine);
-		}
+		manual_round(cq->engine);
 		if (!cq_slot_ready(cq))
 			return 0; /* nothing posted: what cq_reap would find, without its frame */
 	} else if (!cq_slot_ready(cq) && (!reactor_poll_watch(cq->engine) || !cq_slot_ready(cq))) {
@@ -316,9 +314,8 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	struct ferry_engine *e;
 	uint64_t start, deadline = 0, spin_until;
 	bool watching = false; /* THREAD mode: we poll for the sleeping reactor */
-	bool spinning;         /* counted in cq_spinners */
+	bool spinning = false; /* counted in cq_spinners: spun POLL_DENSE_NS (short waits do not park it) */
 	bool stamped = false;  /* our first empty look stamped (reactor_poll_stamp) */
-	bool counted = false;  /* we were counted in cq_spinners (once) */
 	uint32_t intr;
 	int ret;
 
@@ -333,7 +330,6 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	if (timeout_ns >= 0)
 		deadline = start + (uint64_t)timeout_ns;
 	spin_until = start + e->spin_ns;
-	spinning = false; /* counted once the spin lasted POLL_DENSE_NS: short waits do not park it */
 	if (e->mode == FERRY_PROGRESS_THREAD)
 		reactor_lease_switch(e); /* a lease we kept on another engine ends */
 
@@ -343,7 +339,8 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		uint64_t now;
 		int n;
 
-		manual_progress(e);
+		if (e->mode == FERRY_PROGRESS_MANUAL)
+			manual_round(e);
 		reactor_watch(e, &watching);
 		n = cq_reap(cq, cqes, max, &handled);
 		if (handled) {
@@ -360,9 +357,10 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 			stamped = true; /* the first look found nothing: stamped as a poll */
 			(void)reactor_poll_stamp(e, now);
 		}
-		if (!spinning && !counted && now - start >= POLL_DENSE_NS && now < spin_until &&
+		/* (Once: after the spin, now < spin_until never holds again.) */
+		if (!spinning && now - start >= POLL_DENSE_NS && now < spin_until &&
 		    e->mode == FERRY_PROGRESS_THREAD) {
-			spinning = counted = true;
+			spinning = true;
 			atomic_fetch_add_explicit(&e->cq_spinners, 1, memory_order_relaxed);
 		}
 		if (deadline) {

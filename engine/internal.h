@@ -621,12 +621,11 @@ struct ferry_engine {
 	 */
 	_Atomic uint32_t cq_spinners;
 	/*
-	 * Callers polling in a loop (ferry_cq_poll finding nothing, again and
-	 * again): when the last empty poll was, and the last one that came
-	 * within POLL_DENSE_NS of the one before it; while the polls are that
-	 * dense the reactor thread parks unannounced under a lease
-	 * (WATCH_LEASE) that each poll renews, until lease_until
-	 * (reactor_poll_watch). Their own cache line: pollers write it.
+	 * Callers polling in a loop (reactor_poll_stamp): when the last empty
+	 * look was, and the last dense one (a thread's POLL_DENSE_LOOKS looks
+	 * in a row here); a new dense stamp makes the reactor thread park
+	 * unannounced under a lease (WATCH_LEASE) that each look renews, until
+	 * lease_until. Their own cache line: pollers write it.
 	 */
 	_Atomic uint64_t polled_at cacheline_aligned;
 	_Atomic uint64_t dense_poll_at;
@@ -821,10 +820,12 @@ void progress_unlock(struct ferry_engine *e);
  */
 enum { REACTOR_RUNNING = 0, REACTOR_ASLEEP = 1, REACTOR_YIELDING = 2 };
 /*
- * e->watcher: nobody; a caller spinning in ferry_cq_wait (reactor_watch:
- * the reactor's sleep suspended until reactor_unwatch); or a lease taken
- * for callers polling in a loop (reactor_poll_watch), which the reactor
- * thread ends when it wakes and finds it run out.
+ * e->watcher: nobody; a caller spinning in ferry_cq_wait that found the
+ * reactor in an announced sleep (reactor_watch: that sleep suspended until
+ * reactor_unwatch); or a lease taken for callers that poll in a loop or
+ * spin in ferry_cq_wait (reactor_poll_lease), which the reactor thread
+ * ends when it wakes and finds it run out, or a caller ends before it
+ * sleeps (reactor_lease_end).
  */
 enum { WATCH_NONE = 0, WATCH_WAIT = 1, WATCH_LEASE = 2 };
 bool reactor_stand_in_parked(struct ferry_engine *e);
