@@ -173,6 +173,32 @@ static int ctrl_entry_state(struct shm_conn *c)
 			   c->rx_ctrl_head, SHM_CTRL_ENTRIES);
 }
 
+/*
+ * The sequence word an entry of a ring we consume holds while it is not
+ * ready: the previous lap's (0 on the first lap, untouched memory).
+ */
+static inline uint32_t entry_not_yet(uint32_t head, uint32_t entries)
+{
+	return head < entries ? 0 : head + 1u - entries;
+}
+
+/*
+ * Nothing for conn_progress: neither ring holds its next entry (ready or
+ * garbage: anything but the previous lap's word), no control entry awaits
+ * the wake check, no PUT waits for room. Most rounds of a live connection
+ * end here, without conn_progress's frame.
+ */
+static inline bool conn_quiet(const struct shm_conn *c)
+{
+	uint32_t ch = c->rx_ctrl_head, ph = c->rx_put_head;
+
+	return atomic_load_explicit(&c->rx->ctrls[ch % SHM_CTRL_ENTRIES].seq,
+				    memory_order_relaxed) == entry_not_yet(ch, SHM_CTRL_ENTRIES) &&
+	       atomic_load_explicit(&c->rx->puts[ph % SHM_PUT_ENTRIES].seq,
+				    memory_order_relaxed) == entry_not_yet(ph, SHM_PUT_ENTRIES) &&
+	       c->ctrl_tail == c->ctrl_published && !c->pending_head;
+}
+
 static int64_t ctrl_room(struct shm_conn *c)
 {
 	return ring_room(&c->tx->ctrl, SHM_CTRL_ENTRIES, c->ctrl_tail, &c->ctrl_head_seen);
@@ -785,7 +811,7 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 	for (uint32_t i = 0; i < st->nlive;) {
 		struct shm_conn *c = st->live[i];
 
-		if (!c->dead)
+		if (likely(!c->dead) && !conn_quiet(c))
 			n += conn_progress(e, c);
 		if (c->dead)
 			shm_conn_reap(st, c); /* moves the last one here */
