@@ -856,26 +856,16 @@ static void directory_fetch(struct ferry_engine *e, struct op *op, const struct 
 		op_complete(e, op, -EOPNOTSUPP, 0, NULL);
 }
 
-static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+/*
+ * A GET (or FETCH) whose full key is fullkey (n bytes, hash h): the data,
+ * if it is there, or NOWAIT's -EAGAIN, or the op parked under its key with
+ * its deadline. True when it parked.
+ */
+static bool get_take_or_park(struct ferry_engine *e, struct op *op, const char *fullkey, int n,
+			     uint64_t h, bool nowait, uint64_t timeout_ns)
 {
-	char fullkey[FULLKEY_MAX];
-	struct key_entry *ke;
-	uint64_t h;
-	int rc, n;
+	struct key_entry *ke = keytable_find(&e->keys, fullkey, (size_t)n, h);
 
-	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
-	    (rc = op_pin(e, op, sqe))) {
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	n = keytable_compose_sfx(fullkey, sqe->key, sqe->key_len, &sqe->peer->from_sfx);
-	if (n < 0) {
-		op_complete(e, op, n, 0, NULL);
-		return;
-	}
-	op->len = sqe_payload_len(sqe); /* capacity while waiting */
-	h = keytable_hash(fullkey, (size_t)n);
-	ke = keytable_find(&e->keys, fullkey, (size_t)n, h);
 	if (ke && ke->present) {
 		struct ferry_buf *buf = ke->buf;
 		uint64_t len = ke->len;
@@ -887,7 +877,7 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		 */
 		if (op->iovcnt && len > op->len && !(wflags & WIRE_F_CUDA_IPC)) {
 			op_complete(e, op, -EMSGSIZE, len, NULL);
-			return;
+			return false;
 		}
 		struct ferry_peer *src = ke->from;
 
@@ -907,27 +897,49 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 			} else {
 				pool_free(buf);
 			}
-			return;
+			return false;
 		}
 		if (wflags & WIRE_F_CHUNK)
 			stream_chunk_taken(e, fullkey, (size_t)n, wflags);
-		return;
+		return false;
 	}
-	if ((sqe->flags & FERRY_SQE_NOWAIT) && op->opcode != FERRY_OP_FETCH) {
+	if (nowait) {
 		op_complete(e, op, -EAGAIN, 0, NULL);
-		return;
+		return false;
 	}
 	if (!ke)
 		ke = keytable_insert(&e->keys, fullkey, (size_t)n, h);
 	if (!ke) {
 		op_complete(e, op, -ENOSPC, 0, NULL);
-		return;
+		return false;
 	}
 	op->state = OP_PARKED;
 	op->entry = ke;
 	op_list_append(&ke->waiters, &ke->waiters_tail, op);
-	op_arm_deadline(e, op, sqe->timeout_ns);
-	if (unlikely(op->opcode == FERRY_OP_FETCH))
+	op_arm_deadline(e, op, timeout_ns);
+	return true;
+}
+
+static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe *sqe)
+{
+	char fullkey[FULLKEY_MAX];
+	int rc, n;
+
+	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
+	    (rc = op_pin(e, op, sqe))) {
+		op_complete(e, op, rc, 0, NULL);
+		return;
+	}
+	n = keytable_compose_sfx(fullkey, sqe->key, sqe->key_len, &sqe->peer->from_sfx);
+	if (n < 0) {
+		op_complete(e, op, n, 0, NULL);
+		return;
+	}
+	op->len = sqe_payload_len(sqe); /* capacity while waiting */
+	if (get_take_or_park(e, op, fullkey, n, keytable_hash(fullkey, (size_t)n),
+			     (sqe->flags & FERRY_SQE_NOWAIT) && op->opcode != FERRY_OP_FETCH,
+			     sqe->timeout_ns) &&
+	    unlikely(op->opcode == FERRY_OP_FETCH))
 		directory_fetch(e, op, sqe); /* ask the holder */
 }
 
@@ -1133,6 +1145,128 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
 	return !p->backend;
 }
 
+/*
+ * The plain PUT, taken straight from its ring slot: an iovec that its
+ * peer's transport copies itself (at most backend_ops.iov_put_max bytes),
+ * to a peer resolved to a transport, into the engine's default CQ or a
+ * live one of its own, no flag but REPLACE, no buffer, no CUDA wait, a
+ * well-formed key. Everything dispatch, do_put and reactor_send would
+ * check of it holds, so they are skipped: the op is filled from the slot,
+ * the slot given back (before anything can complete the op), the
+ * transport called. Any other entry, a malformed one too (its error is
+ * theirs to report), is left to them: false. The caller checked that an
+ * op is free.
+ */
+static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
+			    const struct ferry_sqe *slot, uint32_t head)
+{
+	struct ferry_peer *peer = slot->peer;
+	struct ferry_cq *cq = slot->cq ? slot->cq : &e->default_cq;
+	const struct iovec *iov = slot->iov;
+	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len;
+	uint64_t len = 0, timeout_ns;
+	struct backend *b;
+	struct op *op;
+	int rc;
+
+	if ((slot->flags & ~FERRY_SQE_REPLACE) || slot->buf || slot->cuda_wait_kind || !peer ||
+	    peer->engine != e || !(b = peer->backend) || !b->ops->iov_put_max || cq->engine != e ||
+	    atomic_load_explicit(&cq->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
+	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
+		return false;
+	for (uint32_t i = 0; i < iovcnt; i++) {
+		if (!iov[i].iov_base && iov[i].iov_len)
+			return false;
+		len += iov[i].iov_len;
+	}
+	if (len > b->ops->iov_put_max || strnlen(slot->key, klen) != klen)
+		return false;
+	op = op_alloc(e);
+	op->opcode = FERRY_OP_PUT;
+	op->flags = slot->flags;
+	op->user_data = slot->user_data;
+	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0; /* as dispatch samples */
+	op->cb = slot->cb;
+	op->cb_arg = slot->cb_arg;
+	op->peer = peer;
+	op->iov = iov;
+	op->iovcnt = iovcnt;
+	op->cq = cq;
+	op->len = len;
+	op->key_len = (uint16_t)klen;
+	memcpy(op->key, slot->key, klen);
+	op->key[klen] = '\0';
+	timeout_ns = slot->timeout_ns;
+	atomic_store_explicit(&sq->head, head + 1, memory_order_release);
+	STAT_ADD(e->stats.submitted, 1);
+	STAT_ADD(cq->inflight, 1);
+	STAT_ADD(e->stats.copies, 1); /* the transport copies it from the iovec */
+	op->state = OP_AWAY;
+	op->interval = timeout_ns;
+	backend_busy(b);
+	rc = b->ops->put(e, b, op);
+	if (rc) {
+		if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
+			reactor_unresolve(e, peer); /* ask again next time: it may be back */
+		op->state = OP_FREE;
+		op_complete(e, op, rc, 0, NULL);
+	} else if (op->state == OP_AWAY && op->heap_idx == NO_SLOT) {
+		op_arm_deadline(e, op, timeout_ns);
+	}
+	return true;
+}
+
+/*
+ * The plain GET, taken straight from its ring slot: into an iovec (or for
+ * a buffer), from one of the engine's peers, into the engine's default CQ
+ * or a live one of its own, no flag but NOWAIT, a well-formed key; as
+ * drain_plain_put, everything else is left to dispatch and do_get (false).
+ */
+static bool drain_plain_get(struct ferry_engine *e, struct ferry_sq *sq,
+			    const struct ferry_sqe *slot, uint32_t head)
+{
+	struct ferry_peer *peer = slot->peer;
+	struct ferry_cq *cq = slot->cq ? slot->cq : &e->default_cq;
+	const struct iovec *iov = slot->iov;
+	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len, flags = slot->flags;
+	char fullkey[FULLKEY_MAX];
+	uint64_t len = 0, timeout_ns;
+	struct op *op;
+	int n;
+
+	if ((flags & ~FERRY_SQE_NOWAIT) || !peer || peer->engine != e || cq->engine != e ||
+	    atomic_load_explicit(&cq->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
+	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
+		return false;
+	for (uint32_t i = 0; i < iovcnt; i++) {
+		if (!iov[i].iov_base && iov[i].iov_len)
+			return false;
+		len += iov[i].iov_len;
+	}
+	if (strnlen(slot->key, klen) != klen ||
+	    (n = keytable_compose_sfx(fullkey, slot->key, klen, &peer->from_sfx)) < 0)
+		return false;
+	op = op_alloc(e);
+	op->opcode = FERRY_OP_GET;
+	op->flags = flags;
+	op->user_data = slot->user_data;
+	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0; /* as dispatch samples */
+	op->cb = slot->cb;
+	op->cb_arg = slot->cb_arg;
+	op->peer = peer;
+	op->iov = iov;
+	op->iovcnt = iovcnt;
+	op->cq = cq;
+	op->len = len; /* capacity while waiting */
+	timeout_ns = slot->timeout_ns;
+	atomic_store_explicit(&sq->head, head + 1, memory_order_release);
+	STAT_ADD(e->stats.submitted, 1);
+	STAT_ADD(cq->inflight, 1);
+	get_take_or_park(e, op, fullkey, n, keytable_hash(fullkey, (size_t)n),
+			 flags & FERRY_SQE_NOWAIT, timeout_ns);
+	return true;
+}
+
 static bool drain_sqs(struct ferry_engine *e, int *count)
 {
 	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
@@ -1168,6 +1302,12 @@ static bool drain_sqs(struct ferry_engine *e, int *count)
 				e->stand_in_needs_reactor = true;
 				drained = false;
 				break;
+			}
+			if ((slot->opcode == FERRY_OP_PUT && drain_plain_put(e, sq, slot, head)) ||
+			    (slot->opcode == FERRY_OP_GET && drain_plain_get(e, sq, slot, head))) {
+				head++;
+				n++;
+				continue;
 			}
 			memcpy(&local, slot, offsetof(struct ferry_sqe, key));
 			memcpy(local.key, slot->key, klen);

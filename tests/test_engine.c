@@ -448,6 +448,104 @@ static void test_bad_sqes(void **state)
 	ferry_engine_destroy(e);
 }
 
+/*
+ * Bad entries for a peer whose transport is known (the round takes plain
+ * PUTs and GETs to such a peer straight from their ring slots): each is
+ * refused with its error, as for a peer not resolved yet (test_bad_sqes),
+ * and nothing of them reaches the peer.
+ */
+static void test_bad_sqes_resolved_peer(void **state)
+{
+	struct ferry_engine *e = t_engine("badr", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_engine *other = t_engine("badr2", FERRY_PROGRESS_MANUAL, 1u << 20);
+	struct ferry_peer *p = t_peer(e, "badr2"), *back = t_peer(other, "badr");
+	struct ferry_cq *foreign_cq = ferry_cq_default(other);
+	static char data[8] = "payload", in[8];
+	static struct iovec iov = { data, 4 }, null_iov = { NULL, 4 }, in_iov = { in, sizeof(in) };
+	static struct iovec many[1025];
+	struct ferry_sqe *sqe;
+
+	(void)state;
+	quiet_logs();
+	for (unsigned i = 0; i < 1025; i++)
+		many[i] = (struct iovec){ data, 0 };
+	/* Resolved: a good PUT went (and one GET of its key takes it). */
+	t_put(e, p, "warm", data, 4, 1, 0);
+	t_expect(e, other, 1, 0, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "ab", &iov, 1, 2);
+	sqe->key_len = 3; /* a NUL inside the key's length */
+	t_submit(e);
+	t_expect(e, other, 2, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k1", &null_iov, 1, 3); /* a NULL base with a length */
+	t_submit(e);
+	t_expect(e, other, 3, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k2", many, 1025, 4); /* more entries than an iovec may have */
+	t_submit(e);
+	t_expect(e, other, 4, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k3", &iov, 1, 5);
+	ferry_sqe_set_cq(sqe, foreign_cq); /* another engine's CQ: the CQE comes to ours */
+	t_submit(e);
+	t_expect(e, other, 5, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k4", &iov, 1, 6);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT); /* a GET's flag */
+	t_submit(e);
+	t_expect(e, other, 6, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "ab", &in_iov, 1, 7);
+	sqe->key_len = 3;
+	t_submit(e);
+	t_expect(e, other, 7, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "k5", &null_iov, 1, 8);
+	t_submit(e);
+	t_expect(e, other, 8, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "k6", NULL, 2, 9); /* entries without an iovec */
+	t_submit(e);
+	t_expect(e, other, 9, -EINVAL, NULL);
+
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "k7", &in_iov, 1, 10);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_REPLACE); /* a PUT's flag */
+	t_submit(e);
+	t_expect(e, other, 10, -EINVAL, NULL);
+
+	/* None of the refused PUTs reached the peer: it holds "warm" only. */
+	for (unsigned i = 0; i < 6; i++) {
+		static const char *const keys[] = { "ab", "k1", "k2", "k3", "k4", "warm" };
+
+		sqe = t_sqe(other);
+		ferry_prep_get(sqe, back, keys[i], &in_iov, 1, 100 + i);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+		t_submit(other);
+		t_expect(other, e, 100 + i, i < 5 ? -EAGAIN : 0, NULL);
+	}
+	/* And good ones still go both ways. */
+	sqe = t_sqe(other);
+	ferry_prep_get(sqe, back, "k8", &in_iov, 1, 11);
+	t_submit(other);
+	ferry_progress(other);
+	t_put(e, p, "k8", data, 8, 12, 0);
+	t_expect(e, other, 12, 0, NULL);
+	t_expect(other, e, 11, 0, NULL);
+	assert_memory_equal(in, data, 8);
+	ferry_engine_destroy(other);
+	ferry_engine_destroy(e);
+}
+
 /* The ring refuses entries when full (backpressure), never overwrites. */
 static void test_sq_backpressure(void **state)
 {
@@ -662,6 +760,7 @@ int main(void)
 		cmocka_unit_test(test_strerror),
 		cmocka_unit_test(test_strerror_every_documented_code),
 		cmocka_unit_test(test_bad_sqes),
+		cmocka_unit_test(test_bad_sqes_resolved_peer),
 		cmocka_unit_test(test_flags_per_op),
 		cmocka_unit_test(test_sq_backpressure),
 		cmocka_unit_test(test_cq_overflow),
