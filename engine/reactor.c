@@ -112,21 +112,27 @@ static void unpark(struct ferry_engine *e, struct op *op)
 	keytable_put(&e->keys, ke);
 }
 
-void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
-		 struct ferry_buf *buf)
+/*
+ * What an op's end undoes besides its CQE: a PUT waiting for its peer to
+ * come, its deadline, its stream's or the directory's part, its place under
+ * a key or in a transport's list, its pinned regions, a block it still
+ * holds; *res may change (a stream's op). False when the op does not end
+ * here after all (it waits for its peer, or for its device copies), or
+ * ended without a CQE (an internal op, freed).
+ */
+static bool op_end_slow(struct ferry_engine *e, struct op *op, int *res, uint64_t len)
 {
-	struct ferry_cqe cqe;
-
-	if (unlikely(op->flags & FERRY_SQE_WAIT_PEER) && (res == -EHOSTUNREACH || res == -ECONNREFUSED) &&
-	    op->peer && reactor_wait_for_peer(e, op))
-		return; /* the peer is not up yet: the PUT waits for it (its deadline still runs) */
+	if (unlikely(op->flags & FERRY_SQE_WAIT_PEER) &&
+	    (*res == -EHOSTUNREACH || *res == -ECONNREFUSED) && op->peer &&
+	    reactor_wait_for_peer(e, op))
+		return false; /* the peer is not up yet: the PUT waits for it (its deadline still runs) */
 	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op);
 	if (op->opcode >= FERRY_OP_STREAM_PUT || (op->flags & OP_F_INTERNAL))
-		res = stream_op_ending(e, op, res);
+		*res = stream_op_ending(e, op, *res);
 	if (unlikely(op->flags & OP_F_WISH)) {
 		op->flags &= ~OP_F_WISH;
-		if (res < 0 && e->dir)
+		if (*res < 0 && e->dir)
 			e->dir->forget(e, e->dir_svc, op); /* the holder forgets the wish */
 	}
 	if (op->state == OP_PARKED)
@@ -140,8 +146,8 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	}
 	if (unlikely(op->flags & OP_F_PINNED)) {
 		/* (A PUT handed on while it is staged is pinned: it names device segments.) */
-		if (unlikely(op->flags & OP_F_FILLING) && memory_device_defer(e, op, res, len))
-			return; /* its copies still read the caller's device memory: it ends then */
+		if (unlikely(op->flags & OP_F_FILLING) && memory_device_defer(e, op, *res, len))
+			return false; /* its copies still read the caller's device memory: it ends then */
 		memory_unpin(op->segs, op->iovcnt); /* its regions may go now */
 		op->flags &= ~OP_F_PINNED;
 	}
@@ -155,9 +161,32 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	}
 	if (op->flags & OP_F_INTERNAL) {
 		ferry__op_free(e, op);
-		return;
+		return false;
 	}
+	return true;
+}
 
+/* Flags that send an op's end through op_end_slow (with its state and opcode). */
+#define OP_F_END_SLOW (FERRY_SQE_WAIT_PEER | OP_F_INTERNAL | OP_F_WISH | OP_F_WAIT_PEER | \
+		       OP_F_PINNED)
+
+void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
+		 struct ferry_buf *buf)
+{
+	struct ferry_cqe cqe;
+
+	/*
+	 * A plain op (a PUT whose transport is done with it, a GET taken out
+	 * of its key's list: state OP_FREE, no block held, not a stream's,
+	 * none of the flags above) has only its deadline to undo.
+	 */
+	if (unlikely(op->state != OP_FREE || op->buf || op->opcode >= FERRY_OP_STREAM_PUT ||
+		     (op->flags & OP_F_END_SLOW))) {
+		if (!op_end_slow(e, op, &res, len))
+			return;
+	} else if (op->heap_idx != NO_SLOT) {
+		timer_del(&e->timers, op);
+	}
 	STAT_ADD(e->stats.completed, 1);
 	if (res < 0) {
 		STAT_ADD(e->stats.failed, 1);
