@@ -1177,9 +1177,9 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
 /*
  * The plain PUT, taken straight from its ring slot: an iovec that its
  * peer's transport copies itself (at most backend_ops.iov_put_max bytes),
- * to a peer resolved to a transport, into the engine's default CQ or a
- * live one of its own, no flag but REPLACE, no buffer, no CUDA wait, a
- * well-formed key. Everything dispatch, do_put and reactor_send would
+ * or a live block of a pool of this process (zero copy), to a peer
+ * resolved to a transport, into the engine's default CQ or a live one of
+ * its own, no flag but REPLACE, no CUDA wait, a well-formed key. Everything dispatch, do_put and reactor_send would
  * check of it holds, so they are skipped: the op is filled from the slot,
  * the slot given back (before anything can complete the op), the
  * transport called. Any other entry, a malformed one too (its error is
@@ -1192,25 +1192,37 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	struct ferry_peer *peer = slot->peer;
 	struct ferry_cq *cq = slot->cq ? slot->cq : &e->default_cq;
 	const struct iovec *iov = slot->iov;
+	struct ferry_buf *buf = slot->buf;
 	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len;
 	uint64_t len = 0, timeout_ns;
 	struct backend *b;
 	struct op *op;
 	int rc;
 
-	if ((slot->flags & ~FERRY_SQE_REPLACE) || slot->buf || slot->cuda_wait_kind || !peer ||
-	    peer->engine != e || !(b = peer->backend) || !b->ops->iov_put_max || cq->engine != e ||
+	if ((slot->flags & ~FERRY_SQE_REPLACE) || slot->cuda_wait_kind || !peer ||
+	    peer->engine != e || !(b = peer->backend) || cq->engine != e ||
 	    atomic_load_explicit(&cq->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
 	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
 		return false;
-	for (uint32_t i = 0; i < iovcnt; i++) {
-		if (!iov[i].iov_base && iov[i].iov_len)
+	if (buf) {
+		/* A live block of a pool of this process: it goes as it is (op_fill's zero copy). */
+		if (iovcnt || (buf->flags & POOL_BUF_F_FOREIGN) ||
+		    atomic_load_explicit(&buf->state, memory_order_acquire) != POOL_BUF_LIVE)
 			return false;
-		len += iov[i].iov_len;
+		len = buf->len;
+	} else {
+		for (uint32_t i = 0; i < iovcnt; i++) {
+			if (!iov[i].iov_base && iov[i].iov_len)
+				return false;
+			len += iov[i].iov_len;
+		}
+		if (!b->ops->iov_put_max || len > b->ops->iov_put_max)
+			return false;
 	}
-	if (len > b->ops->iov_put_max || strnlen(slot->key, klen) != klen)
+	if (strnlen(slot->key, klen) != klen)
 		return false;
 	op = op_alloc(e);
+	op->buf = buf; /* ownership moved at submission */
 	op->opcode = FERRY_OP_PUT;
 	op->flags = slot->flags;
 	op->user_data = slot->user_data;
@@ -1229,7 +1241,10 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	atomic_store_explicit(&sq->head, head + 1, memory_order_release);
 	STAT_ADD(e->stats.submitted, 1);
 	STAT_ADD(cq->inflight, 1);
-	STAT_ADD(e->stats.copies, 1); /* the transport copies it from the iovec */
+	if (buf)
+		STAT_ADD(e->stats.zero_copies, 1);
+	else
+		STAT_ADD(e->stats.copies, 1); /* the transport copies it from the iovec */
 	op->state = OP_AWAY;
 	op->interval = timeout_ns;
 	backend_busy(b);

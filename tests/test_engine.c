@@ -501,6 +501,23 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_submit(e);
 	t_expect(e, other, 6, -EINVAL, NULL);
 
+	/* A pool buffer released before its PUT, and one given with an iovec too. */
+	struct ferry_buf *fb;
+
+	assert_int_equal(ferry_buf_alloc(e, 8, &fb), 0);
+	assert_int_equal(ferry_buf_release(fb), 0);
+	sqe = t_sqe(e);
+	ferry_prep_put_buf(sqe, p, "k9", fb, 13);
+	t_submit(e);
+	t_expect(e, other, 13, -EINVAL, NULL);
+	assert_int_equal(ferry_buf_alloc(e, 8, &fb), 0);
+	sqe = t_sqe(e);
+	ferry_prep_put_buf(sqe, p, "k10", fb, 14);
+	sqe->iov = &iov;
+	sqe->iovcnt = 1;
+	t_submit(e);
+	t_expect(e, other, 14, -EINVAL, NULL); /* (the buffer is freed with it) */
+
 	sqe = t_sqe(e);
 	ferry_prep_get(sqe, p, "ab", &in_iov, 1, 7);
 	sqe->key_len = 3;
@@ -524,14 +541,14 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_expect(e, other, 10, -EINVAL, NULL);
 
 	/* None of the refused PUTs reached the peer: it holds "warm" only. */
-	for (unsigned i = 0; i < 6; i++) {
-		static const char *const keys[] = { "ab", "k1", "k2", "k3", "k4", "warm" };
+	for (unsigned i = 0; i < 8; i++) {
+		static const char *const keys[] = { "ab", "k1", "k2", "k3", "k4", "k9", "k10", "warm" };
 
 		sqe = t_sqe(other);
 		ferry_prep_get(sqe, back, keys[i], &in_iov, 1, 100 + i);
 		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
 		t_submit(other);
-		t_expect(other, e, 100 + i, i < 5 ? -EAGAIN : 0, NULL);
+		t_expect(other, e, 100 + i, i < 7 ? -EAGAIN : 0, NULL);
 	}
 	/* And good ones still go both ways. */
 	sqe = t_sqe(other);
@@ -542,6 +559,8 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_expect(e, other, 12, 0, NULL);
 	t_expect(other, e, 11, 0, NULL);
 	assert_memory_equal(in, data, 8);
+	/* Every block of e's pool came home (the refused PUTs' too). */
+	assert_int_equal(t_health_num(e, "\"pool\":{", "blocks_in_use"), 0);
 	ferry_engine_destroy(other);
 	ferry_engine_destroy(e);
 }
