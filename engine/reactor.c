@@ -541,6 +541,12 @@ void reactor_put_restage(struct ferry_engine *e, struct op *op, uint32_t gen)
 /* Dispatch                                                            */
 /* ------------------------------------------------------------------ */
 
+/*
+ * drain_plain_put and drain_plain_get repeat the checks of dispatch,
+ * check_key, check_peer, check_iov, op_take_put, do_put and reactor_send
+ * for the entries they take: a check added to these must be added there
+ * (or the lanes must leave the entries it concerns to the general path).
+ */
 static int check_key(const struct ferry_sqe *sqe)
 {
 	if (sqe->key_len >= FERRY_KEY_MAX) {
@@ -581,6 +587,11 @@ static int check_iov(const struct ferry_sqe *sqe)
 				  (unsigned long long)sqe->user_data, i, sqe->iov[i].iov_len);
 			return -EINVAL;
 		}
+	}
+	if (iov_overflows(sqe->iov, sqe->iovcnt)) {
+		log_error("op %llx: the lengths of its %u iovec entries add up past 2^64",
+			  (unsigned long long)sqe->user_data, sqe->iovcnt);
+		return -EINVAL;
 	}
 	return 0;
 }
@@ -1107,6 +1118,11 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 	op->cq = cq->engine == e && !atomic_load_explicit(&cq->dead, memory_order_relaxed)
 			 ? cq : &e->default_cq;
 	STAT_ADD(op->cq->inflight, 1);
+	/*
+	 * Bits above FERRY_SQE__ALL are the engine's own (OP_F_*): whatever the
+	 * first error is, none of them may reach op_complete as the op's.
+	 */
+	op->flags &= FERRY_SQE__ALL;
 
 	if (cq->engine != e || atomic_load_explicit(&cq->dead, memory_order_relaxed)) {
 		log_error("op %llx: target CQ %s", (unsigned long long)sqe->user_data,
@@ -1118,10 +1134,9 @@ static bool dispatch(struct ferry_engine *e, const struct ferry_sqe *sqe)
 		op->flags &= ~FERRY_SQE_CB_REACTOR;
 		goto invalid;
 	}
-	if (op->flags & ~FERRY_SQE__ALL) {
+	if (sqe->flags & ~FERRY_SQE__ALL) {
 		log_error("op %llx: unknown flags 0x%x", (unsigned long long)op->user_data,
-			  op->flags & ~FERRY_SQE__ALL);
-		op->flags &= FERRY_SQE__ALL;
+			  sqe->flags & ~FERRY_SQE__ALL);
 		goto invalid;
 	}
 	if (sqe->opcode >= FERRY_OP__MAX || !op_defs[sqe->opcode].issue) {
@@ -1193,13 +1208,13 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	struct ferry_cq *cq = slot->cq ? slot->cq : &e->default_cq;
 	const struct iovec *iov = slot->iov;
 	struct ferry_buf *buf = slot->buf;
-	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len;
+	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len, flags = slot->flags;
 	uint64_t len = 0, timeout_ns;
 	struct backend *b;
 	struct op *op;
 	int rc;
 
-	if ((slot->flags & ~FERRY_SQE_REPLACE) || slot->cuda_wait_kind || !peer ||
+	if ((flags & ~FERRY_SQE_REPLACE) || slot->cuda_wait_kind || !peer ||
 	    peer->engine != e || !(b = peer->backend) || cq->engine != e ||
 	    atomic_load_explicit(&cq->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
 	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
@@ -1212,9 +1227,9 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 		len = buf->len;
 	} else {
 		for (uint32_t i = 0; i < iovcnt; i++) {
-			if (!iov[i].iov_base && iov[i].iov_len)
+			if ((!iov[i].iov_base && iov[i].iov_len) ||
+			    __builtin_add_overflow(len, iov[i].iov_len, &len))
 				return false;
-			len += iov[i].iov_len;
 		}
 		if (!b->ops->iov_put_max || len > b->ops->iov_put_max)
 			return false;
@@ -1224,7 +1239,7 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	op = op_alloc(e);
 	op->buf = buf; /* ownership moved at submission */
 	op->opcode = FERRY_OP_PUT;
-	op->flags = slot->flags;
+	op->flags = flags;
 	op->user_data = slot->user_data;
 	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0; /* as dispatch samples */
 	op->cb = slot->cb;
@@ -1283,9 +1298,9 @@ static bool drain_plain_get(struct ferry_engine *e, struct ferry_sq *sq,
 	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
 		return false;
 	for (uint32_t i = 0; i < iovcnt; i++) {
-		if (!iov[i].iov_base && iov[i].iov_len)
+		if ((!iov[i].iov_base && iov[i].iov_len) ||
+		    __builtin_add_overflow(len, iov[i].iov_len, &len))
 			return false;
-		len += iov[i].iov_len;
 	}
 	if (strnlen(slot->key, klen) != klen ||
 	    (n = keytable_compose_sfx(fullkey, slot->key, klen, &peer->from_sfx)) < 0)

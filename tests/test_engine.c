@@ -427,6 +427,38 @@ static void test_bad_sqes(void **state)
 	t_submit(e);
 	t_expect(e, NULL, 10, -EINVAL, NULL);
 
+	/*
+	 * Bits above FERRY_SQE__ALL with a foreign CQ (the first error found):
+	 * the engine's own flags (1 << 24 marks its internal ops, which end
+	 * without a CQE) must not reach the op's end as the op's.
+	 */
+	sqe = t_sqe(e);
+	ferry_prep_nop(sqe, 20);
+	ferry_sqe_set_cq(sqe, foreign_cq);
+	ferry_sqe_set_flags(sqe, 1u << 24);
+	t_submit(e);
+	t_expect(e, NULL, 20, -EINVAL, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k", &iov, 1, 21);
+	ferry_sqe_set_cq(sqe, foreign_cq);
+	ferry_sqe_set_flags(sqe, (1u << 24) | (1u << 26) | (1u << 27));
+	t_submit(e);
+	t_expect(e, NULL, 21, -EINVAL, NULL);
+
+	/* iovec lengths that add up past 2^64. */
+	static struct iovec wrap[2];
+
+	wrap[0] = (struct iovec){ longkey, SIZE_MAX };
+	wrap[1] = (struct iovec){ longkey, 2 };
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k", wrap, 2, 22);
+	t_submit(e);
+	t_expect(e, NULL, 22, -EINVAL, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "k", wrap, 2, 23);
+	t_submit(e);
+	t_expect(e, NULL, 23, -EINVAL, NULL);
+
 	/* A PUT to a name nobody holds. */
 	sqe = t_sqe(e);
 	ferry_prep_put(sqe, t_peer(e, "nobody"), "k", &iov, 1, 11);
@@ -501,6 +533,44 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_submit(e);
 	t_expect(e, other, 6, -EINVAL, NULL);
 
+	/* A key too long, another engine's peer, unknown flags, lengths past 2^64. */
+	static char longkey[FERRY_KEY_MAX + 10];
+	static struct iovec wrap[2];
+
+	memset(longkey, 'k', sizeof(longkey));
+	longkey[sizeof(longkey) - 1] = '\0';
+	wrap[0] = (struct iovec){ data, SIZE_MAX };
+	wrap[1] = (struct iovec){ data, 2 };
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, longkey, &iov, 1, 30);
+	t_submit(e);
+	t_expect(e, other, 30, -ENAMETOOLONG, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, longkey, &in_iov, 1, 31);
+	t_submit(e);
+	t_expect(e, other, 31, -ENAMETOOLONG, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, back, "k11", &iov, 1, 32); /* the other engine's peer handle */
+	t_submit(e);
+	t_expect(e, other, 32, -EINVAL, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, back, "k11", &in_iov, 1, 33);
+	t_submit(e);
+	t_expect(e, other, 33, -EINVAL, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k12", &iov, 1, 34);
+	ferry_sqe_set_flags(sqe, 1u << 24); /* an engine-only bit */
+	t_submit(e);
+	t_expect(e, other, 34, -EINVAL, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "k13", wrap, 2, 35);
+	t_submit(e);
+	t_expect(e, other, 35, -EINVAL, NULL);
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "k13", wrap, 2, 36);
+	t_submit(e);
+	t_expect(e, other, 36, -EINVAL, NULL);
+
 	/* A pool buffer released before its PUT, and one given with an iovec too. */
 	struct ferry_buf *fb;
 
@@ -541,14 +611,15 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_expect(e, other, 10, -EINVAL, NULL);
 
 	/* None of the refused PUTs reached the peer: it holds "warm" only. */
-	for (unsigned i = 0; i < 8; i++) {
-		static const char *const keys[] = { "ab", "k1", "k2", "k3", "k4", "k9", "k10", "warm" };
+	for (unsigned i = 0; i < 10; i++) {
+		static const char *const keys[] = { "ab", "k1", "k2", "k3", "k4", "k9", "k10",
+						    "k12", "k13", "warm" };
 
 		sqe = t_sqe(other);
 		ferry_prep_get(sqe, back, keys[i], &in_iov, 1, 100 + i);
 		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
 		t_submit(other);
-		t_expect(other, e, 100 + i, i < 7 ? -EAGAIN : 0, NULL);
+		t_expect(other, e, 100 + i, i < 9 ? -EAGAIN : 0, NULL);
 	}
 	/* And good ones still go both ways. */
 	sqe = t_sqe(other);
@@ -559,6 +630,49 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_expect(e, other, 12, 0, NULL);
 	t_expect(other, e, 11, 0, NULL);
 	assert_memory_equal(in, data, 8);
+
+	/* Good entries the round leaves to the general path still work: WAIT_PEER, a large iovec. */
+	static char big[4096];
+	static char big_in[4096];
+	static struct iovec big_iov = { big, sizeof(big) }, big_in_iov = { big_in, sizeof(big_in) };
+
+	for (unsigned i = 0; i < sizeof(big); i++)
+		big[i] = (char)(i * 7);
+	sqe = t_sqe(other);
+	ferry_prep_get(sqe, back, "big", &big_in_iov, 1, 40);
+	t_submit(other);
+	ferry_progress(other);
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "big", &big_iov, 1, 41); /* past the loop's iov_put_max: a pool block */
+	ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
+	ferry_sqe_set_timeout(sqe, 5ull * 1000000000);
+	t_submit(e);
+	t_expect(e, other, 41, 0, NULL);
+	t_expect(other, e, 40, 0, NULL);
+	assert_memory_equal(big_in, big, sizeof(big));
+
+	/* A plain PUT's deadline: the peer's engine is not driven, so no answer comes. */
+	sqe = t_sqe(e);
+	ferry_prep_put(sqe, p, "late", &iov, 1, 42);
+	ferry_sqe_set_timeout(sqe, 50ull * 1000000);
+	t_submit(e);
+	t_expect(e, NULL, 42, -ETIMEDOUT, NULL);
+	ferry_progress(other); /* it took the key; its answer is stale now */
+	ferry_progress(e);
+	/* A plain GET parked, then cancelled. */
+	sqe = t_sqe(e);
+	ferry_prep_get(sqe, p, "never", &in_iov, 1, 43);
+	t_submit(e);
+	ferry_progress(e);
+	sqe = t_sqe(e);
+	ferry_prep_cancel(sqe, 43, 44);
+	t_submit(e);
+	t_expect(e, NULL, 43, -ECANCELED, NULL);
+	t_expect(e, NULL, 44, 0, NULL);
+	/* Nothing of e is in flight any more, and its counters add up. */
+	assert_int_equal(t_health_num(e, "\"ops\":{", "in_flight"), 0);
+	assert_int_equal(t_health_num(e, "\"ops\":{", "submitted"),
+			 t_health_num(e, "\"ops\":{", "completed"));
 	/* Every block of e's pool came home (the refused PUTs' too). */
 	assert_int_equal(t_health_num(e, "\"pool\":{", "blocks_in_use"), 0);
 	ferry_engine_destroy(other);
