@@ -3,7 +3,8 @@
  *
  * Every test forks its peers (separate address spaces, separate engines
  * found by name) inside a private runtime directory: a large payload with a
- * checksum, 3 producers -> 1 consumer and 1 -> 3, isolated namespaces, a
+ * checksum, a lent block's RELEASE waking a sleeping sender, 3 producers
+ * -> 1 consumer and 1 -> 3, isolated namespaces, a
  * name live in another process and a crashed engine's files, and no files
  * left behind. Children report through their exit status; the parent
  * asserts. What every transport must show (order, sizes around the inline
@@ -314,6 +315,90 @@ static void test_big_payload_checksum(void **state)
 	ferry_engine_destroy(c);
 }
 
+/*
+ * A block lent to a receiver comes home to a sender whose reactor sleeps,
+ * when the receiver lets go of it: the RELEASE is the only thing the
+ * receiver writes then (its connection otherwise idle), and it must ring
+ * the sleeping sender, whose pool has no room for a second block until it
+ * comes back.
+ */
+struct release_rx {
+	struct t_gate got, let_go, done;
+};
+
+static int release_receiver(void *arg)
+{
+	struct release_rx *r = arg;
+	struct ferry_engine *e = mk("t", "relrx", 4u << 20);
+	struct ferry_peer *from;
+	struct ferry_sq *sq;
+	struct ferry_sqe *sqe;
+	struct ferry_cqe cqe;
+
+	if (!e || ferry_peer_open(e, "reltx", &from) || ferry_sq_get(e, &sq))
+		return 2;
+	sqe = ferry_sq_get_sqe(sq);
+	ferry_prep_get(sqe, from, "block", NULL, 0, 1); /* zero copy: the sender's block, lent */
+	ferry_sqe_set_timeout(sqe, 30 * SEC);
+	ferry_sq_submit(sq);
+	if (t_wait_one(e, &cqe, 30 * SEC) || cqe.res != 0 || !cqe.buf)
+		return 3;
+	t_gate_open(&r->got);
+	if (t_gate_wait(&r->let_go, 60000))
+		return 4;
+	if (ferry_buf_release(cqe.buf))
+		return 5;
+	if (t_gate_wait(&r->done, 60000)) /* our engine stays while the sender looks */
+		return 6;
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+static void test_release_wakes_sleeping_sender(void **state)
+{
+	struct release_rx r;
+	struct ferry_engine *e;
+	struct ferry_peer *to;
+	struct ferry_buf *b, *second = NULL;
+	struct held h;
+	int64_t end;
+	int rc;
+
+	(void)state;
+	t_gate_init(&r.got);
+	t_gate_init(&r.let_go);
+	t_gate_init(&r.done);
+	spawn_held(&h, release_receiver, &r);
+	e = mk("t", "reltx", 1u << 20); /* room for one 768 KiB block, not two */
+	assert_non_null(e);
+	assert_int_equal(ferry_peer_open(e, "relrx", &to), 0);
+	held_go(&h);
+	assert_int_equal(ferry_buf_alloc(e, 768u << 10, &b), 0);
+	memset(ferry_buf_data(b), 7, 768u << 10);
+	struct ferry_sqe *sqe = t_sqe(e);
+
+	ferry_prep_put_buf(sqe, to, "block", b, 1);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
+	ferry_sqe_set_timeout(sqe, 30 * SEC);
+	t_submit(e);
+	t_expect(e, NULL, 1, 0, NULL); /* it holds the key; the block stays lent */
+	assert_int_equal(t_gate_wait(&r.got, 30000), 0);
+	assert_int_equal(ferry_buf_alloc(e, 768u << 10, &second), -ENOMEM);
+	usleep(100 * 1000); /* the sender's reactor goes to sleep */
+	t_gate_open(&r.let_go);
+	end = t_now() + 5 * SEC * (t_under_valgrind() ? 10 : 1);
+	while ((rc = ferry_buf_alloc(e, 768u << 10, &second)) == -ENOMEM && t_now() < end)
+		usleep(1000);
+	assert_int_equal(rc, 0); /* the block came home */
+	assert_int_equal(ferry_buf_release(second), 0);
+	t_gate_open(&r.done);
+	assert_int_equal(t_reap(h.pid), 0);
+	ferry_engine_destroy(e);
+	t_gate_close(&r.got);
+	t_gate_close(&r.let_go);
+	t_gate_close(&r.done);
+}
+
 static void test_three_to_one(void **state)
 {
 	unsigned n = t_under_valgrind() ? 300 : 5000;
@@ -504,6 +589,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_big_payload_checksum, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_release_wakes_sleeping_sender, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_namespaces_isolated, setup, teardown),
