@@ -476,8 +476,9 @@ FERRY_API int ferry_buf_share(struct ferry_buf *b, uint32_t n, struct ferry_buf 
  * one build runs with and without a GPU: FERRY_FEATURE_CUDA is set when
  * it loaded and sees a device. Without it, registering device memory is
  * -ENODEV (logged, and the engine's health says why under "cuda"). ferry
- * gives no device buffers: ferry_buf_alloc_params with FERRY_MEM_CUDA is
- * -EOPNOTSUPP. FERRY_CUDA_RUNTIME=<path> names the runtime library to
+ * allocates no device buffers (ferry_buf_alloc_params with FERRY_MEM_CUDA
+ * is -EOPNOTSUPP); a GET with FERRY_SQE_DEVICE_BUF may hand out a sender's
+ * device memory, which cannot be PUT on (-EOPNOTSUPP) nor shared. FERRY_CUDA_RUNTIME=<path> names the runtime library to
  * load, FERRY_CUDA_RUNTIME=none turns CUDA off.
  */
 enum ferry_mem_type {
@@ -503,8 +504,13 @@ struct ferry_buf_params {
 FERRY_API int ferry_buf_alloc_params(struct ferry_engine *e, const struct ferry_buf_params *p,
 				     struct ferry_buf **out);
 
-/* The memory type of a buffer (FERRY_MEM_HOST for a NULL one). Any thread. */
+/*
+ * The memory type of a buffer (FERRY_MEM_HOST for a NULL one), and for a
+ * device buffer (FERRY_SQE_DEVICE_BUF) the CUDA device ordinal its memory
+ * is on in this process (-1 for host memory). Any thread.
+ */
 FERRY_API enum ferry_mem_type ferry_buf_mem(const struct ferry_buf *b);
+FERRY_API int ferry_buf_device(const struct ferry_buf *b);
 
 /*
  * A registered region: memory of the application (host memory now)
@@ -695,7 +701,19 @@ enum ferry_op {
  * -ETIMEDOUT if the peer is not up by then (a CANCEL ends it too).
  */
 #define FERRY_SQE_WAIT_PEER (1u << 8)
-#define FERRY_SQE__ALL ((1u << 9) - 1)
+/*
+ * GET without a destination (iov NULL): when the data is another process's
+ * CUDA device memory (a PUT of device segments over shm, by CUDA IPC), hand
+ * out that memory itself, opened here, instead of a copy in host memory: a
+ * buffer of FERRY_MEM_CUDA (ferry_buf_mem, ferry_buf_device) whose
+ * ferry_buf_data is a device pointer valid in this process, read in place
+ * with no copy at all. The sender's PUT ends when the buffer is released
+ * (ferry_buf_release, any thread): until then its memory is the reader's.
+ * A PUT of several device segments, and data in host memory, still come as
+ * a host buffer. Without the flag a GET for a buffer always gets host memory.
+ */
+#define FERRY_SQE_DEVICE_BUF (1u << 9)
+#define FERRY_SQE__ALL ((1u << 10) - 1)
 
 /*
  * A submission entry. Fill it with the ferry_prep_* helpers; then set the

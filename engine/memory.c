@@ -85,8 +85,12 @@ int ferry_buf_alloc_params(struct ferry_engine *e, const struct ferry_buf_params
 
 enum ferry_mem_type ferry_buf_mem(const struct ferry_buf *b)
 {
-	(void)b; /* every buffer is host memory in this build */
-	return FERRY_MEM_HOST;
+	return b && (b->flags & POOL_BUF_F_DEVICE) ? FERRY_MEM_CUDA : FERRY_MEM_HOST;
+}
+
+int ferry_buf_device(const struct ferry_buf *b)
+{
+	return b && (b->flags & POOL_BUF_F_DEVICE) ? b->device : -1;
 }
 
 /* Every registration of r goes back to its transport (each once). */

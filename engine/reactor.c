@@ -795,6 +795,14 @@ int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *s
 			op_complete(e, op, -EINVAL, 0, NULL);
 			return -EINVAL;
 		}
+		if (op->buf->flags & POOL_BUF_F_DEVICE) {
+			/* Another process's device memory, lent to us: it is not ours to send on. */
+			log_error("op %llx: a device buffer a GET handed out (FERRY_SQE_DEVICE_BUF) "
+				  "cannot be PUT: copy it into a registered region first",
+				  (unsigned long long)op->user_data);
+			op_complete(e, op, -EOPNOTSUPP, 0, NULL); /* (it frees the buffer, as any refused PUT's) */
+			return -EOPNOTSUPP;
+		}
 	}
 	if ((rc = check_peer(e, sqe)) || (rc = check_key(sqe)) || (rc = check_iov(sqe)) ||
 	    (sqe->buf && sqe->iovcnt && (rc = -EINVAL)) || (rc = op_pin(e, op, sqe))) {
@@ -1050,7 +1058,7 @@ static const struct op_def {
 } op_defs[FERRY_OP__MAX] = {
 	[FERRY_OP_NOP] = { "NOP", 0, do_nop },
 	[FERRY_OP_PUT] = { "PUT", FERRY_SQE_REPLACE | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER, do_put },
-	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_SEGS, do_get },
+	[FERRY_OP_GET] = { "GET", FERRY_SQE_NOWAIT | FERRY_SQE_SEGS | FERRY_SQE_DEVICE_BUF, do_get },
 	[FERRY_OP_CANCEL] = { "CANCEL", 0, do_cancel_sqe },
 	[FERRY_OP_STREAM_PUT] = { "STREAM_PUT",
 				  FERRY_SQE_STREAM_END | FERRY_SQE_SEGS | FERRY_SQE_WAIT_PEER,

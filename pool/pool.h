@@ -93,6 +93,7 @@ struct ferry_buf {
 					the root that holds the block; else NULL */
 	_Atomic uint32_t share_refs;   /* a share root: live shared handles */
 	uint64_t filled;               /* a share root with POOL_BUF_F_FILLING: see pool_filled */
+	int32_t device;                /* POOL_BUF_F_DEVICE: the CUDA device ordinal of data */
 };
 
 /* The handle names memory that is not this pool's (see pool_wrap). */
@@ -110,6 +111,12 @@ struct ferry_buf {
  * fills it, on the reactor's thread; read there.
  */
 #define POOL_BUF_F_FILLING (1u << 2)
+/*
+ * A foreign handle whose data is CUDA device memory (another process's,
+ * opened here by IPC: backends/cuda hands it out for a GET with
+ * FERRY_SQE_DEVICE_BUF); device says which. The CPU never reads it.
+ */
+#define POOL_BUF_F_DEVICE (1u << 3)
 #define POOL_FILL_FAILED UINT64_MAX
 /*
  * A share root (POOL_BUF_ROOT) is the hidden handle that holds a shared

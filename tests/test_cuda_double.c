@@ -1156,6 +1156,153 @@ static void test_double_ipc_device_to_device(void **state)
 }
 
 /*
+ * Device buffers handed out (FERRY_SQE_DEVICE_BUF): a GET for a buffer of
+ * another process's device PUT gets that memory itself, opened here by IPC,
+ * with no copy; the sender's PUT ends only when the buffer is released. A
+ * PUT of two segments still comes as a host buffer (staged); a device
+ * buffer cannot be PUT on (-EOPNOTSUPP, and the refusal releases it); one
+ * released after its engine was destroyed ends cleanly.
+ */
+#define DB_LEN 200000u
+
+static struct t_gate db_ready, db_holding, db_let_go, db_done;
+
+static int devbuf_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("dvb", FERRY_PROGRESS_THREAD, 4u << 20);
+	struct ferry_peer *from = t_peer(b, "dva");
+	static uint8_t want[DB_LEN];
+	struct ferry_cqe c, two, fwd, late;
+	struct ferry_sqe *sqe;
+
+	(void)arg;
+	for (unsigned i = 0; i < 4; i++) {
+		static const char *const keys[] = { "dv", "two", "fwd", "late" };
+
+		sqe = t_sqe(b);
+		ferry_prep_get(sqe, from, keys[i], NULL, 0, 10 + i);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_DEVICE_BUF);
+		ferry_sqe_set_timeout(sqe, 30 * SEC);
+		t_submit(b);
+	}
+	t_gate_open(&db_ready);
+	/* The sender's device memory itself: no copy (the double made none here). */
+	t_expect(b, NULL, 10, 0, &c);
+	if (c.len != DB_LEN || !(c.flags & FERRY_CQE_F_BUF) || ferry_buf_mem(c.buf) != FERRY_MEM_CUDA ||
+	    ferry_buf_device(c.buf) != 0 || ferry_buf_len(c.buf) != DB_LEN)
+		return child_failed(__LINE__, 2);
+	pattern(want, DB_LEN, 1);
+	if (memcmp(ferry_buf_data(c.buf), want, DB_LEN) || d_stat("copies") != 0)
+		return child_failed(__LINE__, 3);
+	{
+		struct ferry_buf *sh[2];
+
+		if (ferry_buf_share(c.buf, 2, sh) != -EINVAL) /* not ours to share */
+			return child_failed(__LINE__, 13);
+	}
+	/* Two segments: a host buffer, staged by the sender. */
+	t_expect(b, NULL, 11, 0, &two);
+	pattern(want, DB_LEN, 2);
+	if (two.len != DB_LEN || ferry_buf_mem(two.buf) != FERRY_MEM_HOST ||
+	    ferry_buf_device(two.buf) != -1 || memcmp(ferry_buf_data(two.buf), want, DB_LEN))
+		return child_failed(__LINE__, 4);
+	ferry_buf_release(two.buf);
+	if (t_health_num(b, "\"cuda\":{", "ipc_handouts") != 1 ||
+	    t_health_num(b, "\"cuda\":{", "handouts_out") != 1)
+		return child_failed(__LINE__, 5);
+	t_gate_open(&db_holding);
+	if (t_gate_wait(&db_let_go, 30000))
+		return child_failed(__LINE__, 6);
+	if (ferry_buf_release(c.buf))
+		return child_failed(__LINE__, 7);
+	/* Not to be PUT on: refused, and the refusal releases it (the sender's PUT ends). */
+	t_expect(b, NULL, 12, 0, &fwd);
+	if (ferry_buf_mem(fwd.buf) != FERRY_MEM_CUDA)
+		return child_failed(__LINE__, 8);
+	sqe = t_sqe(b);
+	ferry_prep_put_buf(sqe, from, "back", fwd.buf, 20);
+	t_submit(b);
+	t_expect(b, NULL, 20, -EOPNOTSUPP, NULL);
+	/* One released after its engine went. */
+	t_expect(b, NULL, 13, 0, &late);
+	pattern(want, DB_LEN, 3);
+	if (ferry_buf_mem(late.buf) != FERRY_MEM_CUDA || memcmp(ferry_buf_data(late.buf), want, DB_LEN))
+		return child_failed(__LINE__, 9);
+	{
+		int64_t end = t_now() + 5 * SEC;
+
+		while (t_health_num(b, "\"cuda\":{", "handouts_out") != 1 && t_now() < end)
+			usleep(1000); /* (fwd's handout ends in a round) */
+		if (t_health_num(b, "\"cuda\":{", "handouts_out") != 1)
+			return child_failed(__LINE__, 10);
+	}
+	ferry_engine_destroy(b);
+	if (ferry_buf_mem(late.buf) != FERRY_MEM_CUDA || ferry_buf_release(late.buf) != 0)
+		return child_failed(__LINE__, 11);
+	if (ferry_buf_release(late.buf) != -EINVAL) /* once only */
+		return child_failed(__LINE__, 12);
+	t_gate_wait(&db_done, 30000);
+	return 0;
+}
+
+static void test_double_ipc_device_buffer(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	struct ferry_region *rs;
+	struct ferry_cqe c;
+	uint8_t *src;
+	static struct ferry_seg seg[5];
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&db_ready);
+	t_gate_init(&db_holding);
+	t_gate_init(&db_let_go);
+	t_gate_init(&db_done);
+	pid = t_fork(devbuf_child, NULL); /* before any stream thread of the double exists here */
+	a = t_engine("dva", FERRY_PROGRESS_THREAD, 4u << 20);
+	to = t_peer(a, "dvb");
+	src = d_malloc(0, 4096 + 4 * DB_LEN);
+	for (unsigned i = 0; i < 4; i++)
+		pattern(src + 4096 + i * DB_LEN, DB_LEN, 1 + i);
+	rs = dev_reg(a, src + 4096, 4 * DB_LEN, 0);
+	assert_int_equal(t_gate_wait(&db_ready, 20000), 0);
+	seg[0] = (struct ferry_seg){ rs, 0, DB_LEN };
+	seg[1] = (struct ferry_seg){ rs, DB_LEN, DB_LEN / 2 };
+	seg[2] = (struct ferry_seg){ rs, DB_LEN + DB_LEN / 2, DB_LEN / 2 };
+	seg[3] = (struct ferry_seg){ rs, 3 * DB_LEN, DB_LEN }; /* pattern 4: "fwd" */
+	seg[4] = (struct ferry_seg){ rs, 2 * DB_LEN, DB_LEN }; /* pattern 3: "late" */
+	put_segs(a, to, "dv", &seg[0], 1, 1, 0, NULL);
+	put_segs(a, to, "two", &seg[1], 2, 2, 0, NULL);
+	t_expect(a, NULL, 2, 0, NULL); /* staged: it ends when the receiver holds it */
+	assert_int_equal(t_gate_wait(&db_holding, 20000), 0);
+	t_expect_none(a, NULL, 200 * slow()); /* "dv" is being read in place */
+	t_gate_open(&db_let_go);
+	t_expect(a, NULL, 1, 0, &c);
+	assert_int_equal(c.len, DB_LEN);
+	put_segs(a, to, "fwd", &seg[3], 1, 3, 0, NULL);
+	t_expect(a, NULL, 3, 0, NULL); /* released by the refusal of its PUT onward */
+	put_segs(a, to, "late", &seg[4], 1, 4, 0, NULL);
+	assert_int_equal(t_wait_cqe(a, NULL, &c, 20 * SEC), 1);
+	assert_int_equal(c.user_data, 4);
+	/* Released after the receiver's engine went: 0, or its connection's loss. */
+	assert_true(c.res == 0 || c.res == -ECONNRESET);
+	/* Each went by IPC; "two" was then asked again and sent staged. */
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 4);
+	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 1);
+	assert_int_equal(d_stat("copies") > 0, 1); /* "two" was staged here */
+	t_gate_open(&db_done);
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	d_free(src);
+	t_gate_close(&db_ready);
+	t_gate_close(&db_holding);
+	t_gate_close(&db_let_go);
+	t_gate_close(&db_done);
+}
+
+/*
  * Ping-pong by IPC both ways (the GPU check's latency loop, which failed
  * on a real GPU): the child GETs "ping" into its device memory and PUTs
  * it back as "pong" from there; the parent PUTs ping, waits for that PUT,
@@ -1793,6 +1940,7 @@ int main(void)
 		cmocka_unit_test(test_double_pipelined_over_tcp),
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_pingpong),
+		cmocka_unit_test(test_double_ipc_device_buffer),
 		cmocka_unit_test(test_double_ipc_to_no_runtime),
 		cmocka_unit_test(test_double_ipc_get_when_jobs_busy),
 		cmocka_unit_test(test_double_peer_pool_pin_refused),

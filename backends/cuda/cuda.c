@@ -82,6 +82,7 @@
 #define CUDA_MAX_DEV 16
 #define IPC_SEGS 16     /* device segments a descriptor names at most (more: staged) */
 #define IPC_CACHE 64    /* handles of other processes open at once */
+#define CUDA_HANDOUTS 256 /* device buffers handed out at once (FERRY_SQE_DEVICE_BUF) */
 #define IPC_MAGIC 0x43495046u
 #define IPC_VERSION 1
 /* ipc_desc.flags: the sender sends the data again, staged, when the receiver's RELEASE asks. */
@@ -190,6 +191,23 @@ struct cuda_svc {
 	bool ipc_open_warned;
 	uint64_t ipc_clock;
 	struct ipc_open ipc_cache[IPC_CACHE];
+	/*
+	 * Device buffers handed out (a GET with FERRY_SQE_DEVICE_BUF: the
+	 * sender's memory itself, opened here): each holds its cache slot open
+	 * and its descriptor's block (the sender's PUT ends when that goes back).
+	 * A release (any thread) queues the buffer on `released` for progress;
+	 * after fini (`closed`) it ends the handout itself, under `lock`. The
+	 * service lives while its engine or any handout does (`refs`).
+	 */
+	struct handout {
+		struct ferry_buf *desc; /* NULL: free */
+		uint8_t slot;
+	} handouts[CUDA_HANDOUTS];
+	uint32_t handouts_free[CUDA_HANDOUTS], nhandouts_free;
+	struct ferry_buf *_Atomic released;
+	_Atomic int closed, rel_users, refs;
+	_Atomic uint32_t handouts_live;
+	stat_t ipc_handouts;  /* device buffers handed out (zero copy) */
 };
 
 /* A device region's registration: what the runtime said of it. */
@@ -224,8 +242,20 @@ static int cuda_init(struct ferry_engine *e, struct backend *b)
 		s->jobs[i].next = s->free;
 		s->free = &s->jobs[i];
 	}
+	for (unsigned i = 0; i < CUDA_HANDOUTS; i++)
+		s->handouts_free[s->nhandouts_free++] = CUDA_HANDOUTS - 1 - i;
+	atomic_init(&s->refs, 1); /* the engine's */
 	b->data = s;
 	return 0;
+}
+
+/* The last reference (the engine's, or the last handout's after fini) frees s. */
+static void svc_unref(struct cuda_svc *s)
+{
+	if (atomic_fetch_sub_explicit(&s->refs, 1, memory_order_acq_rel) == 1) {
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+	}
 }
 
 /* The runtime, loaded by the first device region (any thread), or NULL and why. */
@@ -1148,6 +1178,138 @@ static int ipc_restage_or(struct cuda_svc *s, const struct op *op, const struct 
 	return err;
 }
 
+static void handout_release(struct ferry_buf *buf, void *ctx);
+
+/*
+ * A GET for a buffer that welcomes device memory (FERRY_SQE_DEVICE_BUF), of
+ * a descriptor of one segment: the sender's allocation opened here (the
+ * cache), and a foreign handle over the segment handed out in the CQE, no
+ * copy at all. The handle holds the slot and the descriptor's block until
+ * it is released (handouts_flush): then the block goes back and the
+ * sender's PUT ends. A descriptor of several segments (one buffer is one
+ * piece of memory), or no room for another handout, comes staged instead.
+ * 0: the GET is completed.
+ */
+static int ipc_hand_out(struct cuda_svc *s, const struct cuda_rt *rt, struct op *op,
+			struct ferry_buf *buf)
+{
+	struct cuda_ptr_attr a;
+	struct ipc_desc d;
+	struct ipc_seg seg[IPC_SEGS];
+	struct ferry_buf *out;
+	struct ipc_open *o;
+	uint32_t h;
+	int rc, slot;
+
+	if ((rc = ipc_read(s, op, buf, &d, seg)))
+		return rc;
+	if (d.nseg != 1)
+		return ipc_restage_or(s, op, buf, -EOPNOTSUPP,
+				      "it names several device segments, and a device buffer is one "
+				      "piece of memory");
+	if (!s->nhandouts_free)
+		return ipc_restage_or(s, op, buf, -ENOBUFS, "256 device buffers are out already");
+	if ((slot = ipc_slot(s, rt, &d, &seg[0])) < 0)
+		return slot == -EIO ? ipc_restage_or(s, op, buf, -EIO, "its handle does not open here")
+				    : slot;
+	o = &s->ipc_cache[slot];
+	if (seg[0].off > o->size || seg[0].len > o->size - seg[0].off) {
+		log_error("cuda: engine %s: GET %llx: a CUDA IPC descriptor of %s reaches past its "
+			  "allocation", s->e->name, (unsigned long long)op->user_data, d.sender);
+		return -EPROTO;
+	}
+	if ((rc = pool_wrap(s->e->pool, (char *)o->ptr + seg[0].off, seg[0].len, 0,
+			    handout_release, s, &out)))
+		return ipc_restage_or(s, op, buf, rc, "no buffer handle is free in its pool");
+	h = s->handouts_free[--s->nhandouts_free];
+	s->handouts[h].desc = buf;
+	s->handouts[h].slot = (uint8_t)slot;
+	o->refs++;
+	out->remote_cookie = h;
+	out->device = seg[0].dev;
+	memset(&a, 0, sizeof(a));
+	if (rt->PointerGetAttributes && rt->PointerGetAttributes(&a, out->data) == CUDA_OK &&
+	    a.type == CUDA_MEM_TYPE_DEVICE)
+		out->device = a.device; /* its ordinal in this process */
+	else
+		rt->GetLastError();
+	out->flags |= POOL_BUF_F_DEVICE;
+	atomic_fetch_add(&s->refs, 1);
+	atomic_fetch_add(&s->handouts_live, 1);
+	STAT_ADD(s->ipc_handouts, 1);
+	STAT_ADD(s->ipc_bytes, d.total);
+	op_complete(s->e, op, 0, d.total, out);
+	return 0;
+}
+
+/* A handout ends (progress, or a release after fini under s->lock): slot, block, handle. */
+static void handout_end(struct cuda_svc *s, const struct cuda_rt *rt, struct ferry_buf *out,
+			bool closed)
+{
+	struct handout *h = &s->handouts[out->remote_cookie];
+	struct ipc_open *o = &s->ipc_cache[h->slot];
+	struct ferry_buf *desc = h->desc;
+
+	if (--o->refs == 0 && (o->stale || closed)) {
+		if (closed) { /* (the engine is gone: no name to log with) */
+			if (rt->IpcCloseMemHandle(o->ptr) != CUDA_OK)
+				rt->GetLastError();
+			o->used = false;
+		} else {
+			ipc_close(s, rt, o);
+		}
+	}
+	h->desc = NULL;
+	s->handouts_free[s->nhandouts_free++] = (uint32_t)(h - s->handouts);
+	atomic_fetch_sub(&s->handouts_live, 1);
+	out->flags &= ~POOL_BUF_F_DEVICE;
+	pool_wrap_done(out);
+	pool_free(desc); /* the sender's block goes back: its PUT ends */
+}
+
+/* Any thread: a device buffer handed out was released. */
+static void handout_release(struct ferry_buf *buf, void *ctx)
+{
+	struct cuda_svc *s = ctx;
+
+	atomic_fetch_add(&s->rel_users, 1);
+	if (atomic_load(&s->closed)) {
+		atomic_fetch_sub(&s->rel_users, 1);
+		pthread_mutex_lock(&s->lock);
+		handout_end(s, atomic_load(&s->rt), buf, true);
+		pthread_mutex_unlock(&s->lock);
+		svc_unref(s);
+		return;
+	}
+	struct ferry_buf *head = atomic_load_explicit(&s->released, memory_order_relaxed);
+
+	do {
+		atomic_store_explicit(&buf->release_next, head, memory_order_relaxed);
+	} while (!atomic_compare_exchange_weak_explicit(&s->released, &head, buf,
+							memory_order_release,
+							memory_order_relaxed));
+	ferry__backend_wake(s->e, s->b); /* handouts_flush runs in a round */
+	atomic_fetch_sub(&s->rel_users, 1);
+}
+
+/* Progress: the handouts released since the last round end. */
+static int handouts_flush(struct cuda_svc *s)
+{
+	struct ferry_buf *list = atomic_exchange_explicit(&s->released, NULL, memory_order_acquire);
+	const struct cuda_rt *rt = atomic_load(&s->rt);
+	int n = 0;
+
+	while (list) {
+		struct ferry_buf *buf = list;
+
+		list = atomic_load_explicit(&buf->release_next, memory_order_relaxed);
+		handout_end(s, rt, buf, false);
+		svc_unref(s); /* (the engine's reference stays: never the last here) */
+		n++;
+	}
+	return n;
+}
+
 /* A GET of a CUDA IPC descriptor: the runtime is loaded here if it is not yet. */
 static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 {
@@ -1156,13 +1318,16 @@ static int ipc_get(struct cuda_svc *s, struct op *op, struct ferry_buf *buf)
 	struct cuda_job *j = NULL;
 	int rc;
 
-	if (!op->iovcnt) /* ferry hands out no device buffers: host memory, from its pool */
+	if (!op->iovcnt && !(op->flags & FERRY_SQE_DEVICE_BUF))
 		return ipc_restage_or(s, op, buf, -EOPNOTSUPP,
-				      "a GET for a buffer takes host memory from a pool");
+				      "a GET for a buffer takes host memory from a pool "
+				      "(FERRY_SQE_DEVICE_BUF takes the device memory itself)");
 	if (!rt)
 		return ipc_restage_or(s, op, buf, -ENODEV, why);
 	if (!rt->IpcOpenMemHandle || !rt->IpcCloseMemHandle)
 		return ipc_restage_or(s, op, buf, -EOPNOTSUPP, "the runtime here has no CUDA IPC");
+	if (!op->iovcnt)
+		return ipc_hand_out(s, rt, op, buf);
 	if ((rc = ipc_probe(s, rt, op, buf)))
 		return rc;
 	if (s->wait_head || (rc = job_take(s, rt, &j)) == -EAGAIN) {
@@ -1404,13 +1569,19 @@ static int cuda_progress(struct ferry_engine *e, struct backend *b)
 	int n = 0, res;
 
 	(void)e;
+	if (atomic_load_explicit(&s->released, memory_order_relaxed))
+		n += handouts_flush(s);
 	if (!s->busy) {
 		/*
-		 * No job out: nothing to poll until one is issued, and jobs are
-		 * issued only on the progress side (job_issue clears quiet).
+		 * No job out: nothing to poll until one is issued (jobs are
+		 * issued only on the progress side: job_issue clears quiet) or a
+		 * device buffer is released (its hook wakes us): skip the rounds,
+		 * then look once more.
 		 */
 		ferry__backend_quiet(b);
-		return 0;
+		if (atomic_load(&s->released))
+			backend_busy(b);
+		return n;
 	}
 	rt = atomic_load(&s->rt);
 	for (j = s->busy; j; j = next) {
@@ -1444,6 +1615,8 @@ static bool cuda_has_work(struct ferry_engine *e, struct backend *b)
 	const struct cuda_rt *rt;
 
 	(void)e;
+	if (s && atomic_load_explicit(&s->released, memory_order_relaxed))
+		return true;
 	if (!s || !s->busy)
 		return false;
 	rt = atomic_load(&s->rt);
@@ -1539,9 +1712,19 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 				if (s->jobs[i].marks[k])
 					rt->EventDestroy(s->jobs[i].marks[k]);
 		}
+		/*
+		 * Device buffers still out keep their slots open: their releases
+		 * (any thread, later) end them and close the slots (closed).
+		 */
+		atomic_store(&s->closed, 1);
+		while (atomic_load(&s->rel_users))
+			cpu_relax();
+		pthread_mutex_lock(&s->lock); /* releases from now on end their handouts under it */
+		handouts_flush(s);
 		for (unsigned i = 0; i < IPC_CACHE; i++)
-			if (s->ipc_cache[i].used)
+			if (s->ipc_cache[i].used && !s->ipc_cache[i].refs)
 				ipc_close(s, rt, &s->ipc_cache[i]);
+		pthread_mutex_unlock(&s->lock);
 		for (int d = 0; d < CUDA_MAX_DEV; d++)
 			if (s->stream[d])
 				rt->StreamDestroy(s->stream[d]);
@@ -1549,9 +1732,9 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 			rt->HostUnregister(s->pool_addr);
 		rt->GetLastError();
 	}
-	pthread_mutex_destroy(&s->lock);
-	free(s);
+	atomic_store(&s->closed, 1); /* (without a runtime, no handout was made) */
 	b->data = NULL;
+	svc_unref(s); /* the engine's: the last one unless device buffers are still out */
 }
 
 /*
@@ -1709,7 +1892,7 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			"\"ipc_gets\":%llu,\"ipc_bytes\":%llu,\"ipc_opens\":%llu,\"ipc_closes\":%llu,"
 			"\"ipc_open\":%u,\"ipc_resends\":%llu,\"ipc_restaged\":%llu,\"jobs_ended\":%llu,"
 			"\"job_ns\":%llu,\"direct_puts\":%llu,\"direct_restaged\":%llu,"
-			"\"pipelined_puts\":%llu}",
+			"\"pipelined_puts\":%llu,\"ipc_handouts\":%llu,\"handouts_out\":%u}",
 			rt ? "true" : "false", rt ? "" : cuda_rt_why(),
 			rt ? rt->devices : 0, atomic_load(&s->pool_pinned) ? "true" : "false",
 			atomic_load(&s->regions), atomic_load(&s->inflight), atomic_load(&s->waiting),
@@ -1730,7 +1913,8 @@ static int cuda_health(struct ferry_engine *e, struct backend *b, char *buf, siz
 			(unsigned long long)STAT_GET(s->job_ns),
 			(unsigned long long)STAT_GET(s->direct_puts),
 			(unsigned long long)STAT_GET(s->direct_restaged),
-			(unsigned long long)STAT_GET(s->pipelined_puts));
+			(unsigned long long)STAT_GET(s->pipelined_puts),
+			(unsigned long long)STAT_GET(s->ipc_handouts), atomic_load(&s->handouts_live));
 }
 
 const struct backend_ops ferry__cuda_backend = {

@@ -304,6 +304,36 @@ static int get_host(struct ferry_engine *e, struct ferry_peer *from, const char 
 	return wait_op(e, ud, len);
 }
 
+/*
+ * A GET for a buffer that takes the sender's device memory itself
+ * (FERRY_SQE_DEVICE_BUF): the CQE's buffer, or NULL (*res says why).
+ */
+static struct ferry_buf *get_devbuf(struct ferry_engine *e, struct ferry_peer *from,
+				    const char *key, uint64_t ud, int *res)
+{
+	struct ferry_sqe *q = sqe_of(e);
+	struct ferry_cqe c;
+	uint64_t end = now_ns() + OP_TIMEOUT;
+
+	ferry_prep_get(q, from, key, NULL, 0, ud);
+	ferry_sqe_set_flags(q, FERRY_SQE_DEVICE_BUF);
+	ferry_sqe_set_timeout(q, OP_TIMEOUT);
+	submit(e);
+	*res = -ETIMEDOUT;
+	while (now_ns() < end) {
+		if (ferry_cq_wait(ferry_cq_default(e), &c, 1, 100000000) != 1)
+			continue;
+		if (c.user_data != ud) {
+			if (c.flags & FERRY_CQE_F_BUF)
+				ferry_buf_release(c.buf);
+			continue;
+		}
+		*res = c.res;
+		return (c.flags & FERRY_CQE_F_BUF) ? c.buf : NULL;
+	}
+	return NULL;
+}
+
 static uint64_t ud_next = 1;
 
 /* One 64 B copy on a stream of this process, seen done by spinning on its event. */
@@ -349,7 +379,7 @@ static uint64_t copy64_seen_ns(uint8_t *dst, const uint8_t *src)
 
 enum {
 	CMD_D2D = 1, CMD_D2H, CMD_H2D, CMD_STREAM, CMD_PING64, CMD_PING1M, CMD_BIG, CMD_PINGH, CMD_IPCRAW,
-	CMD_RAWPING, CMD_END
+	CMD_RAWPING, CMD_HANDOUT, CMD_END
 };
 
 struct cmd {
@@ -432,6 +462,23 @@ static int child(void)
 			}
 			continue;
 		}
+		if (c.op == CMD_HANDOUT) {
+			/* The parent's device memory itself, opened here: summed in place. */
+			struct ferry_buf *b = get_devbuf(e, p, "data", ud_next++, &rc);
+			uint64_t done = now_ns();
+
+			len = b ? ferry_buf_len(b) : 0;
+			sum = !b || rc ? ~0ull
+			      : ferry_buf_mem(b) != FERRY_MEM_CUDA ? ~1ull
+			      : dev_sum(ferry_buf_data(b), len);
+			if (b)
+				ferry_buf_release(b); /* the parent's PUT ends now */
+			uint64_t ans[3] = { sum, len, done };
+
+			if (put_host(e, p, "sum", ans, sizeof(ans), ud_next++))
+				return 1;
+			continue;
+		}
 		if (c.op == CMD_D2H) {
 			rc = get_host(e, p, "data", host, MAXSZ + 4096, ud_next++, &len);
 			sum = rc ? ~0ull : host_sum(host, len);
@@ -457,6 +504,7 @@ static int child(void)
 static const char *json_out = "gpu_check.json";
 static double t_ferry_d2d = -1, t_memcpy_d2d = -1, t_staged_ref = -1, lat64 = -1, lat1m = -1;
 static double t_ferry_staged = -1, t_ferry_d2d_put = -1, lat_host64 = -1, t_pageable_h2d = -1;
+static double t_ferry_handout = -1;
 static double done_spin_us = -1, done_hostfn_us = -1, job_us = -1, ipc_copy_us = -1, local_copy_us = -1,
 	      alt_copy_us = -1;
 static long long ipc_puts = -1, staged_puts = -1;
@@ -503,6 +551,9 @@ static void write_json(const char *error)
 	fprintf(f, "\"d2d_190MiB_cudaMemcpy_ms\":%.3f,", t_memcpy_d2d);
 	fprintf(f, "\"d2d_190MiB_ratio\":%.3f,", t_memcpy_d2d > 0 ? t_ferry_d2d / t_memcpy_d2d : -1);
 	fprintf(f, "\"d2d_190MiB_put_cqe_ms\":%.3f,", t_ferry_d2d_put);
+	fprintf(f, "\"handout_190MiB_ferry_ms\":%.3f,", t_ferry_handout);
+	fprintf(f, "\"handout_190MiB_vs_cudaMemcpy_d2d\":%.3f,",
+		t_memcpy_d2d > 0 && t_ferry_handout >= 0 ? t_ferry_handout / t_memcpy_d2d : -1);
 	fprintf(f, "\"staged_190MiB_ferry_ms\":%.3f,", t_ferry_staged);
 	fprintf(f, "\"staged_ref_d2h_h2d_ms\":%.3f,", t_staged_ref);
 	fprintf(f, "\"staged_ferry_vs_ref_bw\":%.3f,", t_ferry_staged > 0 ? t_staged_ref / t_ferry_staged : -1);
@@ -773,6 +824,31 @@ int main(int argc, char **argv)
 		}
 		t_ferry_d2d = best == UINT64_MAX ? -1 : best / 1e6;
 		t_ferry_d2d_put = best_put == UINT64_MAX ? -1 : best_put / 1e6;
+		/*
+		 * The same 190 MiB handed out (FERRY_SQE_DEVICE_BUF): the child's GET
+		 * completes with the parent's memory itself, no copy; timed from the
+		 * PUT's submit to that GET's completion; the child then sums it in
+		 * place on the device and releases it (the PUT ends then).
+		 */
+		{
+			uint64_t want = dev_sum(src, MAXSZ), hbest = UINT64_MAX;
+			bool hok = true;
+
+			for (int r = 0; r < 7 && hok; r++) {
+				send_cmd(CMD_HANDOUT, MAXSZ, 0);
+				usleep(20000); /* the child's GET waits before the clock starts */
+				t0 = now_ns();
+				hok = put_segs(pe, pp, "data", rs, MAXSZ, ud_next++, 0, NULL) == 0 &&
+				      answer(&sum, &len) && len == MAXSZ && sum == want &&
+				      child_done >= t0;
+				if (hok && child_done - t0 < hbest)
+					hbest = child_done - t0;
+			}
+			result("handout_190MiB", hok, "device buffer: checksum %llx want %llx, len %llu",
+			       (unsigned long long)sum, (unsigned long long)want,
+			       (unsigned long long)len);
+			t_ferry_handout = hbest == UINT64_MAX ? -1 : hbest / 1e6;
+		}
 		cudaEvent_t a, b;
 		float ms = 0, bestms = 1e9f;
 

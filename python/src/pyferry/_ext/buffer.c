@@ -169,6 +169,13 @@ static int buffer_getbuffer(pyf_buffer *self, Py_buffer *view, int flags)
 		view->obj = NULL;
 		return -1;
 	}
+	if (ferry_buf_mem(self->b) != FERRY_MEM_HOST) {
+		/* (pyferry asks for no device buffers: FERRY_SQE_DEVICE_BUF is the C API's) */
+		PyErr_SetString(PyExc_BufferError, "the Buffer is CUDA device memory: the CPU "
+				"cannot read it through the buffer protocol");
+		view->obj = NULL;
+		return -1;
+	}
 	if (PyBuffer_FillInfo(view, (PyObject *)self, self->data, self->len, self->readonly,
 			      flags) < 0)
 		return -1;
