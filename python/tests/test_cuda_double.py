@@ -187,6 +187,70 @@ def test_connector_supports_raw_data_without_cuda(double, ns):
     assert "raw False False" in p.stdout
 
 
+def test_double_get_buffer_device_memory(double, ns, tmp_path):
+    """pyferry.cuda.get_buffer across two processes (the double's IPC): the
+    Buffer is the sender's device memory itself (its array interface names
+    it, the buffer protocol refuses it), and the sender's put_tensor returns
+    only once the Buffer is released."""
+    stamp = tmp_path / "released"
+    recv = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent("""
+        import os, time
+        b = pyferry.Engine("gbr", ns=os.environ["NS"], pool_size=8 << 20)
+        print("up", flush=True)
+        buf = fc.get_buffer(b, "gbs", "kv", timeout=20)
+        cai = buf.__cuda_array_interface__
+        assert buf.device == 0 and cai["shape"] == (300000,) and cai["typestr"] == "|u1", cai
+        want = bytes((i * 7 + (i >> 9)) & 255 for i in range(300000))
+        assert ctypes.string_at(cai["data"][0], 300000) == want   # (the double's memory is host)
+        try:
+            memoryview(buf)
+            raise SystemExit("the CPU got a view of device memory")
+        except BufferError:
+            pass
+        assert b.health()["cuda"]["handouts_out"] == 1
+        time.sleep(0.3)                                  # the sender's put still waits
+        with open(sys.argv[2], "w") as f:
+            f.write(repr(time.monotonic()))
+        buf.release()
+        assert buf.device == -1 and not hasattr(buf, "__cuda_array_interface__")
+        h = b.get("gbs", "host", timeout=20, device_buf=True)   # host data: a host Buffer
+        assert h.device == -1 and bytes(memoryview(h)) == b"host bytes"
+        h.release()
+        b.close()
+        print("ok", flush=True)
+    """), double, str(stamp)], env=dict(os.environ, FERRY_CUDA_RUNTIME=double, NS=ns),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_up(recv)
+    out = run(double, ns, """
+        import os, time
+        a = pyferry.Engine("gbs", ns=os.environ["NS"], pool_size=8 << 20)
+        src = Dev(300000)
+        src.fill(bytes((i * 7 + (i >> 9)) & 255 for i in range(300000)))
+        assert fc.put_tensor(a, "gbr", "kv", src, timeout=20, wait_peer=True) == 300000
+        print("put-ended", repr(time.monotonic()))
+        a.put("gbr", "host", b"host bytes", wait_peer=True)
+        print("ipc", a.health()["cuda"]["ipc_puts"])
+        a.close()
+    """)
+    assert "ok" in finish(recv)
+    ended = float(out.split("put-ended ")[1].split()[0])
+    assert ended >= float(stamp.read_text()), "the sender's put ended before the release"
+    assert "ipc 1" in out, out
+
+
+def test_double_get_buffer_refusals(double, ns):
+    run(double, ns, """
+        import os
+        a = pyferry.Engine("a", ns=os.environ["NS"], pool_size=8 << 20)
+        try:
+            a.get("b", "k", into=bytearray(8), device_buf=True)
+            raise SystemExit("device_buf with into= taken")
+        except ValueError:
+            pass
+        a.close()
+    """)
+
+
 # --- FerryConnector: CUDA arrays sent as device memory (pyferry._device) ------------
 # Two processes, the DOUBLE as their runtime: the sender's array goes by CUDA IPC
 # (the double maps the sender's memfd), the receiver here has no torch, so it takes

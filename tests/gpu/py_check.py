@@ -74,6 +74,18 @@ def child(ns):
                        "done": done, "device": t.device.type}
                 e.put("pa", "sum", json.dumps(ans).encode())
                 continue
+            if cmd["op"] == "handout":   # the sender's device memory itself, as a tensor
+                b = fc.get_buffer(e, "pa", "data", timeout=TIMEOUT)
+                done = time.monotonic_ns()
+                t = torch.as_tensor(b, device=f"cuda:{b.device}")
+                n, s = t.numel(), dsum(t)
+                ans = {"sum": s, "len": n, "done": done, "device": b.device,
+                       "same_memory": t.data_ptr() == b.__cuda_array_interface__["data"][0]}
+                del t
+                torch.cuda.synchronize()
+                b.release()             # the sender's put_tensor returns now
+                e.put("pa", "sum", json.dumps(ans).encode())
+                continue
             if cmd["op"] == "host":   # device (or host) PUT -> a GET for a host buffer
                 with e.get("pa", "data", timeout=TIMEOUT) as b:
                     done = time.monotonic_ns()
@@ -164,6 +176,18 @@ class Parent:
         h = self.e.health().get("cuda", {})
         self.result("ipc_path_taken", h.get("ipc_puts", 0) >= len(SIZES) - 1,
                     f"ipc_puts {h.get('ipc_puts')} staged_puts {h.get('staged_puts')}")
+
+        def handout():  # fc.get_buffer: the sender's memory itself, viewed by torch
+            n = 16 * MiB + 3
+            t = pattern(n, 41)
+            want = dsum(t)
+            self.send("handout")
+            sent = fc.put_tensor(self.e, "pb", "data", t, timeout=TIMEOUT, replace=True)
+            a = self.answer()
+            self.result("get_buffer_handout", sent == n and a.get("len") == n and
+                        a.get("sum") == want and a.get("device", -1) >= 0 and
+                        a.get("same_memory") is True, f"{a}")
+        self.case("get_buffer_handout", handout)
 
         def d2h():
             n = 5 * MiB + 1

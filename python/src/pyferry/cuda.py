@@ -8,6 +8,7 @@ moves a tensor to the host nor synchronizes the GPU to send one:
     if fc.available():
         fc.put_tensor(engine, "cons", "kv", t, stream=torch.cuda.current_stream())
         fc.get_into(engine, "prod", "kv", out)        # out: a CUDA tensor that fits
+        buf = fc.get_buffer(engine, "prod", "kv")     # or the sender's memory itself
 
 A tensor is anything with __cuda_array_interface__ (torch, CuPy, Numba) or,
 for DLPack producers, __dlpack_device__ (kDLCUDA) with data_ptr(); it must
@@ -95,6 +96,18 @@ def put_tensor(engine, peer, key, tensor, *, stream=None, event=None, device=Non
     ptr, n, dev = device_memory(tensor, device)
     return engine.put_device(peer, key, ptr, n, dev, stream=_handle(stream, "cuda_stream"),
                              event=_handle(event, "cuda_event"), **kw)
+
+
+def get_buffer(engine, peer, key, **kw):
+    """The data of key as it is, with no copy: when it is another process's
+    CUDA device memory (its put_tensor over shared memory), a pyferry.Buffer
+    of that memory itself (buf.device >= 0, buf.__cuda_array_interface__:
+    torch.as_tensor(buf, device=f"cuda:{buf.device}") views it); else a
+    Buffer of host memory, as Engine.get gives. The sender's put ends when
+    the Buffer is released (buf.release(), or its end): release it only
+    once no tensor over it is used any more. kw: Engine.get's (timeout=,
+    nowait=)."""
+    return engine.get(peer, key, device_buf=True, **kw)
 
 
 def get_into(engine, peer, key, tensor, *, device=None, **kw):

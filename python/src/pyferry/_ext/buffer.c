@@ -151,6 +151,31 @@ static PyObject *buffer_readonly(pyf_buffer *self, void *closure)
 	return PyBool_FromLong(self->readonly);
 }
 
+/* The CUDA device its memory is on (FERRY_SQE_DEVICE_BUF), -1 for host memory. */
+static PyObject *buffer_device(pyf_buffer *self, void *closure)
+{
+	(void)closure;
+	return PyLong_FromLong(self->b ? ferry_buf_device(self->b) : -1);
+}
+
+/*
+ * Device memory, as CuPy, Numba and torch read a CUDA array (version 3:
+ * bytes, one dimension); no such attribute for host memory.
+ */
+static PyObject *buffer_cuda_array_interface(pyf_buffer *self, void *closure)
+{
+	(void)closure;
+	if (!self->b || ferry_buf_mem(self->b) != FERRY_MEM_CUDA) {
+		PyErr_SetString(PyExc_AttributeError, self->b ? "the Buffer is host memory"
+							      : "the Buffer is released");
+		return NULL;
+	}
+	return Py_BuildValue("{s:(n),s:s,s:(NO),s:i,s:O}", "shape", self->len, "typestr", "|u1",
+			     "data", PyLong_FromVoidPtr(self->data),
+			     self->readonly ? Py_True : Py_False, "version", 3, "strides",
+			     Py_None);
+}
+
 static PyObject *buffer_exports(pyf_buffer *self, void *closure)
 {
 	(void)closure;
@@ -222,6 +247,12 @@ static PyGetSetDef buffer_getset[] = {
 	{ "released", (getter)buffer_released, NULL, "True once released or put.", NULL },
 	{ "readonly", (getter)buffer_readonly, NULL, "True for received data.", NULL },
 	{ "exports", (getter)buffer_exports, NULL, "Views of the memory that exist now.", NULL },
+	{ "device", (getter)buffer_device, NULL,
+	  "The CUDA device of its memory (a get with device_buf=True), -1 for host memory.", NULL },
+	{ "__cuda_array_interface__", (getter)buffer_cuda_array_interface, NULL,
+	  "Device memory as a CUDA array of bytes (torch.as_tensor(buf, device='cuda') views it "
+	  "without a copy: release the Buffer only once no tensor uses it); host memory has none.",
+	  NULL },
 	{ NULL, NULL, NULL, NULL, NULL },
 };
 

@@ -812,10 +812,10 @@ static PyObject *engine_put_chunk(pyf_engine *self, PyObject *args, PyObject *kw
 
 static PyObject *engine_get(pyf_engine *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "peer", "key", "timeout", "nowait", "into", NULL };
+	static char *kwlist[] = { "peer", "key", "timeout", "nowait", "into", "device_buf", NULL };
 	PyObject *peer_o, *timeout_o = Py_None, *into = Py_None;
 	const char *key;
-	int nowait = 0;
+	int nowait = 0, device_buf = 0;
 	struct ferry_peer *peer;
 	struct ferry_sq *sq;
 	struct ferry_sqe *sqe;
@@ -825,9 +825,13 @@ static PyObject *engine_get(pyf_engine *self, PyObject *args, PyObject *kw)
 	struct iovec iov;
 	uint64_t tns;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$OpO", kwlist, &peer_o, &key, &timeout_o,
-					 &nowait, &into))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "Os|$OpOp", kwlist, &peer_o, &key, &timeout_o,
+					 &nowait, &into, &device_buf))
 		return NULL;
+	if (device_buf && into != Py_None) {
+		PyErr_SetString(PyExc_ValueError, "get: device_buf is for a get without into=");
+		return NULL;
+	}
 	if (pyf_engine_check(self) || pyf_timeout_ns(timeout_o, &tns) ||
 	    pyf_peer_arg(self, peer_o, &peer) || !(cq = pyf_thread_cq(self)))
 		return NULL;
@@ -843,8 +847,9 @@ static PyObject *engine_get(pyf_engine *self, PyObject *args, PyObject *kw)
 		return NULL;
 	}
 	ferry_prep_get(sqe, peer, key, view.obj ? &iov : NULL, view.obj ? 1 : 0, 0);
-	if (nowait)
-		ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT);
+	if (nowait || device_buf)
+		ferry_sqe_set_flags(sqe, (nowait ? FERRY_SQE_NOWAIT : 0) |
+					 (device_buf ? FERRY_SQE_DEVICE_BUF : 0));
 	if (run_op(self, sq, sqe, cq, tns, &cqe)) {
 		if (view.obj)
 			PyBuffer_Release(&view);
