@@ -708,9 +708,14 @@ enum ferry_op {
  * buffer of FERRY_MEM_CUDA (ferry_buf_mem, ferry_buf_device) whose
  * ferry_buf_data is a device pointer valid in this process, read in place
  * with no copy at all. The sender's PUT ends when the buffer is released
- * (ferry_buf_release, any thread): until then its memory is the reader's.
- * A PUT of several device segments, and data in host memory, still come as
- * a host buffer. Without the flag a GET for a buffer always gets host memory.
+ * (ferry_buf_release, any thread): until then its memory is the reader's,
+ * as long as this engine and its connection to the sender live (destroying
+ * the engine, or losing the connection, ends the sender's PUT with
+ * -ECONNRESET: release device buffers first). A PUT of several device
+ * segments, one past the device buffers' share of the handle cache, and
+ * data in host memory still come as a host buffer. Without the flag a GET
+ * for a buffer always gets host memory; with a destination the flag is
+ * -EINVAL.
  */
 #define FERRY_SQE_DEVICE_BUF (1u << 9)
 #define FERRY_SQE__ALL ((1u << 10) - 1)

@@ -978,6 +978,12 @@ static void do_get(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		op_complete(e, op, rc, 0, NULL);
 		return;
 	}
+	if ((sqe->flags & FERRY_SQE_DEVICE_BUF) && sqe->iovcnt) {
+		log_error("op %llx: FERRY_SQE_DEVICE_BUF is for a GET without destination",
+			  (unsigned long long)op->user_data);
+		op_complete(e, op, -EINVAL, 0, NULL);
+		return;
+	}
 	n = keytable_compose_sfx(fullkey, sqe->key, sqe->key_len, &sqe->peer->from_sfx);
 	if (n < 0) {
 		op_complete(e, op, n, 0, NULL);

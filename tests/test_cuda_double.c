@@ -1160,8 +1160,10 @@ static void test_double_ipc_device_to_device(void **state)
  * another process's device PUT gets that memory itself, opened here by IPC,
  * with no copy; the sender's PUT ends only when the buffer is released. A
  * PUT of two segments still comes as a host buffer (staged); a device
- * buffer cannot be PUT on (-EOPNOTSUPP, and the refusal releases it); one
- * released after its engine was destroyed ends cleanly.
+ * buffer cannot be PUT on (-EOPNOTSUPP, and the refusal releases it); a
+ * GET with the flag and a destination is refused (-EINVAL); an engine
+ * destroyed with a buffer out ends its sender's PUT (-ECONNRESET, with the
+ * connection) and the release that comes after ends cleanly.
  */
 #define DB_LEN 200000u
 
@@ -1185,6 +1187,15 @@ static int devbuf_child(void *arg)
 		ferry_sqe_set_timeout(sqe, 30 * SEC);
 		t_submit(b);
 	}
+	sqe = t_sqe(b);
+	{
+		static char small[8];
+
+		ferry_prep_get(sqe, from, "dv", t_iov_of(small, sizeof(small)), 1, 19);
+	}
+	ferry_sqe_set_flags(sqe, FERRY_SQE_DEVICE_BUF); /* a destination: not for this flag */
+	t_submit(b);
+	t_expect(b, NULL, 19, -EINVAL, NULL);
 	t_gate_open(&db_ready);
 	/* The sender's device memory itself: no copy (the double made none here). */
 	t_expect(b, NULL, 10, 0, &c);
@@ -1286,8 +1297,11 @@ static void test_double_ipc_device_buffer(void **state)
 	put_segs(a, to, "late", &seg[4], 1, 4, 0, NULL);
 	assert_int_equal(t_wait_cqe(a, NULL, &c, 20 * SEC), 1);
 	assert_int_equal(c.user_data, 4);
-	/* Released after the receiver's engine went: 0, or its connection's loss. */
-	assert_true(c.res == 0 || c.res == -ECONNRESET);
+	/*
+	 * The receiver's engine was destroyed with "late" still out: its PUT
+	 * ended then, with the connection (the buffer was released after).
+	 */
+	assert_int_equal(c.res, -ECONNRESET);
 	/* Each went by IPC; "two" was then asked again and sent staged. */
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_puts"), 4);
 	assert_int_equal(t_health_num(a, "\"cuda\":{", "ipc_restaged"), 1);
@@ -1300,6 +1314,115 @@ static void test_double_ipc_device_buffer(void **state)
 	t_gate_close(&db_holding);
 	t_gate_close(&db_let_go);
 	t_gate_close(&db_done);
+}
+
+/*
+ * Device buffers out hold at most 48 of the 64 handle slots (IPC_CACHE -
+ * IPC_SEGS): of 64 GETs for buffers of 64 allocations, 48 get device
+ * buffers and 16 come staged as host memory, and a GET that copies out of
+ * a 65th allocation still finds a slot (without the limit the 64 buffers
+ * held every slot, and that GET failed with -ENOBUFS).
+ */
+#define DS_N 63 /* keys h0..h63 */
+#define DS_DEVICE 48
+#define DS_LEN 4096u
+
+static struct t_gate ds_ready, ds_done;
+
+static int devslots_child(void *arg)
+{
+	struct ferry_engine *b = t_engine("dsb", FERRY_PROGRESS_THREAD, 8u << 20);
+	struct ferry_peer *from = t_peer(b, "dsa");
+	static struct ferry_buf *held[DS_N + 1];
+	static uint8_t host[DS_LEN], want[DS_LEN];
+	struct ferry_cqe c;
+	unsigned nhost = 0;
+	char key[16];
+
+	(void)arg;
+	for (unsigned i = 0; i <= DS_N; i++) {
+		struct ferry_sqe *sqe = t_sqe(b);
+
+		snprintf(key, sizeof(key), "h%u", i);
+		ferry_prep_get(sqe, from, key, NULL, 0, 100 + i);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_DEVICE_BUF);
+		ferry_sqe_set_timeout(sqe, 30 * SEC);
+		t_submit(b);
+	}
+	t_get(b, from, "copy", t_iov_of(host, sizeof(host)), 1, 200, 0, 30 * SEC);
+	t_gate_open(&ds_ready);
+	for (unsigned k = 0; k < DS_N + 2; k++) { /* in the order they come */
+		unsigned i;
+
+		if (!t_wait_cqe(b, NULL, &c, 30 * SEC) || c.res != 0)
+			return child_failed(__LINE__, 2);
+		if (c.user_data == 200) { /* a copy from a 50th allocation found its slot */
+			pattern(want, DS_LEN, 99);
+			if (c.len != DS_LEN || memcmp(host, want, DS_LEN))
+				return child_failed(__LINE__, 4);
+			continue;
+		}
+		if ((i = (unsigned)c.user_data - 100) > DS_N)
+			return child_failed(__LINE__, 6);
+		pattern(want, DS_LEN, 10 + i);
+		if (memcmp(ferry_buf_data(c.buf), want, DS_LEN))
+			return child_failed(__LINE__, 7);
+		if (ferry_buf_mem(c.buf) == FERRY_MEM_HOST) { /* past the limit: staged */
+			nhost++;
+			ferry_buf_release(c.buf);
+		} else {
+			held[i] = c.buf;
+		}
+	}
+	if (nhost != DS_N + 1 - DS_DEVICE) /* 48 device buffers, the rest staged */
+		return child_failed(__LINE__, 3);
+	if (t_health_num(b, "\"cuda\":{", "handouts_out") != DS_DEVICE)
+		return child_failed(__LINE__, 5);
+	for (unsigned i = 0; i <= DS_N; i++)
+		if (held[i])
+			ferry_buf_release(held[i]);
+	t_gate_wait(&ds_done, 30000);
+	ferry_engine_destroy(b);
+	return 0;
+}
+
+static void test_double_ipc_device_buffers_leave_slots(void **state)
+{
+	struct ferry_engine *a;
+	struct ferry_peer *to;
+	static uint8_t *mem[DS_N + 2];
+	static struct ferry_seg seg[DS_N + 2];
+	char key[16];
+	pid_t pid;
+
+	(void)state;
+	t_gate_init(&ds_ready);
+	t_gate_init(&ds_done);
+	pid = t_fork(devslots_child, NULL);
+	a = t_engine("dsa", FERRY_PROGRESS_THREAD, 8u << 20);
+	to = t_peer(a, "dsb");
+	for (unsigned i = 0; i < DS_N + 2; i++) { /* one allocation each: one handle each */
+		mem[i] = d_malloc(0, DS_LEN);
+		pattern(mem[i], DS_LEN, i <= DS_N ? 10 + i : 99);
+		seg[i] = (struct ferry_seg){ dev_reg(a, mem[i], DS_LEN, 0), 0, DS_LEN };
+	}
+	assert_int_equal(t_gate_wait(&ds_ready, 20000), 0);
+	for (unsigned i = 0; i <= DS_N; i++) {
+		snprintf(key, sizeof(key), "h%u", i);
+		put_segs(a, to, key, &seg[i], 1, 1 + i, 0, NULL);
+	}
+	put_segs(a, to, "copy", &seg[DS_N + 1], 1, 500, 0, NULL);
+	for (unsigned i = 0; i < DS_N + 2; i++) { /* the handed-out ones end at their releases */
+		assert_int_equal(t_wait_cqe(a, NULL, &(struct ferry_cqe){ 0 }, 30 * SEC), 1);
+	}
+	cuda_health_is(a, "ipc_restaged", DS_N + 1 - DS_DEVICE);
+	t_gate_open(&ds_done);
+	assert_int_equal(t_reap(pid), 0);
+	ferry_engine_destroy(a);
+	for (unsigned i = 0; i < DS_N + 2; i++)
+		d_free(mem[i]);
+	t_gate_close(&ds_ready);
+	t_gate_close(&ds_done);
 }
 
 /*
@@ -1941,6 +2064,7 @@ int main(void)
 		cmocka_unit_test(test_double_ipc_device_to_device),
 		cmocka_unit_test(test_double_ipc_pingpong),
 		cmocka_unit_test(test_double_ipc_device_buffer),
+		cmocka_unit_test(test_double_ipc_device_buffers_leave_slots),
 		cmocka_unit_test(test_double_ipc_to_no_runtime),
 		cmocka_unit_test(test_double_ipc_get_when_jobs_busy),
 		cmocka_unit_test(test_double_peer_pool_pin_refused),

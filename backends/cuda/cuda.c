@@ -114,7 +114,8 @@ struct ipc_desc {
 struct ipc_open {
 	bool used, stale;     /* stale: its sender is gone; closed when no copy uses it */
 	int32_t pid;
-	int refs;             /* jobs copying from it */
+	int refs;             /* jobs copying from it, and device buffers handed out of it */
+	int handout_refs;     /* ... of which handed out (a slot they hold counts in hslots) */
 	void *ptr;
 	uint64_t size;        /* the allocation's (UINT64_MAX: the runtime cannot say) */
 	uint64_t last;        /* when last used (the slot to give up when all are taken) */
@@ -204,6 +205,7 @@ struct cuda_svc {
 		uint8_t slot;
 	} handouts[CUDA_HANDOUTS];
 	uint32_t handouts_free[CUDA_HANDOUTS], nhandouts_free;
+	uint32_t hslots; /* cache slots that handouts hold: at most IPC_CACHE - IPC_SEGS */
 	struct ferry_buf *_Atomic released;
 	_Atomic int closed, rel_users, refs;
 	_Atomic uint32_t handouts_live;
@@ -1199,7 +1201,7 @@ static int ipc_hand_out(struct cuda_svc *s, const struct cuda_rt *rt, struct op 
 	struct ferry_buf *out;
 	struct ipc_open *o;
 	uint32_t h;
-	int rc, slot;
+	int rc, slot, dev;
 
 	if ((rc = ipc_read(s, op, buf, &d, seg)))
 		return rc;
@@ -1209,10 +1211,19 @@ static int ipc_hand_out(struct cuda_svc *s, const struct cuda_rt *rt, struct op 
 				      "piece of memory");
 	if (!s->nhandouts_free)
 		return ipc_restage_or(s, op, buf, -ENOBUFS, "256 device buffers are out already");
+	dev = seg[0].dev >= 0 && seg[0].dev < CUDA_MAX_DEV && seg[0].dev < rt->devices ? seg[0].dev
+										       : 0;
+	if (!svc_stream(s, rt, dev)) /* (its device current here, as for a copy: the mapping's) */
+		return ipc_restage_or(s, op, buf, -EIO, "its device cannot be made current here");
 	if ((slot = ipc_slot(s, rt, &d, &seg[0])) < 0)
-		return slot == -EIO ? ipc_restage_or(s, op, buf, -EIO, "its handle does not open here")
-				    : slot;
+		return ipc_restage_or(s, op, buf, slot,
+				      slot == -EIO ? "its handle does not open here"
+						   : "every handle slot is in use");
 	o = &s->ipc_cache[slot];
+	if (!o->handout_refs && s->hslots >= IPC_CACHE - IPC_SEGS)
+		/* The rest stay for copies: a GET of IPC_SEGS segments must find its slots. */
+		return ipc_restage_or(s, op, buf, -ENOBUFS, "device buffers out hold 48 of the 64 "
+				      "handle slots");
 	if (seg[0].off > o->size || seg[0].len > o->size - seg[0].off) {
 		log_error("cuda: engine %s: GET %llx: a CUDA IPC descriptor of %s reaches past its "
 			  "allocation", s->e->name, (unsigned long long)op->user_data, d.sender);
@@ -1225,6 +1236,8 @@ static int ipc_hand_out(struct cuda_svc *s, const struct cuda_rt *rt, struct op 
 	s->handouts[h].desc = buf;
 	s->handouts[h].slot = (uint8_t)slot;
 	o->refs++;
+	if (o->handout_refs++ == 0)
+		s->hslots++;
 	out->remote_cookie = h;
 	out->device = seg[0].dev;
 	memset(&a, 0, sizeof(a));
@@ -1250,6 +1263,8 @@ static void handout_end(struct cuda_svc *s, const struct cuda_rt *rt, struct fer
 	struct ipc_open *o = &s->ipc_cache[h->slot];
 	struct ferry_buf *desc = h->desc;
 
+	if (--o->handout_refs == 0)
+		s->hslots--;
 	if (--o->refs == 0 && (o->stale || closed)) {
 		if (closed) { /* (the engine is gone: no name to log with) */
 			if (rt->IpcCloseMemHandle(o->ptr) != CUDA_OK)
@@ -1721,6 +1736,11 @@ static void cuda_fini(struct ferry_engine *e, struct backend *b)
 			cpu_relax();
 		pthread_mutex_lock(&s->lock); /* releases from now on end their handouts under it */
 		handouts_flush(s);
+		if (atomic_load(&s->handouts_live))
+			log_warn("cuda: engine %s destroyed with %u device buffers still out: their "
+				 "senders' PUTs end now (-ECONNRESET, with the connections), and what "
+				 "the buffers read from now on is the senders' to change; release them",
+				 s->e->name, atomic_load(&s->handouts_live));
 		for (unsigned i = 0; i < IPC_CACHE; i++)
 			if (s->ipc_cache[i].used && !s->ipc_cache[i].refs)
 				ipc_close(s, rt, &s->ipc_cache[i]);

@@ -53,7 +53,7 @@
 #define API __attribute__((visibility("default")))
 #define ERR_INVALID_VALUE 1
 #define ERR_INVALID_DEVICE 101
-#define MAX_ALLOCS 64
+#define MAX_ALLOCS 128
 
 enum task_kind { T_COPY, T_RECORD, T_WAIT, T_HOSTFN, T_GATE };
 

@@ -126,6 +126,11 @@ static PyObject *buffer_tobytes(pyf_buffer *self, PyObject *noargs)
 		PyErr_SetString(PyExc_BufferError, "the Buffer is released");
 		return NULL;
 	}
+	if (ferry_buf_mem(self->b) != FERRY_MEM_HOST) {
+		PyErr_SetString(PyExc_BufferError, "the Buffer is CUDA device memory: the CPU "
+				"cannot read it");
+		return NULL;
+	}
 	return PyBytes_FromStringAndSize(self->data, self->len);
 }
 
