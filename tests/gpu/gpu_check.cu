@@ -573,8 +573,10 @@ static void write_json(const char *error)
 	fprintf(f, "\"note\":\"times are the best of the reps, PUT submit to the receiver's GET done; "
 		   "d2d_190MiB_ferry_ms is the CUDA IPC path (descriptor over shm, the child's D2D copy "
 		   "from the opened handle) when ipc_path_taken passed; staged_190MiB_ferry_ms is D2H, "
-		   "shm, H2D (a region with FERRY_CUDA_IPC=0); pingpong_job_us: the parent's device jobs "
-		   "of the ping-pongs, queued to seen done\"}}\n");
+		   "shm, H2D (a region with FERRY_CUDA_IPC=0); handout_190MiB_ferry_ms: a GET with "
+		   "FERRY_SQE_DEVICE_BUF, PUT submit to the child holding the parent's memory itself "
+		   "(no copy: its ratio to cudaMemcpy D2D compares a handover with a copy); "
+		   "pingpong_job_us: the parent's device jobs of the ping-pongs, queued to seen done\"}}\n");
 	fclose(f);
 }
 
