@@ -167,8 +167,9 @@ static int take_put(struct tcp_state *st, struct tcp_conn *c, const struct tcp_f
 	struct tcp_link *l = c->link;
 	uint32_t avail = c->rx_tail - c->rx_head;
 	const uint8_t *key = c->rx + c->rx_head + TCP_FRAME_BYTES;
+	char fullkey[FULLKEY_MAX];
 	struct ferry_buf *buf;
-	int rc;
+	int rc, n;
 
 	if (f->key_len == 0 || f->key_len >= FERRY_KEY_MAX || f->arg > TCP_EAGER_MAX ||
 	    f->len != f->key_len + f->arg) {
@@ -185,10 +186,22 @@ static int take_put(struct tcp_state *st, struct tcp_conn *c, const struct tcp_f
 		conn_stall(st, c);
 		return 0;
 	}
-	rc = pool_alloc(st->engine->pool, f->arg, &buf);
-	if (rc == 0) {
+	/*
+	 * A GET into an iovec that waits for it takes the data straight from the
+	 * receive buffer; else it goes into a block of our pool for the key table.
+	 */
+	n = keytable_compose_sfx(fullkey, (const char *)key, f->key_len, &l->arrive_sfx);
+	if (n >= 0 && reactor_deliver_copy(st->engine, fullkey, (size_t)n, key + f->key_len,
+					   f->arg, wire_flags((uint8_t)f->flags))) {
+		rc = 0;
+	} else if (n < 0) {
+		rc = n;
+	} else if ((rc = pool_alloc(st->engine->pool, f->arg, &buf)) == 0) {
 		ferry__payload_copy(buf->data, key + f->key_len, f->arg);
-		rc = deliver(st, l, (const char *)key, f->key_len, buf, f->arg, f->flags);
+		rc = reactor_deliver(st->engine, NULL, fullkey, (size_t)n, buf, f->arg,
+				     wire_flags((uint8_t)f->flags));
+		if (rc)
+			pool_free(buf);
 	} else {
 		log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
 			    "eager PUT of %llu bytes from %s", st->engine->name,
