@@ -1204,6 +1204,54 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
 }
 
 /*
+ * What both lanes below ask of an entry besides its flags: one of the
+ * engine's peers, the engine's default CQ or a live one of its own, an
+ * iovec (or none) with no NULL base under a length and lengths that add up
+ * (*len), a well-formed key. *cq is the CQ.
+ */
+static inline bool plain_entry(struct ferry_engine *e, const struct ferry_sqe *slot,
+			       struct ferry_cq **cq, uint64_t *len)
+{
+	const struct iovec *iov = slot->iov;
+	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len;
+	uint64_t total = 0;
+
+	*cq = slot->cq ? slot->cq : &e->default_cq;
+	if (!slot->peer || slot->peer->engine != e || (*cq)->engine != e ||
+	    atomic_load_explicit(&(*cq)->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
+	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
+		return false;
+	for (uint32_t i = 0; i < iovcnt; i++)
+		if ((!iov[i].iov_base && iov[i].iov_len) ||
+		    __builtin_add_overflow(total, iov[i].iov_len, &total))
+			return false;
+	*len = total;
+	return strnlen(slot->key, klen) == klen;
+}
+
+/* A lane's op, filled from its slot as dispatch fills one (and counted so). */
+static inline struct op *plain_op(struct ferry_engine *e, const struct ferry_sqe *slot,
+				  uint8_t opcode, uint32_t flags, struct ferry_cq *cq, uint64_t len)
+{
+	struct op *op = op_alloc(e);
+
+	op->opcode = opcode;
+	op->flags = flags;
+	op->user_data = slot->user_data;
+	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0; /* as dispatch samples */
+	op->cb = slot->cb;
+	op->cb_arg = slot->cb_arg;
+	op->peer = slot->peer;
+	op->iov = slot->iov;
+	op->iovcnt = slot->iovcnt;
+	op->cq = cq;
+	op->len = len;
+	STAT_ADD(e->stats.submitted, 1);
+	STAT_ADD(cq->inflight, 1);
+	return op;
+}
+
+/*
  * The plain PUT, taken straight from its ring slot: an iovec that its
  * peer's transport copies itself (at most backend_ops.iov_put_max bytes),
  * or a live block of a pool of this process (zero copy), to a peer
@@ -1218,58 +1266,33 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
 static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 			    const struct ferry_sqe *slot, uint32_t head)
 {
-	struct ferry_peer *peer = slot->peer;
-	struct ferry_cq *cq = slot->cq ? slot->cq : &e->default_cq;
-	const struct iovec *iov = slot->iov;
 	struct ferry_buf *buf = slot->buf;
-	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len, flags = slot->flags;
-	uint64_t len = 0, timeout_ns;
+	uint32_t flags = slot->flags;
+	uint64_t len, timeout_ns;
+	struct ferry_cq *cq;
 	struct backend *b;
 	struct op *op;
 	int rc;
 
-	if ((flags & ~FERRY_SQE_REPLACE) || slot->cuda_wait_kind || !peer ||
-	    peer->engine != e || !(b = peer->backend) || cq->engine != e ||
-	    atomic_load_explicit(&cq->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
-	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
+	if ((flags & ~FERRY_SQE_REPLACE) || slot->cuda_wait_kind || !plain_entry(e, slot, &cq, &len) ||
+	    !(b = slot->peer->backend))
 		return false;
 	if (buf) {
 		/* A live block of a pool of this process: it goes as it is (op_fill's zero copy). */
-		if (iovcnt || (buf->flags & POOL_BUF_F_FOREIGN) ||
+		if (slot->iovcnt || (buf->flags & POOL_BUF_F_FOREIGN) ||
 		    atomic_load_explicit(&buf->state, memory_order_acquire) != POOL_BUF_LIVE)
 			return false;
 		len = buf->len;
-	} else {
-		for (uint32_t i = 0; i < iovcnt; i++) {
-			if ((!iov[i].iov_base && iov[i].iov_len) ||
-			    __builtin_add_overflow(len, iov[i].iov_len, &len))
-				return false;
-		}
-		if (!b->ops->iov_put_max || len > b->ops->iov_put_max)
-			return false;
-	}
-	if (strnlen(slot->key, klen) != klen)
+	} else if (!b->ops->iov_put_max || len > b->ops->iov_put_max) {
 		return false;
-	op = op_alloc(e);
+	}
+	op = plain_op(e, slot, FERRY_OP_PUT, flags, cq, len);
 	op->buf = buf; /* ownership moved at submission */
-	op->opcode = FERRY_OP_PUT;
-	op->flags = flags;
-	op->user_data = slot->user_data;
-	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0; /* as dispatch samples */
-	op->cb = slot->cb;
-	op->cb_arg = slot->cb_arg;
-	op->peer = peer;
-	op->iov = iov;
-	op->iovcnt = iovcnt;
-	op->cq = cq;
-	op->len = len;
-	op->key_len = (uint16_t)klen;
-	memcpy(op->key, slot->key, klen);
-	op->key[klen] = '\0';
+	op->key_len = slot->key_len;
+	memcpy(op->key, slot->key, slot->key_len);
+	op->key[slot->key_len] = '\0';
 	timeout_ns = slot->timeout_ns;
 	atomic_store_explicit(&sq->head, head + 1, memory_order_release);
-	STAT_ADD(e->stats.submitted, 1);
-	STAT_ADD(cq->inflight, 1);
 	if (buf)
 		STAT_ADD(e->stats.zero_copies, 1);
 	else
@@ -1280,7 +1303,7 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	rc = b->ops->put(e, b, op);
 	if (rc) {
 		if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
-			reactor_unresolve(e, peer); /* ask again next time: it may be back */
+			reactor_unresolve(e, op->peer); /* ask again next time: it may be back */
 		op->state = OP_FREE;
 		op_complete(e, op, rc, 0, NULL);
 	} else if (op->state == OP_AWAY && op->heap_idx == NO_SLOT) {
@@ -1298,43 +1321,20 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 static bool drain_plain_get(struct ferry_engine *e, struct ferry_sq *sq,
 			    const struct ferry_sqe *slot, uint32_t head)
 {
-	struct ferry_peer *peer = slot->peer;
-	struct ferry_cq *cq = slot->cq ? slot->cq : &e->default_cq;
-	const struct iovec *iov = slot->iov;
-	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len, flags = slot->flags;
+	uint32_t flags = slot->flags;
 	char fullkey[FULLKEY_MAX];
-	uint64_t len = 0, timeout_ns;
+	uint64_t len, timeout_ns;
+	struct ferry_cq *cq;
 	struct op *op;
 	int n;
 
-	if ((flags & ~FERRY_SQE_NOWAIT) || !peer || peer->engine != e || cq->engine != e ||
-	    atomic_load_explicit(&cq->dead, memory_order_relaxed) || iovcnt > MAX_IOV ||
-	    (iovcnt && !iov) || klen == 0 || klen >= FERRY_KEY_MAX)
+	if ((flags & ~FERRY_SQE_NOWAIT) || !plain_entry(e, slot, &cq, &len) ||
+	    (n = keytable_compose_sfx(fullkey, slot->key, slot->key_len,
+				      &slot->peer->from_sfx)) < 0)
 		return false;
-	for (uint32_t i = 0; i < iovcnt; i++) {
-		if ((!iov[i].iov_base && iov[i].iov_len) ||
-		    __builtin_add_overflow(len, iov[i].iov_len, &len))
-			return false;
-	}
-	if (strnlen(slot->key, klen) != klen ||
-	    (n = keytable_compose_sfx(fullkey, slot->key, klen, &peer->from_sfx)) < 0)
-		return false;
-	op = op_alloc(e);
-	op->opcode = FERRY_OP_GET;
-	op->flags = flags;
-	op->user_data = slot->user_data;
-	op->start = (e->lat_seq++ & 15) == 0 ? reactor_now(e) : 0; /* as dispatch samples */
-	op->cb = slot->cb;
-	op->cb_arg = slot->cb_arg;
-	op->peer = peer;
-	op->iov = iov;
-	op->iovcnt = iovcnt;
-	op->cq = cq;
-	op->len = len; /* capacity while waiting */
+	op = plain_op(e, slot, FERRY_OP_GET, flags, cq, len); /* len: its capacity while waiting */
 	timeout_ns = slot->timeout_ns;
 	atomic_store_explicit(&sq->head, head + 1, memory_order_release);
-	STAT_ADD(e->stats.submitted, 1);
-	STAT_ADD(cq->inflight, 1);
 	get_take_or_park(e, op, fullkey, n, keytable_hash(fullkey, (size_t)n),
 			 flags & FERRY_SQE_NOWAIT, timeout_ns);
 	return true;
