@@ -20,9 +20,12 @@
  * backends/cuda): a device region is vetted by its mem_register (-ENODEV
  * when the CUDA runtime or a device is missing), and an op whose segments
  * hold device memory (OP_F_DEVICE) has its copies made there
- * (memory_device_put / memory_device_get). ferry gives no device buffers
- * (ferry_buf_alloc_params: -EOPNOTSUPP): device memory is the
- * application's, registered as regions.
+ * (memory_device_put / memory_device_get). ferry allocates no device
+ * buffers (ferry_buf_alloc_params: -EOPNOTSUPP): device memory is the
+ * application's, registered as regions; the one device buffer there is, a
+ * sender's memory handed out to a GET with FERRY_SQE_DEVICE_BUF, is the
+ * domain's foreign handle (POOL_BUF_F_DEVICE), which ferry_buf_mem and
+ * ferry_buf_device read here.
  */
 #include <errno.h>
 #include <stdlib.h>
