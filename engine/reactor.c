@@ -1185,11 +1185,6 @@ invalid:
 	return true;
 }
 
-/*
- * Take the entries of every ring. Each entry is copied out and its slot
- * given back before the op runs, so that an application that sees a
- * completion can always count on its entry's slot being free again.
- */
 /* Would this SQE send to a peer not yet resolved to a transport? */
 static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sqe *slot)
 {
@@ -1340,6 +1335,13 @@ static bool drain_plain_get(struct ferry_engine *e, struct ferry_sq *sq,
 	return true;
 }
 
+/*
+ * Take the entries of every ring. Each entry's slot is given back before
+ * anything can complete its op (the general path copies the entry out
+ * first; the plain lanes fill their op from the slot first), so that an
+ * application that sees a completion can always count on its entry's
+ * slot being free again.
+ */
 static bool drain_sqs(struct ferry_engine *e, int *count)
 {
 	uint32_t nsqs = atomic_load_explicit(&e->nsqs, memory_order_acquire);
