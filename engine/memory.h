@@ -69,17 +69,6 @@ static inline uint64_t iov_total(const struct iovec *iov, uint32_t n)
 	return t;
 }
 
-/* Do the lengths of iov[0..n) add up past 2^64 (a caller's bad iovec: check_iov)? */
-static inline bool iov_overflows(const struct iovec *iov, uint32_t n)
-{
-	uint64_t t = 0;
-
-	for (uint32_t i = 0; i < n; i++)
-		if (__builtin_add_overflow(t, iov[i].iov_len, &t))
-			return true;
-	return false;
-}
-
 /*
  * Copy at most len bytes of iov[0..n) to dst, in order; returns the bytes
  * copied. A PUT passes op->len, summed at submission, so an iovec the

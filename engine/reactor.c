@@ -581,17 +581,18 @@ static int check_iov(const struct ferry_sqe *sqe)
 	}
 	if (sqe->flags & FERRY_SQE_SEGS)
 		return 0; /* segments: memory_check_pin, once the op is ours */
-	for (uint32_t i = 0; i < sqe->iovcnt; i++) {
+	for (uint64_t i = 0, total = 0; i < sqe->iovcnt; i++) {
 		if (!sqe->iov[i].iov_base && sqe->iov[i].iov_len) {
-			log_error("op %llx: iov[%u] is NULL with length %zu",
-				  (unsigned long long)sqe->user_data, i, sqe->iov[i].iov_len);
+			log_error("op %llx: iov[%llu] is NULL with length %zu",
+				  (unsigned long long)sqe->user_data, (unsigned long long)i,
+				  sqe->iov[i].iov_len);
 			return -EINVAL;
 		}
-	}
-	if (iov_overflows(sqe->iov, sqe->iovcnt)) {
-		log_error("op %llx: the lengths of its %u iovec entries add up past 2^64",
-			  (unsigned long long)sqe->user_data, sqe->iovcnt);
-		return -EINVAL;
+		if (__builtin_add_overflow(total, sqe->iov[i].iov_len, &total)) {
+			log_error("op %llx: the lengths of its %u iovec entries add up past 2^64",
+				  (unsigned long long)sqe->user_data, sqe->iovcnt);
+			return -EINVAL;
+		}
 	}
 	return 0;
 }
@@ -638,6 +639,29 @@ static int direct_restage(struct ferry_engine *e, struct op *op)
 	if ((rc = memory_device_restage(e, op)))
 		op->state = state; /* the caller ends it (reactor_put_done wants it AWAY) */
 	return rc;
+}
+
+/* Hand the PUT to b, its peer's transport; a peer gone is asked for again next time. */
+static inline int transport_put(struct ferry_engine *e, struct backend *b, struct op *op)
+{
+	int rc;
+
+	backend_busy(b);
+	rc = b->ops->put(e, b, op);
+	if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
+		reactor_unresolve(e, op->peer); /* ask again next time: it may be back */
+	return rc;
+}
+
+/* What a PUT's handing over (rc) leaves: it failed, or it is away with its deadline. */
+static inline void put_handed(struct ferry_engine *e, struct op *op, int rc, uint64_t timeout_ns)
+{
+	if (rc) {
+		op->state = OP_FREE;
+		op_complete(e, op, rc, 0, NULL);
+	} else if (op->state == OP_AWAY && op->heap_idx == NO_SLOT) {
+		op_arm_deadline(e, op, timeout_ns);
+	}
 }
 
 /* Find the transport that reaches op->peer and hand it the PUT. */
@@ -709,11 +733,7 @@ int reactor_send(struct ferry_engine *e, struct op *op)
 		else if ((rc = op_fill(e, op)))
 			return rc;
 	}
-	backend_busy(peer->backend);
-	rc = peer->backend->ops->put(e, peer->backend, op);
-	if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
-		reactor_unresolve(e, peer); /* ask again next time: it may be back */
-	return rc;
+	return transport_put(e, peer->backend, op);
 }
 
 /*
@@ -815,8 +835,6 @@ int op_take_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe *s
 /* A PUT whose data is in op->buf (or its iovec) goes to its transport, deadline timeout_ns. */
 static void put_send(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
 {
-	int rc;
-
 	if (unlikely(op->opcode == FERRY_OP_PUBLISH)) {
 		if (e->dir)
 			e->dir->publish(e, e->dir_svc, op); /* kept here, for a peer to fetch */
@@ -826,14 +844,7 @@ static void put_send(struct ferry_engine *e, struct op *op, uint64_t timeout_ns)
 	}
 	op->state = OP_AWAY;
 	op->interval = timeout_ns; /* FERRY_SQE_WAIT_PEER: its deadline while it waits */
-	rc = reactor_send(e, op);
-	if (rc) {
-		op->state = OP_FREE;
-		op_complete(e, op, rc, 0, NULL);
-		return;
-	}
-	if (op->state == OP_AWAY && op->heap_idx == NO_SLOT)
-		op_arm_deadline(e, op, timeout_ns);
+	put_handed(e, op, reactor_send(e, op), timeout_ns);
 }
 
 void reactor_put_staged(struct ferry_engine *e, struct op *op, int res)
@@ -1251,10 +1262,10 @@ static inline struct op *plain_op(struct ferry_engine *e, const struct ferry_sqe
  * peer's transport copies itself (at most backend_ops.iov_put_max bytes),
  * or a live block of a pool of this process (zero copy), to a peer
  * resolved to a transport, into the engine's default CQ or a live one of
- * its own, no flag but REPLACE, no CUDA wait, a well-formed key. Everything dispatch, do_put and reactor_send would
- * check of it holds, so they are skipped: the op is filled from the slot,
- * the slot given back (before anything can complete the op), the
- * transport called. Any other entry, a malformed one too (its error is
+ * its own, no flag but REPLACE, no CUDA wait, a well-formed key.
+ * Everything dispatch, do_put and reactor_send would check of it holds, so
+ * they are skipped: the op is filled from the slot, the slot given back
+ * (before anything can complete the op), the transport called. Any other entry, a malformed one too (its error is
  * theirs to report), is left to them: false. The caller checked that an
  * op is free.
  */
@@ -1267,7 +1278,6 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	struct ferry_cq *cq;
 	struct backend *b;
 	struct op *op;
-	int rc;
 
 	if ((flags & ~FERRY_SQE_REPLACE) || slot->cuda_wait_kind || !plain_entry(e, slot, &cq, &len) ||
 	    !(b = slot->peer->backend))
@@ -1294,16 +1304,7 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 		STAT_ADD(e->stats.copies, 1); /* the transport copies it from the iovec */
 	op->state = OP_AWAY;
 	op->interval = timeout_ns;
-	backend_busy(b);
-	rc = b->ops->put(e, b, op);
-	if (rc) {
-		if (rc == -EHOSTUNREACH || rc == -ECONNRESET)
-			reactor_unresolve(e, op->peer); /* ask again next time: it may be back */
-		op->state = OP_FREE;
-		op_complete(e, op, rc, 0, NULL);
-	} else if (op->state == OP_AWAY && op->heap_idx == NO_SLOT) {
-		op_arm_deadline(e, op, timeout_ns);
-	}
+	put_handed(e, op, transport_put(e, b, op), timeout_ns); /* (put_send's, its transport known) */
 	return true;
 }
 
