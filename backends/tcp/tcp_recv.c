@@ -45,20 +45,30 @@ static struct tcp_rx *rx_find(struct tcp_state *st, struct tcp_link *l, uint64_t
 	return r;
 }
 
-/* Hand arrived data to the key table; returns the PUT's result. */
-static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, uint16_t key_len,
-		   struct ferry_buf *buf, uint64_t len, uint32_t flags)
+/*
+ * Hand arrived data in buf to the key table under fullkey (n bytes, or a
+ * negative errno: the key's composing failed); returns the PUT's result
+ * (buf is freed when it was not taken).
+ */
+static int deliver_full(struct tcp_state *st, const char *fullkey, int n, struct ferry_buf *buf,
+			uint64_t len, uint32_t flags)
 {
-	struct ferry_engine *e = st->engine;
-	char fullkey[FULLKEY_MAX];
-	int n, rc;
+	int rc = n < 0 ? n : reactor_deliver(st->engine, NULL, fullkey, (size_t)n, buf, len,
+					     wire_flags((uint8_t)flags));
 
-	n = keytable_compose_sfx(fullkey, key, key_len, &l->arrive_sfx);
-	rc = n < 0 ? n : reactor_deliver(e, NULL, fullkey, (size_t)n, buf, len,
-					 wire_flags((uint8_t)flags));
 	if (rc)
 		pool_free(buf);
 	return rc;
+}
+
+/* The same for a key as it came (without its "@from_to"). */
+static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, uint16_t key_len,
+		   struct ferry_buf *buf, uint64_t len, uint32_t flags)
+{
+	char fullkey[FULLKEY_MAX];
+
+	return deliver_full(st, fullkey, keytable_compose_sfx(fullkey, key, key_len, &l->arrive_sfx),
+			    buf, len, flags);
 }
 
 static bool key_ok(const uint8_t *key, uint16_t key_len)
@@ -198,10 +208,7 @@ static int take_put(struct tcp_state *st, struct tcp_conn *c, const struct tcp_f
 		rc = n;
 	} else if ((rc = pool_alloc(st->engine->pool, f->arg, &buf)) == 0) {
 		ferry__payload_copy(buf->data, key + f->key_len, f->arg);
-		rc = reactor_deliver(st->engine, NULL, fullkey, (size_t)n, buf, f->arg,
-				     wire_flags((uint8_t)f->flags));
-		if (rc)
-			pool_free(buf);
+		rc = deliver_full(st, fullkey, n, buf, f->arg, f->flags);
 	} else {
 		log_limited(FERRY__LOG_WARN, "tcp: engine %s: pool full, refusing an "
 			    "eager PUT of %llu bytes from %s", st->engine->name,
