@@ -119,6 +119,16 @@ static PyObject *buffer_set_len(pyf_buffer *self, PyObject *arg)
 	Py_RETURN_NONE;
 }
 
+/* A device buffer (Engine.get(device_buf=True)): the CPU must not read it (BufferError). */
+static int device_refused(pyf_buffer *self)
+{
+	if (ferry_buf_mem(self->b) == FERRY_MEM_HOST)
+		return 0;
+	PyErr_SetString(PyExc_BufferError, "the Buffer is CUDA device memory: the CPU cannot "
+			"read it (its __cuda_array_interface__ names it)");
+	return 1;
+}
+
 static PyObject *buffer_tobytes(pyf_buffer *self, PyObject *noargs)
 {
 	(void)noargs;
@@ -126,11 +136,8 @@ static PyObject *buffer_tobytes(pyf_buffer *self, PyObject *noargs)
 		PyErr_SetString(PyExc_BufferError, "the Buffer is released");
 		return NULL;
 	}
-	if (ferry_buf_mem(self->b) != FERRY_MEM_HOST) {
-		PyErr_SetString(PyExc_BufferError, "the Buffer is CUDA device memory: the CPU "
-				"cannot read it");
+	if (device_refused(self))
 		return NULL;
-	}
 	return PyBytes_FromStringAndSize(self->data, self->len);
 }
 
@@ -199,10 +206,7 @@ static int buffer_getbuffer(pyf_buffer *self, Py_buffer *view, int flags)
 		view->obj = NULL;
 		return -1;
 	}
-	if (ferry_buf_mem(self->b) != FERRY_MEM_HOST) {
-		/* (pyferry asks for no device buffers: FERRY_SQE_DEVICE_BUF is the C API's) */
-		PyErr_SetString(PyExc_BufferError, "the Buffer is CUDA device memory: the CPU "
-				"cannot read it through the buffer protocol");
+	if (device_refused(self)) {
 		view->obj = NULL;
 		return -1;
 	}
