@@ -313,7 +313,6 @@ static void mark_dirty(struct ferry_engine *e, struct stream *r)
 static void release_hook(struct ferry_buf *w, void *ctx)
 {
 	struct stream_sink *s = ctx;
-	struct ferry_buf *head;
 
 	atomic_fetch_add(&s->users, 1);
 	if (atomic_load(&s->closed)) {
@@ -321,11 +320,7 @@ static void release_hook(struct ferry_buf *w, void *ctx)
 		finish_release(s, w);
 		return;
 	}
-	head = atomic_load_explicit(&s->releases, memory_order_relaxed);
-	do {
-		atomic_store_explicit(&w->release_next, head, memory_order_relaxed);
-	} while (!atomic_compare_exchange_weak_explicit(&s->releases, &head, w,
-							memory_order_release, memory_order_relaxed));
+	pool_release_push(&s->releases, w);
 	atomic_thread_fence(memory_order_seq_cst); /* the push before the sleep check */
 	reactor_wake(s->e);
 	atomic_fetch_sub(&s->users, 1);

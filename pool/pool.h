@@ -173,6 +173,21 @@ int pool_free(struct ferry_buf *buf);
 int pool_wrap(struct pool *pool, void *data, uint64_t len, uint64_t remote_offset,
 	      pool_release_fn *fn, void *ctx, struct ferry_buf **out);
 void pool_wrap_done(struct ferry_buf *buf);
+
+/*
+ * Foreign handles released on any thread wait for their owner's progress
+ * on a lock-free list through release_next: push buf onto *list (any
+ * thread); the owner takes the whole list with an acquire exchange.
+ */
+static inline void pool_release_push(struct ferry_buf *_Atomic *list, struct ferry_buf *buf)
+{
+	struct ferry_buf *head = atomic_load_explicit(list, memory_order_relaxed);
+
+	do {
+		atomic_store_explicit(&buf->release_next, head, memory_order_relaxed);
+	} while (!atomic_compare_exchange_weak_explicit(list, &head, buf, memory_order_release,
+							memory_order_relaxed));
+}
 /* Drop a live foreign handle without running its hook (nobody saw it). */
 void pool_wrap_cancel(struct ferry_buf *buf);
 

@@ -1296,13 +1296,7 @@ static void handout_release(struct ferry_buf *buf, void *ctx)
 		svc_unref(s);
 		return;
 	}
-	struct ferry_buf *head = atomic_load_explicit(&s->released, memory_order_relaxed);
-
-	do {
-		atomic_store_explicit(&buf->release_next, head, memory_order_relaxed);
-	} while (!atomic_compare_exchange_weak_explicit(&s->released, &head, buf,
-							memory_order_release,
-							memory_order_relaxed));
+	pool_release_push(&s->released, buf);
 	ferry__backend_wake(s->e, s->b); /* handouts_flush runs in a round */
 	atomic_fetch_sub(&s->rel_users, 1);
 }

@@ -464,13 +464,7 @@ static void release_hook(struct ferry_buf *buf, void *ctx)
 		return;
 	}
 	st = c->st;
-	struct ferry_buf *head = atomic_load_explicit(&st->releases, memory_order_relaxed);
-
-	do {
-		atomic_store_explicit(&buf->release_next, head, memory_order_relaxed);
-	} while (!atomic_compare_exchange_weak_explicit(&st->releases, &head, buf,
-							memory_order_release,
-							memory_order_relaxed));
+	pool_release_push(&st->releases, buf);
 	ferry__backend_wake(st->engine, st->b); /* flush_releases runs in a round */
 	atomic_fetch_sub(&c->users, 1);
 }
@@ -490,11 +484,7 @@ static int flush_releases(struct ferry_engine *e, struct shm_state *st)
 		list = atomic_load_explicit(&buf->release_next, memory_order_relaxed);
 		if (!c->dead && !send_ctrl(e, c, &d) && !c->dead) {
 			/* No room yet: put it back for the next round. */
-			struct ferry_buf *head = atomic_load(&st->releases);
-
-			do {
-				atomic_store(&buf->release_next, head);
-			} while (!atomic_compare_exchange_weak(&st->releases, &head, buf));
+			pool_release_push(&st->releases, buf);
 			continue;
 		}
 		pool_wrap_done(buf);
