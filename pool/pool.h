@@ -38,6 +38,7 @@
 #ifndef FERRY_POOL_H
 #define FERRY_POOL_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
