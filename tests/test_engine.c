@@ -505,35 +505,7 @@ static void test_bad_sqes_resolved_peer(void **state)
 	t_put(e, p, "warm", data, 4, 1, 0);
 	t_expect(e, other, 1, 0, NULL);
 
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "ab", &iov, 1, 2);
-	sqe->key_len = 3; /* a NUL inside the key's length */
-	t_submit(e);
-	t_expect(e, other, 2, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "k1", &null_iov, 1, 3); /* a NULL base with a length */
-	t_submit(e);
-	t_expect(e, other, 3, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "k2", many, 1025, 4); /* more entries than an iovec may have */
-	t_submit(e);
-	t_expect(e, other, 4, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "k3", &iov, 1, 5);
-	ferry_sqe_set_cq(sqe, foreign_cq); /* another engine's CQ: the CQE comes to ours */
-	t_submit(e);
-	t_expect(e, other, 5, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "k4", &iov, 1, 6);
-	ferry_sqe_set_flags(sqe, FERRY_SQE_NOWAIT); /* a GET's flag */
-	t_submit(e);
-	t_expect(e, other, 6, -EINVAL, NULL);
-
-	/* A key too long, another engine's peer, unknown flags, lengths past 2^64. */
+	/* Each refused with its error (its CQE to e's default CQ). */
 	static char longkey[FERRY_KEY_MAX + 10];
 	static struct iovec wrap[2];
 
@@ -541,35 +513,49 @@ static void test_bad_sqes_resolved_peer(void **state)
 	longkey[sizeof(longkey) - 1] = '\0';
 	wrap[0] = (struct iovec){ data, SIZE_MAX };
 	wrap[1] = (struct iovec){ data, 2 };
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, longkey, &iov, 1, 30);
-	t_submit(e);
-	t_expect(e, other, 30, -ENAMETOOLONG, NULL);
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, p, longkey, &in_iov, 1, 31);
-	t_submit(e);
-	t_expect(e, other, 31, -ENAMETOOLONG, NULL);
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, back, "k11", &iov, 1, 32); /* the other engine's peer handle */
-	t_submit(e);
-	t_expect(e, other, 32, -EINVAL, NULL);
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, back, "k11", &in_iov, 1, 33);
-	t_submit(e);
-	t_expect(e, other, 33, -EINVAL, NULL);
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "k12", &iov, 1, 34);
-	ferry_sqe_set_flags(sqe, 1u << 24); /* an engine-only bit */
-	t_submit(e);
-	t_expect(e, other, 34, -EINVAL, NULL);
-	sqe = t_sqe(e);
-	ferry_prep_put(sqe, p, "k13", wrap, 2, 35);
-	t_submit(e);
-	t_expect(e, other, 35, -EINVAL, NULL);
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, p, "k13", wrap, 2, 36);
-	t_submit(e);
-	t_expect(e, other, 36, -EINVAL, NULL);
+	const struct {
+		bool get;
+		struct ferry_peer *peer;
+		const char *key;
+		const struct iovec *iov;
+		unsigned n;
+		int key_len;   /* >= 0: written over the key's length */
+		uint32_t flags;
+		bool foreign_cq;
+		int want;
+	} bad[] = {
+		{ false, p, "ab", &iov, 1, 3, 0, false, -EINVAL },   /* a NUL inside the key's length */
+		{ false, p, "k1", &null_iov, 1, -1, 0, false, -EINVAL }, /* a NULL base with a length */
+		{ false, p, "k2", many, 1025, -1, 0, false, -EINVAL },  /* more entries than allowed */
+		{ false, p, "k3", &iov, 1, -1, 0, true, -EINVAL },      /* another engine's CQ */
+		{ false, p, "k4", &iov, 1, -1, FERRY_SQE_NOWAIT, false, -EINVAL }, /* a GET's flag */
+		{ false, p, longkey, &iov, 1, -1, 0, false, -ENAMETOOLONG },
+		{ true, p, longkey, &in_iov, 1, -1, 0, false, -ENAMETOOLONG },
+		{ false, back, "k11", &iov, 1, -1, 0, false, -EINVAL }, /* the other engine's peer */
+		{ true, back, "k11", &in_iov, 1, -1, 0, false, -EINVAL },
+		{ false, p, "k12", &iov, 1, -1, 1u << 24, false, -EINVAL }, /* an engine-only bit */
+		{ false, p, "k13", wrap, 2, -1, 0, false, -EINVAL },    /* lengths past 2^64 */
+		{ true, p, "k13", wrap, 2, -1, 0, false, -EINVAL },
+		{ true, p, "ab", &in_iov, 1, 3, 0, false, -EINVAL },
+		{ true, p, "k5", &null_iov, 1, -1, 0, false, -EINVAL },
+		{ true, p, "k6", NULL, 2, -1, 0, false, -EINVAL },      /* entries without an iovec */
+		{ true, p, "k7", &in_iov, 1, -1, FERRY_SQE_REPLACE, false, -EINVAL }, /* a PUT's flag */
+	};
+
+	for (unsigned i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		sqe = t_sqe(e);
+		if (bad[i].get)
+			ferry_prep_get(sqe, bad[i].peer, bad[i].key, bad[i].iov, bad[i].n, 200 + i);
+		else
+			ferry_prep_put(sqe, bad[i].peer, bad[i].key, bad[i].iov, bad[i].n, 200 + i);
+		if (bad[i].key_len >= 0)
+			sqe->key_len = (uint16_t)bad[i].key_len;
+		ferry_sqe_set_flags(sqe, bad[i].flags);
+		if (bad[i].foreign_cq)
+			ferry_sqe_set_cq(sqe, foreign_cq);
+		t_submit(e);
+		t_expect(e, other, 200 + i, bad[i].want, NULL);
+	}
 
 	/* A pool buffer released before its PUT, and one given with an iovec too. */
 	struct ferry_buf *fb;
@@ -587,28 +573,6 @@ static void test_bad_sqes_resolved_peer(void **state)
 	sqe->iovcnt = 1;
 	t_submit(e);
 	t_expect(e, other, 14, -EINVAL, NULL); /* (the buffer is freed with it) */
-
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, p, "ab", &in_iov, 1, 7);
-	sqe->key_len = 3;
-	t_submit(e);
-	t_expect(e, other, 7, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, p, "k5", &null_iov, 1, 8);
-	t_submit(e);
-	t_expect(e, other, 8, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, p, "k6", NULL, 2, 9); /* entries without an iovec */
-	t_submit(e);
-	t_expect(e, other, 9, -EINVAL, NULL);
-
-	sqe = t_sqe(e);
-	ferry_prep_get(sqe, p, "k7", &in_iov, 1, 10);
-	ferry_sqe_set_flags(sqe, FERRY_SQE_REPLACE); /* a PUT's flag */
-	t_submit(e);
-	t_expect(e, other, 10, -EINVAL, NULL);
 
 	/* None of the refused PUTs reached the peer: it holds "warm" only. */
 	for (unsigned i = 0; i < 10; i++) {
