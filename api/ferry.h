@@ -249,6 +249,19 @@ struct ferry_engine_params {
 
 /* Do not fault the pool in at creation (tests with huge pools only). */
 #define FERRY_ENGINE_NO_PREFAULT (1u << 0)
+/*
+ * Its callers poll (ferry_cq_poll in a loop, or waits that rarely sleep):
+ * the fences of the busy path (each submit, round, reap; each shm PUT) are
+ * compiler barriers only, and each sleep of the engine pays for both sides
+ * with membarrier(2), which interrupts the CPUs running registered
+ * processes (on a virtual machine 5-17 us while the peer runs). Shm peers'
+ * fences toward it are light too; its fences toward a peer that is not
+ * BUSY_POLL stay full.
+ * Taken only where the kernel offers membarrier (health "fences" says);
+ * FERRY_MEMBARRIER=0 in the environment turns it off, =1 turns it on for
+ * every engine of the process. docs/design.md section 5.
+ */
+#define FERRY_ENGINE_BUSY_POLL (1u << 1)
 
 #define FERRY_ENGINE_PARAMS_INIT { .size = sizeof(struct ferry_engine_params) }
 

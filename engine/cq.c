@@ -214,8 +214,8 @@ void cq_flush_wakeups(struct ferry_engine *e)
 	if (!cq)
 		return;
 	e->dirty_cqs = NULL;
-	/* The posts above before the loads of `armed` (pairs with ferry_cq_arm). */
-	atomic_thread_fence(memory_order_seq_cst);
+	/* The posts above before the loads of `armed` (pairs with ferry_cq_arm, futex_sleep: heavy). */
+	fence_light(e->asym_fences);
 	for (; cq; cq = cq->next_dirty) {
 		cq->dirty = false;
 		if (atomic_load_explicit(&cq->armed, memory_order_relaxed) &&
@@ -254,8 +254,8 @@ static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, un
 			cqes[n++] = s.cqe;
 	}
 	if (h) {
-		/* Room was made: pairs with the reactor's announce before it sleeps. */
-		atomic_thread_fence(memory_order_seq_cst);
+		/* Room was made: pairs with the reactor's announce before it sleeps (heavy). */
+		fence_light(cq->engine->asym_fences);
 		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
 			reactor_wake(cq->engine);
 	}
@@ -303,6 +303,7 @@ static void futex_sleep(struct ferry_engine *e, struct ferry_cq *cq, int64_t tim
 	uint32_t seq = atomic_load(&e->cq_seq);
 
 	atomic_fetch_add(&e->cq_waiters, 1);
+	fence_heavy(e->asym_fences); /* pairs with cq_flush_wakeups' and progress_unlock's light fences */
 	if (!cq_has_entries(cq) && atomic_load(&cq->interrupts) == intr &&
 	    !(e->mode == FERRY_PROGRESS_MANUAL && !atomic_load(&e->progress_busy)))
 		ferry__futex_wait(&e->cq_seq, seq, timeout_ns);
@@ -447,6 +448,7 @@ int ferry_cq_arm(struct ferry_cq *cq)
 	while (read(cq->efd, &v, sizeof(v)) == sizeof(v))
 		;
 	atomic_store(&cq->armed, 1);
+	fence_heavy(e->asym_fences); /* pairs with cq_flush_wakeups' light fence */
 	if (cq_has_entries(cq)) {
 		atomic_store(&cq->armed, 0);
 		return -EBUSY;

@@ -102,7 +102,7 @@ static int take_params(const struct ferry_engine_params *in, struct ferry_engine
 		log_error("ferry_engine_create: unknown progress mode %d", (int)p->progress);
 		return -EINVAL;
 	}
-	if (p->flags & ~FERRY_ENGINE_NO_PREFAULT) {
+	if (p->flags & ~(FERRY_ENGINE_NO_PREFAULT | FERRY_ENGINE_BUSY_POLL)) {
 		log_error("ferry_engine_create: unknown flags 0x%x", p->flags);
 		return -EINVAL;
 	}
@@ -253,6 +253,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	*out = NULL;
 	if ((rc = take_params(params, &p)))
 		return rc;
+	fence_setup(); /* once per process, before its first engine (engine/fence.h) */
 	e = aligned_alloc(CACHELINE, sizeof(*e));
 	if (!e)
 		return -ENOMEM;
@@ -262,6 +263,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	snprintf(e->name, sizeof(e->name), "%s", p.name);
 	snprintf(e->ns, sizeof(e->ns), "%s", p.ns);
 	e->mode = p.progress;
+	e->asym_fences = fence_engine_asym(p.flags & FERRY_ENGINE_BUSY_POLL);
 	e->spin_ns = p.spin_ns;
 	e->sq_entries = p.sq_entries;
 	e->max_ops = p.max_ops;
@@ -611,8 +613,9 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "{\"engine\":\"%s\",\"namespace\":\"%s\",\"transports\":[", e->name, e->ns);
 	for (unsigned i = 0; i < e->nbackends; i++)
 		jprintf(&j, "%s\"%s\"", i ? "," : "", e->backends[i].ops->name);
-	jprintf(&j, "],\"progress\":\"%s\",\"status\":\"%s\",\"uptime_ns\":%llu,",
+	jprintf(&j, "],\"progress\":\"%s\",\"fences\":\"%s\",\"status\":\"%s\",\"uptime_ns\":%llu,",
 		e->mode == FERRY_PROGRESS_THREAD ? "thread" : "manual",
+		e->asym_fences ? "membarrier" : "symmetric",
 		atomic_load(&e->closing) ? "closing" : "ok",
 		(unsigned long long)(ferry__now_ns() - e->created_ns));
 #define J(name) jprintf(&j, "\"" #name "\":%llu,", (unsigned long long)STAT_GET(s->name))

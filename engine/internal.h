@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/uio.h>
 
+#include "fence.h"
 #include "ferry.h"
 #include "log.h"
 #include "pool.h"
@@ -466,7 +467,15 @@ struct ferry_peer {
 struct wake_page {
 	_Atomic int sleeping cacheline_aligned;
 	_Atomic int doorbell_rung;
+	/*
+	 * WAKE_HEAVY_SLEEPS: this engine's sleeps announce themselves with the
+	 * heavy fence (engine/fence.h), so a peer process may use the light one
+	 * toward it. Written before the page is shared; 0 from older engines.
+	 */
+	_Atomic uint32_t heavy_sleeps cacheline_aligned;
 };
+
+#define WAKE_HEAVY_SLEEPS 0x68767931u
 
 /* ------------------------------------------------------------------ */
 /* Streams (stream.c)                                                  */
@@ -683,6 +692,7 @@ struct ferry_engine {
 	uint64_t doorbell_val;
 	bool doorbell_armed;
 	bool sleep_in_ppoll;          /* under valgrind: see reactor_sleep */
+	bool asym_fences;             /* FERRY_ENGINE_BUSY_POLL taken: engine/fence.h */
 	uint64_t timeout_armed_at;    /* MANUAL arm: expiry of the TIMEOUT queued, 0 = none */
 	struct __kernel_timespec arm_ts;
 	pthread_t thread;

@@ -1502,8 +1502,8 @@ void ferry__futex_wake_all(_Atomic uint32_t *addr)
 void progress_unlock(struct ferry_engine *e)
 {
 	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
-	/* A MANUAL-mode waiter may be sleeping until the driver leaves. */
-	atomic_thread_fence(memory_order_seq_cst);
+	/* A MANUAL-mode waiter may be sleeping until the driver leaves (its futex_sleep: heavy). */
+	fence_light(e->asym_fences);
 	if (e->mode == FERRY_PROGRESS_MANUAL &&
 	    atomic_load_explicit(&e->cq_waiters, memory_order_relaxed)) {
 		atomic_fetch_add(&e->cq_seq, 1);

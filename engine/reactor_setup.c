@@ -46,6 +46,8 @@ static int wake_page_init(struct ferry_engine *e)
 		return rc;
 	}
 	e->wake = m;
+	/* Its peers' fences toward it may be light if its sleeps are heavy. */
+	atomic_store(&e->wake->heavy_sleeps, e->asym_fences ? WAKE_HEAVY_SLEEPS : 0);
 	return 0;
 }
 

@@ -184,7 +184,7 @@ static void announce_sleep(struct ferry_engine *e)
 {
 	atomic_store_explicit(&e->wake->doorbell_rung, 0, memory_order_relaxed);
 	atomic_store_explicit(&e->wake->sleeping, 1, memory_order_release);
-	atomic_thread_fence(memory_order_seq_cst);
+	fence_heavy(e->asym_fences); /* the busy sides' fences are light (engine/fence.h) */
 }
 
 /*
@@ -729,7 +729,7 @@ void reactor_unwatch(struct ferry_engine *e, bool *watching)
 				 * arms its CQs: none was armed while we polled).
 				 */
 				atomic_store(&e->wake->sleeping, 1);
-				atomic_thread_fence(memory_order_seq_cst);
+				fence_heavy(e->asym_fences);
 				wake = reactor_sleep_check(e);
 			}
 			progress_unlock(e);

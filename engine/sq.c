@@ -175,7 +175,7 @@ int ferry_sq_submit(struct ferry_sq *sq)
 	if (old == sq->tail_local)
 		return 0;
 	atomic_store_explicit(&sq->tail, sq->tail_local, memory_order_release);
-	atomic_thread_fence(memory_order_seq_cst);
+	fence_light(e->asym_fences); /* the tail, then the sleep word (pairs with announce_sleep's heavy fence) */
 	/* A THREAD-mode reactor asleep or yielding: run its round here rather than wake it. */
 	if (!reactor_stand_in(e) && atomic_load_explicit(&e->wake->sleeping, memory_order_relaxed))
 		reactor_wake(e);

@@ -399,6 +399,198 @@ static void test_release_wakes_sleeping_sender(void **state)
 	t_gate_close(&r.done);
 }
 
+/* ------------------------------------------------------------------ */
+/* Sleepers: every wait sleeps at once, so each hop races a sleep       */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Both sides sleep as soon as a look finds nothing (spin_ns 1), so almost
+ * every message lands while its receiver announces a sleep or has just
+ * done so: the pairs of engine/fence.h (a sender's light fence, a
+ * sleeper's heavy one) decide whether the doorbell is rung. A wake-up
+ * lost there leaves the receiver asleep until its wait's timeout: any
+ * wait that long fails the test (each should take microseconds).
+ */
+struct sleeper_args {
+	enum ferry_progress_mode mode;
+	unsigned n;
+	uint32_t ping_flags, pong_flags; /* FERRY_ENGINE_BUSY_POLL or 0 */
+};
+
+#define SLEEPER_WAIT (3 * SEC)
+
+static struct ferry_engine *mk_sleeper(const char *name, enum ferry_progress_mode mode,
+				       uint32_t flags)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+
+	p.name = name;
+	p.ns = "t";
+	p.pool_size = 1u << 20;
+	p.progress = mode;
+	p.spin_ns = 1; /* sleep at once: the racy part */
+	p.flags = flags;
+	return ferry_engine_create(&p, &e) ? NULL : e;
+}
+
+/* Wait for the CQE of ud (within SLEEPER_WAIT of each call); 0, or why not. */
+static int sleeper_wait(struct ferry_engine *e, uint64_t ud, int64_t *longest)
+{
+	struct ferry_cqe c;
+	int64_t t0 = t_now(), took;
+	int rc;
+
+	do
+		rc = ferry_cq_wait(ferry_cq_default(e), &c, 1, SLEEPER_WAIT);
+	while (rc == -EINTR);
+	took = t_now() - t0;
+	if (took > *longest)
+		*longest = took;
+	if (rc != 1)
+		return rc < 0 ? rc : -EPROTO;
+	if (c.res < 0)
+		return c.res;
+	return c.user_data == ud ? 0 : -EPROTO;
+}
+
+/* The child: GET k_i, then PUT r_i, n times, each wait sleeping at once. */
+static int sleeper_pong(void *arg)
+{
+	struct sleeper_args *a = arg;
+	struct ferry_engine *e;
+	struct ferry_peer *ping;
+	int64_t longest = 0;
+	char key[32], in[8], out[8] = "pong";
+	struct iovec iin = { in, sizeof(in) }, iout = { out, sizeof(out) };
+	int rc = 0;
+
+	if (!a->pong_flags)
+		unsetenv("FERRY_MEMBARRIER"); /* (=1 would make it heavy anyway) */
+	e = mk_sleeper("pong", a->mode, a->pong_flags);
+	if (!e || ferry_peer_open(e, "ping", &ping))
+		return 2;
+	if (!a->pong_flags) {
+		char h[8192];
+
+		if (ferry_engine_health(e, h, sizeof(h)) < 0 ||
+		    !strstr(h, "\"fences\":\"symmetric\"")) {
+			fprintf(stderr, "sleeper pong: not symmetric without BUSY_POLL: %.200s\n", h);
+			return 5;
+		}
+	}
+	for (unsigned i = 0; i < a->n && !rc; i++) {
+		struct ferry_sqe *sqe;
+
+		snprintf(key, sizeof(key), "k%u", i);
+		ferry_prep_get(sqe = t_sqe(e), ping, key, &iin, 1, 2 * i);
+		ferry_sqe_set_timeout(sqe, 60 * SEC);
+		t_submit(e);
+		if ((rc = sleeper_wait(e, 2 * i, &longest)))
+			break;
+		snprintf(key, sizeof(key), "r%u", i);
+		ferry_prep_put(sqe = t_sqe(e), ping, key, &iout, 1, 2 * i + 1);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
+		ferry_sqe_set_timeout(sqe, 60 * SEC);
+		t_submit(e);
+		rc = sleeper_wait(e, 2 * i + 1, &longest);
+	}
+	if (rc || longest >= SLEEPER_WAIT)
+		fprintf(stderr, "sleeper pong: %s, longest wait %lld ms\n", ferry_strerror(rc),
+			(long long)(longest / MS));
+	ferry_engine_destroy(e);
+	return rc ? 3 : longest >= SLEEPER_WAIT ? 4 : 0;
+}
+
+static void sleepers(enum ferry_progress_mode mode, uint32_t ping_flags, uint32_t pong_flags)
+{
+	struct sleeper_args a = { mode, t_under_valgrind() ? 200 : 20000, ping_flags, pong_flags };
+	struct ferry_engine *e;
+	struct ferry_peer *pong;
+	int64_t longest = 0;
+	char key[32], in[8], out[8] = "ping";
+	struct iovec iin = { in, sizeof(in) }, iout = { out, sizeof(out) };
+	struct held h;
+
+	spawn_held(&h, sleeper_pong, &a);
+	e = mk_sleeper("ping", mode, ping_flags);
+	assert_non_null(e);
+	if (ping_flags) {
+		char h[8192];
+
+		assert_true(ferry_engine_health(e, h, sizeof(h)) > 0);
+		if (!strstr(h, "\"fences\":\"membarrier\""))
+			fprintf(stderr, "sleepers: no membarrier here: the full fences are tested\n");
+	}
+	assert_int_equal(ferry_peer_open(e, "pong", &pong), 0);
+	held_go(&h);
+	for (unsigned i = 0; i < a.n; i++) {
+		struct ferry_sqe *sqe;
+
+		snprintf(key, sizeof(key), "k%u", i);
+		ferry_prep_put(sqe = t_sqe(e), pong, key, &iout, 1, 2 * i);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_WAIT_PEER);
+		ferry_sqe_set_timeout(sqe, 60 * SEC);
+		snprintf(key, sizeof(key), "r%u", i);
+		ferry_prep_get(sqe = t_sqe(e), pong, key, &iin, 1, 2 * i + 1);
+		ferry_sqe_set_timeout(sqe, 60 * SEC);
+		t_submit(e);
+		/* Either may come first: the PUT's RESULT or the answer. */
+		for (int k = 0; k < 2; k++) {
+			struct ferry_cqe c;
+			int64_t t0 = t_now();
+			int rc;
+
+			do
+				rc = ferry_cq_wait(ferry_cq_default(e), &c, 1, SLEEPER_WAIT);
+			while (rc == -EINTR);
+			if (t_now() - t0 > longest)
+				longest = t_now() - t0;
+			if (rc != 1 || c.res < 0)
+				fprintf(stderr, "sleepers: hop %u: %s\n", i,
+					ferry_strerror(rc != 1 ? rc : c.res));
+			assert_int_equal(rc, 1);
+			assert_int_equal(c.res >= 0, 1);
+		}
+	}
+	if (longest >= SLEEPER_WAIT)
+		fprintf(stderr, "sleepers: a wait took %lld ms\n", (long long)(longest / MS));
+	assert_true(longest < SLEEPER_WAIT);
+	assert_int_equal(t_reap(h.pid), 0);
+	ferry_engine_destroy(e);
+}
+
+static void test_sleepers_manual(void **state)
+{
+	(void)state;
+	sleepers(FERRY_PROGRESS_MANUAL, FERRY_ENGINE_BUSY_POLL, FERRY_ENGINE_BUSY_POLL);
+}
+
+static void test_sleepers_thread(void **state)
+{
+	(void)state;
+	sleepers(FERRY_PROGRESS_THREAD, FERRY_ENGINE_BUSY_POLL, FERRY_ENGINE_BUSY_POLL);
+}
+
+/*
+ * A BUSY_POLL engine and a peer process that sleeps with the ordinary
+ * fence (not BUSY_POLL; or an older ferry, a seccomp filter): toward it the
+ * BUSY_POLL side's fences stay full ones (its wake page does not say
+ * heavy_sleeps), its own toward the BUSY_POLL side are light.
+ */
+static void test_sleepers_mixed(void **state)
+{
+	(void)state;
+	sleepers(FERRY_PROGRESS_THREAD, FERRY_ENGINE_BUSY_POLL, 0);
+}
+
+/* Neither BUSY_POLL: the default, full fences on both sides. */
+static void test_sleepers_default(void **state)
+{
+	(void)state;
+	sleepers(FERRY_PROGRESS_THREAD, 0, 0);
+}
+
 static void test_three_to_one(void **state)
 {
 	unsigned n = t_under_valgrind() ? 300 : 5000;
@@ -590,6 +782,10 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_big_payload_checksum, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_release_wakes_sleeping_sender, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sleepers_manual, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sleepers_thread, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sleepers_mixed, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_sleepers_default, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_three_to_one, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_namespaces_isolated, setup, teardown),

@@ -107,7 +107,7 @@ static void ring_peer(struct shm_conn *c)
 
 static void wake_peer(struct shm_conn *c)
 {
-	atomic_thread_fence(memory_order_seq_cst);
+	fence_light(c->peer_sleeps_heavy); /* pairs with the peer's announce_sleep */
 	if (atomic_load_explicit(&c->peer_wake->sleeping, memory_order_relaxed) &&
 	    !atomic_exchange(&c->peer_wake->doorbell_rung, 1))
 		ring_peer(c);
@@ -739,11 +739,12 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		/*
 		 * The peer may sleep: until our control entries come (it said so
 		 * in its wake page), or until we make room (want_room). The fence
-		 * pairs with its announcement before it looks at the rings.
+		 * pairs with its announcement before it looks at the rings
+		 * (announce_sleep, room_appeared: heavy where it says so).
 		 */
 		bool wake = published;
 
-		atomic_thread_fence(memory_order_seq_cst);
+		fence_light(c->peer_sleeps_heavy);
 		/* Both flags are cleared (no short circuit between them). */
 		if (n && ((int)(atomic_load_explicit(&c->rx->put.want_room, memory_order_relaxed) &&
 				atomic_exchange(&c->rx->put.want_room, 0)) |
@@ -827,16 +828,17 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
  * say so, then look again (the peer rings us when it sees want_room).
  */
 static bool room_appeared(struct shm_ring_ctl *r, uint32_t entries, uint32_t tail,
-			  uint32_t *head_seen)
+			  uint32_t *head_seen, bool heavy)
 {
 	atomic_store(&r->want_room, 1);
-	atomic_thread_fence(memory_order_seq_cst);
+	fence_heavy(heavy); /* pairs with the peer's fence in conn_progress (light if we said heavy) */
 	return ring_room(r, entries, tail, head_seen) != 0;
 }
 
 static bool ctrl_room_appeared(struct shm_conn *c)
 {
-	return room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES, c->ctrl_tail, &c->ctrl_head_seen);
+	return room_appeared(&c->tx->ctrl, SHM_CTRL_ENTRIES, c->ctrl_tail, &c->ctrl_head_seen,
+			     c->st->engine->asym_fences);
 }
 
 /* Some queued release can be sent (its peer's control ring has room, or is gone). */
@@ -878,7 +880,7 @@ static bool shm_look(struct shm_state *st, bool ask)
 		if (c->pending_head &&
 		    (put_room(c) != 0 ||
 		     (ask && room_appeared(&c->tx->put, SHM_PUT_ENTRIES, c->put_tail,
-					   &c->put_head_seen))))
+					   &c->put_head_seen, st->engine->asym_fences))))
 			return true;
 	}
 	/* Releases wait for control room, which the loop above asked for. */

@@ -172,6 +172,14 @@ static int conn_attach(struct ferry_engine *e, struct backend *b, struct shm_con
 		log_error("shm: mapping the wake page of %s: %s", h->name, strerror(-rc));
 		goto out;
 	}
+	/*
+	 * Read once: a peer that says so and does not only loses its own
+	 * wake-ups. Its membarrier reaches our threads only if we registered.
+	 */
+	c->peer_sleeps_heavy =
+		ferry__membarrier_ok &&
+		atomic_load_explicit(&c->peer_wake->heavy_sleeps, memory_order_relaxed) ==
+			WAKE_HEAVY_SLEEPS;
 	if (!connector) {
 		void *rings;
 

@@ -55,6 +55,8 @@ struct shm_conn {
 	uint64_t peer_pool_size;
 	int peer_doorbell;
 	struct wake_page *peer_wake;
+	/* Its sleeps take the heavy fence, and we registered (engine/fence.h): ours toward it are light. */
+	bool peer_sleeps_heavy;
 	struct op *pending_head, *pending_tail; /* PUTs waiting for ring room */
 	uint64_t puts_sent, puts_taken;
 	/*

@@ -1,4 +1,8 @@
 """Two real processes: shared memory (by name) and tcp (by address)."""
+import ctypes
+import os
+import platform
+
 import numpy as np
 
 import pyferry
@@ -59,3 +63,42 @@ def test_tcp_across_processes(ns):
             [bytes([i]) * 100 for i in range(4)]
         e.put("child", "done", b"", timeout=30)
         finish(proc)
+
+
+PONG = """
+import sys, pyferry
+ns, n, busy = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"
+with pyferry.Engine("pong", ns=ns, pool_size=1 << 20, busy_poll=busy) as e:
+    print(e.health()["fences"], flush=True)
+    for i in range(n):
+        got = e.get("ping", f"k{i}", timeout=20).tobytes()
+        e.put("ping", f"r{i}", got[::-1], timeout=20, wait_peer=True)
+"""
+
+
+def membarrier_offered():
+    """Does this kernel offer membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED)? (x86-64 only)"""
+    if platform.machine() != "x86_64" or os.environ.get("FERRY_MEMBARRIER") == "0":
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    q = libc.syscall(324, 0, 0, 0)  # SYS_membarrier, MEMBARRIER_CMD_QUERY
+    return q > 0 and bool(q & 2)    # MEMBARRIER_CMD_GLOBAL_EXPEDITED
+
+
+def test_busy_poll_across_processes(ns):
+    """busy_poll engines (and one that is not) pass messages across processes, each
+    wait sleeping between them; health says which fences each took."""
+    n = 300
+    with pyferry.Engine("plain", ns=ns, pool_size=1 << 20) as e:
+        assert e.health()["fences"] == "symmetric"
+    for ping_busy, pong_busy in ((True, True), (True, False)):
+        with pyferry.Engine("ping", ns=ns, pool_size=1 << 20, busy_poll=ping_busy) as e:
+            if membarrier_offered():
+                assert e.health()["fences"] == "membarrier"
+            proc = child(PONG, ns, n, int(pong_busy))
+            fences = proc.stdout.readline().strip()
+            assert fences == ("symmetric" if not pong_busy else e.health()["fences"]), fences
+            for i in range(n):
+                e.put("pong", f"k{i}", f"msg{i}".encode(), timeout=20, wait_peer=True)
+                assert e.get("pong", f"r{i}", timeout=20).tobytes() == f"msg{i}".encode()[::-1]
+            finish(proc)
