@@ -254,12 +254,13 @@ struct ferry_engine_params {
  * the fences of the busy path (each submit, round, reap; each shm PUT) are
  * compiler barriers only, and each sleep of the engine pays for both sides
  * with membarrier(2), which interrupts the CPUs running registered
- * processes (on a virtual machine 5-17 us while the peer runs). Shm peers'
- * fences toward it are light too; its fences toward a peer that is not
- * BUSY_POLL stay full.
- * Taken only where the kernel offers membarrier (health "fences" says);
- * FERRY_MEMBARRIER=0 in the environment turns it off, =1 turns it on for
- * every engine of the process. docs/design.md section 5.
+ * processes (on a virtual machine 5-17 us while the peer runs). The first
+ * such engine registers its process for membarrier (a process with only
+ * default engines never does). Fences toward it from shm peers in
+ * registered processes are light too; its fences toward a peer that is not
+ * BUSY_POLL stay full. Taken only where the kernel offers membarrier
+ * (health "fences" says); FERRY_MEMBARRIER=0 in the environment turns it
+ * off, =1 turns it on for every engine of the process. docs/design.md §5.
  */
 #define FERRY_ENGINE_BUSY_POLL (1u << 1)
 

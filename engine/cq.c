@@ -180,8 +180,17 @@ bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb
 	else
 		cq->overflow_head = holder;
 	cq->overflow_tail = holder;
-	if (!atomic_exchange_explicit(&cq->overflowing, 1, memory_order_relaxed))
+	if (!atomic_exchange_explicit(&cq->overflowing, 1, memory_order_relaxed)) {
 		atomic_fetch_add(&cq->engine->overflowing_cqs, 1);
+		/*
+		 * Pairs with cq_reap's fence (light on a BUSY_POLL engine): a
+		 * consumer that made room either sees overflowing, or the next
+		 * look for room (a stand-in round's reactor_sleep_check, the
+		 * reactor's own after announce_sleep) sees the room. Rare: once
+		 * per overflow.
+		 */
+		fence_heavy(cq->engine->asym_fences);
+	}
 	mark_dirty(cq);
 	return false;
 }

@@ -253,7 +253,6 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	*out = NULL;
 	if ((rc = take_params(params, &p)))
 		return rc;
-	fence_setup(); /* once per process, before its first engine (engine/fence.h) */
 	e = aligned_alloc(CACHELINE, sizeof(*e));
 	if (!e)
 		return -ENOMEM;

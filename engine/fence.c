@@ -1,6 +1,7 @@
 /*
- * engine/fence.c - the membarrier registration and the sleeping side's
- * heavy fence (engine/fence.h).
+ * engine/fence.c - the process's membarrier registration (made by its first
+ * FERRY_ENGINE_BUSY_POLL engine) and the sleeping side's heavy fence
+ * (engine/fence.h).
  */
 #include <errno.h>
 #include <linux/membarrier.h>
@@ -13,8 +14,8 @@
 #include "fence.h"
 #include "log.h"
 
-bool ferry__membarrier_ok;
-static pid_t registered_in; /* the process that made the choice (0: none yet) */
+static bool registered;      /* this process registered for GLOBAL_EXPEDITED */
+static pid_t registered_in;  /* by which process (a fork's child registers again) */
 static pthread_mutex_t choice_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int membarrier(int cmd)
@@ -30,30 +31,38 @@ static int membarrier_env(void)
 	return !v ? -1 : !strcmp(v, "0") ? 0 : !strcmp(v, "1") ? 1 : -1;
 }
 
-void fence_setup(void)
-{
-	pid_t me = getpid();
-
-	pthread_mutex_lock(&choice_lock);
-	if (registered_in != me) {
-		int q = membarrier_env() != 0 ? membarrier(MEMBARRIER_CMD_QUERY) : -1;
-		bool ok = q > 0 && (q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) &&
-			  membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
-
-		if (!ok && membarrier_env() != 0)
-			log_debug("membarrier not available (%s): symmetric fences only",
-				  q < 0 ? strerror(errno) : "not offered");
-		ferry__membarrier_ok = ok;
-		registered_in = me;
-	}
-	pthread_mutex_unlock(&choice_lock);
-}
-
 bool fence_engine_asym(bool busy_poll)
 {
 	int env = membarrier_env();
+	pid_t me = getpid();
+	bool ok;
 
-	return ferry__membarrier_ok && (env == 1 || (env != 0 && busy_poll));
+	if (!(env == 1 || (env != 0 && busy_poll)))
+		return false;
+	pthread_mutex_lock(&choice_lock);
+	if (registered_in != me) {
+		int q = membarrier(MEMBARRIER_CMD_QUERY);
+
+		registered = q > 0 && (q & MEMBARRIER_CMD_GLOBAL_EXPEDITED) &&
+			     membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+		if (!registered)
+			log_info("membarrier not available (%s): FERRY_ENGINE_BUSY_POLL keeps full fences",
+				 q < 0 ? strerror(errno) : "not offered");
+		registered_in = me;
+	}
+	ok = registered;
+	pthread_mutex_unlock(&choice_lock);
+	return ok;
+}
+
+bool fence_registered(void)
+{
+	bool ok;
+
+	pthread_mutex_lock(&choice_lock);
+	ok = registered && registered_in == getpid();
+	pthread_mutex_unlock(&choice_lock);
+	return ok;
 }
 
 void fence_heavy(bool asym)

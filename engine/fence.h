@@ -20,13 +20,16 @@
  * waiting for ring room): an interrupt of every CPU that runs a registered
  * process's thread at that moment, which on a virtual machine costs 5-17 us
  * when the peer process runs. Hence an opt-in, for engines whose callers
- * poll and rarely sleep.
+ * poll and rarely sleep. In THREAD mode a caller that kept watch for a
+ * parked reactor announces its sleep again as its ferry_cq_wait returns: a
+ * heavy fence there too.
  *
  * Pairs, light side -> heavy side (both of one engine):
  *   ferry_sq_submit (SQ tail, then the engine's sleep word) -> announce_sleep
  *   progress_unlock (progress_busy, then cq_waiters) -> a ferry_cq_wait futex sleep
  *   cq_flush_wakeups (posted CQEs, then armed / cq_waiters) -> the same, ferry_cq_arm
- *   cq_reap (room made, then overflowing) -> announce_sleep (its look finds the room)
+ *   cq_reap (room made, then overflowing) -> cq_post setting overflowing (a
+ *     stand-in round then looks for room for its parked reactor) and announce_sleep
  * and across processes, shm's wake_peer and conn_progress (entries, heads, then
  * the peer's sleep word and want_room) -> the peer's announce_sleep and
  * room_appeared: light only toward a peer engine whose wake page says its sleeps
@@ -39,17 +42,19 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-/* This process registered for membarrier(GLOBAL_EXPEDITED). Fixed while engines exist. */
-extern bool ferry__membarrier_ok;
+/*
+ * Does an engine created with busy_poll take the asymmetric fences? The
+ * first that does registers the process for membarrier (again in a fork's
+ * child); FERRY_MEMBARRIER=0 in the environment: none does, =1: every one.
+ */
+bool fence_engine_asym(bool busy_poll);
 
 /*
- * Register (again in a fork's child), before the process's first engine;
- * FERRY_MEMBARRIER=0 in the environment leaves it unregistered.
+ * Is this process registered (so a peer process's membarrier reaches its
+ * threads)? Registration only ever turns on; a connection reads it once,
+ * when it is made (not a hot path: a lock and getpid).
  */
-void fence_setup(void);
-
-/* Does an engine created with busy_poll take the asymmetric fences? */
-bool fence_engine_asym(bool busy_poll);
+bool fence_registered(void);
 
 /* The busy side's fence: light when asym (the engine's, or the peer's sleeps heavy). */
 static inline void fence_light(bool asym)

@@ -656,6 +656,7 @@ struct ferry_engine {
 	char name[FERRY_NAME_MAX];
 	char ns[FERRY_NAME_MAX];
 	enum ferry_progress_mode mode;
+	bool asym_fences; /* FERRY_ENGINE_BUSY_POLL taken: engine/fence.h (every op reads it) */
 	uint64_t spin_ns;
 	uint32_t sq_entries;
 	uint64_t created_ns;
@@ -692,7 +693,6 @@ struct ferry_engine {
 	uint64_t doorbell_val;
 	bool doorbell_armed;
 	bool sleep_in_ppoll;          /* under valgrind: see reactor_sleep */
-	bool asym_fences;             /* FERRY_ENGINE_BUSY_POLL taken: engine/fence.h */
 	uint64_t timeout_armed_at;    /* MANUAL arm: expiry of the TIMEOUT queued, 0 = none */
 	struct __kernel_timespec arm_ts;
 	pthread_t thread;

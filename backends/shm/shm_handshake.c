@@ -173,13 +173,15 @@ static int conn_attach(struct ferry_engine *e, struct backend *b, struct shm_con
 		goto out;
 	}
 	/*
-	 * Read once: a peer that says so and does not only loses its own
-	 * wake-ups. Its membarrier reaches our threads only if we registered.
+	 * Read once. Its membarrier reaches our threads only if we registered.
+	 * (A wake page is writable by every peer of its engine: one that sets
+	 * heavy_sleeps falsely can make others lose their wake-ups of that
+	 * engine, as it could by writing `sleeping` there: no new power.)
 	 */
 	c->peer_sleeps_heavy =
-		ferry__membarrier_ok &&
 		atomic_load_explicit(&c->peer_wake->heavy_sleeps, memory_order_relaxed) ==
-			WAKE_HEAVY_SLEEPS;
+			WAKE_HEAVY_SLEEPS &&
+		fence_registered();
 	if (!connector) {
 		void *rings;
 

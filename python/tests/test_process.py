@@ -85,10 +85,12 @@ def membarrier_offered():
     return q > 0 and bool(q & 2)    # MEMBARRIER_CMD_GLOBAL_EXPEDITED
 
 
-def test_busy_poll_across_processes(ns):
-    """busy_poll engines (and one that is not) pass messages across processes, each
-    wait sleeping between them; health says which fences each took."""
+def test_busy_poll_across_processes(ns, monkeypatch):
+    """busy_poll engines (and one that is not) pass messages across processes, the
+    waits sleeping between them; health says which fences each took."""
     n = 300
+    # FERRY_MEMBARRIER=1 would put every engine on it (and =0 none): the flag alone decides here
+    monkeypatch.delenv("FERRY_MEMBARRIER", raising=False)
     with pyferry.Engine("plain", ns=ns, pool_size=1 << 20) as e:
         assert e.health()["fences"] == "symmetric"
     for ping_busy, pong_busy in ((True, True), (True, False)):
