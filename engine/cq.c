@@ -132,35 +132,17 @@ bool cq_has_space(struct ferry_cq *cq)
 	       atomic_load_explicit(&s->seq, memory_order_acquire) == cq->tail;
 }
 
-static void mark_dirty(struct ferry_cq *cq)
-{
-	if (!cq->dirty) {
-		struct ferry_engine *e = cq->engine;
-
-		cq->dirty = true;
-		cq->next_dirty = e->dirty_cqs;
-		e->dirty_cqs = cq;
-	}
-}
-
 static bool try_push(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb *cb,
 		     void *cb_arg)
 {
-	struct cq_slot *s = &cq->slots[cq->tail & cq->mask];
+	struct cq_slot *s = cq_slot_free(cq);
 
-	if (atomic_load_explicit(&s->seq, memory_order_acquire) != cq->tail)
+	if (!s)
 		return false;
 	s->cqe = *cqe;
 	s->cb = cb;
 	s->cb_arg = cb_arg;
-	atomic_store_explicit(&s->seq, cq->tail + 1, memory_order_release);
-	cq->tail++;
-	/*
-	 * The next post reads and writes the next slot: fetch it now, while
-	 * nobody waits (every slot is cold when its turn comes round again).
-	 */
-	__builtin_prefetch(&cq->slots[cq->tail & cq->mask], 1, 3);
-	mark_dirty(cq);
+	cq_slot_publish(cq, s);
 	return true;
 }
 
@@ -191,7 +173,7 @@ bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb
 		 */
 		fence_heavy(cq->engine->asym_fences);
 	}
-	mark_dirty(cq);
+	cq_mark_dirty(cq);
 	return false;
 }
 

@@ -741,6 +741,43 @@ struct ferry_engine {
 };
 
 /*
+ * The reactor's post, in place: the CQ's next slot when it is free (else
+ * NULL), to be filled and then published with cq_slot_publish. op_complete
+ * writes its CQE straight into the slot (no CQE built beside it and
+ * copied); cq_post (cq.c) goes through the same two steps.
+ */
+static inline struct cq_slot *cq_slot_free(struct ferry_cq *cq)
+{
+	struct cq_slot *s = &cq->slots[cq->tail & cq->mask];
+
+	return atomic_load_explicit(&s->seq, memory_order_acquire) == cq->tail ? s : NULL;
+}
+
+/* cq got a completion this round: its waiters are woken at the round's end. */
+static inline void cq_mark_dirty(struct ferry_cq *cq)
+{
+	if (!cq->dirty) {
+		struct ferry_engine *e = cq->engine;
+
+		cq->dirty = true;
+		cq->next_dirty = e->dirty_cqs;
+		e->dirty_cqs = cq;
+	}
+}
+
+static inline void cq_slot_publish(struct ferry_cq *cq, struct cq_slot *s)
+{
+	atomic_store_explicit(&s->seq, cq->tail + 1, memory_order_release);
+	cq->tail++;
+	/*
+	 * The next post reads and writes the next slot: fetch it now, while
+	 * nobody waits (every slot is cold when its turn comes round again).
+	 */
+	__builtin_prefetch(&cq->slots[cq->tail & cq->mask], 1, 3);
+	cq_mark_dirty(cq);
+}
+
+/*
  * The first of e's peers, for a walk of the list without e->lock (the
  * progress side: a round must not hold the lock while ops complete, since
  * callbacks and log sinks may call what takes it). ferry_peer_open adds a

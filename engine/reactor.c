@@ -170,10 +170,24 @@ static bool op_end_slow(struct ferry_engine *e, struct op *op, int *res, uint64_
 #define OP_F_END_SLOW (FERRY_SQE_WAIT_PEER | OP_F_INTERNAL | OP_F_WISH | OP_F_WAIT_PEER | \
 		       OP_F_PINNED)
 
+/* The CQE of op's end. */
+static inline void cqe_of(struct ferry_cqe *c, const struct op *op, int res, uint64_t len,
+			  struct ferry_buf *buf)
+{
+	c->user_data = op->user_data;
+	c->res = res;
+	c->flags = buf ? FERRY_CQE_F_BUF : 0;
+	c->len = len;
+	c->buf = buf;
+	c->opcode = op->opcode;
+	memset(c->resv, 0, sizeof(c->resv));
+}
+
 void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		 struct ferry_buf *buf)
 {
 	struct ferry_cqe cqe;
+	struct cq_slot *slot;
 
 	/*
 	 * A plain op (a PUT whose transport is done with it, a GET taken out
@@ -214,14 +228,17 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		STAT_ADD(op->peer->stats.bytes_in, len);
 	}
 
-	cqe.user_data = op->user_data;
-	cqe.res = res;
-	cqe.flags = buf ? FERRY_CQE_F_BUF : 0;
-	cqe.len = len;
-	cqe.buf = buf;
-	cqe.opcode = op->opcode;
-	memset(cqe.resv, 0, sizeof(cqe.resv));
-
+	if (likely(!(op->flags & FERRY_SQE_CB_REACTOR) && !op->cq->overflow_head) &&
+	    (slot = cq_slot_free(op->cq))) {
+		/* The CQE written in place (cq_post's two steps, without its copy). */
+		cqe_of(&slot->cqe, op, res, len, buf);
+		slot->cb = op->cb;
+		slot->cb_arg = op->cb_arg;
+		cq_slot_publish(op->cq, slot);
+		ferry__op_free(e, op);
+		return;
+	}
+	cqe_of(&cqe, op, res, len, buf);
 	if (op->flags & FERRY_SQE_CB_REACTOR) {
 		op->cb(&cqe, op->cb_arg);
 		ferry__op_free(e, op);
