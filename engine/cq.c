@@ -165,13 +165,15 @@ bool cq_post(struct ferry_cq *cq, const struct ferry_cqe *cqe, ferry_complete_cb
 	if (!atomic_exchange_explicit(&cq->overflowing, 1, memory_order_relaxed)) {
 		atomic_fetch_add(&cq->engine->overflowing_cqs, 1);
 		/*
-		 * Pairs with cq_reap's fence (light on a BUSY_POLL engine): a
-		 * consumer that made room either sees overflowing, or the next
-		 * look for room (a stand-in round's reactor_sleep_check, the
-		 * reactor's own after announce_sleep) sees the room. Rare: once
-		 * per overflow.
+		 * A BUSY_POLL engine: pairs with cq_reap's light fence. A consumer
+		 * that made room either sees overflowing, or the next look for
+		 * room (a stand-in round's reactor_sleep_check, the reactor's own
+		 * after announce_sleep) sees the room. Rare: once per overflow.
+		 * (A default engine's round fences fully in cq_flush_wakeups,
+		 * which this CQ's mark sends it through, before any such look.)
 		 */
-		fence_heavy(cq->engine->asym_fences);
+		if (cq->engine->asym_fences)
+			fence_heavy(true);
 	}
 	cq_mark_dirty(cq);
 	return false;
