@@ -3,7 +3,8 @@
  *
  * Owns: the memfd-backed region and its mapping; the page allocator (runs of
  * 4 KiB pages, segregated free lists, out-of-band boundary tags); the slabs
- * that carve pages into 64 B .. 2 KiB objects; the descriptor table of
+ * that carve pages into 64 B .. 2 KiB objects and the magazines that keep a
+ * few freed ones per class with their handles; the descriptor table of
  * struct ferry_buf with its lock-free free list; the pool's reference count,
  * stats and self-check; and the process-wide registry of descriptor tables
  * that lets pool_free() recognise a handle from nowhere without touching it.
@@ -45,6 +46,8 @@
 #define POOL_MAX_BUFS (1u << 24)
 #define POOL_DEFAULT_BUFS 65536u
 #define POOL_REGISTRY_MAX 1024		/* live pools per process */
+#define POOL_MAG_DEPTH 16		/* freed small blocks a class keeps with their handles */
+#define POOL_LEN_CACHED UINT16_MAX	/* a slab object's lens: kept in its class's magazine */
 
 /* Page tag flags: only the first and last page of a run carry any. */
 #define TAG_HEAD 1u
@@ -76,6 +79,7 @@ struct pool_slab {
 
 struct pool_class {
 	atomic_bool lock;		/* test-and-test-and-set spinlock */
+	_Atomic uint32_t mag_n;		/* entries in mag (written under the lock) */
 	uint32_t size;
 	uint32_t nobjs;			/* objects per slab */
 	uint32_t head, tail;		/* slabs with a free object, empty ones last */
@@ -84,6 +88,7 @@ struct pool_class {
 	uint64_t live;
 	uint64_t bytes_req;
 	uint64_t allocs, frees;
+	uint32_t mag[POOL_MAG_DEPTH];	/* handles of kept blocks (POOL_BUF_CACHED) */
 } __attribute__((aligned(64)));
 
 struct pool {
@@ -151,7 +156,7 @@ static inline uint64_t page_off(uint32_t page)
 /* Locks                                                               */
 /* ------------------------------------------------------------------ */
 
-static void class_lock(struct pool_class *c)
+static void __attribute__((noinline)) class_lock_slow(struct pool_class *c)
 {
 	unsigned int spins = 0;
 
@@ -165,6 +170,13 @@ static void class_lock(struct pool_class *c)
 			}
 		}
 	}
+}
+
+/* Taken at once when free (the common case, inline); else spun for. */
+static inline void class_lock(struct pool_class *c)
+{
+	if (__builtin_expect(atomic_exchange_explicit(&c->lock, true, memory_order_acquire), 0))
+		class_lock_slow(c);
 }
 
 static void class_unlock(struct pool_class *c)
@@ -437,6 +449,8 @@ static uint32_t slab_take(struct pool_slab *s, uint32_t nobjs)
 	return POOL_NONE;
 }
 
+static unsigned int mag_flush(struct pool *p);
+
 /*
  * Return every cached empty slab to the page allocator (no lock held).
  * Used only on the way to -ENOMEM. Returns how many went back.
@@ -475,7 +489,7 @@ static int small_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 		if (slab_carve(p, ci) == 0)
 			continue;
 		class_unlock(c);
-		if (reclaimed || !reclaim_empty_slabs(p))
+		if (reclaimed || !(mag_flush(p) + reclaim_empty_slabs(p)))
 			return -ENOMEM;
 		reclaimed = true;
 		class_lock(c);
@@ -496,42 +510,20 @@ static int small_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 	return 0;
 }
 
-/* Free the object at off in slab si; -EAGAIN: the slab changed, look again. */
-static int small_free(struct pool *p, uint32_t si, uint32_t page, uint64_t off,
-		      uint64_t *cap, uint64_t *len)
+/*
+ * Give object idx (map word w, bit) of slab si back to its slab, the class
+ * lock held: the bitmap, the slab's free count and its place on the class
+ * list; the caller has done the class's counters.
+ */
+static void slab_put_locked(struct pool *p, unsigned int ci, uint32_t si, uint32_t w, uint64_t bit)
 {
+	struct pool_class *c = &p->cls[ci];
 	struct pool_slab *s = &p->slabs[si];
-	unsigned int ci = atomic_load_explicit(&s->cls, memory_order_acquire);
-	struct pool_class *c;
-	uint64_t rel, bit;
-	uint32_t idx, w;
 	bool was_full;
 
-	if (ci >= POOL_NCLASSES)
-		return -EAGAIN;
-	c = &p->cls[ci];
-	class_lock(c);
-	if (atomic_load_explicit(&p->page_slab[page], memory_order_acquire) != si + 1 ||
-	    atomic_load_explicit(&s->cls, memory_order_relaxed) != ci) {
-		class_unlock(c);
-		return -EAGAIN;
-	}
-	rel = off - page_off(s->page);
-	idx = (uint32_t)(rel / c->size);
-	w = idx / 64;
-	bit = 1ull << (idx % 64);
-	if (rel % c->size || idx >= c->nobjs || !(s->map[w] & bit)) {
-		class_unlock(c);
-		return -EINVAL;
-	}
 	s->map[w] &= ~bit;
 	if (w < s->hint)
 		s->hint = w;
-	*cap = c->size;
-	*len = s->lens[idx];
-	c->live--;
-	c->bytes_req -= *len;
-	c->frees++;
 	was_full = s->nfree++ == 0;
 	if (s->nfree == c->nobjs) {
 		c->nempty++;
@@ -546,8 +538,191 @@ static int small_free(struct pool *p, uint32_t si, uint32_t page, uint64_t off,
 	} else if (was_full) {
 		class_link(p, c, si, false);
 	}
+}
+
+/*
+ * The live object at off, in the slab its page says: its class (locked on
+ * return 0), slab and index. -EAGAIN: the slab changed, look again;
+ * -EINVAL: off is not a live object (free, kept in the magazine, or not the
+ * start of one). Locks nothing on an error.
+ */
+static int small_find_locked(struct pool *p, uint64_t off, unsigned int *cip, uint32_t *sip,
+			     uint32_t *idxp)
+{
+	uint32_t page = (uint32_t)(off >> POOL_PAGE_SHIFT), si1, idx;
+	struct pool_class *c;
+	struct pool_slab *s;
+	unsigned int ci;
+	uint64_t rel;
+
+	si1 = atomic_load_explicit(&p->page_slab[page], memory_order_acquire);
+	if (!si1)
+		return -EAGAIN;
+	s = &p->slabs[si1 - 1];
+	ci = atomic_load_explicit(&s->cls, memory_order_acquire);
+	if (ci >= POOL_NCLASSES)
+		return -EAGAIN;
+	c = &p->cls[ci];
+	class_lock(c);
+	if (atomic_load_explicit(&p->page_slab[page], memory_order_acquire) != si1 ||
+	    atomic_load_explicit(&s->cls, memory_order_relaxed) != ci) {
+		class_unlock(c);
+		return -EAGAIN;
+	}
+	rel = off - page_off(s->page);
+	idx = (uint32_t)(rel / c->size);
+	if (rel % c->size || idx >= c->nobjs || !(s->map[idx / 64] & (1ull << (idx % 64))) ||
+	    s->lens[idx] == POOL_LEN_CACHED) {
+		class_unlock(c);
+		return -EINVAL;
+	}
+	*cip = ci;
+	*sip = si1 - 1;
+	*idxp = idx;
+	return 0;
+}
+
+/* Free the object at off in slab si; -EAGAIN: the slab changed, look again. */
+static int small_free(struct pool *p, uint64_t off, uint64_t *cap, uint64_t *len)
+{
+	struct pool_class *c;
+	unsigned int ci;
+	uint32_t si, idx;
+	int err = small_find_locked(p, off, &ci, &si, &idx);
+
+	if (err)
+		return err;
+	c = &p->cls[ci];
+	*cap = c->size;
+	*len = p->slabs[si].lens[idx];
+	c->live--;
+	c->bytes_req -= *len;
+	c->frees++;
+	slab_put_locked(p, ci, si, idx / 64, 1ull << (idx % 64));
 	class_unlock(c);
 	return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The magazines                                                       */
+/* ------------------------------------------------------------------ */
+
+/*
+ * Each size class keeps up to POOL_MAG_DEPTH freed blocks with their
+ * handles, under its own lock: the next pool_alloc of the class takes one
+ * back (a handle already pointing at its block) instead of a descriptor
+ * from the lock-free list, a slab bit and a pool reference. A kept block
+ * is not in use: the class's counters (stats, pool_check) leave it out, its
+ * handle's state is POOL_BUF_CACHED (so a second free is refused) and its
+ * slab says so in lens (so a free by offset is refused), but it keeps its
+ * bit and its pool reference until the magazine gives it back: when the
+ * owner goes (pool_release_owner), and on the way to -ENOMEM for a block
+ * or a handle. Only plain blocks go in (not shared, not foreign, no flags).
+ */
+
+/* A kept block of len's class made live again, or NULL. */
+static struct ferry_buf *mag_take(struct pool *p, size_t len)
+{
+	struct pool_class *c = &p->cls[class_index(len)];
+	struct ferry_buf *b;
+	uint32_t n;
+
+	if (!atomic_load_explicit(&c->mag_n, memory_order_relaxed))
+		return NULL;
+	class_lock(c);
+	n = atomic_load_explicit(&c->mag_n, memory_order_relaxed);
+	if (!n) {
+		class_unlock(c);
+		return NULL;
+	}
+	b = &p->bufs[c->mag[n - 1]];
+	atomic_store_explicit(&c->mag_n, n - 1, memory_order_relaxed);
+	p->slabs[b->slab].lens[b->obj] = (uint16_t)len;
+	c->live++;
+	c->bytes_req += len;
+	c->allocs++;
+	class_unlock(c);
+	b->len = len;
+	atomic_store_explicit(&b->state, POOL_BUF_LIVE, memory_order_release);
+	return b;
+}
+
+/*
+ * Keep buf (a plain small block, just taken from LIVE) in its class's
+ * magazine; false: full, the owner is gone, or the handle's block is not a
+ * live object of its slab (block_free then says why). The handle says
+ * where its block is (slab, obj: set at pool_alloc), checked here against
+ * the slab under the class lock.
+ */
+static bool mag_put(struct pool *p, struct ferry_buf *buf)
+{
+	unsigned int ci = (unsigned int)__builtin_ctzll(buf->cap) - 6; /* cap: 64 .. 2048 */
+	struct pool_class *c;
+	struct pool_slab *s;
+	uint32_t n, obj = buf->obj;
+
+	if (buf->slab >= p->nslabs_max || ci >= POOL_NCLASSES)
+		return false;
+	c = &p->cls[ci];
+	s = &p->slabs[buf->slab];
+	class_lock(c);
+	n = atomic_load_explicit(&c->mag_n, memory_order_relaxed);
+	if (n == POOL_MAG_DEPTH || atomic_load_explicit(&p->owner_gone, memory_order_relaxed) ||
+	    atomic_load_explicit(&s->cls, memory_order_relaxed) != ci || obj >= c->nobjs ||
+	    page_off(s->page) + (uint64_t)obj * c->size != buf->offset ||
+	    !(s->map[obj / 64] & (1ull << (obj % 64))) || s->lens[obj] == POOL_LEN_CACHED) {
+		class_unlock(c);
+		return false;
+	}
+	c->live--;
+	c->bytes_req -= s->lens[obj];
+	c->frees++;
+	s->lens[obj] = POOL_LEN_CACHED;
+	c->mag[n] = buf->index;
+	atomic_store_explicit(&buf->state, POOL_BUF_CACHED, memory_order_relaxed);
+	atomic_store_explicit(&c->mag_n, n + 1, memory_order_relaxed);
+	class_unlock(c);
+	return true;
+}
+
+static void buf_push(struct pool *p, uint32_t idx);
+static void pool_put(struct pool *p);
+
+/*
+ * Give every kept block back to its slab, its handle to the free list and
+ * its reference to the pool. Returns how many; the caller holds a reference
+ * (or the owner's), so the pool outlives the call.
+ */
+static unsigned int mag_flush(struct pool *p)
+{
+	uint32_t bufs[POOL_MAG_DEPTH];
+	unsigned int ci, i, n, total = 0;
+
+	for (ci = 0; ci < POOL_NCLASSES; ci++) {
+		struct pool_class *c = &p->cls[ci];
+
+		if (!atomic_load_explicit(&c->mag_n, memory_order_relaxed))
+			continue;
+		class_lock(c);
+		n = atomic_load_explicit(&c->mag_n, memory_order_relaxed);
+		for (i = 0; i < n; i++) {
+			const struct ferry_buf *b = &p->bufs[c->mag[i]];
+
+			p->slabs[b->slab].lens[b->obj] = 0;
+			slab_put_locked(p, ci, b->slab, b->obj / 64, 1ull << (b->obj % 64));
+			bufs[i] = c->mag[i];
+		}
+		atomic_store_explicit(&c->mag_n, 0, memory_order_relaxed);
+		class_unlock(c);
+		for (i = 0; i < n; i++) {
+			atomic_store_explicit(&p->bufs[bufs[i]].state, POOL_BUF_FREE,
+					      memory_order_release);
+			buf_push(p, bufs[i]);
+			pool_put(p);
+		}
+		total += n;
+	}
+	return total;
 }
 
 /* ------------------------------------------------------------------ */
@@ -565,7 +740,7 @@ static int large_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 		if (h != POOL_NONE)
 			break;
 		page_unlock(p);
-		if (reclaimed || !reclaim_empty_slabs(p))
+		if (reclaimed || !(mag_flush(p) + reclaim_empty_slabs(p)))
 			return -ENOMEM;
 		reclaimed = true;
 	}
@@ -632,7 +807,7 @@ static int block_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 static int block_free(struct pool *p, uint64_t off)
 {
 	uint64_t cap, len;
-	uint32_t page, si1;
+	uint32_t page;
 	int err;
 
 	if (off >= p->size) {
@@ -641,9 +816,8 @@ static int block_free(struct pool *p, uint64_t off)
 	}
 	page = (uint32_t)(off >> POOL_PAGE_SHIFT);
 	do {
-		si1 = atomic_load_explicit(&p->page_slab[page], memory_order_acquire);
-		if (si1)
-			err = small_free(p, si1 - 1, page, off, &cap, &len);
+		if (atomic_load_explicit(&p->page_slab[page], memory_order_acquire))
+			err = small_free(p, off, &cap, &len);
 		else
 			err = large_free(p, page, off, &cap, &len);
 	} while (err == -EAGAIN);
@@ -892,6 +1066,7 @@ int64_t pool_release_owner(struct pool *pool)
 		log_error("pool %s: owner reference released twice", pool->name);
 		return -EINVAL;
 	}
+	mag_flush(pool); /* nothing goes in from here on (mag_put) */
 	old = atomic_fetch_sub_explicit(&pool->refs, 1, memory_order_acq_rel);
 	if (old == 1)
 		pool_destroy(pool);
@@ -936,6 +1111,8 @@ static uint32_t take_handle(struct pool *pool)
 {
 	uint32_t idx = buf_pop(pool);
 
+	if (idx == POOL_NONE && mag_flush(pool))
+		idx = buf_pop(pool); /* the magazines held the last ones */
 	if (idx == POOL_NONE) {
 		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);
 		log_limited(FERRY__LOG_WARN, "pool %s: all %u buffer handles in use",
@@ -976,6 +1153,10 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 		log_error("pool_alloc: NULL %s", pool ? "out" : "pool");
 		return -EINVAL;
 	}
+	if (len <= POOL_SMALL_MAX && (b = mag_take(pool, len))) {
+		*out = b;
+		return 0;
+	}
 	idx = take_handle(pool);
 	if (idx == POOL_NONE)
 		return -ENOMEM;
@@ -985,6 +1166,11 @@ int pool_alloc(struct pool *pool, size_t len, struct ferry_buf **out)
 		return err;
 	}
 	b = &pool->bufs[idx];
+	if (cap <= POOL_SMALL_MAX) { /* where it is, for mag_put */
+		b->slab = atomic_load_explicit(&pool->page_slab[off >> POOL_PAGE_SHIFT],
+					       memory_order_relaxed) - 1;
+		b->obj = (uint32_t)((off - page_off(pool->slabs[b->slab].page)) / cap);
+	}
 	buf_set_live(b, pool, pool->base + off, off, len, cap, NULL);
 	*out = b;
 	return 0;
@@ -1069,6 +1255,8 @@ int pool_free(struct ferry_buf *buf)
 		buf->release_fn(buf, buf->release_ctx); /* it calls pool_wrap_done */
 		return 0;
 	}
+	if (!buf->share_root && !buf->flags && buf->cap <= POOL_SMALL_MAX && mag_put(p, buf))
+		return 0;
 	if (buf->share_root) {
 		struct ferry_buf *root = buf->share_root;
 
@@ -1321,8 +1509,8 @@ static int check_slabs(struct pool *p)
 
 	for (ci = 0; ci < POOL_NCLASSES; ci++) {
 		struct pool_class *c = &p->cls[ci];
-		uint32_t nslabs = 0, listed = 0, empty = 0, prev = POOL_NONE;
-		uint64_t live = 0, req = 0;
+		uint32_t nslabs = 0, listed = 0, empty = 0, prev = POOL_NONE, n, m;
+		uint64_t live = 0, req = 0, cached = 0;
 
 		for (si = c->head; si != POOL_NONE; prev = si, si = p->slabs[si].next) {
 			struct pool_slab *s;
@@ -1350,9 +1538,14 @@ static int check_slabs(struct pool *p)
 			      "slab %u: pages not marked", si);
 			for (i = 0; i < POOL_SLAB_WORDS; i++)
 				bits += (uint32_t)__builtin_popcountll(s->map[i]);
-			for (i = 0; i < c->nobjs; i++)
-				if (s->map[i / 64] & (1ull << (i % 64)))
+			for (i = 0; i < c->nobjs; i++) {
+				if (!(s->map[i / 64] & (1ull << (i % 64))))
+					continue;
+				if (s->lens[i] == POOL_LEN_CACHED)
+					cached++;
+				else
 					req += s->lens[i];
+			}
 			for (i = 0; i < s->hint; i++)
 				CHECK(s->map[i] == ~0ull,
 				      "slab %u: hint past a free object", si);
@@ -1363,8 +1556,19 @@ static int check_slabs(struct pool *p)
 			live += bits;
 			nslabs++;
 		}
-		CHECK(nslabs == c->nslabs && live == c->live && req == c->bytes_req,
+		n = atomic_load(&c->mag_n);
+		CHECK(nslabs == c->nslabs && live == c->live + n && req == c->bytes_req &&
+		      cached == n && n <= POOL_MAG_DEPTH,
 		      "class %u: counters do not match slabs", ci);
+		for (m = 0; m < n; m++) {
+			const struct ferry_buf *b = c->mag[m] < p->max_bufs ? &p->bufs[c->mag[m]] : NULL;
+
+			CHECK(b && b->slab < p->nslabs_max && atomic_load(&p->slabs[b->slab].cls) == ci &&
+			      b->obj < c->nobjs && p->slabs[b->slab].lens[b->obj] == POOL_LEN_CACHED &&
+			      atomic_load(&b->state) == POOL_BUF_CACHED &&
+			      b->offset == page_off(p->slabs[b->slab].page) + (uint64_t)b->obj * c->size,
+			      "class %u: magazine entry %u is wrong", ci, m);
+		}
 		used_slabs += nslabs;
 	}
 	for (si = p->slab_spare; si != POOL_NONE; si = p->slabs[si].next) {
@@ -1389,11 +1593,12 @@ static int check_handles(struct pool *p, uint64_t blocks)
 	for (i = 0; i < p->max_bufs; i++) {
 		uint32_t st = atomic_load(&p->bufs[i].state);
 
-		CHECK(st == POOL_BUF_FREE || st == POOL_BUF_LIVE || st == POOL_BUF_ROOT,
-		      "handle %u: state %#x", i, st);
+		CHECK(st == POOL_BUF_FREE || st == POOL_BUF_LIVE || st == POOL_BUF_ROOT ||
+		      st == POOL_BUF_CACHED, "handle %u: state %#x", i, st);
 		CHECK(p->bufs[i].index == i, "handle %u: wrong index", i);
 		/* A shared block counts once: by its root. */
-		live += st == POOL_BUF_ROOT || (st == POOL_BUF_LIVE && !p->bufs[i].share_root);
+		live += st == POOL_BUF_ROOT || st == POOL_BUF_CACHED ||
+			(st == POOL_BUF_LIVE && !p->bufs[i].share_root);
 		shared += st == POOL_BUF_LIVE && p->bufs[i].share_root;
 	}
 	for (i = (uint32_t)top; i != POOL_NONE; i = p->bufs[i].next_free) {
@@ -1430,9 +1635,9 @@ int pool_check(struct pool *pool)
 		err = check_bins(pool, free_runs);
 	if (!err)
 		err = check_slabs(pool);
-	blocks = pool->large_live;
+	blocks = pool->large_live; /* those the pool holds a reference for: */
 	for (i = 0; i < POOL_NCLASSES; i++)
-		blocks += pool->cls[i].live;
+		blocks += pool->cls[i].live + atomic_load(&pool->cls[i].mag_n);
 	if (!err)
 		err = check_handles(pool, blocks);
 	refs = atomic_load(&pool->refs);

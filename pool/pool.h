@@ -17,6 +17,12 @@
  *    segregated-fit allocator with out-of-band boundary tags (one entry per
  *    page, outside the region): O(1) allocation (bitmap of non-empty bins),
  *    O(1) free with coalescing of both free neighbours.
+ *  - Magazines: each size class keeps up to 16 freed blocks together with
+ *    their handles, so that freeing a small block and allocating one of the
+ *    same class again costs one class lock and no atomics on shared lists
+ *    (the zero-copy PUT/GET path allocates and frees a small block per op).
+ *    A kept block counts as free in the stats; it goes back to its slab
+ *    when the owner lets go of the pool, and on the way to -ENOMEM.
  *  - Metadata never lives inside the region, so nothing a user or a peer
  *    writes into a block can corrupt the allocator.
  *
@@ -95,6 +101,7 @@ struct ferry_buf {
 	_Atomic uint32_t share_refs;   /* a share root: live shared handles */
 	uint64_t filled;               /* a share root with POOL_BUF_F_FILLING: see pool_filled */
 	int32_t device;                /* POOL_BUF_F_DEVICE: the CUDA device ordinal of data */
+	uint32_t slab, obj;            /* a small block: its slab and place there (pool.c) */
 };
 
 /* The handle names memory that is not this pool's (see pool_wrap). */
@@ -124,7 +131,12 @@ struct ferry_buf {
  * block while shared handles are live; it is neither free nor a buffer
  * anyone may free.
  */
-enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe, POOL_BUF_ROOT = 0x5007 };
+/*
+ * A cached handle (POOL_BUF_CACHED) was freed and waits, still pointing at
+ * its block, in its size class's magazine for the next allocation of that
+ * class (see "Magazines" above); it is not live, and freeing it is refused.
+ */
+enum { POOL_BUF_FREE = 0, POOL_BUF_LIVE = 0x11fe, POOL_BUF_ROOT = 0x5007, POOL_BUF_CACHED = 0xcac4 };
 
 /*
  * How many bytes of buf, from its start, hold data: buf->len for every

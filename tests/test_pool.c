@@ -462,7 +462,8 @@ static void test_double_free(void **state)
 	assert_int_equal(pool_alloc(p, 100, &keep), 0);
 	assert_int_equal(pool_free(small), 0);
 	assert_int_equal(pool_free(large), 0);
-	assert_int_equal(small->state, POOL_BUF_FREE);
+	assert_int_equal(small->state, POOL_BUF_CACHED); /* kept in its class's magazine */
+	assert_int_equal(large->state, POOL_BUF_FREE);
 
 	e0 = atomic_load(&log_errors);
 	assert_int_equal(pool_free(small), -EINVAL);
@@ -1030,6 +1031,134 @@ static void test_descriptor_exhaustion(void **state)
 	assert_int_equal(pool_release_owner(p), 0);
 }
 
+/* ------------------------------------------------------------------ */
+/* Magazines                                                           */
+/* ------------------------------------------------------------------ */
+
+/* A freed small block is kept with its handle and comes back next. */
+static void test_magazine_reuse(void **state)
+{
+	struct pool *p = mkpool(1 * MiB, 0);
+	struct ferry_buf *a, *b, *c;
+	struct pool_stats st;
+	int e0;
+
+	(void)state;
+	assert_int_equal(pool_alloc(p, 100, &a), 0);
+	memset(a->data, 0xa5, 100);
+	assert_int_equal(pool_free(a), 0);
+	assert_int_equal(a->state, POOL_BUF_CACHED);
+	st = stats(p);
+	assert_int_equal(st.blocks_in_use, 0); /* kept is not in use */
+	assert_int_equal(st.bytes_in_use, 0);
+	assert_int_equal(st.bytes_requested, 0);
+	assert_int_equal(st.frees, 1);
+	assert_int_equal(pool_check(p), 0);
+
+	/* The same class: the kept handle and block, with the new length. */
+	assert_int_equal(pool_alloc(p, 90, &b), 0);
+	assert_ptr_equal(b, a);
+	assert_int_equal(b->state, POOL_BUF_LIVE);
+	assert_int_equal(ferry_buf_len(b), 90);
+	assert_int_equal(b->cap, 128);
+	st = stats(p);
+	assert_int_equal(st.blocks_in_use, 1);
+	assert_int_equal(st.bytes_requested, 90);
+	assert_int_equal(st.allocs, 2);
+	assert_int_equal(pool_check(p), 0);
+	/* Another class does not take it. */
+	assert_int_equal(pool_alloc(p, 1000, &c), 0);
+	assert_ptr_not_equal(c, b);
+
+	/* A kept block is free: a second free and a free by offset are refused. */
+	assert_int_equal(pool_free(b), 0);
+	e0 = atomic_load(&log_errors);
+	assert_int_equal(pool_free(b), -EINVAL);
+	assert_int_equal(pool_block_free(p, b->offset), -EINVAL);
+	assert_int_equal(atomic_load(&log_errors) - e0, 2);
+	assert_int_equal(stats(p).bad_frees, 2);
+	assert_int_equal(pool_check(p), 0);
+	/* Its handle still comes back whole. */
+	assert_int_equal(pool_alloc(p, 128, &a), 0);
+	assert_ptr_equal(a, b);
+	assert_int_equal(pool_free(a), 0);
+	assert_int_equal(pool_free(c), 0);
+	/* The owner's release gives the kept blocks back: nothing is live. */
+	assert_int_equal(pool_release_owner(p), 0);
+}
+
+/* At most POOL_MAG_DEPTH per class; the rest go back to their slabs. */
+static void test_magazine_bounded(void **state)
+{
+	struct pool *p = mkpool(1 * MiB, 0);
+	struct ferry_buf *b[64];
+	int i, reused = 0;
+
+	(void)state;
+	for (i = 0; i < 64; i++)
+		assert_int_equal(pool_alloc(p, 64, &b[i]), 0);
+	for (i = 0; i < 64; i++)
+		assert_int_equal(pool_free(b[i]), 0);
+	for (i = 0; i < 64; i++)
+		reused += b[i]->state == POOL_BUF_CACHED;
+	assert_int_equal(reused, 16);
+	assert_int_equal(stats(p).blocks_in_use, 0);
+	assert_int_equal(pool_check(p), 0);
+	assert_int_equal(pool_release_owner(p), 0);
+}
+
+/* Kept blocks and handles are given back on the way to -ENOMEM. */
+static void test_magazine_gives_back(void **state)
+{
+	struct pool *p = mkpool(1 * MiB, 4);
+	struct ferry_buf *b[4], *big;
+	int i;
+
+	(void)state;
+	/* Every handle kept in the 64 B class: a 1 KiB block still gets one. */
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pool_alloc(p, 64, &b[i]), 0);
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pool_free(b[i]), 0);
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pool_alloc(p, 1000, &b[i]), 0);
+	assert_int_equal(stats(p).alloc_failures, 0);
+	assert_int_equal(pool_check(p), 0);
+	for (i = 0; i < 4; i++)
+		assert_int_equal(pool_free(b[i]), 0);
+	assert_int_equal(pool_release_owner(p), 0);
+
+	/* A kept block holds its slab: the whole region still comes free. */
+	p = mkpool(1 * MiB, 0);
+	assert_int_equal(pool_alloc(p, 1000, &b[0]), 0);
+	assert_int_equal(pool_free(b[0]), 0);
+	assert_int_equal(b[0]->state, POOL_BUF_CACHED);
+	assert_int_equal(pool_alloc(p, 1 * MiB, &big), 0);
+	assert_int_equal(stats(p).alloc_failures, 0);
+	assert_int_equal(pool_check(p), 0);
+	assert_int_equal(pool_free(big), 0);
+	assert_int_equal(pool_release_owner(p), 0);
+}
+
+/* Blocks freed after the owner let go are not kept: the region goes. */
+static void test_magazine_after_owner(void **state)
+{
+	struct pool *p = mkpool(1 * MiB, 0);
+	struct ferry_buf *a, *b;
+	int fd = pool_fd(p);
+
+	(void)state;
+	assert_int_equal(pool_alloc(p, 64, &a), 0);
+	assert_int_equal(pool_alloc(p, 64, &b), 0);
+	assert_int_equal(pool_free(a), 0); /* kept */
+	assert_int_equal(pool_release_owner(p), 1); /* a given back, b live */
+	assert_int_equal(pool_check(p), 0);
+	assert_true(fcntl(fd, F_GETFD) >= 0);
+	assert_int_equal(pool_free(b), 0); /* not kept: the last reference */
+	assert_int_equal(fcntl(fd, F_GETFD), -1); /* the region's memfd is closed */
+	assert_int_equal(errno, EBADF);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
 
 static int wrap_released;
@@ -1155,6 +1284,10 @@ int main(void)
 		T(test_descriptor_exhaustion),
 		T(test_wrap_foreign),
 		T(test_share),
+		T(test_magazine_reuse),
+		T(test_magazine_bounded),
+		T(test_magazine_gives_back),
+		T(test_magazine_after_owner),
 	};
 
 	return cmocka_run_group_tests_name("pool", tests, NULL, NULL);
