@@ -431,14 +431,10 @@ static inline struct op *first_waiter(struct ferry_engine *e, const char *fullke
 	return op;
 }
 
-bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			  const void *src, uint64_t len, uint32_t flags)
+/* Copy src into op, the first GET waiting at ke (into an iovec), and complete it. */
+static void copy_to_waiter(struct ferry_engine *e, struct key_entry *ke, struct op *op,
+			   const void *src, uint64_t len)
 {
-	struct key_entry *ke = NULL;
-	struct op *op = first_waiter(e, fullkey, fullkey_len, len, flags, false, &ke);
-
-	if (!op || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || !op->iovcnt)
-		return false; /* no GET, a zero-copy one, or one that is too small */
 	STAT_ADD(e->stats.deliveries, 1);
 	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
 	op->entry = NULL;
@@ -447,7 +443,48 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	op_scatter(op, src, len);
 	STAT_ADD(e->stats.copies, 1);
 	op_complete(e, op, 0, len, NULL);
+}
+
+bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			  const void *src, uint64_t len, uint32_t flags)
+{
+	struct key_entry *ke = NULL;
+	struct op *op = first_waiter(e, fullkey, fullkey_len, len, flags, false, &ke);
+
+	if (!op || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || !op->iovcnt)
+		return false; /* no GET, a zero-copy one, or one that is too small */
+	copy_to_waiter(e, ke, op, src, len);
 	return true;
+}
+
+int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			    const void *src, uint64_t len, uint32_t flags)
+{
+	struct key_entry *ke;
+	struct ferry_buf *buf;
+	struct op *op;
+	int rc;
+
+	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
+		return 0;
+	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
+	if (!ke || !(op = ke->waiters) || (op->flags & (OP_F_DEVICE | FERRY_SQE_CB_REACTOR)))
+		return 0; /* none waits, device memory, or its callback is the reactor's to run */
+	if (op->iovcnt) {
+		if ((op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || len > op->len)
+			return 0;
+		copy_to_waiter(e, ke, op, src, len);
+		return 1;
+	}
+	if (op->opcode != FERRY_OP_GET || pool_alloc(e->pool, len, &buf))
+		return 0; /* the round's arrival path says what happens */
+	ferry__payload_copy(buf->data, src, len);
+	rc = reactor_deliver(e, NULL, fullkey, fullkey_len, buf, len, flags);
+	if (rc) {
+		pool_free(buf);
+		return rc;
+	}
+	return 1;
 }
 
 struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,

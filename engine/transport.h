@@ -389,6 +389,16 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
 			  const void *src, uint64_t len, uint32_t flags);
 /*
+ * For a caller that holds e's progress lock but is not e's reactor
+ * (backends/loop's direct delivery): a PUT of src, len under fullkey, taken
+ * only if a GET waits for it whose callback is not the reactor's
+ * (FERRY_SQE_CB_REACTOR): into its iovec, or into a new block of e's pool
+ * handed to it (reactor_deliver). 1: taken; 0: nothing was done (the
+ * arrival path decides); negative: refused by reactor_deliver (its res).
+ */
+int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			    const void *src, uint64_t len, uint32_t flags);
+/*
  * A PUT of len bytes arrives under fullkey that the transport can write
  * into its destination itself (rdma: READ straight into a GET's segments):
  * the first GET parked for it if that GET takes segments of registered

@@ -9,6 +9,7 @@
  * (tests/conformance.h), run over loop by test_conformance_loop.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -250,6 +251,156 @@ static void test_small_iovec_put_takes_no_block(void **state)
 	rmpair(&p);
 }
 
+/*
+ * Direct delivery (backends/loop/loop.c): a small PUT to a MANUAL engine
+ * whose GET waits is delivered by the sender's round, under the
+ * destination's progress lock: the PUT completes, and the GET's CQE is
+ * there, while the destination is never driven. Not when the
+ * destination's inbox holds an earlier PUT (order), nor into a GET whose
+ * callback belongs on the destination's reactor.
+ */
+static void reactor_cb(const struct ferry_cqe *cqe, void *arg)
+{
+	*(struct ferry_cqe *)arg = *cqe;
+}
+
+static void test_direct_delivery(void **state)
+{
+	struct pair p = mkpair(state, 1u << 20);
+	char src[64], dst[64], dst2[64];
+	struct iovec out = { dst, sizeof(dst) }, out2 = { dst2, sizeof(dst2) };
+	struct ferry_cqe c, from_cb;
+	struct ferry_sqe *sqe;
+
+	t_put(p.a, p.to_b, "first", "x", 1, 1, 0); /* the peer is resolved */
+	t_expect(p.a, p.b, 1, 0, NULL);
+	t_get(p.b, p.from_a, "first", NULL, 0, 2, 0, 0);
+	t_expect(p.b, p.a, 2, 0, &c);
+	assert_int_equal(ferry_buf_release(c.buf), 0);
+
+	/* A GET waits at b; only a is driven: the PUT and the GET both end. */
+	fill(src, sizeof(src), 3);
+	memset(dst, 0, sizeof(dst));
+	ferry_prep_get(t_sqe(p.b), p.from_a, "direct", &out, 1, 10);
+	t_submit(p.b);
+	ferry_progress(p.b); /* it waits */
+	assert_int_equal(ferry_cq_arm(ferry_cq_default(p.b)), 0); /* b's owner sleeps on its fd */
+	t_put(p.a, p.to_b, "direct", src, sizeof(src), 11, 0);
+	t_expect(p.a, NULL, 11, 0, NULL);
+	check(dst, sizeof(dst), 3);
+	{
+		struct pollfd pfd = { .fd = ferry_cq_fd(ferry_cq_default(p.b)), .events = POLLIN };
+
+		assert_int_equal(t_poll(&pfd, 1, 0), 1); /* and is woken, as by b's own round */
+	}
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(p.b), &c, 1), 1);
+	assert_int_equal(c.user_data, 10);
+	assert_int_equal(c.res, 0);
+	assert_int_equal(c.len, sizeof(src));
+
+	/* A GET for a buffer waits: the data goes into a block of b's pool. */
+	t_get(p.b, p.from_a, "direct.zc", NULL, 0, 12, 0, 0);
+	ferry_progress(p.b);
+	t_put(p.a, p.to_b, "direct.zc", src, 40, 13, 0);
+	t_expect(p.a, NULL, 13, 0, NULL);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(p.b), &c, 1), 1);
+	assert_int_equal(c.user_data, 12);
+	assert_int_equal(c.res, 0);
+	assert_int_equal(c.len, 40);
+	check(ferry_buf_data(c.buf), 40, 3);
+	assert_int_equal(ferry_buf_release(c.buf), 0);
+
+	/* An earlier PUT in b's inbox (no GET for it): the next one waits its turn. */
+	ferry_prep_get(t_sqe(p.b), p.from_a, "second", &out, 1, 20);
+	t_submit(p.b);
+	ferry_progress(p.b);
+	t_put(p.a, p.to_b, "kept", src, 8, 21, 0);
+	t_put(p.a, p.to_b, "second", src, sizeof(src), 22, 0);
+	t_expect_none(p.a, NULL, 50);
+	t_expect(p.a, p.b, 21, 0, NULL);
+	t_expect(p.a, p.b, 22, 0, NULL);
+	t_expect(p.b, p.a, 20, 0, NULL);
+	t_get(p.b, p.from_a, "kept", NULL, 0, 23, 0, 0);
+	t_expect(p.b, p.a, 23, 0, &c);
+	assert_int_equal(ferry_buf_release(c.buf), 0);
+
+	/* A GET whose callback runs on b's reactor: b's own round ends it. */
+	memset(&from_cb, 0, sizeof(from_cb));
+	sqe = t_sqe(p.b);
+	ferry_prep_get(sqe, p.from_a, "cb", &out2, 1, 30);
+	ferry_sqe_set_callback(sqe, reactor_cb, &from_cb);
+	ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
+	t_submit(p.b);
+	ferry_progress(p.b);
+	t_put(p.a, p.to_b, "cb", src, sizeof(src), 31, 0);
+	t_expect_none(p.a, NULL, 50);
+	assert_int_equal(from_cb.user_data, 0);
+	t_expect(p.a, p.b, 31, 0, NULL);
+	for (int i = 0; i < 100 && from_cb.user_data != 30; i++)
+		ferry_progress(p.b);
+	assert_int_equal(from_cb.user_data, 30);
+	assert_int_equal(from_cb.res, 0);
+	rmpair(&p);
+}
+
+/*
+ * A thread asleep in ferry_cq_wait of the destination is woken by a direct
+ * delivery, as by the destination's own round.
+ */
+struct waiter {
+	struct ferry_engine *e;
+	struct ferry_cqe c;
+	int n;
+};
+
+static void *wait_thread(void *arg)
+{
+	struct waiter *w = arg;
+
+	w->n = ferry_cq_wait(ferry_cq_default(w->e), &w->c, 1, 5 * SEC);
+	return NULL;
+}
+
+static void test_direct_delivery_wakes_waiter(void **state)
+{
+	struct pair p = mkpair(state, 1u << 20);
+	char src[64], dst[64];
+	struct iovec out = { dst, sizeof(dst) };
+	struct waiter w = { .e = p.b };
+	pthread_t t;
+
+	t_put(p.a, p.to_b, "first", "x", 1, 1, 0);
+	t_expect(p.a, p.b, 1, 0, NULL);
+	fill(src, sizeof(src), 5);
+	for (int i = 0; i < 20; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "w%d", i);
+		memset(dst, 0, sizeof(dst));
+		memset(&w.c, 0, sizeof(w.c));
+		ferry_prep_get(t_sqe(p.b), p.from_a, key, &out, 1, 100 + (uint64_t)i);
+		t_submit(p.b);
+		ferry_progress(p.b);
+		assert_int_equal(pthread_create(&t, NULL, wait_thread, &w), 0);
+		usleep((useconds_t)(i % 4) * 1000); /* asleep, or not yet */
+		t_put(p.a, p.to_b, key, src, sizeof(src), 200 + (uint64_t)i, 0);
+		t_expect(p.a, NULL, 200 + (uint64_t)i, 0, NULL);
+		assert_int_equal(pthread_join(t, NULL), 0);
+		assert_int_equal(w.n, 1);
+		assert_int_equal(w.c.user_data, 100 + (uint64_t)i);
+		check(dst, sizeof(dst), 5);
+	}
+	/* The first GET's data ("first", no GET waited) is still b's. */
+	t_get(p.b, p.from_a, "first", NULL, 0, 2, 0, 0);
+	{
+		struct ferry_cqe c;
+
+		t_expect(p.b, p.a, 2, 0, &c);
+		assert_int_equal(ferry_buf_release(c.buf), 0);
+	}
+	rmpair(&p);
+}
+
 #define BOTH(t)                                             \
 	cmocka_unit_test_prestate(t, &MANUAL),              \
 	cmocka_unit_test_prestate(t, &THREAD)
@@ -263,6 +414,8 @@ int main(void)
 		BOTH(test_buffer_outlives_owner),
 		BOTH(test_small_iovec_put_takes_no_block),
 		cmocka_unit_test(test_puts_away_at_silent_peer),
+		cmocka_unit_test_prestate(test_direct_delivery, &MANUAL),
+		cmocka_unit_test_prestate(test_direct_delivery_wakes_waiter, &MANUAL),
 	};
 
 	return t_run_group_apart(tests, NULL, NULL);

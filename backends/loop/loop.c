@@ -19,6 +19,17 @@
  * has its loop transport quiet (transport.h): its rounds skip it until a
  * sender wakes it (ferry__backend_wake in ep_send).
  *
+ * Direct delivery: a PUT of such an iovec to an engine that drives its own
+ * progress (FERRY_PROGRESS_MANUAL), is not doing so at this moment, has
+ * nothing in its inbox and a GET into an iovec waiting for the key, is
+ * delivered by the sender's reactor itself, under the destination's
+ * progress lock (taken with a try: never waited for), as the destination's
+ * round would (its CQ's wake-ups, its MANUAL waiters): no message travels
+ * and none comes back; the PUT completes in the sender's next round, as
+ * it would when its RESULT came home (so the round that delivered ends
+ * sooner, and with it the GET's latency).
+ * Anything else takes the inbox, so PUTs between two engines stay in order.
+ *
  * Lifetimes: an endpoint is reference counted (its engine, every peer
  * handle resolved to it, every message away from home). Sending into an
  * endpoint is bracketed by a `senders` count; closing sets `closed` and
@@ -79,6 +90,7 @@ struct loop_ep {
 	_Atomic int senders;
 	struct ferry_engine *engine; /* these two: valid while !closed, inside a send */
 	struct backend *backend;
+	bool manual;                 /* its engine's progress is FERRY_PROGRESS_MANUAL */
 	char ns[FERRY_NAME_MAX];
 	char name[FERRY_NAME_MAX];
 	/* Inbox: producers swap tail; the owner's reactor pops at head. */
@@ -88,6 +100,12 @@ struct loop_ep {
 	/* Messages of this endpoint; the free list is the owner's alone. */
 	struct loop_msg *msgs;
 	struct loop_msg *free_msgs;
+	/*
+	 * The owner's: PUTs delivered directly (deliver_direct), completed in
+	 * its next round (as when their RESULT comes home), after done_round.
+	 */
+	struct loop_msg *done_head, *done_tail;
+	uint64_t done_round;
 	uint32_t empty_rounds; /* the owner's: rounds in a row that found the inbox empty */
 	struct loop_ep *dir_next;
 };
@@ -222,6 +240,7 @@ static int loop_init(struct ferry_engine *e, struct backend *b)
 	}
 	atomic_init(&ep->refs, 1);
 	ep->engine = e;
+	ep->manual = e->mode == FERRY_PROGRESS_MANUAL;
 	ep->backend = b;
 	snprintf(ep->ns, sizeof(ep->ns), "%s", e->ns);
 	snprintf(ep->name, sizeof(ep->name), "%s", e->name);
@@ -270,6 +289,77 @@ static void loop_unresolve(struct ferry_engine *e, struct backend *b, struct fer
 	peer->transport = NULL;
 }
 
+/*
+ * Send PUT m (op's) to dst: the direct path (see the top) when it may be
+ * taken, else into dst's inbox (a small PUT's data gathered into m then),
+ * both inside one `senders` bracket. 1: delivered here, the PUT's result
+ * is in m->res; 0: in the inbox; -ECONNRESET: dst is closed.
+ */
+static int ep_send_put(struct ferry_engine *e, struct loop_ep *self, struct loop_ep *dst,
+		       struct op *op, struct loop_msg *m)
+{
+	bool gathered = !m->inl;
+	struct ferry_engine *de;
+	int rc = 0;
+
+	atomic_fetch_add(&dst->senders, 1); /* seq_cst: pairs with ep_close */
+	if (atomic_load(&dst->closed)) {
+		rc = -ECONNRESET;
+		goto out;
+	}
+	de = dst->engine;
+	if (m->inl && dst->manual && de != e && progress_try_lock(de)) {
+		/* Its inbox first (it may hold an earlier PUT of ours): then not here. */
+		if (!inbox_nonempty(dst)) {
+			const void *src = m->data;
+			int taken;
+
+			if (op->iovcnt == 1) {
+				src = op->iov[0].iov_base;
+			} else {
+				op_gather(op, m->data, op->len);
+				gathered = true;
+			}
+			de->now_valid = false; /* its clock is read fresh, as in its round */
+			taken = reactor_deliver_waiting(de, m->key, m->key_len, src, op->len, m->flags);
+			if (taken) {
+				m->res = taken < 0 ? taken : 0;
+				rc = 1;
+			}
+			if (de->dirty_cqs)
+				cq_flush_wakeups(de);
+		}
+		progress_unlock(de);
+		if (rc)
+			goto out;
+	}
+	if (!gathered)
+		op_gather(op, m->data, op->len);
+	ep_ref(self); /* the message holds its home */
+	inbox_push(dst, m);
+	ferry__backend_wake(de, dst->backend); /* its progress may be quiet */
+out:
+	atomic_fetch_sub_explicit(&dst->senders, 1, memory_order_release);
+	return rc;
+}
+
+/* PUTs delivered directly: their results, in the order they were sent. */
+static int take_done(struct ferry_engine *e, struct loop_ep *self)
+{
+	struct loop_msg *m;
+	int n = 0;
+
+	while ((m = self->done_head)) {
+		self->done_head = m->free_next;
+		reactor_put_done(e, m->op, m->gen, m->res);
+		m->free_next = self->free_msgs;
+		self->free_msgs = m;
+		n++;
+	}
+	self->done_tail = NULL;
+	return n;
+}
+
 static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 {
 	struct loop_ep *self = b->data;
@@ -311,8 +401,6 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->buf = op->buf;
 	m->len = op->len;
 	m->inl = !op->buf; /* an iovec of at most iov_put_max bytes */
-	if (m->inl)
-		op_gather(op, m->data, op->len);
 	rc = keytable_compose_sfx(m->key, op->key, op->key_len, &op->peer->to_sfx);
 	if (rc < 0) {
 		m->free_next = self->free_msgs;
@@ -320,10 +408,18 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 		return rc;
 	}
 	m->key_len = (uint16_t)rc;
-	ep_ref(self); /* the message holds its home */
-	rc = ep_send(dst, m);
+	rc = ep_send_put(e, self, dst, op, m);
+	if (rc == 1) {
+		m->free_next = NULL; /* its result waits for our next round (take_done) */
+		if (self->done_tail)
+			self->done_tail->free_next = m;
+		else
+			self->done_head = m;
+		self->done_tail = m;
+		self->done_round = atomic_load_explicit(&e->rounds, memory_order_relaxed);
+		return 0;
+	}
 	if (rc) {
-		ep_unref(self);
 		m->free_next = self->free_msgs;
 		self->free_msgs = m;
 		return rc;
@@ -442,6 +538,14 @@ static int loop_progress(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *self = b->data;
 
+	if (self->done_head) {
+		int n = 0;
+
+		if (self->done_round != atomic_load_explicit(&e->rounds, memory_order_relaxed))
+			n = take_done(e, self); /* delivered in an earlier round */
+		return n + (inbox_nonempty(self) ? loop_take_inbox(e, b) : 0);
+	}
+
 	/*
 	 * An empty inbox (only its stub, unlinked) LOOP_QUIET_ROUNDS rounds in
 	 * a row: the transport goes quiet, so rounds skip it until a sender's
@@ -494,8 +598,10 @@ static unsigned tell_gone_locked(struct loop_ep *self)
 
 static bool loop_has_work(struct ferry_engine *e, struct backend *b)
 {
+	struct loop_ep *self = b->data;
+
 	(void)e;
-	return inbox_nonempty(b->data);
+	return self->done_head || inbox_nonempty(self);
 }
 
 static void loop_fini(struct ferry_engine *e, struct backend *b)
