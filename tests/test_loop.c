@@ -344,8 +344,10 @@ static void test_direct_delivery(void **state)
 }
 
 /*
- * A thread asleep in ferry_cq_wait of the destination is woken by a direct
- * delivery, as by the destination's own round.
+ * A thread in ferry_cq_wait of the destination gets each GET's CQE whichever
+ * way its PUT goes: mostly the inbox (the waiter sleeps holding its engine's
+ * progress lock), directly when the PUT comes while it is between sleeps (a
+ * smoke test: the timing decides, not the test).
  */
 struct waiter {
 	struct ferry_engine *e;
