@@ -83,7 +83,7 @@ struct op *op_alloc_internal(struct ferry_engine *e)
 	return op;
 }
 
-void ferry__op_free(struct ferry_engine *e, struct op *op)
+static inline void op_free(struct ferry_engine *e, struct op *op)
 {
 	if (op->cq)
 		STAT_ADD(op->cq->inflight, (uint64_t)-1);
@@ -94,6 +94,11 @@ void ferry__op_free(struct ferry_engine *e, struct op *op)
 	op->next = e->free_ops;
 	e->free_ops = op;
 	STAT_ADD(e->ops_in_use, (uint32_t)-1);
+}
+
+void ferry__op_free(struct ferry_engine *e, struct op *op)
+{
+	op_free(e, op);
 }
 
 static unsigned lat_bucket(uint64_t ns)
@@ -183,10 +188,41 @@ static inline void cqe_of(struct ferry_cqe *c, const struct op *op, int res, uin
 	memset(c->resv, 0, sizeof(c->resv));
 }
 
+/*
+ * op_complete's rare ends, out of its frame: a reactor callback, a full or
+ * overflowing CQ (cq_post queues the CQE).
+ */
+static __attribute__((noinline, cold)) void op_post_slow(struct ferry_engine *e, struct op *op,
+							  int res, uint64_t len,
+							  struct ferry_buf *buf)
+{
+	struct ferry_cqe cqe;
+
+	cqe_of(&cqe, op, res, len, buf);
+	if (op->flags & FERRY_SQE_CB_REACTOR) {
+		op->cb(&cqe, op->cb_arg);
+		op_free(e, op);
+	} else if (cq_post(op->cq, &cqe, op->cb, op->cb_arg, op)) {
+		op_free(e, op);
+	}
+}
+
+/* op_complete's counters of a failure (rare: out of its frame). */
+static __attribute__((noinline, cold)) void count_failure(struct ferry_engine *e, struct op *op,
+							   int res)
+{
+	STAT_ADD(e->stats.failed, 1);
+	if (res == -ETIMEDOUT)
+		STAT_ADD(e->stats.timeouts, 1);
+	else if (res == -ECANCELED)
+		STAT_ADD(e->stats.cancelled, 1);
+	if (op->peer && op->opcode != FERRY_OP_CANCEL)
+		STAT_ADD(op->peer->stats.errors, 1);
+}
+
 void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		 struct ferry_buf *buf)
 {
-	struct ferry_cqe cqe;
 	struct cq_slot *slot;
 
 	/*
@@ -203,13 +239,7 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 	}
 	STAT_ADD(e->stats.completed, 1);
 	if (res < 0) {
-		STAT_ADD(e->stats.failed, 1);
-		if (res == -ETIMEDOUT)
-			STAT_ADD(e->stats.timeouts, 1);
-		else if (res == -ECANCELED)
-			STAT_ADD(e->stats.cancelled, 1);
-		if (op->peer && op->opcode != FERRY_OP_CANCEL)
-			STAT_ADD(op->peer->stats.errors, 1);
+		count_failure(e, op, res);
 	} else if (op->opcode == FERRY_OP_PUT || op->opcode == FERRY_OP_STREAM_PUT ||
 		   op->opcode == FERRY_OP_PUBLISH) {
 		STAT_ADD(e->stats.puts, 1);
@@ -235,16 +265,10 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		slot->cb = op->cb;
 		slot->cb_arg = op->cb_arg;
 		cq_slot_publish(op->cq, slot);
-		ferry__op_free(e, op);
+		op_free(e, op);
 		return;
 	}
-	cqe_of(&cqe, op, res, len, buf);
-	if (op->flags & FERRY_SQE_CB_REACTOR) {
-		op->cb(&cqe, op->cb_arg);
-		ferry__op_free(e, op);
-	} else if (cq_post(op->cq, &cqe, op->cb, op->cb_arg, op)) {
-		ferry__op_free(e, op);
-	}
+	op_post_slow(e, op, res, len, buf);
 }
 
 /* ------------------------------------------------------------------ */
@@ -432,8 +456,9 @@ static inline struct op *first_waiter(struct ferry_engine *e, const char *fullke
 }
 
 /* Copy src into op, the first GET waiting at ke (into an iovec), and complete it. */
-static void copy_to_waiter(struct ferry_engine *e, struct key_entry *ke, struct op *op,
-			   const void *src, uint64_t len)
+static inline __attribute__((always_inline)) void
+copy_to_waiter(struct ferry_engine *e, struct key_entry *ke, struct op *op, const void *src,
+	       uint64_t len)
 {
 	STAT_ADD(e->stats.deliveries, 1);
 	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
