@@ -4,7 +4,8 @@
 # machine is) for each of ferry's fast paths and UCX's, in one run:
 #
 #   inproc      in-process 64 B PUT -> GET (loop transport, MANUAL), from the
-#               PUT's prep to the GET's CQE (bench_core's timed window)
+#               PUT's prep to the GET's CQE (bench_core's timed window);
+#               inproc_whole: to the PUT's CQE reaped too (the whole transfer)
 #   idle        one ferry_cq_poll on an idle engine (in-process peer); and
 #               idle_shm / idle_tcp: with a live shm / tcp connection
 #   shm_hop     one-way 64 B hop over shm, PUT of an iovec into a GET into an
@@ -48,6 +49,7 @@ run() {
 }
 
 run inproc inproc "$n"
+run inproc_whole inproc_whole "$n"
 run idle idle "$n"
 run shm hop shm "$n"
 run shm_zc hop shm_zc "$n"

@@ -10,6 +10,10 @@
  *                   a GET is posted and parked, then from the PUT's prep to
  *                   the GET's CQE is counted (bench_core's timed window),
  *                   the PUT's CQE is reaped uncounted; N transfers
+ *   inproc_whole N  the same, counted to the PUT's CQE reaped too: the
+ *                   whole transfer, wherever its work falls (a direct
+ *                   delivery moves the PUT's completion out of the window
+ *                   above, an inbox delivery into it)
  *   idle N          N ferry_cq_poll calls on an idle MANUAL engine that has
  *                   an in-process peer
  *   hop shm|shm_zc|tcp N
@@ -102,7 +106,7 @@ static struct ferry_engine *engine(const char *name, const char *listen)
 
 /* --- in-process ------------------------------------------------------ */
 
-static void inproc(unsigned n, int count)
+static void inproc(unsigned n, int count, bool whole)
 {
 	struct ferry_engine *a = engine("inproc.a", NULL), *b = engine("inproc.b", NULL);
 	struct ferry_peer *to_b, *from_a;
@@ -143,17 +147,19 @@ static void inproc(unsigned n, int count)
 			get_done = k > 0;
 			polls++;
 		}
-		collect(0);
+		if (!whole)
+			collect(0);
 		while (!put_done) {
 			k = ferry_cq_poll(cqa, c, 4);
 			if (k < 0 || (k > 0 && c[0].res < 0))
 				die("PUT", k < 0 ? k : c[0].res);
 			put_done = k > 0;
 		}
+		collect(0);
 	}
 	if (count) {
-		window_end("inproc");
-		fprintf(stderr, "count_hop: inproc ops=%u\n", n);
+		window_end(whole ? "inproc_whole" : "inproc");
+		fprintf(stderr, "count_hop: %s ops=%u\n", whole ? "inproc_whole" : "inproc", n);
 	}
 	ferry_engine_destroy(a);
 	ferry_engine_destroy(b);
@@ -180,7 +186,7 @@ __attribute__((noinline)) static void idle_polls(struct ferry_engine *e, unsigne
 
 static void idle(unsigned n)
 {
-	inproc(64, 0); /* the same engines' path warmed, then idle ones */
+	inproc(64, 0, false); /* the same engines' path warmed, then idle ones */
 	struct ferry_engine *a = engine("idle.a", NULL), *b = engine("idle.b", NULL);
 	struct ferry_peer *to_b;
 	struct ferry_sq *sqa;
@@ -470,7 +476,7 @@ int main(int argc, char **argv)
 	hop_log = getenv("COUNT_HOP_LOG") != NULL;
 	ferry_log_set(hop_log ? FERRY_LOG_DEBUG : FERRY_LOG_ERROR, NULL, NULL);
 	if (!*mode) { /* ./run bench: a short native check */
-		inproc(1000, 0);
+		inproc(1000, 0, false);
 		printf("{}\n");
 		return 0;
 	}
@@ -479,12 +485,12 @@ int main(int argc, char **argv)
 		return hop(argv[2], n);
 	}
 	n = argc > 2 ? (unsigned)strtoul(argv[2], NULL, 10) : 2000;
-	if (!strcmp(mode, "inproc"))
-		inproc(n, 1);
+	if (!strcmp(mode, "inproc") || !strcmp(mode, "inproc_whole"))
+		inproc(n, 1, !strcmp(mode, "inproc_whole"));
 	else if (!strcmp(mode, "idle"))
 		idle(n);
 	else {
-		fprintf(stderr, "usage: count_hop inproc|idle N | hop shm|shm_zc|tcp N\n");
+		fprintf(stderr, "usage: count_hop inproc|inproc_whole|idle N | hop shm|shm_zc|tcp N\n");
 		return 2;
 	}
 	return 0;

@@ -4,7 +4,7 @@
 Usage: count_report.py DIR N COMMIT   -> JSON on stdout
        count_report.py --table JSON   -> the Markdown table of docs/benchmarks.md
 
-DIR holds one folder per run (inproc, idle, shm, shm_zc, tcp, ucx_shm,
+DIR holds one folder per run (inproc, inproc_whole, idle, shm, shm_zc, tcp, ucx_shm,
 ucx_tcp), each with callgrind files cg.<pid>[.<k>]; a file's "desc: Trigger:
 Client Request: NAME" line names the window it dumped, its "totals:" line
 the instructions collected in it (only collection windows are ever on).
@@ -135,6 +135,7 @@ def per_op(dirname, n, driver=False):
         return sum(d[window]) / len(d[window]) / n
 
     p["inproc_put_get_64"] = one("inproc", "inproc")
+    p["inproc_whole_64"] = one("inproc_whole", "inproc_whole")
     p["idle_poll"] = one("idle", "idle")
     for how in ("shm", "shm_zc", "tcp"):
         d = dumps(os.path.join(dirname, how), driver)
@@ -181,6 +182,7 @@ def table(path):
         r = json.load(f)
     rows = [
         ("in-process 64 B PUT → GET (PUT prep → GET CQE)", "inproc_put_get_64"),
+        ("in-process 64 B PUT → GET, whole (both CQEs reaped)", "inproc_whole_64"),
         ("idle `ferry_cq_poll` (in-process peer)", "idle_poll"),
         ("idle `ferry_cq_poll` (live shm connection)", "idle_poll_shm"),
         ("idle `ferry_cq_poll` (live tcp connection)", "idle_poll_tcp"),
