@@ -189,12 +189,12 @@ static inline void cqe_of(struct ferry_cqe *c, const struct op *op, int res, uin
 }
 
 /*
- * op_complete's rare ends, out of its frame: a reactor callback, a full or
+ * op_complete's other ends, out of its frame: a reactor callback (not
+ * cold: an application of reactor callbacks lives here), a full or
  * overflowing CQ (cq_post queues the CQE).
  */
-static __attribute__((noinline, cold)) void op_post_slow(struct ferry_engine *e, struct op *op,
-							  int res, uint64_t len,
-							  struct ferry_buf *buf)
+static __attribute__((noinline)) void op_post_slow(struct ferry_engine *e, struct op *op, int res,
+						   uint64_t len, struct ferry_buf *buf)
 {
 	struct ferry_cqe cqe;
 
@@ -482,34 +482,37 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	return true;
 }
 
-int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			    const void *src, uint64_t len, uint32_t flags)
+bool reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			     const void *src, uint64_t len, uint32_t flags, bool elsewhere)
 {
 	struct key_entry *ke;
 	struct ferry_buf *buf;
 	struct op *op;
-	int rc;
 
 	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
-		return 0;
+		return false;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
-	if (!ke || !(op = ke->waiters) || (op->flags & (OP_F_DEVICE | FERRY_SQE_CB_REACTOR)))
-		return 0; /* none waits, device memory, or its callback is the reactor's to run */
+	if (!ke || !(op = ke->waiters) || (op->flags & OP_F_DEVICE) ||
+	    (elsewhere && (op->flags & FERRY_SQE_CB_REACTOR)))
+		return false; /* none waits, device memory, or its callback is the reactor's to run */
 	if (op->iovcnt) {
 		if ((op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || len > op->len)
-			return 0;
+			return false;
 		copy_to_waiter(e, ke, op, src, len);
-		return 1;
+		return true;
 	}
 	if (op->opcode != FERRY_OP_GET || pool_alloc(e->pool, len, &buf))
-		return 0; /* the round's arrival path says what happens */
+		return false; /* the arrival path says what happens */
+	/* A GET for a buffer: a block of ours with the data (give_to_get's zero copy). */
 	ferry__payload_copy(buf->data, src, len);
-	rc = reactor_deliver(e, NULL, fullkey, fullkey_len, buf, len, flags);
-	if (rc) {
-		pool_free(buf);
-		return rc;
-	}
-	return 1;
+	STAT_ADD(e->stats.deliveries, 1);
+	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
+	op->entry = NULL;
+	op->state = OP_FREE;
+	keytable_put(&e->keys, ke);
+	STAT_ADD(e->stats.zero_copies, 1);
+	op_complete(e, op, 0, len, buf);
+	return true;
 }
 
 struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,

@@ -389,15 +389,17 @@ int reactor_deliver(struct ferry_engine *e, struct ferry_peer *from, const char 
 bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
 			  const void *src, uint64_t len, uint32_t flags);
 /*
- * For a caller that holds e's progress lock but is not e's reactor
- * (backends/loop's direct delivery): a PUT of src, len under fullkey, taken
- * only if a GET waits for it whose callback is not the reactor's
- * (FERRY_SQE_CB_REACTOR): into its iovec, or into a new block of e's pool
- * handed to it (reactor_deliver). 1: taken; 0: nothing was done (the
- * arrival path decides); negative: refused by reactor_deliver (its res).
+ * A PUT whose data the transport can read in place (src, len) for the
+ * first GET waiting under fullkey, whatever it takes: copied into its
+ * iovec, or into a new block of e's pool handed to it (a GET for a
+ * buffer); one key lookup for both. true: it has the data; false: nothing
+ * was done (none waits, a device GET, or no block): reactor_deliver takes
+ * it. elsewhere: the caller holds e's progress lock but is not e's reactor
+ * (backends/loop's direct delivery): a GET whose callback is the reactor's
+ * (FERRY_SQE_CB_REACTOR) is left alone.
  */
-int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			    const void *src, uint64_t len, uint32_t flags);
+bool reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			     const void *src, uint64_t len, uint32_t flags, bool elsewhere);
 /*
  * A PUT of len bytes arrives under fullkey that the transport can write
  * into its destination itself (rdma: READ straight into a GET's segments):

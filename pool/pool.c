@@ -449,7 +449,7 @@ static uint32_t slab_take(struct pool_slab *s, uint32_t nobjs)
 	return POOL_NONE;
 }
 
-static unsigned int mag_flush(struct pool *p);
+static unsigned int mag_flush(struct pool *p, bool all);
 
 /*
  * Return every cached empty slab to the page allocator (no lock held).
@@ -476,6 +476,17 @@ static unsigned int reclaim_empty_slabs(struct pool *p)
 	return n;
 }
 
+/*
+ * On the way to -ENOMEM: the magazines first (what they give back may
+ * empty a slab), then the empty slabs. Returns whether anything came back.
+ */
+static bool reclaim(struct pool *p)
+{
+	unsigned int kept = mag_flush(p, false);
+
+	return reclaim_empty_slabs(p) + kept != 0;
+}
+
 static int small_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 {
 	unsigned int ci = class_index(len);
@@ -489,7 +500,7 @@ static int small_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 		if (slab_carve(p, ci) == 0)
 			continue;
 		class_unlock(c);
-		if (reclaimed || !(mag_flush(p) + reclaim_empty_slabs(p)))
+		if (reclaimed || !reclaim(p))
 			return -ENOMEM;
 		reclaimed = true;
 		class_lock(c);
@@ -690,18 +701,22 @@ static void pool_put(struct pool *p);
 
 /*
  * Give every kept block back to its slab, its handle to the free list and
- * its reference to the pool. Returns how many; the caller holds a reference
- * (or the owner's), so the pool outlives the call.
+ * its reference to the pool. Returns how many. all: every class's lock is
+ * taken, also where the magazine looks empty (pool_release_owner: a
+ * mag_put that read owner_gone as 0 under the lock has finished by then,
+ * so nothing is kept after this); otherwise an empty-looking magazine is
+ * skipped. The references are dropped last, when nothing of the pool is
+ * touched any more (the last one may destroy it).
  */
-static unsigned int mag_flush(struct pool *p)
+static unsigned int mag_flush(struct pool *p, bool all)
 {
-	uint32_t bufs[POOL_MAG_DEPTH];
+	uint32_t bufs[POOL_MAG_DEPTH * POOL_NCLASSES];
 	unsigned int ci, i, n, total = 0;
 
 	for (ci = 0; ci < POOL_NCLASSES; ci++) {
 		struct pool_class *c = &p->cls[ci];
 
-		if (!atomic_load_explicit(&c->mag_n, memory_order_relaxed))
+		if (!all && !atomic_load_explicit(&c->mag_n, memory_order_relaxed))
 			continue;
 		class_lock(c);
 		n = atomic_load_explicit(&c->mag_n, memory_order_relaxed);
@@ -710,18 +725,17 @@ static unsigned int mag_flush(struct pool *p)
 
 			p->slabs[b->slab].lens[b->obj] = 0;
 			slab_put_locked(p, ci, b->slab, b->obj / 64, 1ull << (b->obj % 64));
-			bufs[i] = c->mag[i];
+			bufs[total++] = c->mag[i];
 		}
 		atomic_store_explicit(&c->mag_n, 0, memory_order_relaxed);
 		class_unlock(c);
-		for (i = 0; i < n; i++) {
-			atomic_store_explicit(&p->bufs[bufs[i]].state, POOL_BUF_FREE,
-					      memory_order_release);
-			buf_push(p, bufs[i]);
-			pool_put(p);
-		}
-		total += n;
 	}
+	for (i = 0; i < total; i++) {
+		atomic_store_explicit(&p->bufs[bufs[i]].state, POOL_BUF_FREE, memory_order_release);
+		buf_push(p, bufs[i]);
+	}
+	for (i = 0; i < total; i++)
+		pool_put(p);
 	return total;
 }
 
@@ -740,7 +754,7 @@ static int large_alloc(struct pool *p, size_t len, uint64_t *off, uint64_t *cap)
 		if (h != POOL_NONE)
 			break;
 		page_unlock(p);
-		if (reclaimed || !(mag_flush(p) + reclaim_empty_slabs(p)))
+		if (reclaimed || !reclaim(p))
 			return -ENOMEM;
 		reclaimed = true;
 	}
@@ -1066,7 +1080,7 @@ int64_t pool_release_owner(struct pool *pool)
 		log_error("pool %s: owner reference released twice", pool->name);
 		return -EINVAL;
 	}
-	mag_flush(pool); /* nothing goes in from here on (mag_put) */
+	mag_flush(pool, true); /* nothing is kept from here on (mag_put) */
 	old = atomic_fetch_sub_explicit(&pool->refs, 1, memory_order_acq_rel);
 	if (old == 1)
 		pool_destroy(pool);
@@ -1111,7 +1125,7 @@ static uint32_t take_handle(struct pool *pool)
 {
 	uint32_t idx = buf_pop(pool);
 
-	if (idx == POOL_NONE && mag_flush(pool))
+	if (idx == POOL_NONE && mag_flush(pool, false))
 		idx = buf_pop(pool); /* the magazines held the last ones */
 	if (idx == POOL_NONE) {
 		atomic_fetch_add_explicit(&pool->alloc_failures, 1, memory_order_relaxed);

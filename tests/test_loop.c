@@ -344,6 +344,102 @@ static void test_direct_delivery(void **state)
 }
 
 /*
+ * More of the direct path: a PUT of segments of a registered region is
+ * gathered (not read as an iovec); a CQE in a CQ other than the armed one
+ * still wakes the destination's fd; a sender that submits a PUT in every
+ * round still sees its PUTs complete.
+ */
+static void test_direct_delivery_more(void **state)
+{
+	struct pair p = mkpair(state, 1u << 20);
+	struct ferry_region_params rp = FERRY_REGION_PARAMS_INIT;
+	struct ferry_cq_params cp = FERRY_CQ_PARAMS_INIT;
+	static char src[64], dst[64], many[20][8];
+	static struct iovec many_iov[20];
+	struct iovec out = { dst, sizeof(dst) };
+	struct ferry_region *reg;
+	struct ferry_seg seg;
+	struct ferry_cq *other;
+	struct ferry_cqe c[4];
+	struct ferry_sqe *sqe;
+	int done = 0;
+
+	t_put(p.a, p.to_b, "first", "x", 1, 1, 0); /* the peer is resolved */
+	t_expect(p.a, p.b, 1, 0, NULL);
+	t_get(p.b, p.from_a, "first", NULL, 0, 2, 0, 0);
+	t_expect(p.b, p.a, 2, 0, &c[0]);
+	assert_int_equal(ferry_buf_release(c[0].buf), 0);
+
+	/* Segments: the bytes of the region, not of the segment list. */
+	fill(src, sizeof(src), 9);
+	rp.addr = src;
+	rp.len = sizeof(src);
+	assert_int_equal(ferry_region_register(p.a, &rp, &reg), 0);
+	seg = (struct ferry_seg){ .region = reg, .offset = 0, .len = sizeof(src) };
+	memset(dst, 0, sizeof(dst));
+	ferry_prep_get(t_sqe(p.b), p.from_a, "segs", &out, 1, 10);
+	t_submit(p.b);
+	ferry_progress(p.b);
+	ferry_prep_put_segs(t_sqe(p.a), p.to_b, "segs", &seg, 1, 11);
+	t_submit(p.a);
+	t_expect(p.a, NULL, 11, 0, NULL);
+	check(dst, sizeof(dst), 9);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(p.b), c, 1), 1);
+	assert_int_equal(c[0].user_data, 10);
+	assert_int_equal(ferry_region_release(&reg), 0);
+
+	/* The GET's CQE goes to another CQ than the armed one: the fd still wakes. */
+	assert_int_equal(ferry_cq_create(p.b, &cp, &other), 0);
+	sqe = t_sqe(p.b);
+	ferry_prep_get(sqe, p.from_a, "other", &out, 1, 20);
+	ferry_sqe_set_cq(sqe, other);
+	t_submit(p.b);
+	ferry_progress(p.b);
+	assert_int_equal(ferry_cq_arm(ferry_cq_default(p.b)), 0);
+	t_put(p.a, p.to_b, "other", src, sizeof(src), 21, 0);
+	t_expect(p.a, NULL, 21, 0, NULL);
+	{
+		struct pollfd pfd = { .fd = ferry_cq_fd(ferry_cq_default(p.b)), .events = POLLIN };
+
+		assert_int_equal(t_poll(&pfd, 1, 0), 1);
+	}
+	assert_int_equal(ferry_cq_poll(other, c, 1), 1);
+	assert_int_equal(c[0].user_data, 20);
+	assert_int_equal(ferry_cq_destroy(other), 0);
+
+	/* A PUT in every round of the sender: the earlier ones still complete. */
+	for (int i = 0; i < 20; i++) {
+		char key[16];
+
+		snprintf(key, sizeof(key), "many%d", i);
+		many_iov[i] = (struct iovec){ many[i], 8 }; /* valid until the CQE */
+		ferry_prep_get(t_sqe(p.b), p.from_a, key, &many_iov[i], 1, 100 + (uint64_t)i);
+	}
+	t_submit(p.b);
+	ferry_progress(p.b);
+	for (int i = 0; i < 20; i++) {
+		char key[16];
+		int n;
+
+		snprintf(key, sizeof(key), "many%d", i);
+		t_put(p.a, p.to_b, key, src, 8, 200 + (uint64_t)i, 0);
+		n = ferry_cq_poll(ferry_cq_default(p.a), c, 4); /* its round sends the PUT */
+		assert_true(n >= 0);
+		done += n;
+	}
+	assert_true(done >= 10);
+	while (done < 20) {
+		int n = ferry_cq_poll(ferry_cq_default(p.a), c, 4);
+
+		assert_true(n >= 0);
+		done += n;
+	}
+	for (int i = 0; i < 20; i++)
+		t_expect(p.b, NULL, 100 + (uint64_t)i, 0, NULL);
+	rmpair(&p);
+}
+
+/*
  * A thread in ferry_cq_wait of the destination gets each GET's CQE whichever
  * way its PUT goes: mostly the inbox (the waiter sleeps holding its engine's
  * progress lock), directly when the PUT comes while it is between sleeps (a
@@ -417,6 +513,7 @@ int main(void)
 		BOTH(test_small_iovec_put_takes_no_block),
 		cmocka_unit_test(test_puts_away_at_silent_peer),
 		cmocka_unit_test_prestate(test_direct_delivery, &MANUAL),
+		cmocka_unit_test_prestate(test_direct_delivery_more, &MANUAL),
 		cmocka_unit_test_prestate(test_direct_delivery_wakes_waiter, &MANUAL),
 	};
 

@@ -101,8 +101,9 @@ struct loop_ep {
 	struct loop_msg *msgs;
 	struct loop_msg *free_msgs;
 	/*
-	 * The owner's: PUTs delivered directly (deliver_direct), completed in
-	 * its next round (as when their RESULT comes home), after done_round.
+	 * The owner's: PUTs delivered directly (ep_send_put), completed in a
+	 * later round than done_round, the round the list's oldest was
+	 * delivered in (as when their RESULT comes home).
 	 */
 	struct loop_msg *done_head, *done_tail;
 	uint64_t done_round;
@@ -312,22 +313,28 @@ static int ep_send_put(struct ferry_engine *e, struct loop_ep *self, struct loop
 		/* Its inbox first (it may hold an earlier PUT of ours): then not here. */
 		if (!inbox_nonempty(dst)) {
 			const void *src = m->data;
-			int taken;
 
-			if (op->iovcnt == 1) {
-				src = op->iov[0].iov_base;
+			if (op->iovcnt == 1 && !(op->flags & FERRY_SQE_SEGS)) {
+				src = op->iov[0].iov_base; /* one plain iovec: read in place */
 			} else {
 				op_gather(op, m->data, op->len);
 				gathered = true;
 			}
 			de->now_valid = false; /* its clock is read fresh, as in its round */
-			taken = reactor_deliver_waiting(de, m->key, m->key_len, src, op->len, m->flags);
-			if (taken) {
-				m->res = taken < 0 ? taken : 0;
+			if (reactor_deliver_waiting(de, m->key, m->key_len, src, op->len, m->flags,
+						    true)) {
+				m->res = 0;
 				rc = 1;
 			}
 			if (de->dirty_cqs)
-				cq_flush_wakeups(de);
+				cq_flush_wakeups(de); /* (its fence orders the CQE before the look below) */
+			/*
+			 * Whoever sleeps on its fd wakes, as an arrival into its
+			 * inbox would wake it (ferry__backend_wake): the CQE may be
+			 * in a CQ other than the one it armed.
+			 */
+			if (rc)
+				reactor_wake(de);
 		}
 		progress_unlock(de);
 		if (rc)
@@ -415,8 +422,9 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 			self->done_tail->free_next = m;
 		else
 			self->done_head = m;
+		if (!self->done_tail) /* the list's oldest: a steady stream still completes */
+			self->done_round = atomic_load_explicit(&e->rounds, memory_order_relaxed);
 		self->done_tail = m;
-		self->done_round = atomic_load_explicit(&e->rounds, memory_order_relaxed);
 		return 0;
 	}
 	if (rc) {
@@ -437,7 +445,7 @@ static int take_inline(struct ferry_engine *e, struct loop_msg *m, const char *f
 	struct ferry_buf *buf;
 	int rc;
 
-	if (reactor_deliver_copy(e, fullkey, n, m->data, m->len, m->flags))
+	if (reactor_deliver_waiting(e, fullkey, n, m->data, m->len, m->flags, false))
 		return 0;
 	if (pool_alloc(e->pool, m->len, &buf)) {
 		log_limited(FERRY__LOG_WARN, "loop: engine %s: pool full, refusing a %llu-byte PUT "
@@ -625,6 +633,7 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 		log_error("engine %s: no memory to tell %u engine(s) of its namespace that it goes",
 			  self->name, untold);
 	ep_close(self);
+	take_done(e, self); /* PUTs delivered directly: their results, not -ECANCELED */
 	/* Nothing enters the inbox any more: answer what is in it. */
 	while ((m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT && m->home != self) {

@@ -603,7 +603,7 @@ static int take_inline(struct ferry_engine *e, struct shm_conn *c, const char *f
 
 	if (n < 0)
 		return n;
-	if (reactor_deliver_copy(e, fullkey, (size_t)n, src, len, flags))
+	if (reactor_deliver_waiting(e, fullkey, (size_t)n, src, len, flags, false))
 		return 0;
 	if (pool_alloc(e->pool, len, &buf)) {
 		log_limited(FERRY__LOG_WARN, "shm: engine %s: pool full, refusing a %llu-byte PUT "
