@@ -375,10 +375,26 @@ struct key_table {
 	struct key_entry *entries;
 	struct key_entry *free;
 	uint32_t capacity;
-	uint32_t used;     /* entries in use (data or waiters) */
+	/*
+	 * Entries in use (data or waiters). Written by the reactor of the
+	 * moment only, read unlocked by keytable_maybe_waiting: relaxed atomic
+	 * (a plain move on x86).
+	 */
+	_Atomic uint32_t used;
 	_Atomic uint32_t present; /* entries holding data (health reads it unlocked) */
 	uint32_t max_present;
 };
+
+/*
+ * Any thread, no lock: might a GET wait for some key here (an entry without
+ * data)? A hint for backends/loop's direct delivery: it may be stale either
+ * way, so it only decides whether the progress lock is worth a try.
+ */
+static inline bool keytable_maybe_waiting(const struct key_table *t)
+{
+	return atomic_load_explicit(&t->used, memory_order_relaxed) !=
+	       atomic_load_explicit(&t->present, memory_order_relaxed);
+}
 
 int keytable_init(struct key_table *t, uint32_t max_present, uint32_t max_waiting);
 void keytable_fini(struct key_table *t);

@@ -131,7 +131,8 @@ struct key_entry *keytable_insert(struct key_table *t, const char *key, size_t l
 
 	if (!t->free || len >= FULLKEY_MAX)
 		return NULL;
-	if (t->used >= (t->mask + 1) / 2 && t->mask < t->max_mask && !t->frozen)
+	if (atomic_load_explicit(&t->used, memory_order_relaxed) >= (t->mask + 1) / 2 &&
+	    t->mask < t->max_mask && !t->frozen)
 		rehash(t, t->mask * 2 + 1);
 	ke = t->free;
 	t->free = ke->chain;
@@ -146,7 +147,7 @@ struct key_entry *keytable_insert(struct key_table *t, const char *key, size_t l
 	ke->present = false;
 	ke->chain = t->buckets[h & t->mask];
 	t->buckets[h & t->mask] = ke;
-	t->used++;
+	STAT_ADD(t->used, 1);
 	return ke;
 }
 
@@ -164,8 +165,9 @@ void keytable_put(struct key_table *t, struct key_entry *ke)
 	}
 	ke->chain = t->free;
 	t->free = ke;
-	t->used--;
-	if (t->used < (t->mask + 1) / 16 && t->mask + 1 > KEYTABLE_MIN_BUCKETS && !t->frozen)
+	STAT_ADD(t->used, (uint32_t)-1);
+	if (atomic_load_explicit(&t->used, memory_order_relaxed) < (t->mask + 1) / 16 &&
+	    t->mask + 1 > KEYTABLE_MIN_BUCKETS && !t->frozen)
 		rehash(t, (t->mask + 1) / 4 - 1 < KEYTABLE_MIN_BUCKETS - 1 ? KEYTABLE_MIN_BUCKETS - 1
 									  : (t->mask + 1) / 4 - 1);
 }

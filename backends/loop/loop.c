@@ -309,7 +309,8 @@ static int ep_send_put(struct ferry_engine *e, struct loop_ep *self, struct loop
 		goto out;
 	}
 	de = dst->engine;
-	if (m->inl && dst->manual && de != e && progress_try_lock(de)) {
+	if (m->inl && dst->manual && de != e && keytable_maybe_waiting(&de->keys) &&
+	    progress_try_lock(de)) {
 		/* Its inbox first (it may hold an earlier PUT of ours): then not here. */
 		if (!inbox_nonempty(dst)) {
 			const void *src = m->data;
