@@ -543,17 +543,23 @@ static __attribute__((noinline)) int loop_take_inbox(struct ferry_engine *e, str
 	return n;
 }
 
+/* A round with PUTs delivered directly listed (out of loop_progress's frame). */
+static __attribute__((noinline)) int loop_take_done(struct ferry_engine *e, struct backend *b)
+{
+	struct loop_ep *self = b->data;
+	int n = 0;
+
+	if (self->done_round != atomic_load_explicit(&e->rounds, memory_order_relaxed))
+		n = take_done(e, self); /* delivered in an earlier round */
+	return n + (inbox_nonempty(self) ? loop_take_inbox(e, b) : 0);
+}
+
 static int loop_progress(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *self = b->data;
 
-	if (self->done_head) {
-		int n = 0;
-
-		if (self->done_round != atomic_load_explicit(&e->rounds, memory_order_relaxed))
-			n = take_done(e, self); /* delivered in an earlier round */
-		return n + (inbox_nonempty(self) ? loop_take_inbox(e, b) : 0);
-	}
+	if (self->done_head)
+		return loop_take_done(e, b);
 
 	/*
 	 * An empty inbox (only its stub, unlinked) LOOP_QUIET_ROUNDS rounds in
