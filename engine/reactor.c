@@ -482,27 +482,29 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 	return true;
 }
 
-bool reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			     const void *src, uint64_t len, uint32_t flags, bool elsewhere)
+int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			    const void *src, uint64_t len, uint32_t flags, bool elsewhere)
 {
 	struct key_entry *ke;
 	struct ferry_buf *buf;
 	struct op *op;
 
 	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
-		return false;
+		return 0;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
 	if (!ke || !(op = ke->waiters) || (op->flags & OP_F_DEVICE) ||
 	    (elsewhere && (op->flags & FERRY_SQE_CB_REACTOR)))
-		return false; /* none waits, device memory, or its callback is the reactor's to run */
+		return 0; /* none waits, device memory, or its callback is the reactor's to run */
 	if (op->iovcnt) {
 		if ((op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || len > op->len)
-			return false;
+			return 0;
 		copy_to_waiter(e, ke, op, src, len);
-		return true;
+		return 1;
 	}
-	if (op->opcode != FERRY_OP_GET || pool_alloc(e->pool, len, &buf))
-		return false; /* the arrival path says what happens */
+	if (op->opcode != FERRY_OP_GET)
+		return 0; /* the arrival path says what happens */
+	if (pool_alloc(e->pool, len, &buf))
+		return -ENOBUFS;
 	/* A GET for a buffer: a block of ours with the data (give_to_get's zero copy). */
 	ferry__payload_copy(buf->data, src, len);
 	STAT_ADD(e->stats.deliveries, 1);
@@ -512,7 +514,7 @@ bool reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t
 	keytable_put(&e->keys, ke);
 	STAT_ADD(e->stats.zero_copies, 1);
 	op_complete(e, op, 0, len, buf);
-	return true;
+	return 1;
 }
 
 struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,

@@ -392,14 +392,16 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
  * A PUT whose data the transport can read in place (src, len) for the
  * first GET waiting under fullkey, whatever it takes: copied into its
  * iovec, or into a new block of e's pool handed to it (a GET for a
- * buffer); one key lookup for both. true: it has the data; false: nothing
- * was done (none waits, a device GET, or no block): reactor_deliver takes
- * it. elsewhere: the caller holds e's progress lock but is not e's reactor
- * (backends/loop's direct delivery): a GET whose callback is the reactor's
+ * buffer); one key lookup for both. 1: it has the data; 0: nothing was
+ * done (none waits, a GET that is too small, a device GET): reactor_deliver
+ * takes it; -ENOBUFS: a GET for a buffer waits but e's pool has no block
+ * (counted and logged by the pool once: do not ask it again). elsewhere:
+ * the caller holds e's progress lock but is not e's reactor (backends/loop's
+ * direct delivery): a GET whose callback is the reactor's
  * (FERRY_SQE_CB_REACTOR) is left alone.
  */
-bool reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
-			     const void *src, uint64_t len, uint32_t flags, bool elsewhere);
+int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t fullkey_len,
+			    const void *src, uint64_t len, uint32_t flags, bool elsewhere);
 /*
  * A PUT of len bytes arrives under fullkey that the transport can write
  * into its destination itself (rdma: READ straight into a GET's segments):

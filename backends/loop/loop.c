@@ -76,6 +76,7 @@ struct loop_msg {
 	uint32_t flags;
 	struct ferry_buf *buf;
 	uint64_t len;
+	uint64_t round; /* delivered directly: the sender's round it was in (take_done) */
 	uint16_t key_len;
 	bool inl; /* the data is in data[] (buf is NULL) */
 	/* "{key}@{from}_{to}", composed by the sender (its peer handle's to_sfx). */
@@ -101,12 +102,11 @@ struct loop_ep {
 	struct loop_msg *msgs;
 	struct loop_msg *free_msgs;
 	/*
-	 * The owner's: PUTs delivered directly (ep_send_put), completed in a
-	 * later round than done_round, the round the list's oldest was
-	 * delivered in (as when their RESULT comes home).
+	 * The owner's: PUTs delivered directly (ep_send_put), in order, each
+	 * completed in a later round than the one it was delivered in (as
+	 * when its RESULT comes home): take_done.
 	 */
 	struct loop_msg *done_head, *done_tail;
-	uint64_t done_round;
 	uint32_t empty_rounds; /* the owner's: rounds in a row that found the inbox empty */
 	struct loop_ep *dir_next;
 };
@@ -323,16 +323,18 @@ static int ep_send_put(struct ferry_engine *e, struct loop_ep *self, struct loop
 			}
 			de->now_valid = false; /* its clock is read fresh, as in its round */
 			if (reactor_deliver_waiting(de, m->key, m->key_len, src, op->len, m->flags,
-						    true)) {
+						    true) > 0) {
 				m->res = 0;
 				rc = 1;
 			}
 			if (de->dirty_cqs)
-				cq_flush_wakeups(de); /* (its fence orders the CQE before the look below) */
+				cq_flush_wakeups(de);
 			/*
 			 * Whoever sleeps on its fd wakes, as an arrival into its
 			 * inbox would wake it (ferry__backend_wake): the CQE may be
-			 * in a CQ other than the one it armed.
+			 * in a CQ other than the one it armed. (A MANUAL engine's
+			 * sleep is announced under its progress lock, which we
+			 * hold: no fence needed between the CQE and this look.)
 			 */
 			if (rc)
 				reactor_wake(de);
@@ -351,20 +353,24 @@ out:
 	return rc;
 }
 
-/* PUTs delivered directly: their results, in the order they were sent. */
-static int take_done(struct ferry_engine *e, struct loop_ep *self)
+/*
+ * PUTs delivered directly: their results, in the order they were sent, up
+ * to the first delivered in round `now` (UINT64_MAX: all of them).
+ */
+static int take_done(struct ferry_engine *e, struct loop_ep *self, uint64_t now)
 {
 	struct loop_msg *m;
 	int n = 0;
 
-	while ((m = self->done_head)) {
+	while ((m = self->done_head) && m->round != now) {
 		self->done_head = m->free_next;
 		reactor_put_done(e, m->op, m->gen, m->res);
 		m->free_next = self->free_msgs;
 		self->free_msgs = m;
 		n++;
 	}
-	self->done_tail = NULL;
+	if (!self->done_head)
+		self->done_tail = NULL;
 	return n;
 }
 
@@ -418,13 +424,12 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->key_len = (uint16_t)rc;
 	rc = ep_send_put(e, self, dst, op, m);
 	if (rc == 1) {
-		m->free_next = NULL; /* its result waits for our next round (take_done) */
+		m->free_next = NULL; /* its result waits for a later round (take_done) */
+		m->round = atomic_load_explicit(&e->rounds, memory_order_relaxed);
 		if (self->done_tail)
 			self->done_tail->free_next = m;
 		else
 			self->done_head = m;
-		if (!self->done_tail) /* the list's oldest: a steady stream still completes */
-			self->done_round = atomic_load_explicit(&e->rounds, memory_order_relaxed);
 		self->done_tail = m;
 		return 0;
 	}
@@ -444,11 +449,11 @@ static int loop_put(struct ferry_engine *e, struct backend *b, struct op *op)
 static int take_inline(struct ferry_engine *e, struct loop_msg *m, const char *fullkey, size_t n)
 {
 	struct ferry_buf *buf;
-	int rc;
+	int rc = reactor_deliver_waiting(e, fullkey, n, m->data, m->len, m->flags, false);
 
-	if (reactor_deliver_waiting(e, fullkey, n, m->data, m->len, m->flags, false))
+	if (rc > 0)
 		return 0;
-	if (pool_alloc(e->pool, m->len, &buf)) {
+	if (rc < 0 || pool_alloc(e->pool, m->len, &buf)) {
 		log_limited(FERRY__LOG_WARN, "loop: engine %s: pool full, refusing a %llu-byte PUT "
 			    "from %s", e->name, (unsigned long long)m->len, m->home->name);
 		return -ENOBUFS;
@@ -547,10 +552,8 @@ static __attribute__((noinline)) int loop_take_inbox(struct ferry_engine *e, str
 static __attribute__((noinline)) int loop_take_done(struct ferry_engine *e, struct backend *b)
 {
 	struct loop_ep *self = b->data;
-	int n = 0;
+	int n = take_done(e, self, atomic_load_explicit(&e->rounds, memory_order_relaxed));
 
-	if (self->done_round != atomic_load_explicit(&e->rounds, memory_order_relaxed))
-		n = take_done(e, self); /* delivered in an earlier round */
 	return n + (inbox_nonempty(self) ? loop_take_inbox(e, b) : 0);
 }
 
@@ -640,7 +643,7 @@ static void loop_fini(struct ferry_engine *e, struct backend *b)
 		log_error("engine %s: no memory to tell %u engine(s) of its namespace that it goes",
 			  self->name, untold);
 	ep_close(self);
-	take_done(e, self); /* PUTs delivered directly: their results, not -ECANCELED */
+	take_done(e, self, UINT64_MAX); /* PUTs delivered directly: their results, not -ECANCELED */
 	/* Nothing enters the inbox any more: answer what is in it. */
 	while ((m = inbox_pop(self))) {
 		if (m->kind == MSG_PUT && m->home != self) {

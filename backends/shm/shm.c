@@ -603,9 +603,10 @@ static int take_inline(struct ferry_engine *e, struct shm_conn *c, const char *f
 
 	if (n < 0)
 		return n;
-	if (reactor_deliver_waiting(e, fullkey, (size_t)n, src, len, flags, false))
+	rc = reactor_deliver_waiting(e, fullkey, (size_t)n, src, len, flags, false);
+	if (rc > 0)
 		return 0;
-	if (pool_alloc(e->pool, len, &buf)) {
+	if (rc < 0 || pool_alloc(e->pool, len, &buf)) {
 		log_limited(FERRY__LOG_WARN, "shm: engine %s: pool full, refusing a %llu-byte PUT "
 			    "from %s", e->name, (unsigned long long)len, c->peer_name);
 		return -ENOBUFS;
