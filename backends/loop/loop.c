@@ -21,11 +21,12 @@
  *
  * Direct delivery: a PUT of such an iovec to an engine that drives its own
  * progress (FERRY_PROGRESS_MANUAL), is not doing so at this moment, has
- * nothing in its inbox and a GET into an iovec waiting for the key, is
- * delivered by the sender's reactor itself, under the destination's
- * progress lock (taken with a try: never waited for), as the destination's
- * round would (its CQ's wake-ups, its MANUAL waiters): no message travels
- * and none comes back; the PUT completes in the sender's next round, as
+ * nothing in its inbox and a GET waiting for the key (into an iovec, or for
+ * a buffer; keytable_maybe_waiting says whether to look), is delivered by
+ * the sender's reactor itself, under the destination's progress lock (taken
+ * with a try: never waited for), as the destination's round would (its
+ * CQ's wake-ups, its MANUAL waiters, its sleeper): no message travels and
+ * none comes back; the PUT completes in a later round of the sender's, as
  * it would when its RESULT came home (so the round that delivered ends
  * sooner, and with it the GET's latency).
  * Anything else takes the inbox, so PUTs between two engines stay in order.
