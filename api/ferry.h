@@ -804,7 +804,12 @@ FERRY_API unsigned ferry_sq_space(const struct ferry_sq *sq);
 
 static inline void ferry__sqe_init(struct ferry_sqe *sqe, uint8_t op, uint64_t user_data)
 {
-	memset(sqe, 0, offsetof(struct ferry_sqe, key));
+	/*
+	 * Zeroed in two parts of at most 64 bytes: gcc stores those with
+	 * vector moves, where one memset of the 104 bytes becomes `rep stosq`.
+	 */
+	memset(sqe, 0, 64);
+	memset((char *)sqe + 64, 0, offsetof(struct ferry_sqe, key) - 64);
 	sqe->key[0] = '\0';
 	sqe->opcode = op;
 	sqe->user_data = user_data;

@@ -946,7 +946,7 @@ static void put_device(struct ferry_engine *e, struct op *op, const struct ferry
 	int rc;
 
 	op->key_len = sqe->key_len;
-	memcpy(op->key, sqe->key, sqe->key_len + 1u);
+	copy_short(op->key, sqe->key, sqe->key_len + 1u);
 	op->interval = sqe->timeout_ns; /* its deadline runs once the data is staged */
 	if ((rc = memory_device_put(e, op, sqe)))
 		op_complete(e, op, rc, 0, NULL);
@@ -986,7 +986,7 @@ static void do_put(struct ferry_engine *e, struct op *op, const struct ferry_sqe
 		return;
 	}
 	op->key_len = sqe->key_len;
-	memcpy(op->key, sqe->key, sqe->key_len + 1u);
+	copy_short(op->key, sqe->key, sqe->key_len + 1u);
 	put_send(e, op, sqe->timeout_ns);
 }
 
@@ -1378,7 +1378,7 @@ static bool drain_plain_put(struct ferry_engine *e, struct ferry_sq *sq,
 	op = plain_op(e, slot, FERRY_OP_PUT, flags, cq, len);
 	op->buf = buf; /* ownership moved at submission */
 	op->key_len = slot->key_len;
-	memcpy(op->key, slot->key, slot->key_len);
+	copy_short(op->key, slot->key, slot->key_len);
 	op->key[slot->key_len] = '\0';
 	timeout_ns = slot->timeout_ns;
 	atomic_store_explicit(&sq->head, head + 1, memory_order_release);
@@ -1470,7 +1470,7 @@ static bool drain_sqs(struct ferry_engine *e, int *count)
 				continue;
 			}
 			memcpy(&local, slot, offsetof(struct ferry_sqe, key));
-			memcpy(local.key, slot->key, klen);
+			copy_short(local.key, slot->key, klen);
 			local.key[klen] = '\0';
 			atomic_store_explicit(&sq->head, ++head, memory_order_release);
 			dispatch(e, &local);

@@ -233,7 +233,8 @@ static void test_keytable_compose_sfx(void **state)
 	key_suffix_make(&sfx, "tx", "rx");
 	assert_int_equal(sfx.len, 6);
 	assert_string_equal(sfx.s, "@tx_rx");
-	memset(key, 'k', sizeof(key));
+	for (size_t i = 0; i < sizeof(key); i++)
+		key[i] = (char)('A' + i % 53); /* no two neighbours alike: a misplaced byte shows */
 	for (size_t fl = 0; fl < FERRY_NAME_MAX; fl += 3) {
 		for (size_t tl = 0; tl < FERRY_NAME_MAX; tl += 5) {
 			size_t edge = FULLKEY_MAX - 2 - fl - tl; /* the longest key that fits */
@@ -270,6 +271,33 @@ static void test_keytable_compose_sfx(void **state)
 		}
 	}
 	assert_true(checked > 1000);
+}
+
+/*
+ * copy_short: every length up to past its longest branch, at every
+ * alignment of both ends: the n bytes land in order, and not one byte
+ * before or after them is written.
+ */
+static void test_copy_short(void **state)
+{
+	unsigned char src[256], dst[256 + 32];
+
+	(void)state;
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (unsigned char)(i * 7u + 1u);
+	for (size_t n = 0; n <= 160; n++) {
+		for (size_t so = 0; so < 8; so++) {
+			for (size_t d_o = 0; d_o < 8; d_o++) {
+				memset(dst, 0xee, sizeof(dst));
+				copy_short(dst + 16 + d_o, src + so, n);
+				for (size_t i = 0; i < 16 + d_o; i++)
+					assert_int_equal(dst[i], 0xee);
+				assert_memory_equal(dst + 16 + d_o, src + so, n);
+				for (size_t i = 16 + d_o + n; i < sizeof(dst); i++)
+					assert_int_equal(dst[i], 0xee);
+			}
+		}
+	}
 }
 
 /* Every byte of a key, at any length, changes its hash (the tail is one shifted load). */
@@ -327,6 +355,7 @@ int main(void)
 		cmocka_unit_test_setup(test_keytable_small, setup),
 		cmocka_unit_test_setup(test_keytable_compose, setup),
 		cmocka_unit_test_setup(test_keytable_compose_sfx, setup),
+		cmocka_unit_test(test_copy_short),
 		cmocka_unit_test_setup(test_keytable_hash_every_byte, setup),
 		cmocka_unit_test_setup(test_keytable_insert, setup),
 	};

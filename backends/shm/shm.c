@@ -275,7 +275,7 @@ static bool send_put(struct ferry_engine *e, struct shm_conn *c, struct op *op)
 	/* A CUDA IPC descriptor's op->len is the data it names: its block is what goes. */
 	d->len = (op->flags & WIRE_F_CUDA_IPC) ? buf->len : op->len;
 	d->key_len = op->key_len;
-	memcpy(d->body, op->key, op->key_len + 1u);
+	copy_short(d->body, op->key, op->key_len + 1u);
 	if (inline_data) {
 		char *dst = d->body + shm_inline_at(op->key_len);
 
@@ -638,7 +638,7 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 	    key_len >= FERRY_KEY_MAX || (flags & ~(WIRE_F__ALL | WIRE_F_CUDA_IPC)))
 		return false;
 	/* The key, copied out once into the full key, then checked there. */
-	memcpy(fullkey, d->body, key_len + 1u);
+	copy_short(fullkey, d->body, key_len + 1u);
 	if (fullkey[key_len] != '\0' || strnlen(fullkey, key_len) != key_len)
 		return false;
 	n = keytable_append_sfx(fullkey, key_len, &c->arrive_sfx);

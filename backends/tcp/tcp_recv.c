@@ -267,7 +267,7 @@ static int take_rts(struct tcp_state *st, struct tcp_conn *c, const struct tcp_f
 	r->cookie = f->cookie;
 	r->flags = f->flags;
 	r->key_len = f->key_len;
-	memcpy(r->key, key, f->key_len);
+	copy_short(r->key, key, f->key_len);
 	r->key[f->key_len] = '\0';
 	if (st->wait_mem_head || !rx_try_mem(st, r))
 		wait_mem_push(st, r);

@@ -80,7 +80,7 @@ int tcp_put(struct ferry_engine *e, struct backend *b, struct op *op)
 	m->rendezvous = m->len > TCP_EAGER_MAX;
 	m->flags = frame_flags(op->flags & WIRE_F__ALL);
 	m->key_len = op->key_len;
-	memcpy(m->key, op->key, op->key_len + 1u);
+	copy_short(m->key, op->key, op->key_len + 1u);
 	m->tx.key = m->key;
 	m->tx.key_len = m->key_len;
 	if (m->rendezvous) {
