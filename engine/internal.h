@@ -454,6 +454,34 @@ static inline void copy_short(void *dst, const void *src, size_t n)
 	}
 }
 
+/*
+ * Whether k[0..n) holds a NUL (a key from a caller or the wire must not):
+ * eight bytes at a time, the last word overlapping, never a byte past n.
+ * A word has a zero byte iff (w - 0x01..01) & ~w & 0x80..80 is non-zero.
+ */
+static inline bool key_has_nul(const char *k, size_t n)
+{
+	const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+	uint64_t w;
+
+	if (n < 8) {
+		uint32_t a, b;
+
+		if (n < 4)
+			return n && (!k[0] || !k[n / 2] || !k[n - 1]);
+		memcpy(&a, k, 4);
+		memcpy(&b, k + n - 4, 4);
+		return (((a - 0x01010101u) & ~a) | ((b - 0x01010101u) & ~b)) & 0x80808080u;
+	}
+	for (size_t i = 0; i + 8 < n; i += 8) {
+		memcpy(&w, k + i, 8);
+		if ((w - ones) & ~w & highs)
+			return true;
+	}
+	memcpy(&w, k + n - 8, 8);
+	return ((w - ones) & ~w & highs) != 0;
+}
+
 /* out holds a key of key_len bytes: append sfx; the full length or -ENAMETOOLONG. */
 static inline int keytable_append_sfx(char *out, size_t key_len, const struct key_suffix *sfx)
 {

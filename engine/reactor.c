@@ -1299,8 +1299,8 @@ static bool stand_in_must_not_send(struct ferry_engine *e, const struct ferry_sq
  * iovec (or none) with no NULL base under a length and lengths that add up
  * (*len), a well-formed key. *cq is the CQ.
  */
-static inline bool plain_entry(struct ferry_engine *e, const struct ferry_sqe *slot,
-			       struct ferry_cq **cq, uint64_t *len)
+static inline __attribute__((always_inline)) bool
+plain_entry(struct ferry_engine *e, const struct ferry_sqe *slot, struct ferry_cq **cq, uint64_t *len)
 {
 	const struct iovec *iov = slot->iov;
 	uint32_t iovcnt = slot->iovcnt, klen = slot->key_len;
@@ -1316,7 +1316,7 @@ static inline bool plain_entry(struct ferry_engine *e, const struct ferry_sqe *s
 		    __builtin_add_overflow(total, iov[i].iov_len, &total))
 			return false;
 	*len = total;
-	return strnlen(slot->key, klen) == klen;
+	return !key_has_nul(slot->key, klen);
 }
 
 /* A lane's op, filled from its slot as dispatch fills one (and counted so). */

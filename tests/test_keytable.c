@@ -300,6 +300,33 @@ static void test_copy_short(void **state)
 	}
 }
 
+/*
+ * key_has_nul: for every length to 160, a NUL at each place inside is
+ * found, one just past the end is not, and bytes with the high bit set
+ * (0x80, 0xff, 0x01 after them) are not taken for one.
+ */
+static void test_key_has_nul(void **state)
+{
+	char k[192];
+
+	(void)state;
+	for (size_t n = 0; n <= 160; n++) {
+		for (int fill = 0; fill < 3; fill++) {
+			for (size_t i = 0; i < sizeof(k); i++)
+				k[i] = (char)(fill == 0 ? 'a' + i % 26 : fill == 1 ? 0x80 | (i & 0x7f) : (i & 1) ? 0x01 : 0xff);
+			k[n] = '\0';
+			assert_false(key_has_nul(k, n));
+			for (size_t p = 0; p < n; p++) {
+				char was = k[p];
+
+				k[p] = '\0';
+				assert_true(key_has_nul(k, n));
+				k[p] = was;
+			}
+		}
+	}
+}
+
 /* Every byte of a key, at any length, changes its hash (the tail is one shifted load). */
 static void test_keytable_hash_every_byte(void **state)
 {
@@ -356,6 +383,7 @@ int main(void)
 		cmocka_unit_test_setup(test_keytable_compose, setup),
 		cmocka_unit_test_setup(test_keytable_compose_sfx, setup),
 		cmocka_unit_test(test_copy_short),
+		cmocka_unit_test(test_key_has_nul),
 		cmocka_unit_test_setup(test_keytable_hash_every_byte, setup),
 		cmocka_unit_test_setup(test_keytable_insert, setup),
 	};

@@ -639,7 +639,7 @@ static bool take_put(struct ferry_engine *e, struct shm_conn *c, const struct sh
 		return false;
 	/* The key, copied out once into the full key, then checked there. */
 	copy_short(fullkey, d->body, key_len + 1u);
-	if (fullkey[key_len] != '\0' || strnlen(fullkey, key_len) != key_len)
+	if (fullkey[key_len] != '\0' || key_has_nul(fullkey, key_len))
 		return false;
 	n = keytable_append_sfx(fullkey, key_len, &c->arrive_sfx);
 	if (type == SHM_D_PUT_INLINE) {

@@ -75,7 +75,7 @@ static bool key_ok(const uint8_t *key, uint16_t key_len)
 {
 	if (key_len == 0 || key_len >= FERRY_KEY_MAX)
 		return false;
-	return memchr(key, '\0', key_len) == NULL;
+	return !key_has_nul((const char *)key, key_len);
 }
 
 /* Try to give a waiting offer its block; then answer CTS. */
