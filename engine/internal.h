@@ -423,38 +423,6 @@ struct key_suffix {
 void key_suffix_make(struct key_suffix *sfx, const char *from, const char *to);
 
 /*
- * Copy n bytes (a key, at most a few dozen) as a few overlapping
- * unaligned moves. A memcpy of a variable length into a bounded buffer is
- * otherwise expanded by gcc (x86-64, generic tuning) into `rep movsq`,
- * whose start-up costs more than the copy of a short key.
- */
-static inline void copy_short(void *dst, const void *src, size_t n)
-{
-	char *d = (char *)dst;
-	const char *s = (const char *)src;
-
-	if (n >= 16 && n <= 32) {
-		memcpy(d, s, 16);
-		memcpy(d + n - 16, s + n - 16, 16);
-	} else if (n >= 8 && n < 16) {
-		memcpy(d, s, 8);
-		memcpy(d + n - 8, s + n - 8, 8);
-	} else if (n >= 4 && n < 8) {
-		memcpy(d, s, 4);
-		memcpy(d + n - 4, s + n - 4, 4);
-	} else if (n > 32 && n <= 64) {
-		memcpy(d, s, 32);
-		memcpy(d + n - 32, s + n - 32, 32);
-	} else if (n > 64) {
-		memcpy(d, s, n);
-	} else if (n) {
-		d[0] = s[0];
-		d[n / 2] = s[n / 2];
-		d[n - 1] = s[n - 1];
-	}
-}
-
-/*
  * Whether k[0..n) holds a NUL (a key from a caller or the wire must not):
  * eight bytes at a time, the last word overlapping, never a byte past n.
  * A word has a zero byte iff (w - 0x01..01) & ~w & 0x80..80 is non-zero.
