@@ -227,6 +227,13 @@ static inline bool op_state_pending(uint8_t state)
 #define WIRE_F__ALL (WIRE_F_REPLACE | WIRE_F_CHUNK | WIRE_F_END | WIRE_F_ABORT | WIRE_F_CREDIT | \
 		     WIRE_F_WANT | WIRE_F_RELCREDIT)
 /*
+ * Flags of an arrival that is not a plain PUT's data for a waiting GET (a
+ * stream's chunk, credit or abort, a chunk whose credit rides its block, a
+ * CUDA IPC descriptor): the arrival path's own rules decide what it is.
+ */
+#define WIRE_F_NOT_DATA (WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_CREDIT | WIRE_F_RELCREDIT | \
+			 WIRE_F_CUDA_IPC)
+/*
  * A PUT of device segments (OP_F_DEVICE) that its transport sends from
  * where they are (backend_ops device_in_place: GPUDirect RDMA); the memory
  * domain staged nothing. Not a wire flag.

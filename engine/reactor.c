@@ -108,7 +108,8 @@ static unsigned lat_bucket(uint64_t ns)
 	return b > 31 ? 31 : b;
 }
 
-static void unpark(struct ferry_engine *e, struct op *op)
+/* op, parked under its key (op->entry), off that key's list of waiters. */
+static inline void unpark(struct ferry_engine *e, struct op *op)
 {
 	struct key_entry *ke = op->entry;
 
@@ -446,7 +447,7 @@ static inline struct op *first_waiter(struct ferry_engine *e, const char *fullke
 	struct key_entry *ke;
 	struct op *op;
 
-	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
+	if (flags & WIRE_F_NOT_DATA)
 		return NULL;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
 	if (!ke || !(op = ke->waiters) || ((op->flags & OP_F_DEVICE) && !device_ok) || len > op->len)
@@ -455,16 +456,19 @@ static inline struct op *first_waiter(struct ferry_engine *e, const char *fullke
 	return op;
 }
 
-/* Copy src into op, the first GET waiting at ke (into an iovec), and complete it. */
-static inline __attribute__((always_inline)) void
-copy_to_waiter(struct ferry_engine *e, struct key_entry *ke, struct op *op, const void *src,
-	       uint64_t len)
+/* op, the first GET waiting under its key, is served now: off the key, a delivery. */
+static inline void take_waiter(struct ferry_engine *e, struct op *op)
 {
 	STAT_ADD(e->stats.deliveries, 1);
-	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
-	op->entry = NULL;
+	unpark(e, op);
 	op->state = OP_FREE;
-	keytable_put(&e->keys, ke);
+}
+
+/* Copy src into op, the first GET waiting under its key (into an iovec), and complete it. */
+static inline __attribute__((always_inline)) void
+copy_to_waiter(struct ferry_engine *e, struct op *op, const void *src, uint64_t len)
+{
+	take_waiter(e, op);
 	op_scatter(op, src, len);
 	STAT_ADD(e->stats.copies, 1);
 	op_complete(e, op, 0, len, NULL);
@@ -478,7 +482,7 @@ bool reactor_deliver_copy(struct ferry_engine *e, const char *fullkey, size_t fu
 
 	if (!op || (op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || !op->iovcnt)
 		return false; /* no GET, a zero-copy one, or one that is too small */
-	copy_to_waiter(e, ke, op, src, len);
+	copy_to_waiter(e, op, src, len);
 	return true;
 }
 
@@ -489,7 +493,7 @@ int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t 
 	struct ferry_buf *buf;
 	struct op *op;
 
-	if (flags & (WIRE_F_CREDIT | WIRE_F_CHUNK | WIRE_F_ABORT | WIRE_F_RELCREDIT | WIRE_F_CUDA_IPC))
+	if (flags & WIRE_F_NOT_DATA)
 		return 0;
 	ke = keytable_find(&e->keys, fullkey, fullkey_len, keytable_hash(fullkey, fullkey_len));
 	if (!ke || !(op = ke->waiters) || (op->flags & OP_F_DEVICE) ||
@@ -498,7 +502,7 @@ int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t 
 	if (op->iovcnt) {
 		if ((op->opcode != FERRY_OP_GET && op->opcode != FERRY_OP_FETCH) || len > op->len)
 			return 0;
-		copy_to_waiter(e, ke, op, src, len);
+		copy_to_waiter(e, op, src, len);
 		return 1;
 	}
 	if (op->opcode != FERRY_OP_GET)
@@ -507,11 +511,7 @@ int reactor_deliver_waiting(struct ferry_engine *e, const char *fullkey, size_t 
 		return -ENOBUFS;
 	/* A GET for a buffer: a block of ours with the data (give_to_get's zero copy). */
 	ferry__payload_copy(buf->data, src, len);
-	STAT_ADD(e->stats.deliveries, 1);
-	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
-	op->entry = NULL;
-	op->state = OP_FREE;
-	keytable_put(&e->keys, ke);
+	take_waiter(e, op);
 	STAT_ADD(e->stats.zero_copies, 1);
 	op_complete(e, op, 0, len, buf);
 	return 1;
@@ -530,11 +530,7 @@ struct op *reactor_parked_get(struct ferry_engine *e, const char *fullkey, size_
 
 void reactor_claim_get(struct ferry_engine *e, struct op *op)
 {
-	struct key_entry *ke = op->entry;
-
-	op_list_remove(&ke->waiters, &ke->waiters_tail, op);
-	op->entry = NULL;
-	keytable_put(&e->keys, ke);
+	unpark(e, op);
 	if (op->heap_idx != NO_SLOT)
 		timer_del(&e->timers, op);
 	op->state = OP_AWAY;
