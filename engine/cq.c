@@ -46,7 +46,14 @@ int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool 
 	return 0;
 }
 
-static bool cq_pop(struct ferry_cq *cq, struct cq_slot *out)
+/*
+ * Take the head entry, if posted: its CQE goes to *cqe, or, when it has a
+ * callback, to *cb_cqe (the caller's own copy: a callback that polls the
+ * same array again cannot overwrite the CQE it was given), with *cb and
+ * *cb_arg. One copy of the CQE, not one into a slot and one out of it.
+ */
+static inline bool cq_pop(struct ferry_cq *cq, struct ferry_cqe *cqe, struct ferry_cqe *cb_cqe,
+			  ferry_complete_cb **cb, void **cb_arg)
 {
 	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
 
@@ -59,9 +66,9 @@ static bool cq_pop(struct ferry_cq *cq, struct cq_slot *out)
 			if (atomic_compare_exchange_weak_explicit(&cq->head, &pos, pos + 1,
 								  memory_order_relaxed,
 								  memory_order_relaxed)) {
-				out->cqe = s->cqe;
-				out->cb = s->cb;
-				out->cb_arg = s->cb_arg;
+				*cb = s->cb;
+				*cb_arg = s->cb_arg;
+				*(*cb ? cb_cqe : cqe) = s->cqe;
 				atomic_store_explicit(&s->seq, pos + cq->mask + 1,
 						      memory_order_release);
 				return true;
@@ -84,12 +91,14 @@ static void discard_cqe(const struct ferry_cqe *cqe, ferry_complete_cb *cb, void
 
 void cq_fini(struct ferry_cq *cq)
 {
-	struct cq_slot s;
+	struct ferry_cqe cqe;
+	ferry_complete_cb *cb;
+	void *cb_arg;
 
 	if (!cq->slots)
 		return;
-	while (cq_pop(cq, &s))
-		discard_cqe(&s.cqe, s.cb, s.cb_arg);
+	while (cq_pop(cq, &cqe, &cqe, &cb, &cb_arg))
+		discard_cqe(&cqe, cb, cb_arg);
 	for (struct op *op = cq->overflow_head; op; op = op->next)
 		discard_cqe(&op->cqe, op->cb, op->cb_arg);
 	cq->overflow_head = cq->overflow_tail = NULL;
@@ -237,14 +246,16 @@ void cq_flush_wakeups(struct ferry_engine *e)
 static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled)
 {
 	unsigned n = 0, h = 0, limit = max + 256;
-	struct cq_slot s;
+	struct ferry_cqe cb_cqe;
+	ferry_complete_cb *cb;
+	void *cb_arg;
 
-	while (n < max && h < limit && cq_pop(cq, &s)) {
+	while (n < max && h < limit && cq_pop(cq, &cqes[n], &cb_cqe, &cb, &cb_arg)) {
 		h++;
-		if (s.cb)
-			s.cb(&s.cqe, s.cb_arg);
+		if (cb)
+			cb(&cb_cqe, cb_arg);
 		else
-			cqes[n++] = s.cqe;
+			n++;
 	}
 	if (h) {
 		/* Room was made: pairs with the reactor's announce before it sleeps (heavy). */
