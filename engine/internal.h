@@ -457,6 +457,35 @@ static inline bool key_has_nul(const char *k, size_t n)
 	return ((w - ones) & ~w & highs) != 0;
 }
 
+/*
+ * Whether a[0..n) and b[0..n) are the same bytes (a key looked up against a
+ * stored one): eight bytes at a time like key_has_nul, no call to memcmp.
+ */
+static inline bool keys_equal(const char *a, const char *b, size_t n)
+{
+	uint64_t x, y, diff = 0;
+
+	if (n < 8) {
+		uint32_t p, q, r, t;
+
+		if (n < 4)
+			return n == 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1]);
+		memcpy(&p, a, 4);
+		memcpy(&q, b, 4);
+		memcpy(&r, a + n - 4, 4);
+		memcpy(&t, b + n - 4, 4);
+		return ((p ^ q) | (r ^ t)) == 0;
+	}
+	for (size_t i = 0; i + 8 < n; i += 8) {
+		memcpy(&x, a + i, 8);
+		memcpy(&y, b + i, 8);
+		diff |= x ^ y;
+	}
+	memcpy(&x, a + n - 8, 8);
+	memcpy(&y, b + n - 8, 8);
+	return (diff | (x ^ y)) == 0;
+}
+
 /* out holds a key of key_len bytes: append sfx; the full length or -ENAMETOOLONG. */
 static inline int keytable_append_sfx(char *out, size_t key_len, const struct key_suffix *sfx)
 {

@@ -113,7 +113,7 @@ static void rehash(struct key_table *t, uint64_t new_mask)
 struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h)
 {
 	for (struct key_entry *ke = t->buckets[h & t->mask]; ke; ke = ke->chain)
-		if (ke->hash == h && ke->key_len == len && memcmp(ke->key, key, len) == 0)
+		if (ke->hash == h && ke->key_len == len && keys_equal(ke->key, key, len))
 			return ke;
 	return NULL;
 }

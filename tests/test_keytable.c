@@ -327,6 +327,38 @@ static void test_key_has_nul(void **state)
 	}
 }
 
+/*
+ * keys_equal: for every length to 160 and both alignments of either side,
+ * equal bytes are equal, and one byte changed anywhere (a low bit or the
+ * high bit) makes them differ; bytes past n do not count.
+ */
+static void test_keys_equal(void **state)
+{
+	char a[200], b[200];
+
+	(void)state;
+	for (size_t n = 0; n <= 160; n++) {
+		for (size_t off = 0; off < 3; off++) {
+			char *pa = a + off, *pb = b + 2 - off;
+
+			for (size_t i = 0; i < n; i++)
+				pa[i] = pb[i] = (char)('a' + (i * 5 + n) % 26);
+			pa[n] = 'x';
+			pb[n] = 'y';
+			assert_true(keys_equal(pa, pb, n));
+			for (size_t p = 0; p < n; p++) {
+				char was = pb[p];
+
+				pb[p] = (char)(was ^ 1);
+				assert_false(keys_equal(pa, pb, n));
+				pb[p] = (char)(was ^ 0x80);
+				assert_false(keys_equal(pa, pb, n));
+				pb[p] = was;
+			}
+		}
+	}
+}
+
 /* Every byte of a key, at any length, changes its hash (the tail is one shifted load). */
 static void test_keytable_hash_every_byte(void **state)
 {
@@ -384,6 +416,7 @@ int main(void)
 		cmocka_unit_test_setup(test_keytable_compose_sfx, setup),
 		cmocka_unit_test(test_copy_short),
 		cmocka_unit_test(test_key_has_nul),
+		cmocka_unit_test(test_keys_equal),
 		cmocka_unit_test_setup(test_keytable_hash_every_byte, setup),
 		cmocka_unit_test_setup(test_keytable_insert, setup),
 	};
