@@ -756,7 +756,8 @@ static int conn_progress(struct ferry_engine *e, struct shm_conn *c)
 		    !atomic_exchange(&c->peer_wake->doorbell_rung, 1))
 			ring_peer(c);
 	}
-	n += flush_pending(e, c);
+	if (c->pending_head)
+		n += flush_pending(e, c);
 	return n;
 }
 
@@ -791,19 +792,21 @@ static void shm_unresolve(struct ferry_engine *e, struct backend *b, struct ferr
 	peer->transport = NULL;
 }
 
-static int shm_progress(struct ferry_engine *e, struct backend *b)
+/*
+ * The connections from live[from] on: each that is not quiet makes
+ * progress (live[from] is known not to be, when from_busy), a dead one is
+ * reaped; with none live at all the backend goes quiet.
+ */
+static __attribute__((noinline)) int shm_progress_conns(struct ferry_engine *e, struct backend *b,
+						      uint32_t from, bool from_busy)
 {
 	struct shm_state *st = b->data;
 	int n = 0;
 
-	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
-		n += flush_releases(e, st);
-	if (unlikely((st->nhalf_open | st->nconnecting) && !st->tick_armed))
-		shm_arm_tick(e, b); /* its SQE could not be had before: try again */
-	for (uint32_t i = 0; i < st->nlive;) {
+	for (uint32_t i = from; i < st->nlive;) {
 		struct shm_conn *c = st->live[i];
 
-		if (likely(!c->dead) && !conn_quiet(c))
+		if (likely(!c->dead) && ((from_busy && i == from) || !conn_quiet(c)))
 			n += conn_progress(e, c);
 		if (c->dead)
 			shm_conn_reap(st, c); /* moves the last one here */
@@ -822,6 +825,40 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 			backend_busy(b);
 	}
 	return n;
+}
+
+/* Released blocks to give back, connections being made: then the connections. */
+static __attribute__((noinline)) int shm_progress_slow(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+	int n = 0;
+
+	if (atomic_load_explicit(&st->releases, memory_order_relaxed))
+		n += flush_releases(e, st);
+	if (unlikely((st->nhalf_open | st->nconnecting) && !st->tick_armed))
+		shm_arm_tick(e, b); /* its SQE could not be had before: try again */
+	return n + shm_progress_conns(e, b, 0, false);
+}
+
+/*
+ * A round's look at the connections. Up to the first that is not quiet it
+ * calls nothing (most rounds of a live connection find it quiet: then no
+ * call and no frame at all); from there shm_progress_conns does the work.
+ */
+static int shm_progress(struct ferry_engine *e, struct backend *b)
+{
+	struct shm_state *st = b->data;
+
+	if (unlikely(atomic_load_explicit(&st->releases, memory_order_relaxed) ||
+		     (st->nhalf_open | st->nconnecting) || !st->nlive))
+		return shm_progress_slow(e, b);
+	for (uint32_t i = 0; i < st->nlive; i++) {
+		const struct shm_conn *c = st->live[i];
+
+		if (c->dead || !conn_quiet(c))
+			return shm_progress_conns(e, b, i, !c->dead);
+	}
+	return 0;
 }
 
 /*
