@@ -406,7 +406,7 @@ static inline bool keytable_maybe_waiting(const struct key_table *t)
 int keytable_init(struct key_table *t, uint32_t max_present, uint32_t max_waiting);
 void keytable_fini(struct key_table *t);
 uint64_t keytable_hash(const char *key, size_t len);
-struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h);
+/* keytable_find (the entry of key, with hash h, or NULL): inline, below keys_equal. */
 /* Find or create; NULL when the table is full. */
 struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len, uint64_t h);
 /* Create an entry for a key that keytable_find just did not find; NULL when full. */
@@ -484,6 +484,16 @@ static inline bool keys_equal(const char *a, const char *b, size_t n)
 	memcpy(&x, a + n - 8, 8);
 	memcpy(&y, b + n - 8, 8);
 	return (diff | (x ^ y)) == 0;
+}
+
+/* The entry of key (len bytes, hash h), or NULL. Inline: every GET and arrival asks. */
+static inline struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len,
+					      uint64_t h)
+{
+	for (struct key_entry *ke = t->buckets[h & t->mask]; ke; ke = ke->chain)
+		if (ke->hash == h && ke->key_len == len && keys_equal(ke->key, key, len))
+			return ke;
+	return NULL;
 }
 
 /* out holds a key of key_len bytes: append sfx; the full length or -ENAMETOOLONG. */

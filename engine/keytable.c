@@ -110,14 +110,6 @@ static void rehash(struct key_table *t, uint64_t new_mask)
 	}
 }
 
-struct key_entry *keytable_find(struct key_table *t, const char *key, size_t len, uint64_t h)
-{
-	for (struct key_entry *ke = t->buckets[h & t->mask]; ke; ke = ke->chain)
-		if (ke->hash == h && ke->key_len == len && keys_equal(ke->key, key, len))
-			return ke;
-	return NULL;
-}
-
 struct key_entry *keytable_get(struct key_table *t, const char *key, size_t len, uint64_t h)
 {
 	struct key_entry *ke = keytable_find(t, key, len, h);
@@ -138,7 +130,7 @@ struct key_entry *keytable_insert(struct key_table *t, const char *key, size_t l
 	t->free = ke->chain;
 	ke->hash = h;
 	ke->key_len = (uint16_t)len;
-	memcpy(ke->key, key, len);
+	copy_short(ke->key, key, len);
 	ke->key[len] = '\0';
 	ke->waiters = ke->waiters_tail = NULL;
 	ke->buf = NULL;
