@@ -841,9 +841,29 @@ static __attribute__((noinline)) int shm_progress_slow(struct ferry_engine *e, s
 }
 
 /*
+ * live[i] is the first connection that is not quiet (or is dead): when it
+ * is the last one (often the only one), conn_progress for it alone, in
+ * this frame; else shm_progress_conns from it on.
+ */
+static __attribute__((noinline)) int shm_progress_busy(struct ferry_engine *e, struct backend *b,
+						     uint32_t i)
+{
+	struct shm_state *st = b->data;
+	struct shm_conn *c = st->live[i];
+	int n;
+
+	if (c->dead || i + 1 < st->nlive)
+		return shm_progress_conns(e, b, i, !c->dead);
+	n = conn_progress(e, c);
+	if (unlikely(c->dead))
+		n += shm_progress_conns(e, b, i, false); /* reaps it */
+	return n;
+}
+
+/*
  * A round's look at the connections. Up to the first that is not quiet it
  * calls nothing (most rounds of a live connection find it quiet: then no
- * call and no frame at all); from there shm_progress_conns does the work.
+ * call and no frame at all); from there shm_progress_busy does the work.
  */
 static int shm_progress(struct ferry_engine *e, struct backend *b)
 {
@@ -856,7 +876,7 @@ static int shm_progress(struct ferry_engine *e, struct backend *b)
 		const struct shm_conn *c = st->live[i];
 
 		if (c->dead || !conn_quiet(c))
-			return shm_progress_conns(e, b, i, !c->dead);
+			return shm_progress_busy(e, b, i);
 	}
 	return 0;
 }
