@@ -250,6 +250,21 @@ static inline __attribute__((always_inline)) void count_success(struct ferry_eng
 }
 
 /*
+ * op's CQE written in its CQ's free slot (cq_post's two steps, without its
+ * copy) and published; the op is free again.
+ */
+static inline __attribute__((always_inline)) void
+post_in_place(struct ferry_engine *e, struct op *op, struct cq_slot *slot, int res, uint64_t len,
+	      struct ferry_buf *buf)
+{
+	cqe_of(&slot->cqe, op, res, len, buf);
+	slot->cb = op->cb;
+	slot->cb_arg = op->cb_arg;
+	cq_slot_publish(op->cq, slot);
+	op_free(e, op);
+}
+
+/*
  * Every end of an op but op_complete's plainest (below): undoing what the
  * op holds, a failure's counters, a sampled latency, a reactor callback, a
  * full CQ. Out of op_complete's frame, so that the plain end saves no
@@ -281,12 +296,7 @@ static __attribute__((noinline)) void op_complete_general(struct ferry_engine *e
 
 	if (likely(!(op->flags & FERRY_SQE_CB_REACTOR) && !op->cq->overflow_head) &&
 	    (slot = cq_slot_free(op->cq))) {
-		/* The CQE written in place (cq_post's two steps, without its copy). */
-		cqe_of(&slot->cqe, op, res, len, buf);
-		slot->cb = op->cb;
-		slot->cb_arg = op->cb_arg;
-		cq_slot_publish(op->cq, slot);
-		op_free(e, op);
+		post_in_place(e, op, slot, res, len, buf);
 		return;
 	}
 	op_post_slow(e, op, res, len, buf);
@@ -309,11 +319,7 @@ void op_complete(struct ferry_engine *e, struct op *op, int res, uint64_t len,
 		   !op->cq->overflow_head && (slot = cq_slot_free(op->cq)))) {
 		STAT_ADD(e->stats.completed, 1);
 		count_success(e, op, len, 0);
-		cqe_of(&slot->cqe, op, res, len, buf);
-		slot->cb = op->cb;
-		slot->cb_arg = op->cb_arg;
-		cq_slot_publish(op->cq, slot);
-		op_free(e, op);
+		post_in_place(e, op, slot, res, len, buf);
 		return;
 	}
 	op_complete_general(e, op, res, len, buf);
