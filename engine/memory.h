@@ -59,7 +59,9 @@ void *ferry__buf_reg(struct ferry_engine *e, const struct backend *b, const stru
  * unaligned moves of 1 to 32 bytes, longer by memcpy. A memcpy of a
  * variable length into a bounded buffer is otherwise expanded by gcc
  * (x86-64, generic tuning) into `rep movsq`, whose start-up costs more than
- * the copy of a short key, and a small payload's memcpy is a call.
+ * the copy of a short key, and a small payload's memcpy is a call. As for
+ * memcpy, dst and src must not overlap (the second move may read what the
+ * first wrote).
  */
 static inline void copy_short(void *dst, const void *src, size_t n)
 {

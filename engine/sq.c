@@ -16,6 +16,9 @@
 
 #include "internal.h"
 
+/* ferry__sqe_init (ferry.h) zeroes an entry as 64 bytes, then the rest up to its key. */
+_Static_assert(offsetof(struct ferry_sqe, key) >= 64, "ferry_sqe: 64 bytes before key");
+
 #define TLS_SLOTS 4
 
 static __thread struct {
