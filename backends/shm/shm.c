@@ -794,11 +794,11 @@ static void shm_unresolve(struct ferry_engine *e, struct backend *b, struct ferr
 
 /*
  * The connections from live[from] on: each that is not quiet makes
- * progress (live[from] is known not to be, when from_busy), a dead one is
- * reaped; with none live at all the backend goes quiet.
+ * progress, a dead one is reaped; with none live at all the backend goes
+ * quiet.
  */
 static __attribute__((noinline)) int shm_progress_conns(struct ferry_engine *e, struct backend *b,
-						      uint32_t from, bool from_busy)
+						      uint32_t from)
 {
 	struct shm_state *st = b->data;
 	int n = 0;
@@ -806,7 +806,7 @@ static __attribute__((noinline)) int shm_progress_conns(struct ferry_engine *e, 
 	for (uint32_t i = from; i < st->nlive;) {
 		struct shm_conn *c = st->live[i];
 
-		if (likely(!c->dead) && ((from_busy && i == from) || !conn_quiet(c)))
+		if (likely(!c->dead) && !conn_quiet(c))
 			n += conn_progress(e, c);
 		if (c->dead)
 			shm_conn_reap(st, c); /* moves the last one here */
@@ -837,7 +837,7 @@ static __attribute__((noinline)) int shm_progress_slow(struct ferry_engine *e, s
 		n += flush_releases(e, st);
 	if (unlikely((st->nhalf_open | st->nconnecting) && !st->tick_armed))
 		shm_arm_tick(e, b); /* its SQE could not be had before: try again */
-	return n + shm_progress_conns(e, b, 0, false);
+	return n + shm_progress_conns(e, b, 0);
 }
 
 /*
@@ -853,10 +853,10 @@ static __attribute__((noinline)) int shm_progress_busy(struct ferry_engine *e, s
 	int n;
 
 	if (c->dead || i + 1 < st->nlive)
-		return shm_progress_conns(e, b, i, !c->dead);
+		return shm_progress_conns(e, b, i);
 	n = conn_progress(e, c);
 	if (unlikely(c->dead))
-		n += shm_progress_conns(e, b, i, false); /* reaps it */
+		n += shm_progress_conns(e, b, i); /* reaps it */
 	return n;
 }
 
