@@ -263,6 +263,19 @@ struct ferry_engine_params {
  * off, =1 turns it on for every engine of the process. docs/design.md §5.
  */
 #define FERRY_ENGINE_BUSY_POLL (1u << 1)
+/*
+ * MANUAL mode only (-EINVAL with THREAD): one thread drives the engine. The
+ * first thread that calls ferry_cq_poll, ferry_cq_wait, ferry_cq_arm or
+ * ferry_progress on it (any of its CQs) becomes its poller, for the
+ * engine's life; the same calls from any other thread fail with -EEXIST
+ * (logged once) and change nothing. In return the poller's rounds take no
+ * lock and its CQs are reaped without a compare-and-swap per completion or
+ * fences toward other waiters (there are none): with FERRY_ENGINE_BUSY_POLL
+ * too, a busy shm round trip executes no locked instruction. Any thread may
+ * still submit, allocate buffers, wake a CQ (ferry_cq_wake) and destroy the
+ * engine once its poller stopped. docs/design.md §5.
+ */
+#define FERRY_ENGINE_SINGLE_POLLER (1u << 2)
 
 #define FERRY_ENGINE_PARAMS_INIT { .size = sizeof(struct ferry_engine_params) }
 
@@ -305,7 +318,8 @@ FERRY_API const char *ferry_engine_ns(const struct ferry_engine *e);
  * fire deadlines, post completions. Never blocks. Returns the number of
  * events handled (0 if there was nothing to do), or -EINVAL. In THREAD mode
  * it does nothing and returns 0. Safe from several threads: only one makes
- * progress at a time, the others return 0 at once.
+ * progress at a time, the others return 0 at once (a FERRY_ENGINE_SINGLE_POLLER
+ * engine: its poller only; -EEXIST from any other thread).
  */
 FERRY_API int ferry_progress(struct ferry_engine *e);
 
@@ -635,7 +649,8 @@ FERRY_API struct ferry_cq *ferry_cq_default(struct ferry_engine *e);
  * polls in a loop runs the rounds itself: after a round without work the
  * reactor thread parks under a lease each empty poll renews, and wakes
  * when the polls stop (within 200 us; health ops.poll_leases counts those
- * sleeps). Safe from several threads.
+ * sleeps). Safe from several threads (a FERRY_ENGINE_SINGLE_POLLER engine's
+ * CQs: its poller only; -EEXIST from any other thread).
  */
 FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max);
 
@@ -644,7 +659,8 @@ FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigne
  * least one completion was handled (returned or given to its callback).
  * Returns the number of CQEs written (0 when only callbacks ran), or
  * -ETIMEDOUT, -EINVAL, or -EINTR (woken by ferry_cq_wake). Any thread,
- * several at once, but not from a callback; it blocks: a binding releases
+ * several at once (a FERRY_ENGINE_SINGLE_POLLER engine's CQs: its poller
+ * only; -EEXIST from any other thread), but not from a callback; it blocks: a binding releases
  * its interpreter lock around it.
  */
 FERRY_API int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
@@ -668,7 +684,8 @@ FERRY_API int ferry_cq_wake(struct ferry_cq *cq);
  * with EINTR: go round the loop. Sleeping on it while other threads drive
  * the same MANUAL engine is not supported: use THREAD mode for that.
  * ferry_cq_fd: any thread. ferry_cq_arm: the thread that polls the CQ and
- * then sleeps on the fd (the protocol is that thread's).
+ * then sleeps on the fd (the protocol is that thread's; -EEXIST from any
+ * thread but a FERRY_ENGINE_SINGLE_POLLER engine's poller).
  */
 FERRY_API int ferry_cq_fd(struct ferry_cq *cq);
 FERRY_API int ferry_cq_arm(struct ferry_cq *cq);

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """bench/ab.py - paired before/after runs of one benchmark.
 
-    python3 bench/ab.py BEFORE_BUILD AFTER_BUILD BENCH [--reps N] [--match REGEX] -- [ARGS...]
+    python3 bench/ab.py BEFORE_BUILD AFTER_BUILD BENCH [--reps N] [--match REGEX]
+                        [--after-args "ARGS"] -- [ARGS...]
 
 Runs BUILD/bench/BENCH ARGS from both builds, alternately, REPS times (the
 order flips every rep, so a drift of the machine does not favour one side),
@@ -10,9 +11,12 @@ default the medians of times, rates and ratios), prints the median over
 reps of the per-rep ratio after / before, with the direction that is better
 for it (a time: lower; a rate: higher). This machine is noisy: only ratios
 of runs interleaved like this are compared (docs/benchmarks.md).
+--after-args adds arguments to the after side only (shell words): the same
+build twice compares an option, e.g. bench_shm --engine-flags single_poller.
 """
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -53,6 +57,7 @@ def main():
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     reps, match = 5, r"\.median$"
+    after_args = []
     pos = []
     it = iter(argv)
     for a in it:
@@ -60,6 +65,8 @@ def main():
             reps = int(next(it))
         elif a == "--match":
             match = next(it)
+        elif a == "--after-args":
+            after_args = shlex.split(next(it))
         else:
             pos.append(a)
     if len(pos) != 3:
@@ -71,7 +78,7 @@ def main():
         order = [(0, before), (1, after)] if r % 2 == 0 else [(1, after), (0, before)]
         got = {}
         for side, build in order:
-            got[side] = run(build, bench, extra)
+            got[side] = run(build, bench, extra + (after_args if side else []))
             print(f"ab: {bench} rep {r + 1}/{reps}: {'after' if side else 'before'} done",
                   file=sys.stderr)
         for k, b in got[0].items():
@@ -79,7 +86,8 @@ def main():
             if a is None or b == 0 or not re.search(match, k):
                 continue
             ratios.setdefault(k, []).append(a / b)
-    print(f"# {bench} {' '.join(extra)}: after/before, median of {reps} paired reps")
+    print(f"# {bench} {' '.join(extra)}: after/before, median of {reps} paired reps"
+          + (f" (after: {' '.join(after_args)})" if after_args else ""))
     print(f"{'figure':72s} {'ratio':>7s}  better")
     for k in sorted(ratios):
         v = statistics.median(ratios[k])

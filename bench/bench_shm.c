@@ -32,7 +32,9 @@
  * Every figure is the median (and min/max) over --reps repetitions.
  *
  * Options: --quick (CI smoke, < 30 s: fewer samples, no 1 GiB), --reps N
- * (default 5; 3 with --quick), --no-ucx (skip the UCX peers).
+ * (default 5; 3 with --quick), --no-ucx (skip the UCX peers), --only
+ * SECTIONS, --engine-flags busy_poll,single_poller (FERRY_ENGINE_* flags of
+ * every engine; single_poller of the MANUAL ones).
  */
 #include <errno.h>
 #include <sched.h>
@@ -68,6 +70,8 @@ static struct {
 	int reps;
 	bool no_ucx;
 	const char *only; /* comma-separated sections, NULL = all */
+	const char *engine_flags; /* --engine-flags, NULL = none */
+	uint32_t flags;           /* FERRY_ENGINE_* from it */
 } opt;
 
 /* Whether section name runs (--only). */
@@ -230,6 +234,9 @@ static struct ferry_engine *engine(const char *ns, const char *name, int mode, u
 	p.progress = (enum ferry_progress_mode)mode;
 	p.spin_ns = spin_ns;
 	p.pool_size = pool;
+	p.flags = opt.flags; /* --engine-flags: single_poller for MANUAL engines only */
+	if (mode != FERRY_PROGRESS_MANUAL)
+		p.flags &= ~FERRY_ENGINE_SINGLE_POLLER;
 	CHECK(ferry_engine_create(&p, &e));
 	return e;
 }
@@ -1143,14 +1150,36 @@ static void ucx_run(struct ucx_result *u, int reps)
 /* ------------------------------------------------------------------ */
 
 
+/* --engine-flags: "busy_poll,single_poller" (either, both) into FERRY_ENGINE_* bits. */
+static int parse_engine_flags(const char *list, uint32_t *flags)
+{
+	char buf[128], *save = NULL;
+
+	if (strlen(list) >= sizeof(buf))
+		return -1;
+	snprintf(buf, sizeof(buf), "%s", list);
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(t, "busy_poll"))
+			*flags |= FERRY_ENGINE_BUSY_POLL;
+		else if (!strcmp(t, "single_poller"))
+			*flags |= FERRY_ENGINE_SINGLE_POLLER;
+		else
+			return -1;
+	}
+	return 0;
+}
+
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: bench_shm [--quick] [--reps N] [--no-ucx]\n"
+	fprintf(f, "usage: bench_shm [--quick] [--reps N] [--no-ucx] [--only S] [--engine-flags F]\n"
 		   "  --quick   short run for CI smoke tests (< 30 s: fewer samples, no 1 GiB)\n"
 		   "  --reps N  repetitions of every measurement (default 5, max 64)\n"
 		   "  --no-ucx  do not run the UCX peers (bench/peers_shm.sh)\n"
 		   "  --only S  run only these sections (comma-separated: floor, busy, thread,\n"
 		   "            ucx, adaptive, bw; for profiling - the JSON then holds zeros)\n"
+		   "  --engine-flags F  create the engines with these FERRY_ENGINE_* flags\n"
+		   "            (comma-separated: busy_poll, single_poller; single_poller\n"
+		   "            for the MANUAL engines only)\n"
 		   "Prints one JSON object on stdout; progress on stderr.\n");
 }
 
@@ -1261,6 +1290,12 @@ int main(int argc, char **argv)
 			opt.no_ucx = true;
 		} else if (!strcmp(argv[i], "--only") && i + 1 < argc) {
 			opt.only = argv[++i];
+		} else if (!strcmp(argv[i], "--engine-flags") && i + 1 < argc) {
+			opt.engine_flags = argv[++i];
+			if (parse_engine_flags(opt.engine_flags, &opt.flags)) {
+				usage(stderr);
+				return 2;
+			}
 		} else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
 			return 0;
@@ -1502,6 +1537,7 @@ int main(int argc, char **argv)
 	jnum("peer_cpu", cpu_child);
 	jbool("pinned", cpu_parent >= 0 && pin_rc_parent == 0);
 	jstr("clock", "CLOCK_MONOTONIC; cross-process intervals use the peer's timestamp");
+	jstr("engine_flags", opt.engine_flags ? opt.engine_flags : "");
 	jclose();
 
 	jopen("floor");

@@ -31,6 +31,9 @@
  *                   After the hops a counts N idle polls with the connection
  *                   live (a second window, dumped on its own).
  *
+ * COUNT_ENGINE_FLAGS in the environment (busy_poll, single_poller, comma
+ * separated) creates every engine with those FERRY_ENGINE_* flags.
+ *
  * Every mode prints "count_hop: <what> ops=N" lines on stderr; a dump is
  * named after its window (CALLGRIND_DUMP_STATS_AT), so one file per process
  * holds each window's total. Natively (no valgrind) the client requests do
@@ -90,6 +93,22 @@ static void window_end(const char *what)
 	CALLGRIND_DUMP_STATS_AT(what);
 }
 
+/*
+ * COUNT_ENGINE_FLAGS: engine flags to count with, a comma-separated list of
+ * busy_poll and single_poller (FERRY_ENGINE_*); unset: none.
+ */
+static uint32_t engine_flags(void)
+{
+	const char *v = getenv("COUNT_ENGINE_FLAGS");
+	uint32_t f = 0;
+
+	if (v && strstr(v, "busy_poll"))
+		f |= FERRY_ENGINE_BUSY_POLL;
+	if (v && strstr(v, "single_poller"))
+		f |= FERRY_ENGINE_SINGLE_POLLER;
+	return f;
+}
+
 static struct ferry_engine *engine(const char *name, const char *listen)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
@@ -100,6 +119,7 @@ static struct ferry_engine *engine(const char *name, const char *listen)
 	p.progress = FERRY_PROGRESS_MANUAL;
 	p.pool_size = 16u << 20;
 	p.listen = listen;
+	p.flags = engine_flags();
 	CHECK(ferry_engine_create(&p, &e));
 	return e;
 }

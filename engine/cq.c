@@ -33,6 +33,7 @@ int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool 
 		atomic_init(&cq->slots[i].seq, i);
 	cq->mask = n - 1;
 	cq->engine = e;
+	cq->single = e->single_poller;
 	cq->is_default = is_default;
 	cq->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (cq->efd < 0) {
@@ -52,11 +53,25 @@ int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool 
  * same array again cannot overwrite the CQE it was given), with *cb and
  * *cb_arg. One copy of the CQE, not one into a slot and one out of it.
  */
-static inline bool cq_pop(struct ferry_cq *cq, struct ferry_cqe *cqe, struct ferry_cqe *cb_cqe,
-			  ferry_complete_cb **cb, void **cb_arg)
+static inline __attribute__((always_inline)) bool
+cq_pop_as(struct ferry_cq *cq, struct ferry_cqe *cqe, struct ferry_cqe *cb_cqe,
+	  ferry_complete_cb **cb, void **cb_arg, bool single)
 {
 	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
 
+	if (single) {
+		/* Its engine's poller is the one consumer: a store, not a compare-and-swap. */
+		struct cq_slot *s = &cq->slots[pos & cq->mask];
+
+		if (atomic_load_explicit(&s->seq, memory_order_acquire) != pos + 1)
+			return false;
+		*cb = s->cb;
+		*cb_arg = s->cb_arg;
+		*(*cb ? cb_cqe : cqe) = s->cqe;
+		atomic_store_explicit(&cq->head, pos + 1, memory_order_relaxed);
+		atomic_store_explicit(&s->seq, pos + cq->mask + 1, memory_order_release);
+		return true;
+	}
 	for (;;) {
 		struct cq_slot *s = &cq->slots[pos & cq->mask];
 		uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
@@ -79,6 +94,13 @@ static inline bool cq_pop(struct ferry_cq *cq, struct ferry_cqe *cqe, struct fer
 			pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
 		}
 	}
+}
+
+/* The same, for any CQ (not a hot path). */
+static bool cq_pop(struct ferry_cq *cq, struct ferry_cqe *cqe, struct ferry_cqe *cb_cqe,
+		   ferry_complete_cb **cb, void **cb_arg)
+{
+	return cq_pop_as(cq, cqe, cb_cqe, cb, cb_arg, cq->single);
 }
 
 static void discard_cqe(const struct ferry_cqe *cqe, ferry_complete_cb *cb, void *arg)
@@ -216,8 +238,13 @@ void cq_flush_wakeups(struct ferry_engine *e)
 	if (!cq)
 		return;
 	e->dirty_cqs = NULL;
-	/* The posts above before the loads of `armed` (pairs with ferry_cq_arm, futex_sleep: heavy). */
-	fence_light(e->asym_fences);
+	/*
+	 * The posts above before the loads of `armed` (pairs with ferry_cq_arm,
+	 * futex_sleep: heavy). A SINGLE_POLLER engine's arm and waits are this
+	 * thread's own: program order is enough.
+	 */
+	if (!e->single_poller)
+		fence_light(e->asym_fences);
 	for (; cq; cq = cq->next_dirty) {
 		cq->dirty = false;
 		if (atomic_load_explicit(&cq->armed, memory_order_relaxed) &&
@@ -243,14 +270,15 @@ void cq_flush_wakeups(struct ferry_engine *e)
  * Take completions: callbacks run here; the rest go to cqes. handled
  * counts both. Bounded so a stream of callbacks cannot hold the caller.
  */
-static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled)
+static inline __attribute__((always_inline)) int
+cq_reap_as(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled, bool single)
 {
 	unsigned n = 0, h = 0, limit = max + 256;
 	struct ferry_cqe cb_cqe;
 	ferry_complete_cb *cb;
 	void *cb_arg;
 
-	while (n < max && h < limit && cq_pop(cq, &cqes[n], &cb_cqe, &cb, &cb_arg)) {
+	while (n < max && h < limit && cq_pop_as(cq, &cqes[n], &cb_cqe, &cb, &cb_arg, single)) {
 		h++;
 		if (cb)
 			cb(&cb_cqe, cb_arg);
@@ -258,13 +286,48 @@ static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, un
 			n++;
 	}
 	if (h) {
-		/* Room was made: pairs with the reactor's announce before it sleeps (heavy). */
-		fence_light(cq->engine->asym_fences);
+		/*
+		 * Room was made: pairs with the reactor's announce before it
+		 * sleeps (heavy), which on a single poller's engine is ours.
+		 */
+		if (!single)
+			fence_light(cq->engine->asym_fences);
 		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
 			reactor_wake(cq->engine);
 	}
 	*handled = h;
 	return (int)n;
+}
+
+static int cq_reap_shared(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
+			  unsigned *handled)
+{
+	return cq_reap_as(cq, cqes, max, handled, false);
+}
+
+/* A SINGLE_POLLER engine's CQ, reaped by its poller: no compare-and-swap, no fence. */
+static int cq_reap_single(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
+			  unsigned *handled)
+{
+	return cq_reap_as(cq, cqes, max, handled, true);
+}
+
+static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled)
+{
+	return cq->single ? cq_reap_single(cq, cqes, max, handled) :
+			    cq_reap_shared(cq, cqes, max, handled);
+}
+
+bool poller_claim(struct ferry_engine *e)
+{
+	uintptr_t self = this_thread(), none = 0;
+
+	if (atomic_compare_exchange_strong(&e->poller, &none, self) || none == self)
+		return true;
+	if (atomic_fetch_add(&e->poller_refusals, 1) == 0)
+		log_error("engine %s: polled from a thread that is not its poller "
+			  "(FERRY_ENGINE_SINGLE_POLLER): -EEXIST", e->name);
+	return false;
 }
 
 /* MANUAL mode: a round, unless another thread drives progress now. */
@@ -276,6 +339,29 @@ static void manual_round(struct ferry_engine *e)
 	}
 }
 
+/*
+ * ferry_cq_poll on a SINGLE_POLLER engine's CQ: its poller's round (unless
+ * one of its own is under way: a callback polls) and reap, neither of
+ * which another thread can enter; -EEXIST from any other thread.
+ */
+static __attribute__((noinline)) int poll_single(struct ferry_cq *cq, struct ferry_cqe *cqes,
+						 unsigned max)
+{
+	struct ferry_engine *e = cq->engine;
+	unsigned handled;
+
+	if (unlikely(!poller_ok(e)))
+		return -EEXIST;
+	if (!atomic_load_explicit(&e->progress_busy, memory_order_relaxed)) {
+		atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
+		reactor_run_once(e);
+		atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+	}
+	if (!cq_slot_ready(cq))
+		return 0;
+	return cq_reap_single(cq, cqes, max, &handled);
+}
+
 int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
 {
 	unsigned handled;
@@ -285,13 +371,18 @@ int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max)
 		return -EINVAL;
 	}
 	if (cq->engine->mode == FERRY_PROGRESS_MANUAL) {
-		manual_round(cq->engine);
+		if (cq->single)
+			return poll_single(cq, cqes, max);
+		if (progress_try_lock_shared(cq->engine)) {
+			reactor_run_once(cq->engine);
+			progress_unlock_shared(cq->engine);
+		}
 		if (!cq_slot_ready(cq))
 			return 0; /* nothing posted: what cq_reap would find, without its frame */
 	} else if (!cq_slot_ready(cq) && (!reactor_poll_watch(cq->engine) || !cq_slot_ready(cq))) {
 		return 0; /* a poll loop runs the rounds: what its round posted is taken at once */
 	}
-	return cq_reap(cq, cqes, max, &handled);
+	return cq_reap_shared(cq, cqes, max, &handled);
 }
 
 /*
@@ -329,6 +420,8 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 		return -EINVAL;
 	}
 	e = cq->engine;
+	if (e->mode == FERRY_PROGRESS_MANUAL && unlikely(!poller_ok(e)))
+		return -EEXIST;
 	/* A wake that found nobody waiting is kept for the next wait. */
 	intr = atomic_load(&cq->interrupts_seen);
 	start = ferry__now_ns();
@@ -439,6 +532,8 @@ int ferry_cq_arm(struct ferry_cq *cq)
 	if (e->mode == FERRY_PROGRESS_MANUAL) {
 		int rc;
 
+		if (unlikely(!poller_ok(e)))
+			return -EEXIST;
 		if (!progress_try_lock(e))
 			return -EBUSY;
 		reactor_run_once(e);

@@ -102,8 +102,14 @@ static int take_params(const struct ferry_engine_params *in, struct ferry_engine
 		log_error("ferry_engine_create: unknown progress mode %d", (int)p->progress);
 		return -EINVAL;
 	}
-	if (p->flags & ~(FERRY_ENGINE_NO_PREFAULT | FERRY_ENGINE_BUSY_POLL)) {
+	if (p->flags & ~(FERRY_ENGINE_NO_PREFAULT | FERRY_ENGINE_BUSY_POLL |
+			 FERRY_ENGINE_SINGLE_POLLER)) {
 		log_error("ferry_engine_create: unknown flags 0x%x", p->flags);
+		return -EINVAL;
+	}
+	if ((p->flags & FERRY_ENGINE_SINGLE_POLLER) && p->progress != FERRY_PROGRESS_MANUAL) {
+		log_error("ferry_engine_create: FERRY_ENGINE_SINGLE_POLLER needs "
+			  "FERRY_PROGRESS_MANUAL (a THREAD engine's rounds are its reactor's)");
 		return -EINVAL;
 	}
 	if (!p->pool_size)
@@ -263,6 +269,7 @@ int ferry_engine_create(const struct ferry_engine_params *params, struct ferry_e
 	snprintf(e->ns, sizeof(e->ns), "%s", p.ns);
 	e->mode = p.progress;
 	e->asym_fences = fence_engine_asym(p.flags & FERRY_ENGINE_BUSY_POLL);
+	e->single_poller = p.flags & FERRY_ENGINE_SINGLE_POLLER;
 	e->spin_ns = p.spin_ns;
 	e->sq_entries = p.sq_entries;
 	e->max_ops = p.max_ops;
@@ -612,8 +619,10 @@ int ferry_engine_health(struct ferry_engine *e, char *buf, size_t len)
 	jprintf(&j, "{\"engine\":\"%s\",\"namespace\":\"%s\",\"transports\":[", e->name, e->ns);
 	for (unsigned i = 0; i < e->nbackends; i++)
 		jprintf(&j, "%s\"%s\"", i ? "," : "", e->backends[i].ops->name);
-	jprintf(&j, "],\"progress\":\"%s\",\"fences\":\"%s\",\"status\":\"%s\",\"uptime_ns\":%llu,",
+	jprintf(&j, "],\"progress\":\"%s\",\"pollers\":\"%s\",\"fences\":\"%s\","
+		"\"status\":\"%s\",\"uptime_ns\":%llu,",
 		e->mode == FERRY_PROGRESS_THREAD ? "thread" : "manual",
+		e->single_poller ? "single" : "any",
 		e->asym_fences ? "membarrier" : "symmetric",
 		atomic_load(&e->closing) ? "closing" : "ok",
 		(unsigned long long)(ferry__now_ns() - e->created_ns));

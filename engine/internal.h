@@ -122,9 +122,10 @@ struct cq_slot {
 struct op;
 
 struct ferry_cq {
-	_Atomic uint64_t head cacheline_aligned; /* consumers (CAS) */
+	_Atomic uint64_t head cacheline_aligned; /* consumers (CAS; the poller's store if single) */
 	uint64_t tail cacheline_aligned;         /* the reactor */
 	uint64_t mask;
+	bool single;             /* its engine is FERRY_ENGINE_SINGLE_POLLER: one consumer */
 	struct cq_slot *slots;
 	struct ferry_engine *engine;
 	int efd;                 /* ferry_cq_fd in THREAD mode */
@@ -747,6 +748,15 @@ struct ferry_engine {
 	char ns[FERRY_NAME_MAX];
 	enum ferry_progress_mode mode;
 	bool asym_fences; /* FERRY_ENGINE_BUSY_POLL taken: engine/fence.h (every op reads it) */
+	/*
+	 * FERRY_ENGINE_SINGLE_POLLER (MANUAL mode): progress_busy is a flag
+	 * against re-entry, not a lock, and the CQs are reaped by one thread;
+	 * poller is that thread (this_thread, 0 until the first poll claims
+	 * it: poller_ok), written once.
+	 */
+	bool single_poller;
+	_Atomic uintptr_t poller;
+	_Atomic int poller_refusals; /* calls from other threads refused (the first is logged) */
 	uint64_t spin_ns;
 	uint32_t sq_entries;
 	uint64_t created_ns;
@@ -941,13 +951,66 @@ static inline bool sqs_pending(struct ferry_engine *e)
 	return false;
 }
 
-static inline bool progress_try_lock(struct ferry_engine *e)
+/* Progress, taken by one of the threads that may drive it (not a SINGLE_POLLER engine). */
+static inline bool progress_try_lock_shared(struct ferry_engine *e)
 {
 	return atomic_load_explicit(&e->progress_busy, memory_order_relaxed) == 0 &&
 	       atomic_exchange_explicit(&e->progress_busy, 1, memory_order_acquire) == 0;
 }
 
-void progress_unlock(struct ferry_engine *e);
+static inline bool progress_try_lock(struct ferry_engine *e)
+{
+	if (e->single_poller) {
+		/* Only its poller takes it (poller_ok; destroy once it stopped): no exchange. */
+		if (atomic_load_explicit(&e->progress_busy, memory_order_relaxed))
+			return false; /* a round of its own under way: a callback polls */
+		atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
+		return true;
+	}
+	return progress_try_lock_shared(e);
+}
+
+void progress_unlock_shared(struct ferry_engine *e);
+
+static inline void progress_unlock(struct ferry_engine *e)
+{
+	if (e->single_poller) /* no other thread waits for it to go (no fence, no futex) */
+		atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+	else
+		progress_unlock_shared(e);
+}
+
+/* The first call from a thread that is not a SINGLE_POLLER engine's poller (cq.c). */
+bool poller_claim(struct ferry_engine *e) __attribute__((cold, noinline));
+
+/*
+ * The calling thread, as a number no other live thread has: its thread
+ * pointer (one instruction: on x86-64 glibc what pthread_self returns).
+ */
+static inline uintptr_t this_thread(void)
+{
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_thread_pointer)
+	return (uintptr_t)__builtin_thread_pointer();
+#define FERRY_HAVE_THREAD_POINTER 1
+#endif
+#endif
+#ifndef FERRY_HAVE_THREAD_POINTER
+	return (uintptr_t)pthread_self();
+#endif
+}
+
+/*
+ * May the calling thread poll e, wait on its CQs or drive its progress?
+ * Always, but on a FERRY_ENGINE_SINGLE_POLLER engine only its poller (the
+ * first thread to ask); the callers answer -EEXIST otherwise. MANUAL mode.
+ */
+static inline bool poller_ok(struct ferry_engine *e)
+{
+	return !e->single_poller ||
+	       likely(atomic_load_explicit(&e->poller, memory_order_relaxed) == this_thread()) ||
+	       poller_claim(e);
+}
 
 /*
  * THREAD mode, called by a submitter or a waiter: if the reactor thread is

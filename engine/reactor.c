@@ -1632,7 +1632,7 @@ void ferry__futex_wake_all(_Atomic uint32_t *addr)
 	syscall(SYS_futex, addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-void progress_unlock(struct ferry_engine *e)
+void progress_unlock_shared(struct ferry_engine *e)
 {
 	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
 	/* A MANUAL-mode waiter may be sleeping until the driver leaves (its futex_sleep: heavy). */
@@ -1652,7 +1652,11 @@ int ferry_progress(struct ferry_engine *e)
 		log_error("ferry_progress: NULL engine");
 		return -EINVAL;
 	}
-	if (e->mode != FERRY_PROGRESS_MANUAL || !progress_try_lock(e))
+	if (e->mode != FERRY_PROGRESS_MANUAL)
+		return 0;
+	if (unlikely(!poller_ok(e)))
+		return -EEXIST;
+	if (!progress_try_lock(e))
 		return 0;
 	n = reactor_run_once(e);
 	progress_unlock(e);

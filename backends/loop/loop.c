@@ -20,8 +20,8 @@
  * sender wakes it (ferry__backend_wake in ep_send).
  *
  * Direct delivery: a PUT of such an iovec to an engine that drives its own
- * progress (FERRY_PROGRESS_MANUAL), is not doing so at this moment, has
- * nothing in its inbox and a GET waiting for the key (into an iovec, or for
+ * progress (FERRY_PROGRESS_MANUAL; FERRY_ENGINE_SINGLE_POLLER: only on its
+ * poller's thread), is not doing so at this moment, has nothing in its inbox and a GET waiting for the key (into an iovec, or for
  * a buffer; keytable_maybe_waiting says whether to look), is delivered by
  * the sender's reactor itself, under the destination's progress lock (taken
  * with a try: never waited for), as the destination's round would (its
@@ -292,6 +292,17 @@ static void loop_unresolve(struct ferry_engine *e, struct backend *b, struct fer
 }
 
 /*
+ * May this thread take de's progress for the direct path? A SINGLE_POLLER
+ * engine's progress is its poller's alone (no lock guards it): only when
+ * the sender runs on that thread (engines of one thread, driven in turn).
+ */
+static inline bool drives_here(struct ferry_engine *de)
+{
+	return !de->single_poller ||
+	       atomic_load_explicit(&de->poller, memory_order_relaxed) == this_thread();
+}
+
+/*
  * Send PUT m (op's) to dst: the direct path (see the top) when it may be
  * taken, else into dst's inbox (a small PUT's data gathered into m then),
  * both inside one `senders` bracket. 1: delivered here, the PUT's result
@@ -311,7 +322,7 @@ static int ep_send_put(struct ferry_engine *e, struct loop_ep *self, struct loop
 	}
 	de = dst->engine;
 	if (m->inl && dst->manual && de != e && keytable_maybe_waiting(&de->keys) &&
-	    progress_try_lock(de)) {
+	    drives_here(de) && progress_try_lock(de)) {
 		/* Its inbox first (it may hold an earlier PUT of ours): then not here. */
 		if (!inbox_nonempty(dst)) {
 			const void *src = m->data;

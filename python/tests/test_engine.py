@@ -177,3 +177,37 @@ def test_tcp_peer_by_uri(ns):
         with pytest.raises(pyferry.FerryError) as ei:
             c.connect("other", "gopher://x")
         assert ei.value.errno in (errno.EPROTONOSUPPORT, errno.EINVAL)
+
+
+def test_single_poller(ns):
+    # single_poller: the first thread that drives the engine is the only one
+    # that may; another thread's call raises EEXIST; submitting stays free.
+    with pytest.raises(ValueError):
+        pyferry.Engine("sp-t", ns=ns, pool_size=1 << 20, single_poller=True)
+    with pyferry.Engine("sp", ns=ns, progress="manual", pool_size=1 << 20,
+                        single_poller=True) as m, \
+            pyferry.Engine("spt", ns=ns, pool_size=1 << 20) as t:
+        assert m.health()["pollers"] == "single"
+        assert t.health()["pollers"] == "any"
+        m.put("spt", "k", b"single", timeout=5)
+        with t.get("sp", "k", timeout=5) as b:
+            assert b.tobytes() == b"single"
+        errs = []
+
+        def other():
+            try:
+                m.progress()
+            except pyferry.FerryError as e:
+                errs.append(e.errno)
+
+        th = threading.Thread(target=other)
+        th.start()
+        th.join(10)
+        assert errs == [errno.EEXIST]
+        # a put into it lands while its poller's own get drives it
+        th = threading.Thread(target=t.put, args=("sp", "back", b"thread"),
+                              kwargs=dict(timeout=10))
+        th.start()
+        with m.get("spt", "back", timeout=10) as b:
+            assert b.tobytes() == b"thread"
+        th.join(10)

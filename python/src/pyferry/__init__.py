@@ -58,13 +58,20 @@ class Engine(_ferry.Engine):
     Engine(name, *, ns=None, progress="thread"|"manual", pool_size=0,
            listen=None, control=None, secret=None, max_keys=0, max_bufs=0,
            max_ops=0, heartbeat_ms=0, peer_timeout_ms=0, prefault=True,
-           rdma_listen=None, busy_poll=False)
+           rdma_listen=None, busy_poll=False, single_poller=False)
 
     busy_poll=True: its callers poll (or their waits rarely sleep): the
     busy path's fences cost nothing and each sleep pays with membarrier(2)
     instead (5-17 us on a virtual machine while the peer runs); where the
     kernel refuses membarrier it changes nothing. health()["fences"] says
     which ("membarrier" or "symmetric"). FERRY_ENGINE_BUSY_POLL in C.
+
+    single_poller=True (progress="manual" only; ValueError otherwise): one
+    thread drives the engine, the first that waits or polls on it (a put,
+    get, nop, progress() ...); those calls from any other thread raise
+    FerryError (errno EEXIST). Its rounds then take no lock and its
+    completions are taken without atomics. health()["pollers"] says
+    "single" (else "any"). FERRY_ENGINE_SINGLE_POLLER in C.
 
     rdma_listen: "rdma://ADDRESS:PORT" (an address of an RDMA device's
     interface; port 0: rdma_cm picks, see addresses()). Without an RDMA

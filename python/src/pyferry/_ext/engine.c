@@ -257,7 +257,7 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "name",      "ns",        "progress",  "pool_size",
 				  "listen",    "control",   "secret",    "max_keys",
 				  "max_bufs",  "max_ops",   "heartbeat_ms", "peer_timeout_ms",
-				  "prefault",  "rdma_listen", "busy_poll", NULL };
+				  "prefault",  "rdma_listen", "busy_poll", "single_poller", NULL };
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	const char *name, *ns = NULL, *listen = NULL, *control = NULL, *secret = NULL;
 	const char *rdma = NULL;
@@ -265,16 +265,16 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 	PyObject *progress = NULL;
 	Py_ssize_t pool_size = 0;
 	unsigned int max_keys = 0, max_bufs = 0, max_ops = 0, hb = 0, pto = 0;
-	int prefault = 1, busy_poll = 0, rc;
+	int prefault = 1, busy_poll = 0, single_poller = 0, rc;
 
 	if (self->e) {
 		PyErr_SetString(PyExc_RuntimeError, "Engine.__init__ called twice");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$zOnzzzIIIIIpOp", kwlist, &name, &ns,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|$zOnzzzIIIIIpOpp", kwlist, &name, &ns,
 					 &progress, &pool_size, &listen, &control, &secret,
 					 &max_keys, &max_bufs, &max_ops, &hb, &pto, &prefault, &rdma_o,
-					 &busy_poll))
+					 &busy_poll, &single_poller))
 		return -1;
 	if (rdma_o != Py_None) {
 		Py_ssize_t n;
@@ -304,6 +304,10 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 	}
 	if (pyf_progress_arg(progress, &p.progress))
 		return -1;
+	if (single_poller && p.progress != FERRY_PROGRESS_MANUAL) {
+		PyErr_SetString(PyExc_ValueError, "single_poller=True needs progress=\"manual\"");
+		return -1;
+	}
 	p.name = name;
 	p.ns = ns;
 	p.pool_size = (size_t)pool_size;
@@ -320,6 +324,8 @@ static int engine_init(pyf_engine *self, PyObject *args, PyObject *kw)
 		p.flags |= FERRY_ENGINE_NO_PREFAULT;
 	if (busy_poll)
 		p.flags |= FERRY_ENGINE_BUSY_POLL;
+	if (single_poller)
+		p.flags |= FERRY_ENGINE_SINGLE_POLLER;
 	Py_BEGIN_ALLOW_THREADS
 	rc = ferry_engine_create(&p, &self->e);
 	Py_END_ALLOW_THREADS
