@@ -458,6 +458,12 @@ static inline bool key_has_nul(const char *k, size_t n)
 	return ((w - ones) & ~w & highs) != 0;
 }
 
+/* A key as a transport read it from the wire: 1 to FERRY_KEY_MAX - 1 bytes, no NUL. */
+static inline bool wire_key_ok(const uint8_t *key, uint16_t key_len)
+{
+	return key_len > 0 && key_len < FERRY_KEY_MAX && !key_has_nul((const char *)key, key_len);
+}
+
 /*
  * Whether a[0..n) and b[0..n) are the same bytes (a key looked up against a
  * stored one): eight bytes at a time like key_has_nul, no call to memcmp.

@@ -665,10 +665,6 @@ void rdma_rx_unfilled(struct rdma_rx *r, int res)
 		r->state = RX_READY;
 }
 
-static bool key_ok(const uint8_t *key, uint16_t key_len)
-{
-	return key_len > 0 && key_len < FERRY_KEY_MAX && !memchr(key, '\0', key_len);
-}
 
 static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t *p,
 		       uint32_t n)
@@ -714,7 +710,7 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 	}
 	switch (h.type) {
 	case RM_EAGER:
-		if (!key_ok(body, h.key_len) || h.nseg || h.len > RDMA_EAGER_MAX ||
+		if (!wire_key_ok(body, h.key_len) || h.nseg || h.len > RDMA_EAGER_MAX ||
 		    blen != h.key_len + h.len) {
 			malformed(st, c, "bad eager PUT");
 			return;
@@ -732,7 +728,7 @@ static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t
 		uint64_t sum = 0;
 
 		/* (Small ones too: device memory is announced whatever its size.) */
-		if (!key_ok(body, h.key_len) || h.nseg == 0 || h.nseg > RDMA_MAX_SEG ||
+		if (!wire_key_ok(body, h.key_len) || h.nseg == 0 || h.nseg > RDMA_MAX_SEG ||
 		    blen != h.key_len + h.nseg * sizeof(struct rdma_seg_wire) || h.len == 0) {
 			malformed(st, c, "bad announcement");
 			return;

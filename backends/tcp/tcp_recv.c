@@ -71,13 +71,6 @@ static int deliver(struct tcp_state *st, struct tcp_link *l, const char *key, ui
 			    buf, len, flags);
 }
 
-static bool key_ok(const uint8_t *key, uint16_t key_len)
-{
-	if (key_len == 0 || key_len >= FERRY_KEY_MAX)
-		return false;
-	return !key_has_nul((const char *)key, key_len);
-}
-
 /* Try to give a waiting offer its block; then answer CTS. */
 static bool rx_try_mem(struct tcp_state *st, struct tcp_rx *r)
 {
@@ -188,7 +181,7 @@ static int take_put(struct tcp_state *st, struct tcp_conn *c, const struct tcp_f
 	}
 	if (avail < TCP_FRAME_BYTES + f->len)
 		return 0;
-	if (!key_ok(key, f->key_len)) {
+	if (!wire_key_ok(key, f->key_len)) {
 		*why = "bad key";
 		return -1;
 	}
@@ -235,7 +228,7 @@ static int take_rts(struct tcp_state *st, struct tcp_conn *c, const struct tcp_f
 	}
 	if (avail < TCP_FRAME_BYTES + f->len)
 		return 0;
-	if (!key_ok(key, f->key_len)) {
+	if (!wire_key_ok(key, f->key_len)) {
 		*why = "bad key";
 		return -1;
 	}
