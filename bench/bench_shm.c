@@ -15,7 +15,9 @@
  *               memcpy of every bandwidth size
  *   latency_64B one-way = RTT / 2 of a ping-pong between the two engines:
  *               A PUTs k_i to B, B GETs it and PUTs r_i back, A GETs r_i;
- *               busy (MANUAL, both callers spinning in ferry_cq_poll; and
+ *               busy (MANUAL, both callers spinning in ferry_cq_poll, with
+ *               default engines and with one-poller ones, SINGLE_POLLER |
+ *               BUSY_POLL, as UCX's single-thread worker; and
  *               THREAD with a spin that never ends, callbacks on the
  *               reactor) and adaptive (THREAD, default spin, a pause between
  *               round trips so that every thread sleeps)
@@ -127,6 +129,7 @@ struct cmd {
 	uint64_t pool;
 	uint64_t size;
 	int sleep_wait; /* C_OPEN, MANUAL: wait in ferry_cq_wait (spin, then sleep) */
+	uint32_t flags; /* C_OPEN: FERRY_ENGINE_* of this pair, besides --engine-flags */
 	char ns[32];
 };
 
@@ -223,8 +226,14 @@ static int pin_to(int cpu)
 /* Engines                                                             */
 /* ------------------------------------------------------------------ */
 
+/*
+ * The busy_manual_one_poller pair's flags: one polling thread per engine, no
+ * fence for sleepers (the promise a UCS_THREAD_MODE_SINGLE UCX worker makes).
+ */
+#define ONE_POLLER (FERRY_ENGINE_SINGLE_POLLER | FERRY_ENGINE_BUSY_POLL)
+
 static struct ferry_engine *engine(const char *ns, const char *name, int mode, uint64_t spin_ns,
-				   size_t pool)
+				   size_t pool, uint32_t flags)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_engine *e;
@@ -234,7 +243,7 @@ static struct ferry_engine *engine(const char *ns, const char *name, int mode, u
 	p.progress = (enum ferry_progress_mode)mode;
 	p.spin_ns = spin_ns;
 	p.pool_size = pool;
-	p.flags = opt.flags; /* --engine-flags: single_poller for MANUAL engines only */
+	p.flags = opt.flags | flags; /* --engine-flags: single_poller for MANUAL engines only */
 	if (mode != FERRY_PROGRESS_MANUAL)
 		p.flags &= ~FERRY_ENGINE_SINGLE_POLLER;
 	CHECK(ferry_engine_create(&p, &e));
@@ -585,7 +594,7 @@ static int child_main(void)
 			mode = c.mode;
 			/* "busy": MANUAL, or THREAD whose reactor never sleeps. */
 			busy = mode == FERRY_PROGRESS_MANUAL && !c.sleep_wait;
-			e = engine(c.ns, "b", mode, c.spin_ns, c.pool);
+			e = engine(c.ns, "b", mode, c.spin_ns, c.pool, c.flags);
 			reply(0, 0);
 			break;
 		case C_CLOSE:
@@ -718,20 +727,26 @@ struct pair {
 
 static int ns_seq;
 
-static void pair_open(struct pair *p, int mode, uint64_t spin_ns, size_t pool_a, size_t pool_b,
-		      bool busy)
+static void pair_open_flags(struct pair *p, int mode, uint64_t spin_ns, size_t pool_a,
+			    size_t pool_b, bool busy, uint32_t flags)
 {
 	struct cmd c = { .op = C_OPEN, .mode = mode, .spin_ns = spin_ns, .pool = pool_b,
-			 .sleep_wait = mode == FERRY_PROGRESS_MANUAL && !busy };
+			 .sleep_wait = mode == FERRY_PROGRESS_MANUAL && !busy, .flags = flags };
 
 	snprintf(c.ns, sizeof(c.ns), "bench_shm.%d", ns_seq++);
 	send_cmd(&c);
 	get_reply();
-	p->e = engine(c.ns, "a", mode, spin_ns, pool_a);
+	p->e = engine(c.ns, "a", mode, spin_ns, pool_a, flags);
 	p->to = peer(p->e, "b");
 	CHECK(ferry_sq_get(p->e, &p->sq));
 	p->mode = mode;
 	p->busy = busy;
+}
+
+static void pair_open(struct pair *p, int mode, uint64_t spin_ns, size_t pool_a, size_t pool_b,
+		      bool busy)
+{
+	pair_open_flags(p, mode, spin_ns, pool_a, pool_b, busy, 0);
 }
 
 static void pair_close(struct pair *p)
@@ -1264,6 +1279,8 @@ int main(int argc, char **argv)
 	struct big_result big_zc, big_copy, big_adapt;
 	struct ucx_result *ucx = calloc(1, sizeof(*ucx));
 	double busy_copy_p50[64] = { 0 }; /* per rep, when the UCX peers are interleaved */
+	double one_copy_p50[64] = { 0 };  /* the same, one poller */
+	struct lat_result l_one_copy, l_one_zc;
 	bool ucx_interleaved;
 	struct pair p;
 	uint64_t lat_n, adapt_n, spin_n, efd_n, pause_ns = 200000;
@@ -1360,7 +1377,7 @@ int main(int argc, char **argv)
 	progress("floors: shared cache-line ping-pong (%llu x %d), eventfd ping-pong (%llu x %d)",
 		 (unsigned long long)spin_n, opt.reps, (unsigned long long)efd_n, opt.reps);
 	memset(&f_spin, 0, sizeof(f_spin));
-	f_efd = f_efd_paused = l_man_copy = l_man_zc = l_thr_busy = l_thr_busy_zc = l_adapt = l_adapt_zc = l_adapt_small = l_adapt_man = l_adapt_man_zc = f_spin;
+	l_one_copy = l_one_zc = f_efd = f_efd_paused = l_man_copy = l_man_zc = l_thr_busy = l_thr_busy_zc = l_adapt = l_adapt_zc = l_adapt_small = l_adapt_man = l_adapt_man_zc = f_spin;
 	memset(&big_zc, 0, sizeof(big_zc));
 	big_copy = big_adapt = big_zc;
 	memset(bw, 0, sizeof(bw));
@@ -1386,6 +1403,10 @@ int main(int argc, char **argv)
 		l_man_copy = lat_bench(&p, 0, false, lat_n, 0);
 		l_man_zc = lat_bench(&p, 1, false, lat_n, 0);
 		pair_close(&p);
+		pair_open_flags(&p, FERRY_PROGRESS_MANUAL, 0, 16 * MIB, 16 * MIB, true, ONE_POLLER);
+		l_one_copy = lat_bench(&p, 0, false, lat_n, 0);
+		l_one_zc = lat_bench(&p, 1, false, lat_n, 0);
+		pair_close(&p);
 	} else if (want("busy")) {
 		/*
 		 * The UCX peers run after each rep (nothing of ours runs
@@ -1394,26 +1415,41 @@ int main(int argc, char **argv)
 		 * state; paired_vs_ucx holds the per-rep ratios.
 		 */
 		double c50[64], c99[64], z50[64], z99[64];
+		double oc50[64], oc99[64], oz50[64], oz99[64];
 
-		pair_open(&p, FERRY_PROGRESS_MANUAL, 0, 16 * MIB, 16 * MIB, true);
 		for (int r = 0; r < opt.reps; r++) {
-			struct lat_result c = lat_bench_reps(&p, 0, false, lat_n, 0, 1);
-			struct lat_result z = lat_bench_reps(&p, 1, false, lat_n, 0, 1);
+			struct lat_result c, z;
 
+			pair_open(&p, FERRY_PROGRESS_MANUAL, 0, 16 * MIB, 16 * MIB, true);
+			c = lat_bench_reps(&p, 0, false, lat_n, 0, 1);
+			z = lat_bench_reps(&p, 1, false, lat_n, 0, 1);
+			pair_close(&p);
 			c50[r] = c.p50.median, c99[r] = c.p99.median;
 			z50[r] = z.p50.median, z99[r] = z.p99.median;
-			progress("rep %d: MANUAL copy p50 %.0f ns; UCX peers (bench/peers_shm.sh)", r,
-				 c50[r]);
+			pair_open_flags(&p, FERRY_PROGRESS_MANUAL, 0, 16 * MIB, 16 * MIB, true,
+					ONE_POLLER);
+			c = lat_bench_reps(&p, 0, false, lat_n, 0, 1);
+			z = lat_bench_reps(&p, 1, false, lat_n, 0, 1);
+			pair_close(&p);
+			oc50[r] = c.p50.median, oc99[r] = c.p99.median;
+			oz50[r] = z.p50.median, oz99[r] = z.p99.median;
+			progress("rep %d: MANUAL copy p50 %.0f ns, one poller %.0f ns; UCX peers "
+				 "(bench/peers_shm.sh)", r, c50[r], oc50[r]);
 			ucx_run(ucx, 1);
 		}
-		pair_close(&p);
 		l_man_copy = lat_from(c50, c99, lat_n);
 		l_man_zc = lat_from(z50, z99, lat_n);
+		l_one_copy = lat_from(oc50, oc99, lat_n);
+		l_one_zc = lat_from(oz50, oz99, lat_n);
 		memcpy(busy_copy_p50, c50, sizeof(c50));
+		memcpy(one_copy_p50, oc50, sizeof(oc50));
 	}
 	progress("MANUAL one-way p50/p99: copy %.0f/%.0f ns, zero-copy %.0f/%.0f ns",
 		 l_man_copy.p50.median, l_man_copy.p99.median, l_man_zc.p50.median,
 		 l_man_zc.p99.median);
+	progress("MANUAL, one poller: copy %.0f/%.0f ns, zero-copy %.0f/%.0f ns",
+		 l_one_copy.p50.median, l_one_copy.p99.median, l_one_zc.p50.median,
+		 l_one_zc.p99.median);
 
 	progress("64 B ping-pong, THREAD spin_ns=10 s, callbacks on the reactors (%llu x %d)",
 		 (unsigned long long)lat_n, opt.reps);
@@ -1561,6 +1597,13 @@ int main(int argc, char **argv)
 	jlat("copy", &l_man_copy, NULL);
 	jlat("zero_copy", &l_man_zc, NULL);
 	jclose();
+	jopen("busy_manual_one_poller");
+	jstr("mode", "MANUAL with FERRY_ENGINE_SINGLE_POLLER | FERRY_ENGINE_BUSY_POLL (one "
+		     "polling thread per engine and no fence for sleepers: the promise "
+		     "ucx_perftest's UCS_THREAD_MODE_SINGLE worker makes), both callers spinning");
+	jlat("copy", &l_one_copy, NULL);
+	jlat("zero_copy", &l_one_zc, NULL);
+	jclose();
 	jopen("busy_thread");
 	jstr("mode", "THREAD, spin_ns = 10 s (reactors never sleep); the ping-pong runs in "
 		     "FERRY_SQE_CB_REACTOR callbacks on the reactor threads, main threads asleep");
@@ -1685,6 +1728,8 @@ int main(int argc, char **argv)
 			jfix("busy_manual_zero_copy_p50_vs_ucx_tag_lat_64B",
 			     l_man_zc.p50.median / ucx_lat64, 3);
 			jfix("busy_thread_copy_p50_vs_ucx_tag_lat_64B", l_thr_busy.p50.median / ucx_lat64, 3);
+			jfix("busy_one_poller_copy_p50_vs_ucx_tag_lat_64B",
+			     l_one_copy.p50.median / ucx_lat64, 3);
 		}
 		if (have_lat && ucx->n[0])
 			jfix("busy_manual_copy_p50_vs_ucx_tag_lat_8B",
@@ -1699,18 +1744,22 @@ int main(int argc, char **argv)
 		jclose();
 		if (have_lat && ucx_interleaved && ucx->n[1] == opt.reps) {
 			/* Rep r of ferry against the UCX run right after it. */
-			double ratio[64];
-			int better = 0;
+			double ratio[64], one[64];
+			int better = 0, one_better = 0;
 
 			for (int r = 0; r < opt.reps; r++) {
 				ratio[r] = busy_copy_p50[r] / (ucx->p50_us[1][r] * 1e3);
 				better += ratio[r] <= 1.0;
+				one[r] = one_copy_p50[r] / (ucx->p50_us[1][r] * 1e3);
+				one_better += one[r] <= 1.0;
 			}
 			jopen("paired_vs_ucx");
-			jstr("measures", "per rep: ferry MANUAL copy p50 / the UCX tag_lat 64 B p50 "
-				 "run right after it");
+			jstr("measures", "per rep: ferry MANUAL copy p50 (default, and one poller) / "
+				 "the UCX tag_lat 64 B p50 run right after it");
 			jstat("busy_manual_copy_p50_vs_ucx_tag_lat_64B", stat_of(ratio, opt.reps), 3);
 			jnum("reps_ferry_as_fast_or_faster", better);
+			jstat("busy_one_poller_copy_p50_vs_ucx_tag_lat_64B", stat_of(one, opt.reps), 3);
+			jnum("reps_one_poller_as_fast_or_faster", one_better);
 			jnum("reps", opt.reps);
 			jclose();
 		}

@@ -44,6 +44,12 @@ def main():
               f"MANUAL copy ping-pong): ferry / UCX {x['median']:.2f} [{x['min']:.2f}–"
               f"{x['max']:.2f}]; ferry as fast or faster in {pv['reps_ferry_as_fast_or_faster']} "
               f"of {pv['reps']} reps.")
+        o = pv.get("busy_one_poller_copy_p50_vs_ucx_tag_lat_64B")
+        if o:
+            print(f"With one poller (`FERRY_ENGINE_SINGLE_POLLER | FERRY_ENGINE_BUSY_POLL`, the "
+                  f"promise of UCX's single-thread worker): {o['median']:.2f} [{o['min']:.2f}–"
+                  f"{o['max']:.2f}]; as fast or faster in "
+                  f"{pv['reps_one_poller_as_fast_or_faster']} of {pv['reps']} reps.")
 
     fl, l = r["floor"], r["latency_64B"]
     u64 = med(ucx["tag_lat_64B"]["p50_us"]) * 1000 if ucx else None
@@ -57,7 +63,11 @@ def main():
             x = ucx[k]["p50_us"]
             print(f"| UCX shm `{k.replace('_64B', '').replace('_8B', '')}` {k.split('_')[-1]} | "
                   f"{med(x) * 1000:.0f} ns [{x['min'] * 1000:.0f}–{x['max'] * 1000:.0f}] | | |")
-    for key, name in (("busy_manual", "busy, MANUAL"), ("busy_thread", "busy, THREAD + reactor callbacks")):
+    for key, name in (("busy_manual", "busy, MANUAL"),
+                      ("busy_manual_one_poller", "busy, MANUAL, one poller"),
+                      ("busy_thread", "busy, THREAD + reactor callbacks")):
+        if key not in l:
+            continue  # a run before the one-poller row
         for v in ("copy", "zero_copy"):
             p50, p99 = lat(l[key][v])
             ratio = f"{med(l[key][v]['one_way_p50_ns']) / u64:.2f} × UCX" if u64 else ""
