@@ -266,14 +266,20 @@ struct ferry_engine_params {
 /*
  * MANUAL mode only (-EINVAL with THREAD): one thread drives the engine. The
  * first thread that calls ferry_cq_poll, ferry_cq_wait, ferry_cq_arm or
- * ferry_progress on it (any of its CQs) becomes its poller, for the
- * engine's life; the same calls from any other thread fail with -EEXIST
- * (logged once) and change nothing. In return the poller's rounds take no
- * lock and its CQs are reaped without a compare-and-swap per completion or
- * fences toward other waiters (there are none): with FERRY_ENGINE_BUSY_POLL
- * too, a busy shm round trip executes no locked instruction. Any thread may
- * still submit, allocate buffers, wake a CQ (ferry_cq_wake) and destroy the
- * engine once its poller stopped. docs/design.md §5.
+ * ferry_progress on it (any of its CQs) becomes its poller; while that
+ * thread lives, the same calls from any other thread fail with -EPERM
+ * (logged once) and change nothing (a thread created after the poller
+ * exited may be taken for it: the identity is the thread pointer, which the
+ * C library reuses). ferry_engine_claim_poller claims it beforehand (or
+ * says that the calling thread may not). Submit on the poller's thread too, or from a thread
+ * that never waits for the op: a wait there fails while the op stays in
+ * flight. In return the poller's rounds take no lock and its CQs are
+ * reaped without a compare-and-swap per completion or fences toward other
+ * waiters (there are none): with FERRY_ENGINE_BUSY_POLL too, a busy shm
+ * round trip executes no locked instruction. Any thread may still submit,
+ * allocate buffers, wake a CQ (ferry_cq_wake) and destroy the engine once
+ * its poller stopped (joined, or handed over with its own synchronization).
+ * docs/design.md §5.
  */
 #define FERRY_ENGINE_SINGLE_POLLER (1u << 2)
 
@@ -316,12 +322,25 @@ FERRY_API const char *ferry_engine_ns(const struct ferry_engine *e);
 /*
  * Drive progress (MANUAL mode): drain submission queues, run transports,
  * fire deadlines, post completions. Never blocks. Returns the number of
- * events handled (0 if there was nothing to do), or -EINVAL. In THREAD mode
- * it does nothing and returns 0. Safe from several threads: only one makes
- * progress at a time, the others return 0 at once (a FERRY_ENGINE_SINGLE_POLLER
- * engine: its poller only; -EEXIST from any other thread).
+ * events handled (0 if there was nothing to do), -EINVAL, or -EPERM (a
+ * FERRY_ENGINE_SINGLE_POLLER engine, called from a thread not its poller).
+ * In THREAD mode it does nothing and returns 0. Safe from several threads:
+ * only one makes progress at a time, the others return 0 at once (a
+ * FERRY_ENGINE_SINGLE_POLLER engine: its poller only).
  */
 FERRY_API int ferry_progress(struct ferry_engine *e);
+
+/*
+ * Make the calling thread e's poller if e is a FERRY_ENGINE_SINGLE_POLLER
+ * engine without one yet, as its first ferry_cq_poll, ferry_cq_wait,
+ * ferry_cq_arm or ferry_progress would. 0 when the calling thread may make
+ * those calls (always, for an engine without the flag); -EPERM when
+ * another thread is its poller (not logged); -EINVAL for NULL. For a
+ * binding or a library that submits on the caller's behalf and then waits:
+ * claim first, so that a refused wait never leaves an op in flight behind
+ * it. Any thread.
+ */
+FERRY_API int ferry_engine_claim_poller(struct ferry_engine *e);
 
 /*
  * Health and metrics as one JSON object (ops submitted/completed/failed,
@@ -650,7 +669,7 @@ FERRY_API struct ferry_cq *ferry_cq_default(struct ferry_engine *e);
  * reactor thread parks under a lease each empty poll renews, and wakes
  * when the polls stop (within 200 us; health ops.poll_leases counts those
  * sleeps). Safe from several threads (a FERRY_ENGINE_SINGLE_POLLER engine's
- * CQs: its poller only; -EEXIST from any other thread).
+ * CQs: its poller only; -EPERM from any other thread).
  */
 FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max);
 
@@ -660,7 +679,7 @@ FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigne
  * Returns the number of CQEs written (0 when only callbacks ran), or
  * -ETIMEDOUT, -EINVAL, or -EINTR (woken by ferry_cq_wake). Any thread,
  * several at once (a FERRY_ENGINE_SINGLE_POLLER engine's CQs: its poller
- * only; -EEXIST from any other thread), but not from a callback; it blocks: a binding releases
+ * only; -EPERM from any other thread), but not from a callback; it blocks: a binding releases
  * its interpreter lock around it.
  */
 FERRY_API int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
@@ -684,8 +703,8 @@ FERRY_API int ferry_cq_wake(struct ferry_cq *cq);
  * with EINTR: go round the loop. Sleeping on it while other threads drive
  * the same MANUAL engine is not supported: use THREAD mode for that.
  * ferry_cq_fd: any thread. ferry_cq_arm: the thread that polls the CQ and
- * then sleeps on the fd (the protocol is that thread's; -EEXIST from any
- * thread but a FERRY_ENGINE_SINGLE_POLLER engine's poller).
+ * then sleeps on the fd (the protocol is that thread's; on a
+ * FERRY_ENGINE_SINGLE_POLLER engine -EPERM from any thread but its poller).
  */
 FERRY_API int ferry_cq_fd(struct ferry_cq *cq);
 FERRY_API int ferry_cq_arm(struct ferry_cq *cq);

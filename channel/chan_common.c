@@ -85,6 +85,16 @@ int chan_name_ok(const char *name)
 	return 1;
 }
 
+int chan_claim(struct ferry_engine *e, const char *who)
+{
+	int rc = ferry_engine_claim_poller(e);
+
+	if (rc)
+		ferry_log(FERRY_LOG_ERROR, "%s: engine %s is FERRY_ENGINE_SINGLE_POLLER and another "
+			  "thread polls it: -EPERM", who, ferry_engine_name(e));
+	return rc;
+}
+
 struct ferry_sqe *chan_sqe(struct ferry_engine *e, struct ferry_sq **sq)
 {
 	struct ferry_sqe *sqe;

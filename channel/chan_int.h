@@ -62,6 +62,12 @@ int64_t chan_now(void);
 uint64_t chan_host_id(void);
 /* A name of [A-Za-z0-9._-], 1..FERRY_CHAN_NAME_MAX-1 bytes. */
 int chan_name_ok(const char *name);
+/*
+ * May this thread drive e (a FERRY_ENGINE_SINGLE_POLLER engine: its poller,
+ * claimed now if it has none)? 0, or -EPERM, logged as who's. Every public
+ * call that polls or waits asks first, so none is refused halfway.
+ */
+int chan_claim(struct ferry_engine *e, const char *who);
 /* Take an SQE of e's queue of this thread, submitting and retrying while full (bounded). */
 struct ferry_sqe *chan_sqe(struct ferry_engine *e, struct ferry_sq **sq);
 /* Wait for one CQE on cq until the absolute deadline (< 0: forever): 1, 0 (timed out), < 0. */

@@ -138,6 +138,8 @@ int chan_reader_open(struct ferry_engine *e, const char *handle,
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_open: NULL argument or bad params");
 		return -EINVAL;
 	}
+	if ((rc = chan_claim(e, "ferry_chan_open")))
+		return rc;
 	if (!p)
 		p = &defaults;
 	rc = chan_handle_parse(handle, &h);
@@ -261,6 +263,8 @@ int ferry_chan_reader_wait_ready(struct ferry_chan_reader *r, int64_t timeout_ns
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_reader_wait_ready: NULL reader");
 		return -EINVAL;
 	}
+	if ((rc = chan_claim(r->e, "ferry_chan_reader_wait_ready")))
+		return rc;
 	rc = ctl_drain(r, chan_deadline(timeout_ns), attached);
 	return rc ? rc : r->attach_rc;
 }
@@ -274,6 +278,8 @@ static int64_t next_msg(struct ferry_chan_reader *r, int64_t timeout_ns, struct 
 			  "to a CQ of the caller" : "NULL reader");
 		return -EINVAL;
 	}
+	if (chan_claim(r->e, "ferry_chan_dequeue"))
+		return -EPERM;
 	if (r->ended)
 		return r->ended;
 	ctl_drain(r, 0, NULL);
@@ -362,6 +368,8 @@ int ferry_chan_reader_close(struct ferry_chan_reader *r)
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_reader_close: NULL reader");
 		return -EINVAL;
 	}
+	if (chan_claim(r->e, "ferry_chan_reader_close"))
+		return -EPERM; /* nothing done: close it on the engine's poller thread */
 	ctl_drain(r, chan_deadline(CHAN_CLOSE_NS), attached);
 	if (r->attach_rc == 0 && (sqe = chan_sqe(r->e, &r->sq))) {
 		/* The END of its attach stream tells the writer it left. */

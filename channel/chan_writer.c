@@ -357,6 +357,8 @@ static int create(struct ferry_engine *e, const char *name, const struct ferry_c
 			  FERRY_CHAN_READERS_MAX, CHAN_MAX_OUTSTANDING);
 		return -EINVAL;
 	}
+	if ((rc = chan_claim(e, "ferry_chan_create")))
+		return rc;
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return -ENOMEM;
@@ -471,6 +473,8 @@ int ferry_chan_wait_ready(struct ferry_chan_writer *w, int64_t timeout_ns)
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_wait_ready: NULL writer");
 		return -EINVAL;
 	}
+	if (chan_claim(w->e, "ferry_chan_wait_ready"))
+		return -EPERM;
 	return drain(w, chan_deadline(timeout_ns), is_ready);
 }
 
@@ -526,6 +530,8 @@ static int64_t write_check(struct ferry_chan_writer *w, const char *who)
 		ferry_log(FERRY_LOG_ERROR, "%s: NULL writer", who);
 		return -EINVAL;
 	}
+	if (chan_claim(w->e, who))
+		return -EPERM;
 	drain(w, 0, NULL);
 	if (!w->ready || w->closing) {
 		ferry_log(FERRY_LOG_INFO, "channel %s: write before the barrier (%u of %u attached)",
@@ -590,6 +596,8 @@ int ferry_chan_flush(struct ferry_chan_writer *w, int64_t timeout_ns)
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_flush: NULL writer");
 		return -EINVAL;
 	}
+	if (chan_claim(w->e, "ferry_chan_flush"))
+		return -EPERM;
 	return drain(w, chan_deadline(timeout_ns), all_out);
 }
 
@@ -599,6 +607,8 @@ int ferry_chan_stats(struct ferry_chan_writer *w, struct ferry_chan_stats *st)
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_stats: NULL argument");
 		return -EINVAL;
 	}
+	if (chan_claim(w->e, "ferry_chan_stats"))
+		return -EPERM;
 	drain(w, 0, NULL);
 	*st = w->st;
 	st->outstanding = w->next_seq - w->low;
@@ -616,6 +626,8 @@ int ferry_chan_close(struct ferry_chan_writer *w)
 		ferry_log(FERRY_LOG_ERROR, "ferry_chan_close: NULL writer");
 		return -EINVAL;
 	}
+	if (chan_claim(w->e, "ferry_chan_close"))
+		return -EPERM; /* nothing done: close it on the engine's poller thread */
 	drain(w, deadline, all_out);
 	w->closing = true;
 	for (i = 0; i < w->nslots; i++) {

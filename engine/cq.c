@@ -326,8 +326,25 @@ bool poller_claim(struct ferry_engine *e)
 		return true;
 	if (atomic_fetch_add(&e->poller_refusals, 1) == 0)
 		log_error("engine %s: polled from a thread that is not its poller "
-			  "(FERRY_ENGINE_SINGLE_POLLER): -EEXIST", e->name);
+			  "(FERRY_ENGINE_SINGLE_POLLER): -EPERM", e->name);
 	return false;
+}
+
+int ferry_engine_claim_poller(struct ferry_engine *e)
+{
+	uintptr_t self, none = 0;
+
+	if (!e) {
+		log_error("ferry_engine_claim_poller: NULL engine");
+		return -EINVAL;
+	}
+	if (!e->single_poller)
+		return 0;
+	self = this_thread();
+	if (atomic_load_explicit(&e->poller, memory_order_relaxed) == self ||
+	    atomic_compare_exchange_strong(&e->poller, &none, self) || none == self)
+		return 0;
+	return -EPERM;
 }
 
 /* MANUAL mode: a round, unless another thread drives progress now. */
@@ -342,7 +359,7 @@ static void manual_round(struct ferry_engine *e)
 /*
  * ferry_cq_poll on a SINGLE_POLLER engine's CQ: its poller's round (unless
  * one of its own is under way: a callback polls) and reap, neither of
- * which another thread can enter; -EEXIST from any other thread.
+ * which another thread can enter; -EPERM from any other thread.
  */
 static __attribute__((noinline)) int poll_single(struct ferry_cq *cq, struct ferry_cqe *cqes,
 						 unsigned max)
@@ -351,7 +368,7 @@ static __attribute__((noinline)) int poll_single(struct ferry_cq *cq, struct fer
 	unsigned handled;
 
 	if (unlikely(!poller_ok(e)))
-		return -EEXIST;
+		return -EPERM;
 	if (!atomic_load_explicit(&e->progress_busy, memory_order_relaxed)) {
 		atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
 		reactor_run_once(e);
@@ -421,7 +438,7 @@ int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, int
 	}
 	e = cq->engine;
 	if (e->mode == FERRY_PROGRESS_MANUAL && unlikely(!poller_ok(e)))
-		return -EEXIST;
+		return -EPERM;
 	/* A wake that found nobody waiting is kept for the next wait. */
 	intr = atomic_load(&cq->interrupts_seen);
 	start = ferry__now_ns();
@@ -533,7 +550,7 @@ int ferry_cq_arm(struct ferry_cq *cq)
 		int rc;
 
 		if (unlikely(!poller_ok(e)))
-			return -EEXIST;
+			return -EPERM;
 		if (!progress_try_lock(e))
 			return -EBUSY;
 		reactor_run_once(e);

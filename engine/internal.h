@@ -967,8 +967,12 @@ static inline bool progress_try_lock_shared(struct ferry_engine *e)
 static inline bool progress_try_lock(struct ferry_engine *e)
 {
 	if (e->single_poller) {
-		/* Only its poller takes it (poller_ok; destroy once it stopped): no exchange. */
-		if (atomic_load_explicit(&e->progress_busy, memory_order_relaxed))
+		/*
+		 * Only its poller takes it (poller_ok; destroy once it stopped): no
+		 * exchange. Acquire: a destroying thread still pairs with the
+		 * poller's last release (as the exchange did).
+		 */
+		if (atomic_load_explicit(&e->progress_busy, memory_order_acquire))
 			return false; /* a round of its own under way: a callback polls */
 		atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
 		return true;
@@ -1009,7 +1013,7 @@ static inline uintptr_t this_thread(void)
 /*
  * May the calling thread poll e, wait on its CQs or drive its progress?
  * Always, but on a FERRY_ENGINE_SINGLE_POLLER engine only its poller (the
- * first thread to ask); the callers answer -EEXIST otherwise. MANUAL mode.
+ * first thread to ask); the callers answer -EPERM otherwise. MANUAL mode.
  */
 static inline bool poller_ok(struct ferry_engine *e)
 {

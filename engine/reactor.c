@@ -1655,7 +1655,7 @@ int ferry_progress(struct ferry_engine *e)
 	if (e->mode != FERRY_PROGRESS_MANUAL)
 		return 0;
 	if (unlikely(!poller_ok(e)))
-		return -EEXIST;
+		return -EPERM;
 	if (!progress_try_lock(e))
 		return 0;
 	n = reactor_run_once(e);

@@ -729,6 +729,59 @@ static void test_bad_input(void **state)
 	ferry_engine_destroy(e);
 }
 
+struct other_calls {
+	struct ferry_chan_writer *w;
+	int wait_ready, flush, close;
+	int64_t write;
+};
+
+static void *calls_elsewhere(void *arg)
+{
+	struct other_calls *o = arg;
+	struct iovec iov = { (void *)"x", 1 };
+
+	o->wait_ready = ferry_chan_wait_ready(o->w, 0);
+	o->write = ferry_chan_write(o->w, &iov, 1, 0);
+	o->flush = ferry_chan_flush(o->w, 0);
+	o->close = ferry_chan_close(o->w);
+	return NULL;
+}
+
+/*
+ * A FERRY_ENGINE_SINGLE_POLLER engine: its channel calls are its poller's;
+ * from another thread they return -EPERM having done nothing (a close
+ * there leaves the writer whole, to be closed on the poller's thread).
+ */
+static void test_single_poller_engine(void **state)
+{
+	struct ferry_engine_params ep = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_chan_params p = FERRY_CHAN_PARAMS_INIT;
+	struct other_calls o = { 0 };
+	struct ferry_engine *e = NULL;
+	pthread_t t;
+
+	(void)state;
+	ferry_log_set(-1, NULL, NULL);
+	ep.name = "sp-writer";
+	ep.ns = "test";
+	ep.progress = FERRY_PROGRESS_MANUAL;
+	ep.pool_size = 4u << 20;
+	ep.flags = FERRY_ENGINE_SINGLE_POLLER;
+	assert_int_equal(ferry_engine_create(&ep, &e), 0);
+	p.readers = 1;
+	assert_int_equal(ferry_chan_create(e, "bus", &p, &o.w), 0); /* this thread: the poller */
+	assert_int_equal(pthread_create(&t, NULL, calls_elsewhere, &o), 0);
+	pthread_join(t, NULL);
+	assert_int_equal(o.wait_ready, -EPERM);
+	assert_int_equal(o.write, -EPERM);
+	assert_int_equal(o.flush, -EPERM);
+	assert_int_equal(o.close, -EPERM);
+	assert_int_equal(ferry_chan_wait_ready(o.w, 0), -ETIMEDOUT); /* no reader came */
+	assert_int_equal(ferry_chan_close(o.w), 0);
+	assert_int_equal(t_health_num(e, "\"ops\":{", "in_flight"), 0);
+	ferry_engine_destroy(e);
+}
+
 static int setup(void **state)
 {
 	(void)state;
@@ -742,6 +795,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_bad_input, setup),
+		cmocka_unit_test_setup(test_single_poller_engine, setup),
 		cmocka_unit_test_setup(test_reader_cq, setup),
 		cmocka_unit_test_setup(test_fanout_1, setup),
 		cmocka_unit_test_setup(test_fanout_4, setup),

@@ -2,7 +2,8 @@
  * tests/test_single_poller.c - FERRY_ENGINE_SINGLE_POLLER: a MANUAL engine
  * driven by one thread. The first thread that polls, waits, arms or drives
  * progress becomes the engine's poller; the same calls from any other
- * thread fail with -EEXIST (logged once) and change nothing; any thread
+ * thread fail with -EPERM (logged once) and change nothing
+ * (ferry_engine_claim_poller claims or refuses beforehand); any thread
  * still submits. The poller's rounds take no lock and its CQs are reaped
  * without a compare-and-swap (engine/cq.c), so: transfers, callbacks, a
  * full CQ's overflow, waits, the fd protocol and re-entry from a callback
@@ -78,17 +79,43 @@ static void test_needs_manual(void **state)
 	ferry_engine_destroy(d);
 }
 
-static atomic_int cb_ran;
+static atomic_int cb_ran, cb_nested_cqes;
 static struct ferry_cq *cb_cq;
+static uint64_t cb_rounds_seen;
 
-/* A callback that polls its own CQ: no round (one is under way), no CQE lost. */
+/*
+ * A callback that polls its own CQ from the reap (after the round: the
+ * nested poll runs a round of its own): the CQEs it takes count, none lost.
+ */
 static void reentrant_cb(const struct ferry_cqe *c, void *arg)
 {
 	struct ferry_cqe more[4];
+	int n;
 
 	(void)arg;
 	assert_int_equal(c->res, 0);
-	assert_true(ferry_cq_poll(cb_cq, more, 0) == 0);
+	n = ferry_cq_poll(cb_cq, more, 4);
+	assert_true(n >= 0);
+	for (int i = 0; i < n; i++)
+		assert_int_equal(more[i].user_data, 200);
+	atomic_fetch_add(&cb_nested_cqes, n);
+	atomic_fetch_add(&cb_ran, 1);
+}
+
+/*
+ * A reactor callback runs inside the round (MANUAL mode): the progress
+ * flag keeps its polls from running a round inside the round.
+ */
+static void in_round_cb(const struct ferry_cqe *c, void *arg)
+{
+	struct ferry_engine *e = arg;
+	uint64_t rounds = atomic_load(&e->rounds);
+	struct ferry_cqe more[4];
+
+	assert_int_equal(c->res, 0);
+	assert_int_equal(ferry_progress(e), 0);
+	assert_true(ferry_cq_poll(cb_cq, more, 4) >= 0);
+	cb_rounds_seen = atomic_load(&e->rounds) - rounds;
 	atomic_fetch_add(&cb_ran, 1);
 }
 
@@ -135,19 +162,48 @@ static void test_transfers_overflow_waits(void **state)
 		got += (unsigned)n;
 		assert_true(t_now() < end);
 	}
-	/* Callbacks, one polling its own CQ from inside the round's reap. */
+	/* Callbacks polling their own CQ from the reap: plain NOPs they take count once. */
 	cb_cq = ferry_cq_default(a);
 	for (unsigned i = 0; i < 8; i++) {
 		struct ferry_sqe *sqe = t_sqe(a);
 
 		ferry_prep_nop(sqe, 100 + i);
 		ferry_sqe_set_callback(sqe, reentrant_cb, NULL);
+		ferry_prep_nop(t_sqe(a), 200);
 	}
 	t_submit(a);
-	end = t_now() + 5 * SEC;
-	while (atomic_load(&cb_ran) < 8 && t_now() < end)
-		assert_true(ferry_cq_poll(cb_cq, c, 8) >= 0);
-	assert_int_equal(atomic_load(&cb_ran), 8);
+	{
+		int plain = 0;
+
+		end = t_now() + 5 * SEC;
+		while ((atomic_load(&cb_ran) < 8 || plain + atomic_load(&cb_nested_cqes) < 8) &&
+		       t_now() < end) {
+			int n = ferry_cq_poll(cb_cq, c, 8);
+
+			assert_true(n >= 0);
+			for (int k = 0; k < n; k++)
+				assert_int_equal(c[k].user_data, 200);
+			plain += n;
+		}
+		assert_int_equal(atomic_load(&cb_ran), 8);
+		assert_int_equal(plain + atomic_load(&cb_nested_cqes), 8);
+		assert_int_equal(ferry_cq_poll(cb_cq, c, 8), 0);
+	}
+	/* A reactor callback (inside the round) that polls and drives: no nested round. */
+	{
+		struct ferry_sqe *sqe = t_sqe(a);
+
+		atomic_store(&cb_ran, 0);
+		ferry_prep_nop(sqe, 300);
+		ferry_sqe_set_callback(sqe, in_round_cb, a);
+		ferry_sqe_set_flags(sqe, FERRY_SQE_CB_REACTOR);
+		t_submit(a);
+		end = t_now() + 5 * SEC;
+		while (atomic_load(&cb_ran) < 1 && t_now() < end)
+			assert_true(ferry_cq_poll(cb_cq, c, 8) >= 0);
+		assert_int_equal(atomic_load(&cb_ran), 1);
+		assert_int_equal(cb_rounds_seen, 0);
+	}
 	/* A wait with nothing coming times out; with a NOP, returns it. */
 	assert_int_equal(ferry_cq_wait(ferry_cq_default(a), c, 1, 5 * MS), -ETIMEDOUT);
 	ferry_prep_nop(t_sqe(a), 77);
@@ -160,7 +216,7 @@ static void test_transfers_overflow_waits(void **state)
 
 struct other {
 	struct ferry_engine *e;
-	int poll, wait, progress, arm;
+	int poll, wait, progress, arm, claim;
 	struct t_gate go, done;
 };
 
@@ -176,6 +232,7 @@ static void *other_thread(void *arg)
 	o->wait = ferry_cq_wait(ferry_cq_default(o->e), &c, 1, 1 * MS);
 	o->progress = ferry_progress(o->e);
 	o->arm = ferry_cq_arm(ferry_cq_default(o->e));
+	o->claim = ferry_engine_claim_poller(o->e);
 	/* Submitting is any thread's: a NOP from here completes for the poller. */
 	ferry_prep_nop(t_sqe(o->e), 55);
 	t_submit(o->e);
@@ -195,18 +252,28 @@ static void test_other_thread_refused(void **state)
 	t_gate_init(&o.done);
 	t_log_capture(FERRY_LOG_ERROR);
 	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), &c, 1), 0); /* this thread: the poller */
+	/* A CQE waiting in the CQ: the refused calls must leave it there. */
+	ferry_prep_nop(t_sqe(e), 44);
+	t_submit(e);
+	assert_true(ferry_progress(e) > 0);
+	assert_true(cq_has_entries(ferry_cq_default(e)));
 	assert_int_equal(pthread_create(&t, NULL, other_thread, &o), 0);
 	t_gate_open(&o.go);
 	assert_int_equal(t_gate_wait(&o.done, 10000), 0);
 	pthread_join(t, NULL);
-	assert_int_equal(o.poll, -EEXIST);
-	assert_int_equal(o.wait, -EEXIST);
-	assert_int_equal(o.progress, -EEXIST);
-	assert_int_equal(o.arm, -EEXIST);
+	assert_int_equal(o.poll, -EPERM);
+	assert_int_equal(o.wait, -EPERM);
+	assert_int_equal(o.progress, -EPERM);
+	assert_int_equal(o.arm, -EPERM);
+	assert_int_equal(o.claim, -EPERM);
 	assert_true(t_log_seen(FERRY_LOG_ERROR, "sp-refuse", "FERRY_ENGINE_SINGLE_POLLER"));
+	assert_int_equal(ferry_engine_claim_poller(e), 0);
+	c = poll_one(e, NULL);
+	assert_int_equal(c.user_data, 44); /* still there, once */
 	c = poll_one(e, NULL);
 	assert_int_equal(c.user_data, 55);
 	assert_int_equal(c.res, 0);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), &c, 1), 0);
 	ferry_engine_destroy(e);
 	t_gate_close(&o.go);
 	t_gate_close(&o.done);
@@ -232,9 +299,41 @@ static void test_first_thread_wins(void **state)
 	assert_int_equal(pthread_create(&t, NULL, first_poller, e), 0);
 	pthread_join(t, &rc);
 	assert_int_equal((intptr_t)rc, 0);
-	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), &c, 1), -EEXIST);
-	assert_int_equal(ferry_progress(e), -EEXIST);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), &c, 1), -EPERM);
+	assert_int_equal(ferry_progress(e), -EPERM);
+	assert_int_equal(ferry_engine_claim_poller(e), -EPERM);
 	ferry_engine_destroy(e); /* any thread, once its poller stopped */
+}
+
+/* A claim makes the poller (nothing polled yet); a default engine: any thread may. */
+static void *claim_only(void *arg)
+{
+	return (void *)(intptr_t)ferry_engine_claim_poller(arg);
+}
+
+static void test_claim(void **state)
+{
+	struct ferry_engine *e = sp_engine("sp-claim", 0);
+	struct ferry_engine *d = t_engine("sp-claim-d", FERRY_PROGRESS_MANUAL, 0);
+	struct ferry_cqe c;
+	pthread_t t;
+	void *rc;
+
+	(void)state;
+	ferry_log_set(-1, NULL, NULL);
+	assert_int_equal(ferry_engine_claim_poller(NULL), -EINVAL);
+	assert_int_equal(pthread_create(&t, NULL, claim_only, e), 0);
+	pthread_join(t, &rc);
+	assert_int_equal((intptr_t)rc, 0);
+	assert_int_equal(ferry_engine_claim_poller(e), -EPERM);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(e), &c, 1), -EPERM);
+	assert_int_equal(pthread_create(&t, NULL, claim_only, d), 0);
+	pthread_join(t, &rc);
+	assert_int_equal((intptr_t)rc, 0);
+	assert_int_equal(ferry_engine_claim_poller(d), 0);
+	assert_int_equal(ferry_cq_poll(ferry_cq_default(d), &c, 1), 0);
+	ferry_engine_destroy(e);
+	ferry_engine_destroy(d);
 }
 
 /* ------------------------------------------------------------------ */
@@ -400,6 +499,7 @@ int main(void)
 		cmocka_unit_test(test_transfers_overflow_waits),
 		cmocka_unit_test(test_other_thread_refused),
 		cmocka_unit_test(test_first_thread_wins),
+		cmocka_unit_test(test_claim),
 		cmocka_unit_test(test_no_direct_delivery_from_another_thread),
 		cmocka_unit_test(test_direct_delivery_on_the_pollers_thread),
 		cmocka_unit_test(test_fd_protocol),

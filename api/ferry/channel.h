@@ -37,7 +37,11 @@
  * Threads: a writer or reader object is used by one thread at a time (the
  * thread that calls it; calls on two objects, also of one engine, may run
  * at once). Callbacks (on_event) run inside the writer's calls, on their
- * thread. The engine may be in THREAD or MANUAL mode.
+ * thread. The engine may be in THREAD or MANUAL mode. A
+ * FERRY_ENGINE_SINGLE_POLLER engine's channels are its poller's: from any
+ * other thread every call here that polls or waits (all but
+ * ferry_chan_handle and ferry_chan_reader_cq) returns -EPERM, logged, having
+ * done nothing (a close too: close on the poller's thread).
  */
 #ifndef FERRY_CHANNEL_H
 #define FERRY_CHANNEL_H

@@ -181,7 +181,7 @@ def test_tcp_peer_by_uri(ns):
 
 def test_single_poller(ns):
     # single_poller: the first thread that drives the engine is the only one
-    # that may; another thread's call raises EEXIST; submitting stays free.
+    # that may; another thread's call raises EPERM; submitting stays free.
     with pytest.raises(ValueError):
         pyferry.Engine("sp-t", ns=ns, pool_size=1 << 20, single_poller=True)
     with pyferry.Engine("sp", ns=ns, progress="manual", pool_size=1 << 20,
@@ -203,7 +203,29 @@ def test_single_poller(ns):
         th = threading.Thread(target=other)
         th.start()
         th.join(10)
-        assert errs == [errno.EEXIST]
+        assert errs == [errno.EPERM]
+        # put and get from another thread: refused before anything is submitted
+        got = []
+
+        def other_ops():
+            buf = bytearray(6)
+            for call in (lambda: m.put("spt", "x", b"nope", timeout=1),
+                         lambda: m.get("spt", "k2", into=buf, timeout=1),
+                         lambda: m.nop()):
+                try:
+                    call()
+                except pyferry.FerryError as e:
+                    got.append(e.errno)
+
+        submitted = m.health()["ops"]["submitted"]
+        th = threading.Thread(target=other_ops)
+        th.start()
+        th.join(10)
+        assert got == [errno.EPERM] * 3
+        for _ in range(10):
+            m.progress()  # nothing of theirs was left queued for the poller to take
+        assert m.health()["ops"]["submitted"] == submitted
+        assert m.health()["ops"]["in_flight"] == 0
         # a put into it lands while its poller's own get drives it
         th = threading.Thread(target=t.put, args=("sp", "back", b"thread"),
                               kwargs=dict(timeout=10))

@@ -69,8 +69,9 @@ class Engine(_ferry.Engine):
     single_poller=True (progress="manual" only; ValueError otherwise): one
     thread drives the engine, the first that waits or polls on it (a put,
     get, nop, progress() ...); those calls from any other thread raise
-    FerryError (errno EEXIST). Its rounds then take no lock and its
-    completions are taken without atomics. health()["pollers"] says
+    FerryError (errno EPERM) before anything is submitted. Its rounds then
+    take no lock and its completions are taken without locked
+    instructions. health()["pollers"] says
     "single" (else "any"). FERRY_ENGINE_SINGLE_POLLER in C.
 
     rdma_listen: "rdma://ADDRESS:PORT" (an address of an RDMA device's

@@ -78,6 +78,15 @@ struct ferry_sqe *pyf_sqe(pyf_engine *self, struct ferry_sq **sq)
 
 	if (pyf_engine_check(self))
 		return NULL;
+	/*
+	 * A single_poller engine: this thread becomes its poller, or (another
+	 * thread is) the call is refused before anything is submitted: a wait
+	 * here would fail with the op in flight.
+	 */
+	if ((rc = ferry_engine_claim_poller(self->e)) < 0) {
+		pyf_raise(rc, "not this engine's poller thread (single_poller)");
+		return NULL;
+	}
 	if ((rc = ferry_sq_get(self->e, sq)) < 0) {
 		pyf_raise(rc, "ferry_sq_get");
 		return NULL;
