@@ -64,6 +64,23 @@ static struct ferry_engine *mk(const char *ns, const char *name, size_t pool)
 	return mk_big(ns, name, pool, 0, 0);
 }
 
+/* A MANUAL engine: nothing moves but inside its own calls. */
+static struct ferry_engine *mk_manual(const char *ns, const char *name)
+{
+	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
+	struct ferry_engine *e = NULL;
+
+	p.name = name;
+	p.ns = ns;
+	p.pool_size = 4u << 20;
+	p.progress = FERRY_PROGRESS_MANUAL;
+	if (ferry_engine_create(&p, &e)) {
+		fprintf(stderr, "engine %s/%s: MANUAL engine refused\n", ns, name);
+		return NULL;
+	}
+	return e;
+}
+
 static uint64_t checksum(const void *p, size_t n)
 {
 	const uint8_t *b = p;
@@ -745,6 +762,70 @@ static void test_namespaces_isolated(void **state)
 	ferry_engine_destroy(rx);
 }
 
+struct still_rx {
+	struct t_gate got, done;
+};
+
+/*
+ * A MANUAL receiver that takes one PUT (its GET completes) and then stops
+ * calling ferry: it waits on a pipe, its engine untouched, until told.
+ */
+static int still_receiver(void *arg)
+{
+	struct still_rx *r = arg;
+	struct ferry_engine *e = mk_manual("t", "still-rx");
+	int64_t end = t_now() + 20 * SEC;
+	struct ferry_cqe c;
+	char in[64];
+	int n = 0;
+
+	if (!e)
+		return 10;
+	t_get(e, t_peer(e, "still-tx"), "k", t_iov_of(in, sizeof(in)), 1, 1, 0, 0);
+	while (t_now() < end && (n = ferry_cq_poll(ferry_cq_default(e), &c, 1)) == 0)
+		;
+	if (n != 1 || c.res != 0 || in[0] != 'p')
+		return 11;
+	t_gate_open(&r->got);
+	if (t_gate_wait(&r->done, 30000))
+		return 12;
+	ferry_engine_destroy(e);
+	return 0;
+}
+
+/*
+ * A PUT completes once the destination holds its key, without any later
+ * call of the destination: the RESULT leaves in the round that took the
+ * PUT (a RESULT held for the receiver's reaction, as tcp holds its own,
+ * would leave this sender waiting on a receiver that stopped polling).
+ */
+static void test_result_without_another_call(void **state)
+{
+	struct still_rx r;
+	struct ferry_engine *tx;
+	struct held h;
+	struct ferry_cqe c;
+	char out[64];
+
+	(void)state;
+	t_gate_init(&r.got);
+	t_gate_init(&r.done);
+	spawn_held(&h, still_receiver, &r);
+	tx = mk_manual("t", "still-tx");
+	assert_non_null(tx);
+	held_go(&h);
+	memset(out, 'p', sizeof(out));
+	t_put(tx, t_peer(tx, "still-rx"), "k", out, sizeof(out), 7, FERRY_SQE_WAIT_PEER);
+	assert_int_equal(t_wait_one(tx, &c, 20 * SEC), 0);
+	assert_int_equal(c.user_data, 7);
+	assert_int_equal(t_gate_wait(&r.got, 20000), 0);
+	t_gate_open(&r.done);
+	assert_int_equal(t_reap(h.pid), 0);
+	ferry_engine_destroy(tx);
+	t_gate_close(&r.got);
+	t_gate_close(&r.done);
+}
+
 static int name_holder(void *arg)
 {
 	struct t_gate *ready = arg;
@@ -795,6 +876,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_one_to_three, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_namespaces_isolated, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_name_taken_and_leftovers, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_result_without_another_call, setup, teardown),
 	};
 
 	return t_run_group_apart(tests, NULL, NULL);
