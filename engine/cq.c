@@ -318,11 +318,18 @@ static int cq_reap(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, un
 			    cq_reap_shared(cq, cqes, max, handled);
 }
 
-bool poller_claim(struct ferry_engine *e)
+/* Make the calling thread e's poller if it has none: is it (now)? */
+static bool poller_take(struct ferry_engine *e)
 {
 	uintptr_t self = this_thread(), none = 0;
 
-	if (atomic_compare_exchange_strong(&e->poller, &none, self) || none == self)
+	return atomic_load_explicit(&e->poller, memory_order_relaxed) == self ||
+	       atomic_compare_exchange_strong(&e->poller, &none, self) || none == self;
+}
+
+bool poller_claim(struct ferry_engine *e)
+{
+	if (poller_take(e))
 		return true;
 	if (atomic_fetch_add(&e->poller_refusals, 1) == 0)
 		log_error("engine %s: polled from a thread that is not its poller "
@@ -332,19 +339,11 @@ bool poller_claim(struct ferry_engine *e)
 
 int ferry_engine_claim_poller(struct ferry_engine *e)
 {
-	uintptr_t self, none = 0;
-
 	if (!e) {
 		log_error("ferry_engine_claim_poller: NULL engine");
 		return -EINVAL;
 	}
-	if (!e->single_poller)
-		return 0;
-	self = this_thread();
-	if (atomic_load_explicit(&e->poller, memory_order_relaxed) == self ||
-	    atomic_compare_exchange_strong(&e->poller, &none, self) || none == self)
-		return 0;
-	return -EPERM;
+	return !e->single_poller || poller_take(e) ? 0 : -EPERM;
 }
 
 /* MANUAL mode: a round, unless another thread drives progress now. */

@@ -21,8 +21,9 @@
  *
  * Direct delivery: a PUT of such an iovec to an engine that drives its own
  * progress (FERRY_PROGRESS_MANUAL; FERRY_ENGINE_SINGLE_POLLER: only on its
- * poller's thread), is not doing so at this moment, has nothing in its inbox and a GET waiting for the key (into an iovec, or for
- * a buffer; keytable_maybe_waiting says whether to look), is delivered by
+ * poller's thread), is not doing so at this moment, has nothing in its
+ * inbox and a GET waiting for the key (into an iovec, or for a buffer;
+ * keytable_maybe_waiting says whether to look), is delivered by
  * the sender's reactor itself, under the destination's progress lock (taken
  * with a try: never waited for), as the destination's round would (its
  * CQ's wake-ups, its MANUAL waiters, its sleeper): no message travels and

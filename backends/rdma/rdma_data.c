@@ -665,7 +665,6 @@ void rdma_rx_unfilled(struct rdma_rx *r, int res)
 		r->state = RX_READY;
 }
 
-
 static void on_message(struct rdma_state *st, struct rdma_conn *c, const uint8_t *p,
 		       uint32_t n)
 {
