@@ -271,9 +271,9 @@ struct ferry_engine_params {
  * (logged once) and change nothing (a thread created after the poller
  * exited may be taken for it: the identity is the thread pointer, which the
  * C library reuses). ferry_engine_claim_poller claims it beforehand (or
- * says that the calling thread may not). Submit on the poller's thread too, or from a thread
- * that never waits for the op: a wait there fails while the op stays in
- * flight. In return the poller's rounds take no lock and its CQs are
+ * says that the calling thread may not). Submit on the poller's thread
+ * too, or from a thread that never waits for the op: a wait there fails
+ * while the op stays in flight. In return the poller's rounds take no lock and its CQs are
  * reaped without a compare-and-swap per completion or fences toward other
  * waiters (there are none): with FERRY_ENGINE_BUSY_POLL too, a busy shm
  * round trip executes no locked instruction. Any thread may still submit,
@@ -679,8 +679,8 @@ FERRY_API int ferry_cq_poll(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigne
  * Returns the number of CQEs written (0 when only callbacks ran), or
  * -ETIMEDOUT, -EINVAL, or -EINTR (woken by ferry_cq_wake). Any thread,
  * several at once (a FERRY_ENGINE_SINGLE_POLLER engine's CQs: its poller
- * only; -EPERM from any other thread), but not from a callback; it blocks: a binding releases
- * its interpreter lock around it.
+ * only; -EPERM from any other thread), but not from a callback; it blocks:
+ * a binding releases its interpreter lock around it.
  */
 FERRY_API int ferry_cq_wait(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max,
 			    int64_t timeout_ns);

@@ -3,7 +3,7 @@
  * JSON or not: dying on an error with the benchmark's name, CHECK, an SQE
  * or death, the cheap decimal keys of the timed and counted loops, and
  * a benchmark's second process with two pipes to it, whole reads and writes
- * on those pipes, and the child's exit status.
+ * on those pipes, the child's exit status, and engine flags by name.
  * bench_util.h (statistics, the JSON writer) includes it; a program that
  * needs no more (count_hop, cpu_gb) includes this alone.
  *
@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -26,6 +27,28 @@
 #include "ferry.h"
 
 static const char *who = "bench";
+
+/*
+ * Engine flags by name, "busy_poll,single_poller" (either, both, or ""),
+ * ORed into *flags as FERRY_ENGINE_* bits; -1 for a name it does not know.
+ */
+static inline int parse_engine_flags(const char *list, uint32_t *flags)
+{
+	char buf[128], *save = NULL;
+
+	if (strlen(list) >= sizeof(buf))
+		return -1;
+	snprintf(buf, sizeof(buf), "%s", list);
+	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		if (!strcmp(t, "busy_poll"))
+			*flags |= FERRY_ENGINE_BUSY_POLL;
+		else if (!strcmp(t, "single_poller"))
+			*flags |= FERRY_ENGINE_SINGLE_POLLER;
+		else
+			return -1;
+	}
+	return 0;
+}
 
 static inline void die(const char *what, int rc) __attribute__((noreturn));
 static inline void die(const char *what, int rc)

@@ -1165,25 +1165,6 @@ static void ucx_run(struct ucx_result *u, int reps)
 /* ------------------------------------------------------------------ */
 
 
-/* --engine-flags: "busy_poll,single_poller" (either, both) into FERRY_ENGINE_* bits. */
-static int parse_engine_flags(const char *list, uint32_t *flags)
-{
-	char buf[128], *save = NULL;
-
-	if (strlen(list) >= sizeof(buf))
-		return -1;
-	snprintf(buf, sizeof(buf), "%s", list);
-	for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-		if (!strcmp(t, "busy_poll"))
-			*flags |= FERRY_ENGINE_BUSY_POLL;
-		else if (!strcmp(t, "single_poller"))
-			*flags |= FERRY_ENGINE_SINGLE_POLLER;
-		else
-			return -1;
-	}
-	return 0;
-}
-
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: bench_shm [--quick] [--reps N] [--no-ucx] [--only S] [--engine-flags F]\n"

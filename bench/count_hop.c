@@ -102,10 +102,8 @@ static uint32_t engine_flags(void)
 	const char *v = getenv("COUNT_ENGINE_FLAGS");
 	uint32_t f = 0;
 
-	if (v && strstr(v, "busy_poll"))
-		f |= FERRY_ENGINE_BUSY_POLL;
-	if (v && strstr(v, "single_poller"))
-		f |= FERRY_ENGINE_SINGLE_POLLER;
+	if (v && parse_engine_flags(v, &f))
+		die("COUNT_ENGINE_FLAGS (busy_poll, single_poller)", -EINVAL);
 	return f;
 }
 

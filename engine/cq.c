@@ -271,7 +271,8 @@ void cq_flush_wakeups(struct ferry_engine *e)
  * counts both. Bounded so a stream of callbacks cannot hold the caller.
  */
 static inline __attribute__((always_inline)) int
-cq_reap_as(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled, bool single)
+cq_reap_as(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled,
+	   bool single)
 {
 	unsigned n = 0, h = 0, limit = max + 256;
 	struct ferry_cqe cb_cqe;
@@ -368,10 +369,9 @@ static __attribute__((noinline)) int poll_single(struct ferry_cq *cq, struct fer
 
 	if (unlikely(!poller_ok(e)))
 		return -EPERM;
-	if (!atomic_load_explicit(&e->progress_busy, memory_order_relaxed)) {
-		atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
+	if (progress_try_lock_single(e)) {
 		reactor_run_once(e);
-		atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+		progress_unlock_single(e);
 	}
 	if (!cq_slot_ready(cq))
 		return 0;

@@ -964,28 +964,37 @@ static inline bool progress_try_lock_shared(struct ferry_engine *e)
 	       atomic_exchange_explicit(&e->progress_busy, 1, memory_order_acquire) == 0;
 }
 
+/*
+ * A SINGLE_POLLER engine's progress: only its poller takes it (poller_ok;
+ * destroy once it stopped), so no exchange: a flag against a round inside
+ * its own round (a callback that polls). Acquire: a destroying thread still
+ * pairs with the poller's last release, as the exchange did.
+ */
+static inline bool progress_try_lock_single(struct ferry_engine *e)
+{
+	if (atomic_load_explicit(&e->progress_busy, memory_order_acquire))
+		return false;
+	atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
+	return true;
+}
+
+/* Its end: no other thread waits for the poller to go (no fence, no futex). */
+static inline void progress_unlock_single(struct ferry_engine *e)
+{
+	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+}
+
 static inline bool progress_try_lock(struct ferry_engine *e)
 {
-	if (e->single_poller) {
-		/*
-		 * Only its poller takes it (poller_ok; destroy once it stopped): no
-		 * exchange. Acquire: a destroying thread still pairs with the
-		 * poller's last release (as the exchange did).
-		 */
-		if (atomic_load_explicit(&e->progress_busy, memory_order_acquire))
-			return false; /* a round of its own under way: a callback polls */
-		atomic_store_explicit(&e->progress_busy, 1, memory_order_relaxed);
-		return true;
-	}
-	return progress_try_lock_shared(e);
+	return e->single_poller ? progress_try_lock_single(e) : progress_try_lock_shared(e);
 }
 
 void progress_unlock_shared(struct ferry_engine *e);
 
 static inline void progress_unlock(struct ferry_engine *e)
 {
-	if (e->single_poller) /* no other thread waits for it to go (no fence, no futex) */
-		atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
+	if (e->single_poller)
+		progress_unlock_single(e);
 	else
 		progress_unlock_shared(e);
 }
