@@ -1006,18 +1006,22 @@ bool poller_claim(struct ferry_engine *e) __attribute__((cold, noinline));
  * The calling thread, as a number no other live thread has: its thread
  * pointer (one instruction: on x86-64 glibc what pthread_self returns).
  */
-static inline uintptr_t this_thread(void)
-{
 #if defined(__has_builtin)
 #if __has_builtin(__builtin_thread_pointer)
-	return (uintptr_t)__builtin_thread_pointer();
 #define FERRY_HAVE_THREAD_POINTER 1
 #endif
 #endif
-#ifndef FERRY_HAVE_THREAD_POINTER
-	return (uintptr_t)pthread_self();
-#endif
+#ifdef FERRY_HAVE_THREAD_POINTER
+static inline uintptr_t this_thread(void)
+{
+	return (uintptr_t)__builtin_thread_pointer();
 }
+#else
+static inline uintptr_t this_thread(void)
+{
+	return (uintptr_t)pthread_self();
+}
+#endif
 
 /*
  * May the calling thread poll e, wait on its CQs or drive its progress?
