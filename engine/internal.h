@@ -735,6 +735,11 @@ struct ferry_engine {
 	 */
 	_Atomic uint64_t polled_at cacheline_aligned;
 	_Atomic uint64_t dense_poll_at;
+	/*
+	 * The dense stamp a poller's lease ended with (reactor_lease_end):
+	 * spent, it starts no new lease when the reactor wakes and finds it.
+	 */
+	_Atomic uint64_t dense_spent;
 	_Atomic uint64_t lease_until;
 	/*
 	 * When a spin's yield last lost its CPU (reactor_spin_yield), for how

@@ -635,18 +635,37 @@ bool reactor_poll_lease(struct ferry_engine *e, uint64_t now, uint64_t *until)
 	d = atomic_load_explicit(&e->dense_poll_at, memory_order_relaxed);
 	if ((fresh = d != e->dense_seen))
 		e->dense_seen = d;
+	fresh = fresh && d != atomic_load_explicit(&e->dense_spent, memory_order_relaxed);
 	/* Or a caller spins in ferry_cq_wait: it renews the lease as it looks (reactor_watch). */
 	if (atomic_load_explicit(&e->cq_spinners, memory_order_relaxed))
 		fresh = true;
 	if (fresh && e->spin_ns < SPIN_ADAPT_MAX_NS) {
 		int none = WATCH_NONE;
 
-		if (w == WATCH_LEASE || atomic_compare_exchange_strong(&e->watcher, &none, WATCH_LEASE)) {
+		if (w == WATCH_LEASE) {
 			*until = now + POLL_LEASE_NS;
 			atomic_store_explicit(&e->lease_until, *until, memory_order_relaxed);
 			return true;
 		}
-		return false; /* a waiting caller still holds its watch: it lets go soon */
+		if (!atomic_compare_exchange_strong(&e->watcher, &none, WATCH_LEASE))
+			return false; /* a waiting caller still holds its watch: it lets go soon */
+		/*
+		 * The NONE we replaced may be the one a lease's end wrote
+		 * (reactor_unwatch): then the stamps and the mark stored before
+		 * it are seen now, and if no poll stamped since the mark (the
+		 * stamp read above may be older than both), that lease's polls
+		 * start no other.
+		 */
+		if (atomic_load_explicit(&e->dense_poll_at, memory_order_relaxed) ==
+			    atomic_load_explicit(&e->dense_spent, memory_order_relaxed) &&
+		    !atomic_load_explicit(&e->cq_spinners, memory_order_relaxed)) {
+			w = WATCH_LEASE;
+			atomic_compare_exchange_strong(&e->watcher, &w, WATCH_NONE);
+			return false;
+		}
+		*until = now + POLL_LEASE_NS;
+		atomic_store_explicit(&e->lease_until, *until, memory_order_relaxed);
+		return true;
 	}
 	if (w == WATCH_LEASE) /* run out, and the polls stopped: back to spinning, then announced sleeps */
 		atomic_compare_exchange_strong(&e->watcher, &w, WATCH_NONE);
@@ -658,10 +677,19 @@ void reactor_lease_end(struct ferry_engine *e)
 	int lease = WATCH_LEASE;
 	bool watching = true;
 
-	/* Made our watch, then ended as one: its sleep announced again, woken if work is left. */
+	/*
+	 * Made our watch, then ended as one: its sleep announced again, woken
+	 * if work is left. The polls that made the lease are spent (marked
+	 * before the watch is let go, so the reactor that takes the NONE
+	 * unwatch leaves sees the mark: reactor_poll_lease).
+	 */
 	if (atomic_load_explicit(&e->watcher, memory_order_relaxed) == WATCH_LEASE &&
-	    atomic_compare_exchange_strong(&e->watcher, &lease, WATCH_WAIT))
+	    atomic_compare_exchange_strong(&e->watcher, &lease, WATCH_WAIT)) {
+		atomic_store_explicit(&e->dense_spent,
+				      atomic_load_explicit(&e->dense_poll_at, memory_order_relaxed),
+				      memory_order_relaxed);
 		reactor_unwatch(e, &watching);
+	}
 }
 
 void reactor_watch(struct ferry_engine *e, bool *watching)

@@ -154,11 +154,13 @@ static void test_lease_runs_out(void **state)
 /*
  * One thread polls b, then waits on a (two stages of one thread): its wait
  * ends the lease it kept on b at once (b's sleep announced again), rather
- * than leaving b's reactor to find a's PUT when the lease runs out.
+ * than leaving b's reactor to find a's PUT when the lease runs out; and
+ * the polls that made that lease make no other one once b's reactor wakes.
  */
 static void test_wait_elsewhere_ends_the_lease(void **state)
 {
 	unsigned n = 0, seen = 0;
+	bool leased_again;
 	struct ferry_cqe c;
 	struct pair p;
 
@@ -173,6 +175,16 @@ static void test_wait_elsewhere_ends_the_lease(void **state)
 			continue; /* not the case this test is for (the reactor was up) */
 		assert_int_equal(ferry_cq_wait(ferry_cq_default(p.a), &c, 1, 0), -ETIMEDOUT);
 		assert_int_not_equal(atomic_load(&p.b->watcher), WATCH_LEASE);
+		/*
+		 * b's reactor wakes when the lease it slept under runs out and
+		 * finds the polls above stamped since its last look: spent (the
+		 * lease they made has ended), they start no new one. Watched
+		 * for two leases' time (by reading, which stamps nothing).
+		 */
+		leased_again = false;
+		for (int64_t end = t_now() + 2 * (int64_t)POLL_LEASE_NS; t_now() < end;)
+			leased_again |= atomic_load(&p.b->watcher) == WATCH_LEASE;
+		assert_false(leased_again);
 		seen++;
 	}
 	if (!t_under_valgrind())
