@@ -373,7 +373,23 @@ void reactor_thread_sleep(struct ferry_engine *e, uint64_t lease_until)
 		return;
 	}
 	e->parked_until = budget < 0 ? UINT64_MAX : ferry__now_ns() + (uint64_t)budget;
-	atomic_store_explicit(&e->reactor_parked, REACTOR_ASLEEP, memory_order_relaxed);
+	if (lease_until) {
+		/*
+		 * Only under a lease that still stands: one ended since we chose
+		 * it (reactor_lease_end), whose reactor_unwatch found us running
+		 * and so announced nothing, is not slept under. Both sides store,
+		 * then look (seq_cst): the end's unwatch sees us asleep, or we
+		 * see the lease gone.
+		 */
+		atomic_store(&e->reactor_parked, REACTOR_ASLEEP);
+		if (atomic_load(&e->watcher) != WATCH_LEASE) {
+			atomic_store_explicit(&e->reactor_parked, REACTOR_RUNNING, memory_order_relaxed);
+			reactor_reap_ring(e);
+			return;
+		}
+	} else {
+		atomic_store_explicit(&e->reactor_parked, REACTOR_ASLEEP, memory_order_relaxed);
+	}
 	atomic_store_explicit(&e->progress_busy, 0, memory_order_release);
 	if (e->sleep_in_ppoll) {
 		struct timespec ts, *tsp = NULL;
@@ -746,7 +762,8 @@ void reactor_unwatch(struct ferry_engine *e, bool *watching)
 		return;
 	*watching = false;
 	for (uint64_t t0 = ferry__now_ns();;) {
-		if (atomic_load_explicit(&e->reactor_parked, memory_order_acquire) != REACTOR_ASLEEP)
+		/* seq_cst: pairs with a leased sleep's look at watcher (reactor_thread_sleep). */
+		if (atomic_load(&e->reactor_parked) != REACTOR_ASLEEP)
 			break; /* awake again: it announces its own sleeps */
 		if (progress_try_lock(e)) {
 			if (atomic_load_explicit(&e->reactor_parked, memory_order_relaxed) ==

@@ -179,11 +179,14 @@ static void test_wait_elsewhere_ends_the_lease(void **state)
 		 * b's reactor wakes when the lease it slept under runs out and
 		 * finds the polls above stamped since its last look: spent (the
 		 * lease they made has ended), they start no new one. Watched
-		 * for two leases' time (by reading, which stamps nothing).
+		 * for two leases' time (by reading, which stamps nothing): a
+		 * lease slept under (a reactor that takes one and finds it
+		 * spent holds it a moment, running).
 		 */
 		leased_again = false;
 		for (int64_t end = t_now() + 2 * (int64_t)POLL_LEASE_NS; t_now() < end;)
-			leased_again |= atomic_load(&p.b->watcher) == WATCH_LEASE;
+			leased_again |= atomic_load(&p.b->watcher) == WATCH_LEASE &&
+					atomic_load(&p.b->reactor_parked) == REACTOR_ASLEEP;
 		assert_false(leased_again);
 		seen++;
 	}
