@@ -11,6 +11,7 @@
 #define FERRY_BENCH_UTIL_H
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -194,10 +195,14 @@ static void jnum(const char *k, double v)
 	js.need_comma = true;
 }
 
+/* A number; null for one that JSON cannot hold (a ratio of a row not run: NaN, inf). */
 static void jfix(const char *k, double v, int decimals)
 {
 	jkey(k);
-	jraw("%.*f", decimals, v);
+	if (isfinite(v))
+		jraw("%.*f", decimals, v);
+	else
+		jraw("null");
 	js.need_comma = true;
 }
 
