@@ -80,12 +80,34 @@ bool ferry__name_valid(const char *s);
 
 /*
  * Counters written by one thread (the reactor of the moment) and read by
- * any (health): relaxed load + store, a plain move on x86, no locked add.
+ * any (health, with relaxed loads): no locked add. On x86-64 one add to
+ * memory (the compiler makes a relaxed load + add + store of three): its
+ * store is one aligned write, never torn, and nobody else writes, so a
+ * reader sees the old value or the new one. The asm keeps the compiler's
+ * hands off the object as the atomics would. Elsewhere: relaxed load +
+ * store. Counters are 64 or 32 bits wide (stat_t, and a few _Atomic
+ * uint32_t).
  */
 typedef _Atomic uint64_t stat_t;
+#if defined(__x86_64__)
+#define STAT_ADD(c, n) \
+	do { \
+		__typeof__(&(c)) stat_at_ = &(c); \
+		_Static_assert(sizeof(*stat_at_) == 8 || sizeof(*stat_at_) == 4, "a counter"); \
+		if (sizeof(*stat_at_) == 8) \
+			__asm__ volatile("addq %1, %0" \
+					 : "+m"(*(uint64_t *)(void *)stat_at_) \
+					 : "er"((uint64_t)(n))); \
+		else \
+			__asm__ volatile("addl %1, %0" \
+					 : "+m"(*(uint32_t *)(void *)stat_at_) \
+					 : "er"((uint32_t)(n))); \
+	} while (0)
+#else
 #define STAT_ADD(c, n) \
 	atomic_store_explicit(&(c), atomic_load_explicit(&(c), memory_order_relaxed) + (n), \
 			      memory_order_relaxed)
+#endif
 #define STAT_GET(c) atomic_load_explicit(&(c), memory_order_relaxed)
 
 uint64_t ferry__now_ns(void);
