@@ -1678,8 +1678,7 @@ void *reactor_thread_main(void *arg)
 			 * Callers poll in a loop or spin in ferry_cq_wait: they
 			 * run the rounds until the lease runs out.
 			 */
-			atomic_fetch_add_explicit(&e->poll_leases, 1, memory_order_relaxed);
-			reactor_thread_sleep(e, lease_until);
+			reactor_thread_sleep(e, lease_until); /* counts it in poll_leases */
 			last_work = ferry__now_ns();
 			continue;
 		}

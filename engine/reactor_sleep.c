@@ -387,6 +387,7 @@ void reactor_thread_sleep(struct ferry_engine *e, uint64_t lease_until)
 			reactor_reap_ring(e);
 			return;
 		}
+		atomic_fetch_add_explicit(&e->poll_leases, 1, memory_order_relaxed); /* a leased sleep */
 	} else {
 		atomic_store_explicit(&e->reactor_parked, REACTOR_ASLEEP, memory_order_relaxed);
 	}
