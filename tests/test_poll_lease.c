@@ -152,6 +152,16 @@ static void test_lease_runs_out(void **state)
 }
 
 /*
+ * Is e's reactor asleep under a lease? (Not a moment's WATCH_LEASE: a
+ * reactor that takes a lease and finds it spent holds it a moment, running.)
+ */
+static bool leased_sleep(struct ferry_engine *e)
+{
+	return atomic_load(&e->watcher) == WATCH_LEASE &&
+	       atomic_load(&e->reactor_parked) == REACTOR_ASLEEP;
+}
+
+/*
  * One thread polls b, then waits on a (two stages of one thread): its wait
  * ends the lease it kept on b at once (b's sleep announced again), rather
  * than leaving b's reactor to find a's PUT when the lease runs out; and
@@ -170,23 +180,19 @@ static void test_wait_elsewhere_ends_the_lease(void **state)
 		n = poll_until_leased(&p, n, t_health_num(p.b, "\"ops\":{", "poll_leases") + 1);
 		for (int i = 0; i < 1000; i++) /* b polled right up to the wait on a */
 			ferry_cq_poll(ferry_cq_default(p.b), &c, 0);
-		if (atomic_load(&p.b->watcher) != WATCH_LEASE ||
-		    atomic_load(&p.b->reactor_parked) != REACTOR_ASLEEP)
+		if (!leased_sleep(p.b))
 			continue; /* not the case this test is for (the reactor was up) */
 		assert_int_equal(ferry_cq_wait(ferry_cq_default(p.a), &c, 1, 0), -ETIMEDOUT);
-		assert_int_not_equal(atomic_load(&p.b->watcher), WATCH_LEASE);
+		assert_false(leased_sleep(p.b));
 		/*
 		 * b's reactor wakes when the lease it slept under runs out and
 		 * finds the polls above stamped since its last look: spent (the
 		 * lease they made has ended), they start no new one. Watched
-		 * for two leases' time (by reading, which stamps nothing): a
-		 * lease slept under (a reactor that takes one and finds it
-		 * spent holds it a moment, running).
+		 * for two leases' time (by reading, which stamps nothing).
 		 */
 		leased_again = false;
 		for (int64_t end = t_now() + 2 * (int64_t)POLL_LEASE_NS; t_now() < end;)
-			leased_again |= atomic_load(&p.b->watcher) == WATCH_LEASE &&
-					atomic_load(&p.b->reactor_parked) == REACTOR_ASLEEP;
+			leased_again |= leased_sleep(p.b);
 		assert_false(leased_again);
 		seen++;
 	}
