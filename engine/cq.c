@@ -267,14 +267,66 @@ void cq_flush_wakeups(struct ferry_engine *e)
 }
 
 /*
- * Take completions: callbacks run here; the rest go to cqes. handled
- * counts both. Bounded so a stream of callbacks cannot hold the caller.
+ * The head entry when it is posted without a callback: its CQE into *cqe,
+ * taken (1); 0 when none is posted; -1 when it has a callback (left for
+ * cq_pop_as). Its callback is read before the entry is taken: one we then
+ * take was nobody else's meanwhile (head had not moved), so the slot held
+ * what we read. Calls nothing, so that a reap of plain CQEs needs no frame.
+ */
+static inline __attribute__((always_inline)) int cq_pop_plain_as(struct ferry_cq *cq,
+								 struct ferry_cqe *cqe,
+								 bool single)
+{
+	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+
+	for (;;) {
+		struct cq_slot *s = &cq->slots[pos & cq->mask];
+		int64_t diff = (int64_t)(atomic_load_explicit(&s->seq, memory_order_acquire) -
+					 (pos + 1));
+
+		if (diff < 0 || (single && diff > 0))
+			return 0;
+		if (diff > 0) {
+			pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+			continue; /* another consumer took it */
+		}
+		if (s->cb)
+			return -1;
+		if (single)
+			atomic_store_explicit(&cq->head, pos + 1, memory_order_relaxed);
+		else if (!atomic_compare_exchange_weak_explicit(&cq->head, &pos, pos + 1,
+								 memory_order_relaxed,
+								 memory_order_relaxed))
+			continue;
+		*cqe = s->cqe;
+		atomic_store_explicit(&s->seq, pos + cq->mask + 1, memory_order_release);
+		return 1;
+	}
+}
+
+/* A reap made room in cq: what a full CQ's poster and a sleeping reactor need to know. */
+static inline __attribute__((always_inline)) void cq_reaped(struct ferry_cq *cq, bool single)
+{
+	/*
+	 * Pairs with the reactor's announce before it sleeps (heavy), which on
+	 * a single poller's engine is ours.
+	 */
+	if (!single)
+		fence_light(cq->engine->asym_fences);
+	if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
+		reactor_wake(cq->engine);
+}
+
+/*
+ * cq_reap_as from the first entry with a callback on, n plain CQEs taken
+ * before it: callbacks run here; the rest go to cqes. handled counts
+ * both. Bounded so a stream of callbacks cannot hold the caller.
  */
 static inline __attribute__((always_inline)) int
-cq_reap_as(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled,
-	   bool single)
+cq_reap_from(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned n,
+	     unsigned *handled, bool single)
 {
-	unsigned n = 0, h = 0, limit = max + 256;
+	unsigned h = n, limit = max + 256;
 	struct ferry_cqe cb_cqe;
 	ferry_complete_cb *cb;
 	void *cb_arg;
@@ -286,17 +338,46 @@ cq_reap_as(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *
 		else
 			n++;
 	}
-	if (h) {
-		/*
-		 * Room was made: pairs with the reactor's announce before it
-		 * sleeps (heavy), which on a single poller's engine is ours.
-		 */
-		if (!single)
-			fence_light(cq->engine->asym_fences);
-		if (atomic_load_explicit(&cq->overflowing, memory_order_relaxed))
-			reactor_wake(cq->engine);
-	}
+	if (h)
+		cq_reaped(cq, single);
 	*handled = h;
+	return (int)n;
+}
+
+static __attribute__((noinline)) int cq_reap_from_shared(struct ferry_cq *cq,
+							 struct ferry_cqe *cqes, unsigned max,
+							 unsigned n, unsigned *handled)
+{
+	return cq_reap_from(cq, cqes, max, n, handled, false);
+}
+
+static __attribute__((noinline)) int cq_reap_from_single(struct ferry_cq *cq,
+							 struct ferry_cqe *cqes, unsigned max,
+							 unsigned n, unsigned *handled)
+{
+	return cq_reap_from(cq, cqes, max, n, handled, true);
+}
+
+/*
+ * Take completions: callbacks run here; the rest go to cqes. handled
+ * counts both. The plain CQEs at the head are taken here, without a call
+ * (most reaps end there); from the first with a callback on, cq_reap_from.
+ */
+static inline __attribute__((always_inline)) int
+cq_reap_as(struct ferry_cq *cq, struct ferry_cqe *cqes, unsigned max, unsigned *handled,
+	   bool single)
+{
+	unsigned n = 0;
+	int got = 0;
+
+	while (n < max && (got = cq_pop_plain_as(cq, &cqes[n], single)) > 0)
+		n++;
+	if (unlikely(got < 0))
+		return single ? cq_reap_from_single(cq, cqes, max, n, handled) :
+				cq_reap_from_shared(cq, cqes, max, n, handled);
+	if (n)
+		cq_reaped(cq, single);
+	*handled = n;
 	return (int)n;
 }
 

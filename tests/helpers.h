@@ -104,8 +104,9 @@ __attribute__((constructor)) static void t_private_rundir(void)
 	atexit(t_rundir_remove);
 }
 
-static inline struct ferry_engine *t_engine(const char *name, enum ferry_progress_mode mode,
-					    size_t pool_size)
+/* t_engine with FERRY_ENGINE_* flags. */
+static inline struct ferry_engine *t_engine_flags(const char *name, enum ferry_progress_mode mode,
+						  size_t pool_size, uint32_t flags)
 {
 	struct ferry_engine_params p = FERRY_ENGINE_PARAMS_INIT;
 	struct ferry_engine *e = NULL;
@@ -115,9 +116,16 @@ static inline struct ferry_engine *t_engine(const char *name, enum ferry_progres
 	p.progress = mode;
 	p.pool_size = pool_size ? pool_size : (8u << 20);
 	p.spin_ns = 20000;
+	p.flags = flags;
 	assert_int_equal(ferry_engine_create(&p, &e), 0);
 	assert_non_null(e);
 	return e;
+}
+
+static inline struct ferry_engine *t_engine(const char *name, enum ferry_progress_mode mode,
+					    size_t pool_size)
+{
+	return t_engine_flags(name, mode, pool_size, 0);
 }
 
 static inline struct ferry_peer *t_peer(struct ferry_engine *e, const char *name)

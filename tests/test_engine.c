@@ -728,6 +728,86 @@ static void test_cq_overflow(void **state)
 	ferry_engine_destroy(e);
 }
 
+/* What a reap met, in order: a returned CQE's user_data, or 100 + a callback's. */
+struct reap_log {
+	uint64_t seen[16];
+	unsigned n;
+};
+
+static void log_cb(const struct ferry_cqe *cqe, void *arg)
+{
+	struct reap_log *l = arg;
+
+	assert_true(l->n < 16);
+	l->seen[l->n++] = 100 + cqe->user_data;
+}
+
+/*
+ * NOPs of kinds ('c': with a callback, 'p': plain) completed in one round,
+ * then polls of max CQEs each: how many each returned (per_poll, a 0 last)
+ * and the log (want) must match.
+ */
+static void reap_mixed(uint32_t flags, const char *kinds, unsigned max, const int *per_poll,
+		       const uint64_t *want, unsigned nwant)
+{
+	struct ferry_engine *e = t_engine_flags("reap", FERRY_PROGRESS_MANUAL, 1u << 20, flags);
+	struct reap_log log = { .n = 0 };
+	struct ferry_cqe cqes[8];
+	struct ferry_sq *sq;
+
+	assert_true(max <= 8);
+	assert_int_equal(ferry_sq_get(e, &sq), 0);
+	for (unsigned i = 0; kinds[i]; i++) {
+		struct ferry_sqe *sqe = ferry_sq_get_sqe(sq);
+
+		ferry_prep_nop(sqe, i);
+		if (kinds[i] == 'c')
+			ferry_sqe_set_callback(sqe, log_cb, &log);
+	}
+	ferry_sq_submit(sq);
+	assert_true(ferry_progress(e) > 0); /* every NOP completes in this round */
+	for (unsigned k = 0;; k++) {
+		int n = ferry_cq_poll(ferry_cq_default(e), cqes, max);
+
+		assert_int_equal(n, per_poll[k]);
+		for (int i = 0; i < n; i++) {
+			assert_int_equal(cqes[i].res, 0);
+			log.seen[log.n++] = cqes[i].user_data;
+		}
+		if (!n)
+			break;
+	}
+	assert_int_equal(log.n, nwant);
+	for (unsigned i = 0; i < log.n; i++)
+		assert_int_equal(log.seen[i], want[i]);
+	ferry_engine_destroy(e);
+}
+
+/*
+ * CQEs with and without callbacks side by side in one CQ: the plain ones
+ * come back in order, each callback runs once, in order, inside the poll
+ * that goes past it (the log has a poll's callbacks before the CQEs it
+ * returned); a poll stops at max without running the callback after it,
+ * and goes on past callbacks while it has room. Shared and single-poller
+ * CQs (their reaps differ: a compare-and-swap or a store per entry).
+ */
+static void test_reap_plain_and_callbacks(void **state)
+{
+	/* Two at a time: stopped at max before callback 2; then 2, 4, 5 run for 3 and 6. */
+	static const int polls_a[] = { 2, 2, 1, 0 };
+	static const uint64_t want_a[] = { 0, 1, 102, 104, 105, 3, 6, 7 };
+	/* Room for all: plain CQEs taken before callback 1, and after it, then callback 4. */
+	static const int polls_b[] = { 3, 0 };
+	static const uint64_t want_b[] = { 101, 104, 0, 2, 3 };
+	static const uint32_t flags[] = { 0, FERRY_ENGINE_SINGLE_POLLER };
+
+	(void)state;
+	for (unsigned f = 0; f < 2; f++) {
+		reap_mixed(flags[f], "ppcpccpp", 2, polls_a, want_a, 8);
+		reap_mixed(flags[f], "pcppc", 8, polls_b, want_b, 5);
+	}
+}
+
 static void test_health_json(void **state)
 {
 	struct ferry_engine *e = t_engine("health", FERRY_PROGRESS_MANUAL, 1u << 20);
@@ -861,6 +941,7 @@ int main(void)
 		cmocka_unit_test(test_flags_per_op),
 		cmocka_unit_test(test_sq_backpressure),
 		cmocka_unit_test(test_cq_overflow),
+		cmocka_unit_test(test_reap_plain_and_callbacks),
 		cmocka_unit_test(test_health_json),
 		cmocka_unit_test(test_latency_sampled),
 		cmocka_unit_test(test_peer_handles),
