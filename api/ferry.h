@@ -273,10 +273,10 @@ struct ferry_engine_params {
  * C library reuses). ferry_engine_claim_poller claims it beforehand (or
  * says that the calling thread may not). Submit on the poller's thread
  * too, or from a thread that never waits for the op: a wait there fails
- * while the op stays in flight. In return the poller's rounds take no lock and its CQs are
- * reaped without a compare-and-swap per completion or fences toward other
- * waiters (there are none): with FERRY_ENGINE_BUSY_POLL too, a busy shm
- * round trip executes no locked instruction. Any thread may still submit,
+ * while the op stays in flight. In return the poller's rounds take no lock
+ * and its CQs are reaped without a compare-and-swap per completion or
+ * fences toward other waiters (there are none): with FERRY_ENGINE_BUSY_POLL
+ * too, a busy shm round trip executes no locked instruction. Any thread may still submit,
  * allocate buffers, wake a CQ (ferry_cq_wake) and destroy the engine once
  * its poller stopped (joined, or handed over with its own synchronization).
  * docs/design.md §5.
