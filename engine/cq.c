@@ -48,6 +48,53 @@ int cq_init(struct ferry_engine *e, struct ferry_cq *cq, uint32_t entries, bool 
 }
 
 /*
+ * Take the head slot, if posted (with plain_only, only one without a
+ * callback): 1 and the slot and its position, 0 when none is posted, -1
+ * when plain_only met a callback. A SINGLE_POLLER engine's poller is the
+ * one consumer: a store of the head, not a compare-and-swap. The callback
+ * is read before the slot is taken: one we then take was nobody else's
+ * meanwhile (head had not moved), so it held what we read. The caller
+ * copies what it needs out of the slot, then gives it back (cq_slot_give).
+ */
+static inline __attribute__((always_inline)) int cq_slot_take(struct ferry_cq *cq, bool single,
+							       bool plain_only,
+							       struct cq_slot **slot,
+							       uint64_t *at)
+{
+	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+
+	for (;;) {
+		struct cq_slot *s = &cq->slots[pos & cq->mask];
+		int64_t diff = (int64_t)(atomic_load_explicit(&s->seq, memory_order_acquire) -
+					 (pos + 1));
+
+		if (diff < 0 || (single && diff > 0))
+			return 0;
+		if (diff > 0) {
+			pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+			continue; /* another consumer took it */
+		}
+		if (plain_only && s->cb)
+			return -1;
+		if (single)
+			atomic_store_explicit(&cq->head, pos + 1, memory_order_relaxed);
+		else if (!atomic_compare_exchange_weak_explicit(&cq->head, &pos, pos + 1,
+								 memory_order_relaxed,
+								 memory_order_relaxed))
+			continue;
+		*slot = s;
+		*at = pos;
+		return 1;
+	}
+}
+
+/* The slot taken at pos is free for the producer's next lap. */
+static inline void cq_slot_give(struct ferry_cq *cq, struct cq_slot *s, uint64_t pos)
+{
+	atomic_store_explicit(&s->seq, pos + cq->mask + 1, memory_order_release);
+}
+
+/*
  * Take the head entry, if posted: its CQE goes to *cqe, or, when it has a
  * callback, to *cb_cqe (the caller's own copy: a callback that polls the
  * same array again cannot overwrite the CQE it was given), with *cb and
@@ -57,43 +104,16 @@ static inline __attribute__((always_inline)) bool
 cq_pop_as(struct ferry_cq *cq, struct ferry_cqe *cqe, struct ferry_cqe *cb_cqe,
 	  ferry_complete_cb **cb, void **cb_arg, bool single)
 {
-	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+	struct cq_slot *s;
+	uint64_t pos;
 
-	if (single) {
-		/* Its engine's poller is the one consumer: a store, not a compare-and-swap. */
-		struct cq_slot *s = &cq->slots[pos & cq->mask];
-
-		if (atomic_load_explicit(&s->seq, memory_order_acquire) != pos + 1)
-			return false;
-		*cb = s->cb;
-		*cb_arg = s->cb_arg;
-		*(*cb ? cb_cqe : cqe) = s->cqe;
-		atomic_store_explicit(&cq->head, pos + 1, memory_order_relaxed);
-		atomic_store_explicit(&s->seq, pos + cq->mask + 1, memory_order_release);
-		return true;
-	}
-	for (;;) {
-		struct cq_slot *s = &cq->slots[pos & cq->mask];
-		uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
-		int64_t diff = (int64_t)(seq - (pos + 1));
-
-		if (diff == 0) {
-			if (atomic_compare_exchange_weak_explicit(&cq->head, &pos, pos + 1,
-								  memory_order_relaxed,
-								  memory_order_relaxed)) {
-				*cb = s->cb;
-				*cb_arg = s->cb_arg;
-				*(*cb ? cb_cqe : cqe) = s->cqe;
-				atomic_store_explicit(&s->seq, pos + cq->mask + 1,
-						      memory_order_release);
-				return true;
-			}
-		} else if (diff < 0) {
-			return false;
-		} else {
-			pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
-		}
-	}
+	if (cq_slot_take(cq, single, false, &s, &pos) <= 0)
+		return false;
+	*cb = s->cb;
+	*cb_arg = s->cb_arg;
+	*(*cb ? cb_cqe : cqe) = s->cqe;
+	cq_slot_give(cq, s, pos);
+	return true;
 }
 
 /* The same, for any CQ (not a hot path). */
@@ -269,39 +289,21 @@ void cq_flush_wakeups(struct ferry_engine *e)
 /*
  * The head entry when it is posted without a callback: its CQE into *cqe,
  * taken (1); 0 when none is posted; -1 when it has a callback (left for
- * cq_pop_as). Its callback is read before the entry is taken: one we then
- * take was nobody else's meanwhile (head had not moved), so the slot held
- * what we read. Calls nothing, so that a reap of plain CQEs needs no frame.
+ * cq_pop_as). Calls nothing, so that a reap of plain CQEs needs no frame.
  */
 static inline __attribute__((always_inline)) int cq_pop_plain_as(struct ferry_cq *cq,
 								 struct ferry_cqe *cqe,
 								 bool single)
 {
-	uint64_t pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
+	struct cq_slot *s;
+	uint64_t pos;
+	int got = cq_slot_take(cq, single, true, &s, &pos);
 
-	for (;;) {
-		struct cq_slot *s = &cq->slots[pos & cq->mask];
-		int64_t diff = (int64_t)(atomic_load_explicit(&s->seq, memory_order_acquire) -
-					 (pos + 1));
-
-		if (diff < 0 || (single && diff > 0))
-			return 0;
-		if (diff > 0) {
-			pos = atomic_load_explicit(&cq->head, memory_order_relaxed);
-			continue; /* another consumer took it */
-		}
-		if (s->cb)
-			return -1;
-		if (single)
-			atomic_store_explicit(&cq->head, pos + 1, memory_order_relaxed);
-		else if (!atomic_compare_exchange_weak_explicit(&cq->head, &pos, pos + 1,
-								 memory_order_relaxed,
-								 memory_order_relaxed))
-			continue;
+	if (got > 0) {
 		*cqe = s->cqe;
-		atomic_store_explicit(&s->seq, pos + cq->mask + 1, memory_order_release);
-		return 1;
+		cq_slot_give(cq, s, pos);
 	}
+	return got;
 }
 
 /* A reap made room in cq: what a full CQ's poster and a sleeping reactor need to know. */
