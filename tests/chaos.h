@@ -1438,10 +1438,12 @@ static unsigned ch_tcp_health(const char *json, const char *field)
 }
 
 /*
- * Over tcp: every link this engine has is up with all its connections
- * authenticated and no other socket open (as its last tick counted them):
- * the fds it holds now are those of a whole mesh, not of one being made
- * again after a cut (which may hold fewer, or more).
+ * Over tcp: the whole mesh is up, as the engine's last tick counted it:
+ * two links per peer (each side calls the other: the link it calls and the
+ * one it accepted), every connection of each authenticated, and no other
+ * socket open. The fds it holds now are those of a whole mesh, not of one
+ * being made again after a cut (which may hold fewer, or more: a mesh with
+ * one link of the two, whole in itself, holds 4 sockets fewer).
  */
 static bool ch_tcp_settled(struct ch_w *w)
 {
@@ -1455,7 +1457,8 @@ static bool ch_tcp_settled(struct ch_w *w)
 	if (n <= 0 || (size_t)n >= sizeof(json))
 		return false;
 	ready = ch_tcp_health(json, "connections_ready");
-	return ch_tcp_health(json, "links_up") > 0 && ch_tcp_health(json, "links_other") == 0 &&
+	return ch_tcp_health(json, "links_up") == 2u * (unsigned)(w->sh->nworkers - 1) &&
+	       ch_tcp_health(json, "links_other") == 0 &&
 	       ready == ch_tcp_health(json, "connections_wanted") &&
 	       ready == ch_tcp_health(json, "sockets");
 }
@@ -1463,7 +1466,7 @@ static bool ch_tcp_settled(struct ch_w *w)
 /*
  * Every 200 ms: the peers' transports; and survivors sample fds and RSS
  * through the first half (after a warm-up), when every peer is carried
- * (a cut link holds fewer connections open), every tcp link is whole, and
+ * (a cut link holds fewer connections open), the whole tcp mesh is up, and
  * the fd count is the one the sample before saw: the baseline.
  */
 static void ch_sample(struct ch_w *w)
