@@ -26,7 +26,9 @@
  *               and copy (PUT of an iovec: one copy into the sender's pool;
  *               GET zero-copy + release)
  *   put_get_190MB  one 190,000,000 B payload: PUT submit -> GET complete
- *   ucx         ucx_perftest UCX_TLS=shm tag_lat / tag_bw (bench/peers_shm.sh),
+ *   ucx         ucx_perftest UCX_TLS=shm tag_lat / tag_bw, and tag_sync_lat
+ *               64 B (a send acknowledged once matched, as a PUT is: the
+ *               like-for-like peer) (bench/peers_shm.sh),
  *               one run of each after each rep of the busy MANUAL ping-pong
  *               (the machine's speed changes from minute to minute; ferry's
  *               rep r and UCX's are measured side by side: paired_vs_ucx)
@@ -1071,7 +1073,8 @@ static struct big_result big_bench(struct pair *p, bool copy, int reps, const ch
 /* UCX peers                                                           */
 /* ------------------------------------------------------------------ */
 
-#define UCX_TESTS 4
+#define UCX_TESTS 5
+#define UCX_SYNC_LAT 4 /* tag_sync_lat 64 B: acknowledged, as ferry's PUT (bench/count.sh) */
 static const struct {
 	const char *test;
 	size_t bytes;
@@ -1081,6 +1084,7 @@ static const struct {
 	{ "tag_lat", 64, "tag_lat_64B" },
 	{ "tag_bw", 65536, "tag_bw_64KiB" },
 	{ "tag_bw", 4194304, "tag_bw_4MiB" },
+	{ "tag_sync_lat", 64, "tag_sync_lat_64B" },
 };
 
 struct ucx_result {
@@ -1682,7 +1686,7 @@ int main(int argc, char **argv)
 			jopen(ucx_tests[t].json);
 			jnum("runs", ucx->n[t]);
 			if (ucx->n[t]) {
-				if (t < 2) {
+				if (t < 2 || t == UCX_SYNC_LAT) {
 					jstat("p50_us", stat_of(ucx->p50_us[t], ucx->n[t]), 3);
 					jstat("avg_us", stat_of(ucx->avg_us[t], ucx->n[t]), 3);
 				} else {
@@ -1712,6 +1716,11 @@ int main(int argc, char **argv)
 			jfix("busy_one_poller_copy_p50_vs_ucx_tag_lat_64B",
 			     l_one_copy.p50.median / ucx_lat64, 3);
 		}
+		if (have_lat && ucx->n[UCX_SYNC_LAT])
+			jfix("busy_manual_copy_p50_vs_ucx_tag_sync_lat_64B",
+			     l_man_copy.p50.median /
+				     (stat_of(ucx->p50_us[UCX_SYNC_LAT], ucx->n[UCX_SYNC_LAT]).median * 1e3),
+			     3);
 		if (have_lat && ucx->n[0])
 			jfix("busy_manual_copy_p50_vs_ucx_tag_lat_8B",
 			     l_man_copy.p50.median / (stat_of(ucx->p50_us[0], ucx->n[0]).median * 1e3), 3);
@@ -1725,22 +1734,34 @@ int main(int argc, char **argv)
 		jclose();
 		if (have_lat && ucx_interleaved && ucx->n[1] == opt.reps) {
 			/* Rep r of ferry against the UCX run right after it. */
-			double ratio[64], one[64];
-			int better = 0, one_better = 0;
+			double ratio[64], one[64], sync[64];
+			int better = 0, one_better = 0, sync_better = 0;
+			bool have_sync = ucx->n[UCX_SYNC_LAT] == opt.reps;
 
 			for (int r = 0; r < opt.reps; r++) {
 				ratio[r] = busy_copy_p50[r] / (ucx->p50_us[1][r] * 1e3);
 				better += ratio[r] <= 1.0;
 				one[r] = one_copy_p50[r] / (ucx->p50_us[1][r] * 1e3);
 				one_better += one[r] <= 1.0;
+				if (have_sync) {
+					sync[r] = busy_copy_p50[r] /
+						  (ucx->p50_us[UCX_SYNC_LAT][r] * 1e3);
+					sync_better += sync[r] <= 1.0;
+				}
 			}
 			jopen("paired_vs_ucx");
 			jstr("measures", "per rep: ferry MANUAL copy p50 (default, and one poller) / "
-				 "the UCX tag_lat 64 B p50 run right after it");
+				 "the UCX tag_lat 64 B p50 run right after it (and its tag_sync_lat 64 B)");
 			jstat("busy_manual_copy_p50_vs_ucx_tag_lat_64B", stat_of(ratio, opt.reps), 3);
 			jnum("reps_ferry_as_fast_or_faster", better);
 			jstat("busy_one_poller_copy_p50_vs_ucx_tag_lat_64B", stat_of(one, opt.reps), 3);
 			jnum("reps_one_poller_as_fast_or_faster", one_better);
+			if (have_sync) {
+				/* The like-for-like peer: its send, as a PUT, waits for the receiver. */
+				jstat("busy_manual_copy_p50_vs_ucx_tag_sync_lat_64B",
+				      stat_of(sync, opt.reps), 3);
+				jnum("reps_as_fast_as_tag_sync_lat_or_faster", sync_better);
+			}
 			jnum("reps", opt.reps);
 			jclose();
 		}

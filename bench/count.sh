@@ -13,6 +13,11 @@
 #   tcp_hop     the same over tcp on loopback (user-space instructions)
 #   ucx_shm_hop, ucx_tcp_hop
 #               ucx_perftest tag_lat 64 B (UCX_TLS=shm / tcp), per one-way hop
+#   ucx_shm_sync_hop, ucx_tcp_sync_hop
+#               ucx_perftest tag_sync_lat 64 B: a send that completes once the
+#               receiver matched it (its acknowledgement comes back), the
+#               promise ferry's PUT makes (it completes once the destination
+#               holds the key); tag_lat's send completes when the data left
 #
 # A hop runs two processes, both counted; per hop = (a + b) / (2 N). The
 # busy spin while a side waits for the other is left out (bench/count_hop.c;
@@ -59,12 +64,12 @@ free_port() {
 	python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# ucx TLS: ucx_perftest tag_lat, server and client, both under callgrind.
+# ucx TLS TEST FOLDER: ucx_perftest TEST, server and client, both under callgrind.
 ucx() {
-	local tls=$1 d=$tmp/ucx_$1 port spid rc=0
+	local tls=$1 test=$2 d=$tmp/$3 port spid rc=0
 	mkdir -p "$d"
 	port=$(free_port)
-	echo "count.sh: ucx_$tls (ucx_perftest tag_lat 64 B, UCX_TLS=$tls)" >&2
+	echo "count.sh: $3 (ucx_perftest $test 64 B, UCX_TLS=$tls)" >&2
 	local envs=(UCX_TLS="$tls" LD_PRELOAD="$tmp/ucx_count.so" COUNT_FROM=300 COUNT_N="$n"
 		    COUNT_IDLE="$n")
 	env "${envs[@]}" timeout -k 10 900 "${cg[@]}" --callgrind-out-file="$d/cg.%p" \
@@ -76,20 +81,22 @@ ucx() {
 		sleep 0.2
 	done
 	env "${envs[@]}" timeout -k 10 900 "${cg[@]}" --callgrind-out-file="$d/cg.%p" \
-		ucx_perftest 127.0.0.1 -p "$port" -t tag_lat -s 64 -n $((n + 500)) -w 200 \
+		ucx_perftest 127.0.0.1 -p "$port" -t "$test" -s 64 -n $((n + 500)) -w 200 \
 		>"$d/cli.log" 2>&1 || rc=$?
 	wait "$spid" || rc=$?
 	if ((rc != 0)); then
 		cat "$d/cli.log" "$d/srv.log" >&2
-		echo "count.sh: ucx_$tls failed (rc $rc); its rows are left out" >&2
+		echo "count.sh: $3 failed (rc $rc); its rows are left out" >&2
 		rm -rf "$d"
 	fi
 }
 
 if command -v ucx_perftest >/dev/null; then
 	if gcc -O2 -g -shared -fPIC -Wall -Wextra -o "$tmp/ucx_count.so" "$ROOT/bench/shim/ucx_count.c" -ldl; then
-		ucx shm
-		ucx tcp
+		ucx shm tag_lat ucx_shm
+		ucx tcp tag_lat ucx_tcp
+		ucx shm tag_sync_lat ucx_sync_shm
+		ucx tcp tag_sync_lat ucx_sync_tcp
 	else
 		echo "count.sh: could not build bench/shim/ucx_count.c; UCX rows left out" >&2
 	fi

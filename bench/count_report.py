@@ -5,7 +5,7 @@ Usage: count_report.py DIR N COMMIT   -> JSON on stdout
        count_report.py --table JSON   -> the Markdown table of docs/benchmarks.md
 
 DIR holds one folder per run (inproc, inproc_whole, idle, shm, shm_zc, tcp, ucx_shm,
-ucx_tcp), each with callgrind files cg.<pid>[.<k>]; a file's "desc: Trigger:
+ucx_tcp, ucx_sync_shm, ucx_sync_tcp), each with callgrind files cg.<pid>[.<k>]; a file's "desc: Trigger:
 Client Request: NAME" line names the window it dumped, its "totals:" line
 the instructions collected in it (only collection windows are ever on).
 
@@ -149,6 +149,10 @@ def per_op(dirname, n, driver=False):
         u = ucx_hop(folder, n, driver) if os.path.isdir(folder) else None
         p["ucx_%s_hop_64" % tls] = u["hop"] if u else None
         p["ucx_%s_idle_progress" % tls] = u["idle_progress"] if u else None
+        # tag_sync_lat: the send completes once the receiver matched it, as a PUT does
+        folder = os.path.join(dirname, "ucx_sync_" + tls)
+        u = ucx_hop(folder, n, driver) if os.path.isdir(folder) else None
+        p["ucx_%s_sync_hop_64" % tls] = u["hop"] if u else None
     for k, v in p.items():
         if v is not None:
             p[k] = round(v, 1)
@@ -193,6 +197,8 @@ def table(path):
         ("UCX idle `ucp_worker_progress`, shm", "ucx_shm_idle_progress"),
         ("UCX `tag_lat` 64 B hop, tcp (user space)", "ucx_tcp_hop_64"),
         ("UCX idle `ucp_worker_progress`, tcp", "ucx_tcp_idle_progress"),
+        ("UCX `tag_sync_lat` 64 B hop, shm (acknowledged, as a PUT)", "ucx_shm_sync_hop_64"),
+        ("UCX `tag_sync_lat` 64 B hop, tcp (acknowledged; user space)", "ucx_tcp_sync_hop_64"),
     ]
     def fmt(v):
         return "—" if v is None else "{:,.0f}".format(v)

@@ -96,6 +96,8 @@ fi
 for ((r = 0; r < REPS; r++)); do
 	run_one tag_lat 8 "$LAT_N" $((LAT_N / 10)) "$r"
 	run_one tag_lat 64 "$LAT_N" $((LAT_N / 10)) "$r"
+	# acknowledged: the send completes once the receiver matched it, as a PUT does
+	run_one tag_sync_lat 64 "$LAT_N" $((LAT_N / 10)) "$r"
 	run_one tag_bw 65536 "$BW64_N" $((BW64_N / 10)) "$r"
 	run_one tag_bw 4194304 "$BW4M_N" $((BW4M_N / 10)) "$r"
 done

@@ -2,7 +2,8 @@
  * bench/shim/ucx_count.c - an LD_PRELOAD library for ucx_perftest under
  * callgrind (bench/count.sh builds it; it is no part of libferry): it
  * switches callgrind's collection on for COUNT_N iterations of the timed
- * loop, from the COUNT_FROM-th call of ucp_tag_send_nbx, and dumps them as
+ * loop, from the COUNT_FROM-th call of ucp_tag_send_nbx (tag_lat) or
+ * ucp_tag_send_sync_nbx (tag_sync_lat), and dumps them as
  * "ucx_window"; then it makes COUNT_IDLE calls of ucp_worker_progress that
  * can find nothing (just before a send, when the peer waits for us: in
  * tag_lat nothing is on its way to this side then) and dumps them as
@@ -25,7 +26,7 @@
 typedef void *(*send_fn)(void *ep, const void *buf, size_t count, uint64_t tag, const void *param);
 typedef unsigned (*progress_fn)(void *worker);
 
-static send_fn real_send;
+static send_fn real_send, real_send_sync;
 static progress_fn real_progress;
 static unsigned long sends, from = 300, n = 2000, idle_n = 2000;
 static unsigned long calls, idle_calls, idle_measured, sleep_ns = 100000;
@@ -45,6 +46,7 @@ static void setup(void)
 		return;
 	configured = 1;
 	real_send = (send_fn)dlsym(RTLD_NEXT, "ucp_tag_send_nbx");
+	real_send_sync = (send_fn)dlsym(RTLD_NEXT, "ucp_tag_send_sync_nbx");
 	real_progress = (progress_fn)dlsym(RTLD_NEXT, "ucp_worker_progress");
 	from = env_or("COUNT_FROM", from);
 	n = env_or("COUNT_N", n);
@@ -80,7 +82,8 @@ unsigned ucp_worker_progress(void *worker)
 	return r;
 }
 
-void *ucp_tag_send_nbx(void *ep, const void *buf, size_t count, uint64_t tag, const void *param)
+/* Each send of the timed loop: the window opens at the COUNT_FROM-th and closes COUNT_N later. */
+static void count_send(void)
 {
 	setup();
 	sends++;
@@ -109,5 +112,18 @@ void *ucp_tag_send_nbx(void *ep, const void *buf, size_t count, uint64_t tag, co
 			"idle ops=%lu of which returned 0: %lu\n",
 			n, wcalls, widle, idle_n, idle_measured);
 	}
+}
+
+void *ucp_tag_send_nbx(void *ep, const void *buf, size_t count, uint64_t tag, const void *param)
+{
+	count_send();
 	return real_send(ep, buf, count, tag, param);
+}
+
+/* tag_sync_lat's send: it completes once the receiver matched it (an acknowledgement comes back). */
+void *ucp_tag_send_sync_nbx(void *ep, const void *buf, size_t count, uint64_t tag,
+			    const void *param)
+{
+	count_send();
+	return real_send_sync(ep, buf, count, tag, param);
 }
