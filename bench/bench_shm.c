@@ -1734,7 +1734,7 @@ int main(int argc, char **argv)
 		jclose();
 		if (have_lat && ucx_interleaved && ucx->n[1] == opt.reps) {
 			/* Rep r of ferry against the UCX run right after it. */
-			double ratio[64], one[64], sync[64];
+			double ratio[64], one[64], sync_ratio[64];
 			int better = 0, one_better = 0, sync_better = 0;
 			bool have_sync = ucx->n[UCX_SYNC_LAT] == opt.reps;
 
@@ -1744,9 +1744,9 @@ int main(int argc, char **argv)
 				one[r] = one_copy_p50[r] / (ucx->p50_us[1][r] * 1e3);
 				one_better += one[r] <= 1.0;
 				if (have_sync) {
-					sync[r] = busy_copy_p50[r] /
+					sync_ratio[r] = busy_copy_p50[r] /
 						  (ucx->p50_us[UCX_SYNC_LAT][r] * 1e3);
-					sync_better += sync[r] <= 1.0;
+					sync_better += sync_ratio[r] <= 1.0;
 				}
 			}
 			jopen("paired_vs_ucx");
@@ -1759,7 +1759,7 @@ int main(int argc, char **argv)
 			if (have_sync) {
 				/* The like-for-like peer: its send, as a PUT, waits for the receiver. */
 				jstat("busy_manual_copy_p50_vs_ucx_tag_sync_lat_64B",
-				      stat_of(sync, opt.reps), 3);
+				      stat_of(sync_ratio, opt.reps), 3);
 				jnum("reps_as_fast_as_tag_sync_lat_or_faster", sync_better);
 			}
 			jnum("reps", opt.reps);
