@@ -1745,7 +1745,7 @@ int main(int argc, char **argv)
 				one_better += one[r] <= 1.0;
 				if (have_sync) {
 					sync_ratio[r] = busy_copy_p50[r] /
-						  (ucx->p50_us[UCX_SYNC_LAT][r] * 1e3);
+							 (ucx->p50_us[UCX_SYNC_LAT][r] * 1e3);
 					sync_better += sync_ratio[r] <= 1.0;
 				}
 			}
