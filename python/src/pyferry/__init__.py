@@ -93,6 +93,7 @@ class Engine(_ferry.Engine):
 
     def close(self):
         if not self.closed and not getattr(self, "_borrowed", False):
+            self._close_check()  # a close refused as busy leaves the asyncio ops alone
             _aio._shutdown(self)
         super().close()
 
@@ -143,6 +144,7 @@ class Stage(_ferry.Stage):
 
     def close(self):
         if not self.closed:
+            self.engine._close_check()  # a close refused as busy leaves the asyncio ops alone
             _aio._shutdown(self.engine)
         super().close()
 

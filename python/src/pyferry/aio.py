@@ -6,11 +6,21 @@ post to that CQ; when the fd is readable the loop takes every completion
 (poll), resolves the futures, and arms the fd again (ferry_cq_arm): no
 thread per request and no polling timer. Cancelling an awaiting task cancels
 the ferry op; the memory a put reads from stays held until ferry is done.
+
+A queue lives as long as its loop: the first use of the engine from a new
+loop gives back the queues of loops that were closed (asyncio.run makes a
+loop per call). A stream that nobody reads any more (its AsyncStream is
+gone) is cancelled. Engine.close() may be called from any thread: the
+loop's own thread stops watching the fd and fails what still waits.
 """
 import asyncio
 import collections
+import threading
+import weakref
 
 from . import _ferry
+
+_GONE = object()  # a stream whose reader is gone: its op was cancelled, its chunks dropped
 
 
 class _LoopQueue:
@@ -19,7 +29,7 @@ class _LoopQueue:
         self.loop = loop
         self.q = engine._async_queue()
         self.fd = self.q.fileno()
-        self.waiters = {}          # user_data -> Future or AsyncStream
+        self.waiters = {}          # user_data -> Future, weakref to an AsyncStream, or _GONE
         self.closed = False
         loop.add_reader(self.fd, self._drain)
         self._drain()              # arm it
@@ -33,10 +43,18 @@ class _LoopQueue:
                     if buf is not None:
                         buf.release()
                     continue
-                if isinstance(w, AsyncStream):
+                if w is _GONE or isinstance(w, weakref.ref):
+                    s = None if w is _GONE else w()
                     if not more:
                         del self.waiters[ud]
-                    w._deliver(res, buf, more)
+                    if s is not None:
+                        s._deliver(res, buf, more)
+                        continue
+                    if buf is not None:
+                        buf.release()
+                    if more and w is not _GONE:  # its reader went without a word: stop it
+                        self.waiters[ud] = _GONE
+                        self.q.cancel(ud)
                     continue
                 del self.waiters[ud]
                 if w.cancelled():
@@ -68,18 +86,73 @@ class _LoopQueue:
             raise
 
     def shutdown(self):
+        """The engine is closing: stop watching the fd, fail what waits.
+
+        On the loop's thread at once; from another thread the loop's own
+        thread does it (asyncio is not thread-safe), and this waits up to a
+        second for it while the loop runs, since the fd goes with the engine.
+        A closed loop has nobody left to tell.
+        """
         if self.closed:
             return
         self.closed = True
-        if not self.loop.is_closed():
-            self.loop.remove_reader(self.fd)
-        err = _ferry._error(-125, "engine closed")  # ECANCELED
-        for w in self.waiters.values():
-            if isinstance(w, AsyncStream):
-                w._deliver(-125, None, False)
-            elif not w.done():
-                w.set_exception(err)
+        waiters = list(self.waiters.values())
         self.waiters.clear()
+        loop = self.loop
+        if loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._stop(waiters)
+            return
+        done = threading.Event()
+
+        def stop():
+            try:
+                self._stop(waiters)
+            finally:
+                done.set()
+
+        try:
+            loop.call_soon_threadsafe(stop)
+        except RuntimeError:   # closed meanwhile
+            return
+        if loop.is_running():
+            done.wait(1.0)
+
+    def _stop(self, waiters):
+        self.loop.remove_reader(self.fd)
+        err = _ferry._error(-125, "engine closed")  # ECANCELED
+        for w in waiters:
+            if isinstance(w, weakref.ref):
+                w = w()
+                if w is not None:
+                    w._deliver(-125, None, False)
+            elif w is not _GONE and not w.done():
+                w.set_exception(err)
+
+    def give_back(self):
+        """Its loop is closed: cancel what is still in flight, then give the CQ
+        back (True), or say it is still in use (False: try again later)."""
+        if not self.closed:
+            self.closed = True
+            for ud, w in self.waiters.items():
+                if isinstance(w, weakref.ref):
+                    w = w()
+                    if w is not None:
+                        w._ended = True
+                try:
+                    self.q.cancel(ud)   # (one already over answers -ENOENT: harmless)
+                except (ValueError, _ferry.FerryError):
+                    pass
+            self.waiters.clear()
+        try:
+            return self.q.close()
+        except (ValueError, _ferry.FerryError):
+            return True
 
 
 def _queue(engine):
@@ -89,6 +162,11 @@ def _queue(engine):
     if lq is None or lq.closed:
         if engine.closed:
             raise ValueError("the engine is closed")
+        # The queues of loops that are gone (each asyncio.run makes one): given back
+        # now, or at a later call when an op of theirs was still on its way.
+        spent = engine.__dict__.setdefault("_aio_spent", [])
+        spent.extend(qs.pop(lp) for lp in [lp for lp in qs if lp.is_closed()])
+        spent[:] = [q for q in spent if not q.give_back()]
         lq = qs[loop] = _LoopQueue(engine, loop)
     return lq
 
@@ -97,6 +175,7 @@ def _shutdown(engine):
     """Stop watching the engine's CQ fds (before the engine is destroyed)."""
     if engine is None:
         return
+    engine.__dict__.pop("_aio_spent", None)   # their CQs go with the engine
     for lq in engine.__dict__.pop("_aio_queues", {}).values():
         lq.shutdown()
 
@@ -130,12 +209,15 @@ def stream(engine, peer, key, *, timeout=None, whole=False):
     lq = _queue(engine)
     ud = lq.q.stream(peer, key, timeout=timeout, whole=whole)
     s = AsyncStream(lq, ud, key)
-    lq.waiters[ud] = s
+    lq.waiters[ud] = weakref.ref(s)
     return s
 
 
 class AsyncStream:
-    """The chunks of one stream, for `async for`. aclose() cancels the rest."""
+    """The chunks of one stream, for `async for`. aclose() cancels the rest,
+    and so does dropping the object before the stream ended. A task cancelled
+    while it waits for a chunk leaves the stream as it is (asyncio.wait_for
+    on __anext__ can read on); several tasks may wait on one stream."""
 
     def __init__(self, lq, ud, key):
         self._lq = lq
@@ -144,8 +226,28 @@ class AsyncStream:
         self._chunks = collections.deque()
         self._ended = False
         self._error = None
-        self._waiter = None
+        self._waiters = set()
+        self._closing = False      # aclose() cancelled it: its readers just end
         self.last_index = -1
+
+    def __del__(self):
+        try:
+            lq = self._lq
+            if not self._ended and not lq.closed and not lq.loop.is_closed():
+                lq.waiters[self._ud] = _GONE
+                lq.q.cancel(self._ud)
+            while self._chunks:
+                self._chunks.popleft()[1].release()
+        except Exception:   # interpreter shutdown, or the engine went first
+            pass
+
+    async def _wait(self):
+        fut = self._lq.loop.create_future()
+        self._waiters.add(fut)
+        try:
+            await fut
+        finally:
+            self._waiters.discard(fut)
 
     def _deliver(self, res, buf, more):
         if res < 0:
@@ -153,16 +255,16 @@ class AsyncStream:
             if buf is not None:
                 what += " aborted: " + buf.tobytes().decode("utf-8", "replace")
                 buf.release()
-            if not self._ended:
+            if not self._ended and not self._closing:
                 self._error = _ferry._error(res, what)
             self._ended = True
         else:
             self._chunks.append((res, buf))
             if not more:
                 self._ended = True
-        w = self._waiter
-        if w is not None and not w.done():
-            w.set_result(None)
+        for w in self._waiters:
+            if not w.done():
+                w.set_result(None)
 
     def __aiter__(self):
         return self
@@ -174,25 +276,18 @@ class AsyncStream:
                 raise e
             if self._ended:
                 raise StopAsyncIteration
-            self._waiter = self._lq.loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
+            await self._wait()
         idx, buf = self._chunks.popleft()
         self.last_index = idx
         return buf
 
     async def aclose(self):
         """Stop reading: cancel the STREAM_GET and drop the chunks not taken."""
+        self._closing = True
         if not self._ended and not self._lq.closed:
             self._lq.q.cancel(self._ud)
             while not self._ended:
-                self._waiter = self._lq.loop.create_future()
-                try:
-                    await self._waiter
-                finally:
-                    self._waiter = None
+                await self._wait()
         self._error = None
         while self._chunks:
             self._chunks.popleft()[1].release()

@@ -427,13 +427,50 @@ static PyObject *aq_pending(pyf_aq *q, PyObject *noargs)
 	return PyLong_FromSsize_t(PyDict_Size(q->held));
 }
 
+/*
+ * Give the CQ back to the engine now, if nothing can use it any more: no
+ * put holds memory (its op is in flight) and ferry_cq_destroy agrees (no op
+ * it took targets the CQ). Completions still in it are taken first and
+ * their buffers released. Returns 1 when the CQ is gone (or went with the
+ * engine), 0 when it stays to the engine (freed by ferry_engine_destroy).
+ * Only once no event loop watches its fd.
+ */
+static int aq_release_cq(pyf_aq *q)
+{
+	struct ferry_cqe cqes[64];
+	int n;
+
+	if (!q->engine->e)
+		q->cq = NULL; /* it went with the engine */
+	if (!q->cq)
+		return 1;
+	if (q->held && PyDict_Size(q->held) > 0)
+		return 0;
+	while ((n = ferry_cq_poll(q->cq, cqes, 64)) > 0)
+		for (int i = 0; i < n; i++)
+			if ((cqes[i].flags & FERRY_CQE_F_BUF) && cqes[i].buf)
+				ferry_buf_release(cqes[i].buf);
+	if (ferry_cq_destroy(q->cq) < 0)
+		return 0; /* -EBUSY: an op still targets it */
+	q->cq = NULL;
+	return 1;
+}
+
+static PyObject *aq_close(pyf_aq *q, PyObject *noargs)
+{
+	(void)noargs;
+	return PyBool_FromLong(aq_release_cq(q));
+}
+
 static void aq_dealloc(pyf_aq *q)
 {
 	/*
-	 * The CQ is left to the engine (ferry_engine_destroy frees it): ops may
-	 * still target it. Views held for puts are let go only once the engine
-	 * is gone, for ferry may still read them.
+	 * The CQ goes back now when nothing can use it (aq_release_cq); else it
+	 * is left to the engine (ferry_engine_destroy frees it). Views held for
+	 * puts are let go only once the engine is gone, for ferry may still
+	 * read them.
 	 */
+	aq_release_cq(q);
 	if (q->engine->e && q->held && PyDict_Size(q->held) > 0) {
 		/*
 		 * Keep them: leaked on purpose until the engine goes (rare); added
@@ -475,6 +512,9 @@ static PyMethodDef aq_methods[] = {
 	{ "stream", KWFN(aq_stream), KW, "Submit a STREAM_GET; returns its user_data." },
 	{ "cancel", (PyCFunction)aq_cancel, METH_O, "Cancel op user_data; returns the cancel's." },
 	{ "_held", (PyCFunction)aq_pending, METH_NOARGS, "Puts whose memory is held (tests)." },
+	{ "close", (PyCFunction)aq_close, METH_NOARGS,
+	  "Give the CQ back now if no op can still use it (once no loop watches its fd): True "
+	  "when it is gone, False when it is left to the engine." },
 	{ NULL, NULL, 0, NULL },
 };
 

@@ -442,6 +442,15 @@ static PyObject *engine_close(pyf_engine *self, PyObject *noargs)
 	Py_RETURN_NONE;
 }
 
+/* Engine._close_check(): raise what close() would for a call in progress, change nothing. */
+static PyObject *engine_close_check(pyf_engine *self, PyObject *noargs)
+{
+	(void)noargs;
+	if (self->e && self->busy > 0)
+		return pyf_raise(-EBUSY, "close: another thread waits in a call on this engine");
+	Py_RETURN_NONE;
+}
+
 static void engine_dealloc(pyf_engine *self)
 {
 	PyObject_GC_UnTrack(self);
@@ -1184,6 +1193,8 @@ static PyMethodDef engine_methods[] = {
 	  "The health document (JSON text)." },
 	{ "progress", (PyCFunction)engine_progress, METH_NOARGS,
 	  "Drive progress (manual mode); returns the events handled." },
+	{ "_close_check", (PyCFunction)engine_close_check, METH_NOARGS,
+	  "Raise FerryBusyError when close() would (a call in progress); change nothing." },
 	{ "_async_queue", (PyCFunction)engine_async_queue, METH_NOARGS,
 	  "A new AsyncQueue (a CQ for an event loop); see pyferry.aio." },
 	{ "_thread_cqs", (PyCFunction)engine_thread_cqs, METH_NOARGS,
