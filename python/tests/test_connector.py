@@ -191,6 +191,36 @@ def test_close_is_idempotent_and_engines_are_shared(ns):
     del c  # __del__ closes
 
 
+def test_close_cancels_a_call_still_waiting(ns):
+    """close() while another thread waits in get_with_deadline: that call is
+    cancelled (it returns None) and the engine goes now, so the stage can be
+    opened again."""
+    cfg = {"stage_id": 1, "namespace": ns, "pool_size": 4 << 20}
+    a = FerryConnector(cfg)
+    out = []
+
+    def waiter():
+        try:
+            out.append(a.get_with_deadline(0, 1, "k", deadline=time.monotonic() + 30))
+        except Exception as e:
+            out.append(e)
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.3)
+    a.close()
+    b = FerryConnector(cfg)   # the engine's name is free again at once
+    b.close()
+    t.join(10)
+    assert not t.is_alive()   # cancelled, long before its 30 s deadline
+    assert out == [None]      # a failed get is None (and logged), as upstream's
+
+
+def test_deadline_nan_is_refused(stages):
+    _, c = stages
+    with pytest.raises(ValueError, match="NaN"):
+        c.get_with_deadline("0", "1", "k", deadline=float("nan"))
+
+
 def test_zero_copy_send_and_receive(stages, monkeypatch):
     p, c = stages
     big = np.random.default_rng(1).integers(0, 255, 8 << 20, dtype=np.uint8).tobytes()

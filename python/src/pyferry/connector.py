@@ -201,10 +201,22 @@ def _release_engine(ns, name):
         if ent[2] > 0:
             return
         del _engines[(ns, name)]
-    try:
-        ent[0].close()
-    except Exception as e:  # FerryBusyError: another thread still waits in a call
-        logger.warning("FerryConnector: closing engine %s: %s", name, e)
+    # A thread still waiting in a call on it (a get_with_deadline of the connector
+    # being closed) is cancelled (FerryCancelledError there), so that the engine,
+    # and its name, go now rather than when that call ends.
+    eng = ent[0]
+    for _ in range(40):
+        try:
+            eng.close()
+            return
+        except _ferry.FerryBusyError:
+            eng.cancel()
+            time.sleep(0.025)
+        except Exception as e:
+            logger.warning("FerryConnector: closing engine %s: %s", name, e)
+            return
+    logger.warning("FerryConnector: engine %s still has a call in progress after 1 s of "
+                   "cancels; it is closed when its last user lets go of it", name)
 
 
 _stage_ok = {}  # stage ids seen valid (str or int, not bool) -> their str form
@@ -639,6 +651,8 @@ class FerryConnector(_Base):
         self._check_meta(metadata)
         if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
             raise TypeError("FerryConnector: deadline must be a time.monotonic() value (float)")
+        if deadline != deadline:
+            raise ValueError("FerryConnector: deadline is NaN")
         left = deadline - time.monotonic()
         if left <= 0:
             return self._get(src, dst, key, nowait=True, timeout=None)
