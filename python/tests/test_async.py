@@ -240,3 +240,25 @@ def test_refused_close_leaves_async_ops_alone(pair):
         with pytest.raises(TimeoutError):
             await pending
     run(main())
+
+
+def test_engine_used_from_asyncio_is_collected(ns):
+    """The engine and its loop queues refer to each other: dropped without
+    close(), the cycle collector still finds it (AsyncQueue takes part in
+    it), and its name is free again."""
+    import gc
+    import weakref as _weakref
+
+    def use_and_drop():
+        e = pyferry.Engine("gcq", ns=ns, pool_size=1 << 20)
+
+        async def once():
+            with pytest.raises(BlockingIOError):
+                await e.aget("nobody", "k", nowait=True)
+        run(once())
+        return _weakref.ref(e)
+
+    ref = use_and_drop()
+    gc.collect()
+    assert ref() is None
+    pyferry.Engine("gcq", ns=ns, pool_size=1 << 20).close()

@@ -23,11 +23,13 @@ PyObject *pyf_aq_new(pyf_engine *engine)
 	pyf_aq *q;
 	int rc;
 
-	if (!(q = PyObject_New(pyf_aq, &pyf_aq_type)))
+	if (!(q = PyObject_GC_New(pyf_aq, &pyf_aq_type)))
 		return NULL;
 	Py_INCREF(engine);
 	q->engine = engine;
 	q->cq = NULL;
+	q->held = NULL;
+	PyObject_GC_Track(q);
 	if (!(q->held = PyDict_New())) {
 		Py_DECREF(q);
 		return NULL;
@@ -462,8 +464,23 @@ static PyObject *aq_close(pyf_aq *q, PyObject *noargs)
 	return PyBool_FromLong(aq_release_cq(q));
 }
 
+/*
+ * For the cycle collector: the engine refers to its queues (pyferry.aio's
+ * table in its __dict__) and each queue to the engine, so an engine used
+ * from asyncio and dropped without close() is found only through here. No
+ * tp_clear: the Python objects of the cycle break it (their __dict__), and
+ * this queue then goes by aq_dealloc, its engine still alive.
+ */
+static int aq_traverse(pyf_aq *q, visitproc visit, void *arg)
+{
+	Py_VISIT(q->engine);
+	Py_VISIT(q->held);
+	return 0;
+}
+
 static void aq_dealloc(pyf_aq *q)
 {
+	PyObject_GC_UnTrack(q);
 	/*
 	 * The CQ goes back now when nothing can use it (aq_release_cq); else it
 	 * is left to the engine (ferry_engine_destroy frees it). Views held for
@@ -491,7 +508,7 @@ static void aq_dealloc(pyf_aq *q)
 	}
 	Py_XDECREF(q->held);
 	Py_DECREF(q->engine);
-	PyObject_Free(q);
+	PyObject_GC_Del(q);
 }
 
 #define KW (METH_VARARGS | METH_KEYWORDS)
@@ -522,8 +539,9 @@ PyTypeObject pyf_aq_type = {
 	PyVarObject_HEAD_INIT(NULL, 0)
 	.tp_name = "pyferry._ferry.AsyncQueue",
 	.tp_basicsize = sizeof(pyf_aq),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
 	.tp_doc = "A CQ for an event loop (used by pyferry.aio).",
 	.tp_dealloc = (destructor)aq_dealloc,
+	.tp_traverse = (traverseproc)aq_traverse,
 	.tp_methods = aq_methods,
 };
