@@ -98,10 +98,16 @@ struct ferry_sqe *pyf_sqe(pyf_engine *self, struct ferry_sq **sq)
 			pyf_raise(-EBUSY, "submission queue full");
 			return NULL;
 		}
+		/*
+		 * busy: a close() from another thread meanwhile is refused
+		 * (EBUSY), for the engine is used here without the GIL.
+		 */
+		self->busy++;
 		Py_BEGIN_ALLOW_THREADS
 		if (ferry_progress(self->e) <= 0)
 			sched_yield();
 		Py_END_ALLOW_THREADS
+		self->busy--;
 	}
 	return sqe;
 }
