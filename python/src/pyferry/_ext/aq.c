@@ -490,21 +490,17 @@ static void aq_dealloc(pyf_aq *q)
 	aq_release_cq(q);
 	if (q->engine->e && q->held && PyDict_Size(q->held) > 0) {
 		/*
-		 * Keep them: leaked on purpose until the engine goes (rare); added
-		 * to the ones another queue left (device holds that ops still use
-		 * go to the engine's orphans when their capsule goes, held_dev_free).
+		 * Keep them until the engine is destroyed (rare): added to the
+		 * ones another queue left, in the engine object's orphan_held
+		 * (device holds that ops still use go to its orphans when their
+		 * capsule goes, held_dev_free).
 		 */
-		PyObject *old = PyObject_GetAttrString((PyObject *)q->engine, "_orphan_held");
-
-		if (old && PyDict_Check(old)) {
-			if (PyDict_Update(old, q->held) < 0)
-				PyErr_Clear();
-		} else {
+		if (!q->engine->orphan_held) {
+			q->engine->orphan_held = Py_NewRef(q->held);
+		} else if (PyDict_Update(q->engine->orphan_held, q->held) < 0) {
 			PyErr_Clear();
-			if (PyObject_SetAttrString((PyObject *)q->engine, "_orphan_held", q->held) < 0)
-				PyErr_Clear();
+			Py_INCREF(q->held); /* no memory: leaked, never let go while ferry may read */
 		}
-		Py_XDECREF(old);
 	}
 	Py_XDECREF(q->held);
 	Py_DECREF(q->engine);

@@ -413,6 +413,7 @@ static int engine_close_now(pyf_engine *self, int from_dealloc)
 	Py_END_ALLOW_THREADS
 	engine_free_tctx(self);
 	pyf_orphans_drop(self); /* no op uses them now */
+	Py_CLEAR(self->orphan_held);
 	if (rc < 0 && !from_dealloc) {
 		pyf_raise(rc, "ferry_engine_destroy");
 		return -1;
@@ -466,7 +467,8 @@ static void engine_dealloc(pyf_engine *self)
 		engine_close_now(self, 1);
 	else
 		engine_free_tctx(self);
-	Py_CLEAR(self->owner);
+	Py_CLEAR(self->owner); /* (a stage's engine goes with the stage) */
+	Py_CLEAR(self->orphan_held);
 	Py_TYPE(self)->tp_free((PyObject *)self);
 }
 

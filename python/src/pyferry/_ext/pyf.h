@@ -56,6 +56,13 @@ typedef struct {
 	 * went): kept here until the engine is destroyed (aq.c). GIL-protected.
 	 */
 	struct pyf_held_dev *orphans;
+	/*
+	 * The same for host memory: the views of puts whose queue went while
+	 * their op still ran (aq.c), a dict, released after ferry_engine_destroy
+	 * (not in the object's __dict__, which CPython drops before this type's
+	 * dealloc runs). GIL-protected.
+	 */
+	PyObject *orphan_held;
 } pyf_engine;
 
 /* After ferry_engine_destroy: the orphaned holds go (aq.c). */
