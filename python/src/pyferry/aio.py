@@ -53,8 +53,7 @@ class _LoopQueue:
                     if buf is not None:
                         buf.release()
                     if more and w is not _GONE:  # its reader went without a word: stop it
-                        self.waiters[ud] = _GONE
-                        self.q.cancel(ud)
+                        self.abandon(ud)
                     continue
                 del self.waiters[ud]
                 if w.cancelled():
@@ -68,6 +67,11 @@ class _LoopQueue:
                     w.set_result((res, ln, buf))
             if q.arm():
                 return
+
+    def abandon(self, ud):
+        """Stream ud's reader is gone: cancel it; what still comes is dropped."""
+        self.waiters[ud] = _GONE
+        self.q.cancel(ud)
 
     def submit(self, what, fn, *args, **kw):
         ud = fn(*args, **kw)
@@ -234,8 +238,7 @@ class AsyncStream:
         try:
             lq = self._lq
             if not self._ended and not lq.closed and not lq.loop.is_closed():
-                lq.waiters[self._ud] = _GONE
-                lq.q.cancel(self._ud)
+                lq.abandon(self._ud)
             while self._chunks:
                 self._chunks.popleft()[1].release()
         except Exception:   # interpreter shutdown, or the engine went first
